@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One-command set-up: system packages the tests need (as root on Debian), then .venv with every
+# pinned Python dependency and the runtime installed editable. Re-running it changes nothing and
+# returns in about a second: each step checks before it acts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+# podman + runc run the systemd containers Molecule converges; debootstrap builds their images
+# (no registry is reachable); uidmap/slirp4netns/fuse-overlayfs are podman's helpers.
+APT_PACKAGES=(podman runc debootstrap uidmap slirp4netns fuse-overlayfs iproute2 curl)
+
+log() { printf '[setup] %s\n' "$*"; }
+
+install_system_packages() {
+  if [ "$(id -u)" != 0 ] || [ ! -f /etc/debian_version ]; then
+    log "not root on Debian: skipping system packages (${APT_PACKAGES[*]}); Molecule needs them"
+    return
+  fi
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    log "system packages present"
+    return
+  fi
+  log "installing system packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+install_python_packages() {
+  local reqs=(requirements/dev.txt requirements/runtime.txt requirements/infra.txt requirements/ansible.txt)
+  local stamp="$VENV/.torchfleet-setup"
+  local want
+  local inputs=("${reqs[@]}")
+  for f in requirements/constraints.txt runtime/pyproject.toml; do [ -f "$f" ] && inputs+=("$f"); done
+  want=$(cat "${inputs[@]}" | sha256sum | cut -d' ' -f1)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    log "$VENV up to date"
+    return
+  fi
+  [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
+  local args=()
+  for r in "${reqs[@]}"; do args+=(-r "$r"); done
+  # constraints.txt pins every transitive dependency (regenerate with `make lock`).
+  if [ -f requirements/constraints.txt ]; then args+=(-c requirements/constraints.txt); fi
+  if [ -f runtime/pyproject.toml ]; then args+=(-e ./runtime); fi
+  log "installing pinned Python dependencies into $VENV"
+  "$VENV/bin/python" -m pip install -q "${args[@]}"
+  echo "$want" >"$stamp"
+}
+
+install_system_packages
+install_python_packages
+log "done"

@@ -1,0 +1,43 @@
+"""The Python 3.8 guard for runtime/ must catch what it claims to catch, and pass the runtime."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("check_py38", ROOT / "scripts" / "check_py38.py")
+check_py38 = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(check_py38)
+
+
+@pytest.mark.parametrize(
+    "source, needle",
+    [
+        ("match x:\n    case 1:\n        pass\n", "not Python 3.8 syntax"),
+        ("with (open('a') as a, open('b') as b):\n    pass\n", "not Python 3.8 syntax"),
+        ("Alias = dict[str, int]\n", "dict[...] at run time"),
+        ("'abc'.removeprefix('a')\n", ".removeprefix needs Python 3.9"),
+        ("import functools\n@functools.cache\ndef f(): pass\n", ".cache needs Python 3.9"),
+        ("list(zip([1], [2], strict=True))\n", "zip(strict=...) needs Python 3.10"),
+    ],
+)
+def test_flags_post_38_code(source, needle):
+    problems = check_py38.check_source(source)
+    assert any(needle in p for p in problems), problems
+
+
+def test_accepts_38_code_with_postponed_annotations():
+    source = (
+        "from __future__ import annotations\n"
+        "from typing import Dict, List\n"
+        "def f(x: list[int]) -> dict[str, int]:\n"
+        "    y: tuple[int, ...] = (1,)\n"
+        "    return {'a': len(x)}\n"
+        "Alias = Dict[str, List[int]]\n"
+    )
+    assert check_py38.check_source(source) == []
+
+
+def test_runtime_package_is_38_clean():
+    assert check_py38.main([str(ROOT / "runtime" / "src")]) == 0
