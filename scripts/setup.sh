@@ -32,7 +32,9 @@ install_system_packages() {
 }
 
 install_python_packages() {
-  local reqs=(requirements/dev.txt requirements/runtime.txt requirements/infra.txt requirements/ansible.txt)
+  # one requirements file per purpose; constraints.txt is the lock over all of them
+  local reqs=()
+  for r in requirements/*.txt; do [ "$r" = requirements/constraints.txt ] || reqs+=("$r"); done
   local stamp="$VENV/.torchfleet-setup"
   local want
   local inputs=("${reqs[@]}")
