@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make demo`: what torchfleet can show without a cloud account or a GPU.
+# `make demo`: the runtime serving its demo model on this machine, then the offline plan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-echo "torchfleet demo: nothing to show yet beyond the toolchain; the runtime demo lands with issue #3."
+exec .venv/bin/python scripts/demo.py
