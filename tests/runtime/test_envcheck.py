@@ -1,0 +1,389 @@
+"""`torchfleet-runtime check`: the pure comparisons, the evaluation of probed facts against a
+matrix (GPU hosts simulated by facts, since this machine has none), and real runs of the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from torchfleet_runtime import envcheck
+from torchfleet_runtime.envcheck import (
+    FAIL,
+    OK,
+    SKIP,
+    WARN,
+    CheckError,
+    Gpu,
+    HostFacts,
+    Options,
+    arch_coverage,
+    evaluate,
+    format_cudnn,
+    min_driver_for,
+    parse_version,
+    python_in,
+    torch_matches,
+    version_at_least,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A small matrix of the same shape as compat/matrix.yml, so tests do not depend on its values.
+MATRIX = {
+    "default_profile": "cu116",
+    "min_free_disk_gb": 20,
+    "profiles": {
+        "cu116": {
+            "cuda": "11.6",
+            "min_driver": "510.47.03",
+            "torch": "1.12.1+cu116",
+            "pythons": ["3.8", "3.9", "3.10"],
+            "compute_capabilities": ["7.0", "7.5", "8.0", "8.6"],
+            "max_compute_capability": "8.7",
+        },
+        "cu121": {
+            "cuda": "12.1",
+            "min_driver": "530.30.02",
+            "torch": "2.3.1+cu121",
+            "pythons": ["3.8", "3.9", "3.10", "3.11"],
+            "compute_capabilities": ["7.0", "7.5", "8.0", "8.6", "9.0"],
+            "max_compute_capability": "9.0",
+        },
+        "cpu": {
+            "cuda": None,
+            "min_driver": None,
+            "torch": "2.13.0",
+            "pythons": ["3.10", "3.11"],
+            "compute_capabilities": [],
+            "max_compute_capability": None,
+        },
+    },
+    "gpus": {"A10G": {"compute_capability": "8.6"}, "H100": {"compute_capability": "9.0"}},
+}
+
+CU116_ARCHES = ["sm_37", "sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86"]
+
+
+def gpu_facts(**changes) -> HostFacts:
+    """A healthy cu116 node with one A10G, as the probes would report it."""
+    base = HostFacts(
+        python_version="3.9.2",
+        torch_version="1.12.1+cu116",
+        torch_cuda="11.6",
+        cuda_available=True,
+        arch_list=list(CU116_ARCHES),
+        cudnn_version=8302,
+        driver_version="535.104.05",
+        driver_source="nvidia-smi",
+        gpus=[Gpu(0, "NVIDIA A10G", "8.6")],
+        disk_path="/",
+        disk_free_bytes=100 * 10**9,
+        mem_total_bytes=32 << 30,
+        mem_available_bytes=30 << 30,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+# --------------------------------------------------------------------------- pure logic
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("535.104.05", (535, 104, 5)),
+        ("1.12.1+cu116", (1, 12, 1)),
+        ("2.1.0a0+git1234", (2, 1, 0)),
+        ("12.1", (12, 1)),
+        (" 3.11.7 ", (3, 11, 7)),
+    ],
+)
+def test_parse_version(text, parsed):
+    assert parse_version(text) == parsed
+
+
+def test_parse_version_rejects_garbage():
+    with pytest.raises(ValueError, match="not a version"):
+        parse_version("N/A")
+
+
+@pytest.mark.parametrize(
+    ("actual", "minimum", "expected"),
+    [
+        ("510.47.03", "510.47.03", True),
+        ("535.54.03", "510.47.03", True),
+        ("510.47.2", "510.47.03", False),  # numeric, not string, comparison of the patch
+        ("470.82.01", "510.47.03", False),
+        ("1.12", "1.12.0", True),  # missing parts count as zero
+        ("10.1", "9.2", True),
+    ],
+)
+def test_version_at_least(actual, minimum, expected):
+    assert version_at_least(actual, minimum) is expected
+
+
+@pytest.mark.parametrize(
+    ("installed", "pinned", "expected"),
+    [
+        ("2.13.0+cpu", "2.13.0", True),  # an untagged pin accepts any build of that release
+        ("2.13.0", "2.13.0", True),
+        ("1.12.1+cu116", "1.12.1+cu116", True),
+        ("1.12.1+cu113", "1.12.1+cu116", False),  # a tagged pin wants that build
+        ("1.12.0+cu116", "1.12.1+cu116", False),
+    ],
+)
+def test_torch_matches(installed, pinned, expected):
+    assert torch_matches(installed, pinned) is expected
+
+
+def test_python_in_compares_major_minor():
+    assert python_in("3.10.12", ["3.9", "3.10"])
+    assert not python_in("3.1.0", ["3.10"])  # "3.1" must not match "3.10" as a prefix would
+
+
+@pytest.mark.parametrize(("raw", "text"), [(8302, "8.3.2"), (8902, "8.9.2"), (90100, "9.1.0")])
+def test_format_cudnn(raw, text):
+    assert format_cudnn(raw) == text
+
+
+@pytest.mark.parametrize(
+    ("cap", "arches", "status"),
+    [
+        ("9.0", ["sm_80", "sm_90"], OK),  # exact cubin
+        ("8.6", ["sm_75", "compute_80"], OK),  # same-major PTX below the GPU: JIT
+        ("8.6", ["sm_80"], WARN),  # lower cubin only: binary compatibility
+        ("9.0", CU116_ARCHES, FAIL),  # Hopper on a CUDA 11.6 wheel
+        ("8.0", ["compute_86"], FAIL),  # PTX above the GPU cannot run
+        ("9.0", ["sm_90a"], OK),  # arch-specific cubin on its own capability
+        ("9.1", ["sm_90a"], FAIL),  # ... but never forward
+        ("7.5", ["sm_86", "sm_90"], FAIL),  # newer majors do not help an older GPU
+    ],
+)
+def test_arch_coverage(cap, arches, status):
+    got, reason = arch_coverage(cap, arches)
+    assert got == status, reason
+
+
+def test_min_driver_exact_and_lower_bound():
+    assert min_driver_for("11.6", MATRIX) == ("510.47.03", True)
+    # CUDA 12.4 is not in the matrix: 12.1's minimum is only a lower bound
+    assert min_driver_for("12.4", MATRIX) == ("530.30.02", False)
+    assert min_driver_for("10.2", MATRIX) == (None, False)
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def test_healthy_gpu_node_passes_every_check():
+    profile, checks = evaluate(gpu_facts(), MATRIX, Options())
+    assert profile == "cu116"
+    assert {c.name: c.status for c in checks if c.status != OK} == {}
+    assert by_name(checks)["cudnn"].value == "8.3.2"
+
+
+def test_driver_too_old_fails_with_hint_naming_min_driver():
+    _, checks = evaluate(gpu_facts(driver_version="470.82.01"), MATRIX, Options())
+    driver = by_name(checks)["nvidia driver"]
+    assert driver.status == FAIL
+    assert "510.47.03" in driver.hint and "510.47.03" in driver.expected
+
+
+def test_driver_for_cuda_missing_from_matrix_is_a_warning_unless_certainly_too_old():
+    newer = dict(torch_version="2.5.1+cu124", torch_cuda="12.4", arch_list=["sm_80", "sm_90"])
+    _, checks = evaluate(gpu_facts(**newer), MATRIX, Options())
+    assert by_name(checks)["nvidia driver"].status == WARN
+    _, checks = evaluate(gpu_facts(driver_version="520.61.05", **newer), MATRIX, Options())
+    assert by_name(checks)["nvidia driver"].status == FAIL  # below cu121's 530.30.02
+
+
+def test_gpu_arch_not_covered_by_wheel_fails_and_names_a_profile_that_fits():
+    facts = gpu_facts(gpus=[Gpu(0, "NVIDIA H100 80GB HBM3", "9.0")])
+    _, checks = evaluate(facts, MATRIX, Options())
+    arch = by_name(checks)["gpu arch (NVIDIA H100 80GB HBM3)"]
+    assert arch.status == FAIL
+    assert "cu121" in arch.hint
+
+
+def test_capability_above_profile_ceiling_fails_even_when_binary_compatible():
+    # an L4 (8.9) on cu116: sm_86 runs by binary compatibility, but the matrix caps cu116 at 8.7
+    facts = gpu_facts(gpus=[Gpu(0, "NVIDIA L4", "8.9")])
+    _, checks = evaluate(facts, MATRIX, Options())
+    assert by_name(checks)["gpu arch (NVIDIA L4)"].status == FAIL
+
+
+def test_unknown_capability_is_taken_from_the_matrix_gpu_table():
+    facts = gpu_facts(gpus=[Gpu(0, "NVIDIA A10G", None)], arch_list=[])
+    _, checks = evaluate(facts, MATRIX, Options(profile="cu116"))
+    arch = by_name(checks)["gpu arch (NVIDIA A10G)"]
+    assert arch.status == OK and "sm_86" in arch.value
+
+
+def test_cpu_torch_on_a_gpu_node_fails_torch_cuda():
+    facts = gpu_facts(torch_version="2.13.0+cpu", torch_cuda=None, arch_list=[], cudnn_version=None)
+    _, checks = evaluate(facts, MATRIX, Options(profile="cu116"))
+    assert by_name(checks)["torch CUDA"].status == FAIL
+    assert by_name(checks)["cudnn"].status == SKIP
+
+
+def test_cpu_only_host_skips_gpu_checks_and_require_gpu_fails_them():
+    facts = HostFacts(
+        python_version="3.11.7",
+        torch_version="2.13.0+cpu",
+        disk_free_bytes=100 * 10**9,
+        mem_total_bytes=8 << 30,
+        mem_available_bytes=6 << 30,
+    )
+    profile, checks = evaluate(facts, MATRIX, Options())
+    assert profile == "cpu"
+    statuses = {c.name: c.status for c in checks}
+    assert statuses["nvidia driver"] == statuses["gpu"] == statuses["cudnn"] == SKIP
+    assert FAIL not in statuses.values()
+    _, checks = evaluate(facts, MATRIX, Options(require_gpu=True))
+    assert by_name(checks)["gpu"].status == FAIL
+
+
+def test_profile_choice_and_unknown_profile():
+    assert evaluate(gpu_facts(), MATRIX, Options(profile="cu121"))[0] == "cu121"
+    with pytest.raises(CheckError, match=r"'cu999'.*cu116, cu121, cpu"):
+        evaluate(gpu_facts(), MATRIX, Options(profile="cu999"))
+
+
+def test_python_and_torch_outside_profile_warn():
+    facts = gpu_facts(python_version="3.11.4", torch_version="1.13.1+cu116")
+    _, checks = evaluate(facts, MATRIX, Options(profile="cu116"))
+    assert by_name(checks)["python"].status == WARN
+    assert by_name(checks)["torch"].status == WARN
+    _, checks = evaluate(gpu_facts(torch_version="1.11.0+cu115"), MATRIX, Options())
+    assert by_name(checks)["torch"].status == FAIL  # below what the runtime supports
+
+
+def test_real_statvfs_against_thresholds(tmp_path):
+    facts = envcheck.gather_facts(str(tmp_path / "models" / "not-yet"))
+    assert facts.disk_path == str(tmp_path)  # the nearest existing ancestor
+    free_gb = shutil.disk_usage(tmp_path).free / 1e9
+    _, checks = evaluate(facts, MATRIX, Options(min_free_disk_gb=free_gb / 1000))
+    assert by_name(checks)["disk"].status == OK
+    _, checks = evaluate(facts, MATRIX, Options(min_free_disk_gb=free_gb * 1000 + 1))
+    disk = by_name(checks)["disk"]
+    assert disk.status == FAIL and "GB" in disk.hint
+
+
+def test_read_meminfo(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16384 kB\nMemFree: 1 kB\nMemAvailable:    8192 kB\n")
+    assert envcheck.read_meminfo(str(meminfo)) == (16384 * 1024, 8192 * 1024)
+    assert envcheck.read_meminfo(str(tmp_path / "missing")) == (None, None)
+
+
+def test_procfs_driver_version(tmp_path):
+    version = tmp_path / "version"
+    version.write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
+        "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
+    )
+    facts = HostFacts(python_version="3.11.0")
+    assert envcheck._probe_procfs(facts, str(version))
+    assert (facts.driver_version, facts.driver_source) == ("535.104.05", "procfs")
+
+
+def test_render_table_lists_hints_of_failures():
+    _, checks = evaluate(gpu_facts(driver_version="470.82.01"), MATRIX, Options())
+    table = envcheck.render_table(checks)
+    assert table.splitlines()[0].split() == ["CHECK", "STATUS", "VALUE", "EXPECTED"]
+    assert "FAIL: nvidia driver:" in table
+
+
+# --------------------------------------------------------------------------- matrix lookup
+
+
+def test_matrix_lookup_order(tmp_path, monkeypatch):
+    explicit, from_env = tmp_path / "a.yml", tmp_path / "b.yml"
+    explicit.write_text("x: 1")
+    from_env.write_text("x: 1")
+    env = {"TORCHFLEET_MATRIX": str(from_env)}
+    assert envcheck.find_matrix(str(explicit), env) == explicit
+    assert envcheck.find_matrix(None, env) == from_env
+    with pytest.raises(CheckError, match="TORCHFLEET_MATRIX .*no such file"):
+        envcheck.find_matrix(None, {"TORCHFLEET_MATRIX": str(tmp_path / "nope.yml")})
+    # nothing given: /etc/torchfleet (absent here) then the checkout's compat/matrix.yml
+    monkeypatch.setattr(envcheck, "ETC_MATRIX", str(tmp_path / "etc-matrix.yml"))
+    assert envcheck.find_matrix(None, {}) == REPO / "compat" / "matrix.yml"
+
+
+def test_load_matrix_rejects_a_file_without_profiles(tmp_path):
+    bad = tmp_path / "m.yml"
+    bad.write_text("default_profile: cu116\n")
+    with pytest.raises(CheckError, match="profiles"):
+        envcheck.load_matrix(bad)
+
+
+# --------------------------------------------------------------------------- the real CLI
+
+
+def run_cli(*args, env=None):
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "torchfleet_runtime.envcheck", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def matrix_file(tmp_path):
+    path = tmp_path / "matrix.yml"
+    path.write_text(yaml.safe_dump(MATRIX))
+    return path
+
+
+def test_cli_json_on_this_machine(matrix_file, tmp_path):
+    proc = run_cli("--json", "--matrix", str(matrix_file), "--path", str(tmp_path))
+    report = json.loads(proc.stdout)
+    assert set(report) == {"matrix", "profile", "ok", "summary", "checks"}
+    assert report["matrix"] == str(matrix_file)
+    for check in report["checks"]:
+        assert set(check) == {"name", "status", "value", "expected", "hint"}
+        assert check["status"] in (OK, WARN, FAIL, SKIP)
+    checks = {c["name"]: c for c in report["checks"]}
+    for name in ("python", "torch", "torch CUDA", "nvidia driver", "gpu", "cudnn", "disk", "memory"):
+        assert name in checks
+    major_minor = "{}.{}".format(*sys.version_info[:2])
+    assert checks["python"]["value"].startswith(major_minor)
+    import torch
+
+    assert checks["torch"]["value"] == torch.__version__
+    assert sum(report["summary"].values()) == len(report["checks"])
+    assert proc.returncode == (0 if report["ok"] else 1), proc.stderr
+    if not torch.cuda.is_available() and not shutil.which("nvidia-smi"):
+        assert checks["gpu"]["status"] == SKIP
+
+
+def test_cli_exit_status_follows_failures(matrix_file, tmp_path):
+    ok = run_cli("--matrix", str(matrix_file), "--path", str(tmp_path), "--min-free-disk-gb", "0")
+    failed = run_cli(
+        "--matrix", str(matrix_file), "--path", str(tmp_path), "--min-free-disk-gb", "1e12"
+    )
+    assert "FAIL: disk:" in failed.stdout
+    assert failed.returncode == 1
+    assert "FAIL: disk:" not in ok.stdout
+    assert ok.returncode == (1 if "FAIL:" in ok.stdout else 0)
+
+
+def test_cli_usage_errors_exit_2_with_a_message(tmp_path):
+    proc = run_cli("--matrix", str(tmp_path / "missing.yml"))
+    assert proc.returncode == 2
+    assert "missing.yml: no such file" in proc.stderr
+    proc = run_cli("--profile", "cu999")
+    assert proc.returncode == 2 and "'cu999'" in proc.stderr
