@@ -1,0 +1,276 @@
+"""The dynamic batcher: a bounded queue and one worker that forms, pads, runs and splits batches.
+
+Contract (the shape of LitServe's loop and BentoML's dispatcher, kept self-contained):
+- `submit(tensor)` splits a request into chunks of at most the cap, admits them only if the
+  queue has room for all of them (else `QueueFull` at once, never unbounded latency) and returns
+  a `Request` whose `result()` joins the chunks' outputs in order.
+- The worker takes the oldest chunk, then keeps adding chunks until the batch holds `cap`
+  instances, the next chunk would overflow it, or `max_delay` has passed since the oldest chunk
+  arrived (fill-or-timeout). It pads the batch to the nearest warmed bucket, so the model only
+  sees shapes warm-up ran, runs it, and hands each chunk its rows.
+- CUDA out of memory: free the cache, lower the cap below the failing bucket, split the batch in
+  halves and retry; only a single instance that does not fit alone fails (`OutOfMemory`).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from . import compat
+from .codec import concat_outputs, split_outputs
+from .metrics import Metrics
+from .model import Outputs, Predictor
+from .warmup import bucket_for
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(Exception):
+    def __init__(self, retry_after_s: int, queued: int, limit: int) -> None:
+        super().__init__(f"the queue holds {queued} of {limit} instances; retry in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class OutOfMemory(Exception):
+    """One instance alone does not fit in device memory."""
+
+
+class Stopped(Exception):
+    """The batcher is closed; no more work is accepted."""
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """What one model run looked like; passed to `on_batch` hooks (tests, logging)."""
+
+    size: int  # real instances
+    bucket: int  # size after padding
+    chunks: int
+    reason: str  # "full": cap reached or next chunk would overflow; "deadline": max_delay passed; "draining"
+    oldest_wait_s: float
+
+
+class Request:
+    """One caller's instances, possibly split into several chunks."""
+
+    def __init__(self, n_chunks: int) -> None:
+        self._parts: list[Outputs] = [None] * n_chunks
+        self._left = n_chunks
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def _deliver(self, index: int, outputs: Outputs) -> None:
+        with self._lock:
+            self._parts[index] = outputs
+            self._left -= 1
+            if self._left == 0:
+                self._done.set()
+
+    def _fail(self, exc: BaseException) -> None:
+        self._error = exc
+        self._done.set()
+
+    def result(self, timeout: float | None = None) -> Outputs:
+        if not self._done.wait(timeout):
+            raise TimeoutError("the prediction did not finish in time")
+        if self._error is not None:
+            raise self._error
+        return concat_outputs(self._parts)
+
+
+@dataclass
+class _Chunk:
+    request: Request
+    index: int
+    tensor: torch.Tensor
+    enqueued_at: float
+
+    @property
+    def n(self) -> int:
+        return int(self.tensor.shape[0])
+
+
+class Batcher:
+    def __init__(self, predictor: Predictor, buckets: list[int], max_delay_s: float, max_queue: int,
+                 metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self._predictor = predictor
+        self.buckets = list(buckets)
+        self.max_delay_s = max_delay_s
+        # A single full batch must always be admissible, whatever max_queue says.
+        self.max_queue = max(max_queue, self.buckets[-1])
+        self._metrics = metrics
+        self._clock = clock
+        self._queue: collections.deque[_Chunk] = collections.deque()
+        self._queued = 0  # instances in the queue
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._seconds_per_instance = 0.0  # EWMA, for Retry-After
+        self.busy_since: float | None = None  # monotonic start of the running batch
+        self.on_batch: list[Callable[[BatchInfo], None]] = []
+        self._thread = threading.Thread(target=self._loop, name="torchfleet-batcher", daemon=True)
+
+    # --- public -----------------------------------------------------------------------------
+
+    @property
+    def cap(self) -> int:
+        return self.buckets[-1]
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, tensor: torch.Tensor) -> Request:
+        n = int(tensor.shape[0])
+        cap = self.cap
+        pieces = [tensor[i:i + cap] for i in range(0, n, cap)]
+        request = Request(len(pieces))
+        with self._cond:
+            if self._stopping:
+                raise Stopped("the batcher is stopping")
+            if self._queued + n > self.max_queue and self._queued > 0:
+                raise QueueFull(self._retry_after(), self._queued, self.max_queue)
+            now = self._clock()
+            for i, piece in enumerate(pieces):
+                self._queue.append(_Chunk(request, i, piece, now))
+            self._queued += n
+            self._set_depth()
+            self._cond.notify()
+        return request
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop accepting work, finish what is queued, stop the worker."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # --- the worker ---------------------------------------------------------------------------
+
+    def _retry_after(self) -> int:
+        return max(1, math.ceil(self._queued * self._seconds_per_instance))
+
+    def _set_depth(self) -> None:
+        if self._metrics is not None:
+            self._metrics.queue_depth.set(self._queued)
+
+    def _fitting(self) -> tuple[int, int]:
+        """How many head chunks fit in one batch, and their instances (always >= 1 chunk)."""
+        take, size = 0, 0
+        for chunk in self._queue:
+            if take and size + chunk.n > self.cap:
+                break
+            take += 1
+            size += chunk.n
+        return take, size
+
+    def _next_batch(self) -> tuple[list[_Chunk], str] | None:
+        with self._cond:
+            while not self._queue:
+                if self._stopping:
+                    return None
+                self._cond.wait()
+            deadline = self._queue[0].enqueued_at + self.max_delay_s
+            while True:
+                take, size = self._fitting()
+                if size >= self.cap or take < len(self._queue):
+                    reason = "full"
+                    break
+                if self._stopping:
+                    reason = "draining"
+                    break
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    reason = "deadline"
+                    break
+                self._cond.wait(remaining)
+            chunks = [self._queue.popleft() for _ in range(take)]
+            self._queued -= size
+            self._set_depth()
+            return chunks, reason
+
+    def _loop(self) -> None:
+        while True:
+            nxt = self._next_batch()
+            if nxt is None:
+                return
+            chunks, reason = nxt
+            self._run(chunks, reason)
+
+    def _run(self, chunks: list[_Chunk], reason: str) -> None:
+        start = self._clock()
+        self.busy_since = start
+        size = sum(c.n for c in chunks)
+        info = BatchInfo(size, bucket_for(min(size, self.cap), self.buckets), len(chunks), reason,
+                         start - chunks[0].enqueued_at)
+        if self._metrics is not None:
+            self._metrics.batch_size.observe(size)
+            for c in chunks:
+                self._metrics.queue_wait.observe(start - c.enqueued_at)
+        try:
+            inputs = chunks[0].tensor if len(chunks) == 1 else torch.cat([c.tensor for c in chunks])
+            outputs = self._run_split(inputs)
+        except BaseException as exc:  # the model's failure is every caller's failure, never the worker's
+            log.error("batch of %d failed: %s", size, exc, exc_info=not isinstance(exc, OutOfMemory))
+            for c in chunks:
+                c.request._fail(exc)
+        else:
+            offset = 0
+            for c in chunks:
+                c.request._deliver(c.index, split_outputs(outputs, offset, offset + c.n))
+                offset += c.n
+        finally:
+            elapsed = self._clock() - start
+            self._seconds_per_instance = 0.8 * self._seconds_per_instance + 0.2 * elapsed / size
+            self.busy_since = None
+        for hook in self.on_batch:
+            hook(info)
+
+    def _run_split(self, inputs: torch.Tensor) -> Outputs:
+        n = int(inputs.shape[0])
+        if n > self.cap:  # the cap was lowered after this batch formed
+            return concat_outputs([self._run_split(inputs[i:i + self.cap]) for i in range(0, n, self.cap)])
+        bucket = bucket_for(n, self.buckets)
+        padded = inputs
+        if bucket > n:
+            padded = torch.cat([inputs, inputs.new_zeros((bucket - n, *inputs.shape[1:]))])
+        try:
+            outputs = self._predictor(padded)
+        except RuntimeError as exc:
+            if not compat.is_oom(exc):
+                raise
+            compat.cuda_empty_cache()
+            if self._metrics is not None:
+                self._metrics.oom.inc()
+            if bucket == 1:
+                raise OutOfMemory("one instance does not fit in device memory") from None
+            self._lower_cap(below=bucket)
+            if n == 1:
+                return self._run_split(inputs)
+            half = (n + 1) // 2
+            log.warning("out of memory at batch %d: split into %d + %d", bucket, half, n - half)
+            return concat_outputs([self._run_split(inputs[:half]), self._run_split(inputs[half:])])
+        return outputs if bucket == n else split_outputs(outputs, 0, n)
+
+    def _lower_cap(self, below: int) -> None:
+        kept = [b for b in self.buckets if b < below] or [1]
+        if kept != self.buckets:
+            log.warning("out of memory at batch %d: the batch cap is now %d", below, kept[-1])
+            self.buckets = kept
+            if self._metrics is not None:
+                self._metrics.batch_cap.set(self.cap)

@@ -1,0 +1,109 @@
+"""`torchfleet-runtime serve | check | bench | demo-model`.
+
+`check` and `bench` live in their own modules (envcheck, bench), imported only when chosen so
+`serve` starts without them; each exposes configure_parser(parser) and run(args) -> int.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Sequence
+
+from . import __version__
+from .config import FIELDS, ConfigError, load_config
+
+PLUGINS = {
+    "check": ("torchfleet_runtime.envcheck", "check this node: torch, CUDA, driver, GPU, disk, memory"),
+    "bench": ("torchfleet_runtime.bench", "closed-loop load test of a running server (or --offline)"),
+}
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="serve a model over HTTP",
+        description="Serve a model over HTTP. Precedence: flags > env TORCHFLEET_<KEY> > YAML config "
+                    "(--config, else /etc/torchfleet/runtime.yml if present) > defaults.")
+    p.add_argument("--config", metavar="FILE", help="YAML file whose keys are these flags in snake_case")
+    for key, field in FIELDS.items():
+        # default None: "not given", so lower-precedence sources show through
+        p.add_argument("--" + key.replace("_", "-"), dest=key, default=None, metavar=key.upper(),
+                       help=field.help or field.allowed)
+    p.set_defaults(func=_serve)
+
+
+def _demo_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo-model", help="write a small ResNet-style TorchScript model and its metadata")
+    p.add_argument("output_dir", metavar="OUTPUT_DIR")
+    p.set_defaults(func=_demo_model)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torchfleet-runtime",
+                                     description="Warmed-up, batching PyTorch inference service.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    _serve_parser(sub)
+    for name, (_, help_text) in PLUGINS.items():
+        sub.add_parser(name, help=help_text, add_help=False)  # parsed by the plugin (see main)
+    _demo_parser(sub)
+    return parser
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .service import Runtime  # torch import: only for commands that need it
+
+    flags = {k: getattr(args, k) for k in FIELDS}
+    try:
+        config, _ = load_config(flags, config_file=args.config)
+    except ConfigError as exc:
+        print(f"torchfleet-runtime serve: {exc}", file=sys.stderr)
+        return 2
+    if not config.model and not config.factory:
+        print("torchfleet-runtime serve: config key 'model' is required (--model PATH)", file=sys.stderr)
+        return 2
+    _setup_logging(config.log_level)
+    return Runtime(config).serve_until_stopped()
+
+
+def _demo_model(args: argparse.Namespace) -> int:
+    from .demo import write_demo_model
+
+    model, meta = write_demo_model(args.output_dir)
+    print(f"wrote {model} and {meta}")
+    return 0
+
+
+def _run_plugin(name: str, argv: Sequence[str]) -> int:
+    module_name, help_text = PLUGINS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise  # the module exists but one of its own imports is missing: show that
+        print(f"torchfleet-runtime {name}: not available in this build ({module_name} is not installed)",
+              file=sys.stderr)
+        return 2
+    parser = argparse.ArgumentParser(prog=f"torchfleet-runtime {name}", description=help_text)
+    module.configure_parser(parser)
+    return int(module.run(parser.parse_args(list(argv))))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PLUGINS:
+        return _run_plugin(argv[0], argv[1:])
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

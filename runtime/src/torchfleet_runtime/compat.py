@@ -1,0 +1,70 @@
+"""Feature flags per torch version: the runtime must run on torch 1.12.1 and on torch 2.x.
+
+Every version-dependent torch API the runtime touches is resolved here, once, so the rest of the
+code reads the same on both stacks (TorchServe's base_handler does the same per-version dance
+inline; keeping it in one module makes the supported range auditable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, ContextManager
+
+import torch
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    """'1.12.1+cu116' -> (1, 12); tolerant of local suffixes and dev builds."""
+    parts = version.split("+")[0].split(".")
+    nums = []
+    for p in parts[:2]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        nums.append(int(digits or 0))
+    while len(nums) < 2:
+        nums.append(0)
+    return nums[0], nums[1]
+
+
+TORCH_VERSION = _version_tuple(torch.__version__)
+
+# torch.inference_mode: 1.9+. Older torch falls back to no_grad (same numerics, a bit slower).
+inference_mode: Callable[[], ContextManager[Any]] = getattr(torch, "inference_mode", torch.no_grad)
+
+# torch.autocast(device_type=...): 1.10+. CPU autocast supports bfloat16 only.
+HAS_AUTOCAST = hasattr(torch, "autocast")
+
+# torch.frombuffer: 1.10+. Used to turn request bytes into a tensor without numpy.
+HAS_FROMBUFFER = hasattr(torch, "frombuffer")
+
+# torch.cuda.OutOfMemoryError: 2.0+ (a RuntimeError subclass). 1.12 raises a plain RuntimeError
+# whose message contains "out of memory".
+_OOM_CLASS = getattr(torch.cuda, "OutOfMemoryError", None)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True when `exc` is a CUDA (or CPU allocator) out-of-memory error on any torch version."""
+    if _OOM_CLASS is not None and isinstance(exc, _OOM_CLASS):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def autocast(device_type: str, dtype: torch.dtype | None) -> ContextManager[Any]:
+    """Autocast for `device_type` at `dtype`, or a no-op when dtype is None (fp32)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    if not HAS_AUTOCAST:  # torch < 1.10: only CUDA autocast, fp16 only
+        if device_type == "cuda" and dtype == torch.float16:
+            return torch.cuda.amp.autocast()
+        raise RuntimeError(f"torch {torch.__version__} has no autocast for {device_type}/{dtype}")
+    return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+def cuda_empty_cache() -> None:
+    """Return cached blocks to the driver; safe to call when CUDA was never initialised."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def bf16_supported_on_cuda() -> bool:
+    fn = getattr(torch.cuda, "is_bf16_supported", None)
+    return bool(fn and torch.cuda.is_available() and fn())

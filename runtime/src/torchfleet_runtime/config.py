@@ -1,0 +1,229 @@
+"""Runtime configuration: one typed record, four sources, one precedence.
+
+Precedence (highest first): command-line flags > environment `TORCHFLEET_<KEY>` > YAML file
+(`--config`, else /etc/torchfleet/runtime.yml when it exists) > defaults. YAML keys are the long
+flag names in snake_case. Every value is parsed and checked here, so a bad value fails at start
+with the key, the value, where it came from and what is allowed, never deep inside a request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+DEFAULT_CONFIG_FILE = "/etc/torchfleet/runtime.yml"
+ENV_PREFIX = "TORCHFLEET_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range."""
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str | None = None
+    metadata: str | None = None
+    model_format: str = "auto"
+    factory: str | None = None
+    input_shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    device: str = "auto"
+    precision: str = "fp32"
+    max_batch_size: int | None = None
+    max_delay_ms: float = 5.0
+    max_queue: int = 256
+    memory_fraction: float = 0.7
+    latency_budget_ms: float = 100.0
+    warmup_iterations: int = 3
+    sample_input: str | None = None
+    drain_timeout_s: float = 30.0
+    spot_watch: str = "auto"
+    aws_metadata_url: str = "http://169.254.169.254"
+    alicloud_metadata_url: str = "http://100.100.100.200"
+    spot_poll_interval_s: float = 5.0
+    log_level: str = "info"
+    max_body_mb: float = 64.0
+    stuck_timeout_s: float = 120.0
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+
+# --- value parsers: each takes the raw value (str from env/flags, any from YAML) -------------
+
+def _as_str(v: Any) -> str:
+    if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+        raise ValueError("expected a string")
+    return str(v)
+
+
+def _as_int(v: Any) -> int:
+    if isinstance(v, bool):
+        raise ValueError("expected an integer")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and re.fullmatch(r"\s*[+-]?\d+\s*", v):
+        return int(v)
+    raise ValueError("expected an integer")
+
+
+def _as_float(v: Any) -> float:
+    if isinstance(v, bool):
+        raise ValueError("expected a number")
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number") from None
+
+
+def _as_optional_int(v: Any) -> int | None:
+    if v is None or (isinstance(v, str) and v.strip().lower() in ("", "auto")):
+        return None
+    return _as_int(v)
+
+
+def _as_shape(v: Any) -> tuple[int, ...]:
+    if isinstance(v, str):
+        v = [p for p in re.split(r"[,x\s]+", v.strip().strip("[]()")) if p]
+    if not isinstance(v, (list, tuple)) or not v:
+        raise ValueError("expected a list of positive integers such as 3,64,64")
+    dims = tuple(_as_int(d) for d in v)
+    if any(d <= 0 for d in dims):
+        raise ValueError("expected a list of positive integers such as 3,64,64")
+    return dims
+
+
+@dataclass(frozen=True)
+class _Field:
+    parse: Callable[[Any], Any]
+    allowed: str  # human text for error messages
+    check: Callable[[Any], bool] = lambda v: True
+    help: str = ""
+
+
+def _choice(*names: str) -> _Field:
+    return _Field(_as_str, "one of " + ", ".join(names), lambda v: v in names)
+
+
+_DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?$")
+_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "int8", "bool")
+
+FIELDS: dict[str, _Field] = {
+    "model": _Field(_as_str, "a path to the model file", help="model file (.pt TorchScript, state_dict, .onnx)"),
+    "metadata": _Field(_as_str, "a path to a JSON sidecar", help="metadata sidecar (default: MODEL with .json)"),
+    "model_format": _choice("auto", "torchscript", "eager", "onnx"),
+    "factory": _Field(_as_str, "pkg.module:function",
+                      lambda v: re.fullmatch(r"[\w.]+:[\w.]+", v) is not None,
+                      help="eager model factory pkg.mod:fn; MODEL is then its state_dict"),
+    "input_shape": _Field(_as_shape, "positive integers such as 3,64,64",
+                          help="input shape without batch dim (overrides metadata)"),
+    "dtype": _choice(*_DTYPES),
+    "host": _Field(_as_str, "an address to bind", help="bind address (default 127.0.0.1)"),
+    "port": _Field(_as_int, "an integer 1-65535", lambda v: 0 <= v <= 65535, help="port (0 = any free port)"),
+    "device": _Field(_as_str, "auto, cpu, cuda or cuda:N", lambda v: _DEVICE_RE.match(v) is not None),
+    "precision": _choice("fp32", "fp16", "bf16"),
+    "max_batch_size": _Field(_as_optional_int, "auto or an integer >= 1", lambda v: v is None or v >= 1,
+                             help="batch cap (default auto: memory on CUDA, latency budget on CPU)"),
+    "max_delay_ms": _Field(_as_float, "a number >= 0", lambda v: v >= 0,
+                           help="longest a request waits for its batch to fill"),
+    "max_queue": _Field(_as_int, "an integer >= 1", lambda v: v >= 1,
+                        help="instances allowed to wait; beyond it 503 + Retry-After"),
+    "memory_fraction": _Field(_as_float, "a number in (0, 1]", lambda v: 0 < v <= 1),
+    "latency_budget_ms": _Field(_as_float, "a number > 0", lambda v: v > 0,
+                                help="CPU: largest batch whose run fits this budget"),
+    "warmup_iterations": _Field(_as_int, "an integer >= 3", lambda v: v >= 3),
+    "sample_input": _Field(_as_str, "a path to a .npy or torch .pt tensor file"),
+    "drain_timeout_s": _Field(_as_float, "a number >= 0", lambda v: v >= 0),
+    "spot_watch": _choice("auto", "aws", "alicloud", "off"),
+    "aws_metadata_url": _Field(_as_str, "an http:// URL", lambda v: v.startswith(("http://", "https://"))),
+    "alicloud_metadata_url": _Field(_as_str, "an http:// URL", lambda v: v.startswith(("http://", "https://"))),
+    "spot_poll_interval_s": _Field(_as_float, "a number > 0", lambda v: v > 0),
+    "log_level": _choice("debug", "info", "warning", "error"),
+    "max_body_mb": _Field(_as_float, "a number > 0", lambda v: v > 0),
+    "stuck_timeout_s": _Field(_as_float, "a number > 0", lambda v: v > 0,
+                              help="/livez fails when one batch runs longer than this"),
+}
+assert set(FIELDS) == {f.name for f in dataclasses.fields(Config)}
+
+
+def _set(values: dict[str, Any], sources: dict[str, str], key: str, raw: Any, source: str) -> None:
+    if key not in FIELDS:
+        raise ConfigError(
+            f"unknown config key {key!r} ({source}); allowed keys: {', '.join(sorted(FIELDS))}"
+        )
+    field = FIELDS[key]
+    try:
+        value = None if raw is None else field.parse(raw)
+        ok = value is None or field.check(value)
+    except ValueError as exc:
+        raise ConfigError(f"config key {key!r} ({source}): {raw!r} is invalid ({exc}); allowed: {field.allowed}") from None
+    if not ok:
+        raise ConfigError(f"config key {key!r} ({source}): {raw!r} is not allowed; allowed: {field.allowed}")
+    values[key] = value
+    sources[key] = source
+
+
+def read_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: not valid YAML ({exc})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def load_config(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: str | None = None,
+) -> tuple[Config, dict[str, str]]:
+    """Merge defaults < YAML < env < flags; returns the config and where each set key came from.
+
+    `flags` holds only the flags the user gave (None means "not given"). `config_file` None means
+    the default file if it exists; an explicitly named file must exist.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    path = config_file or env.get(ENV_PREFIX + "CONFIG")
+    if path is None and Path(DEFAULT_CONFIG_FILE).is_file():
+        path = DEFAULT_CONFIG_FILE
+    if path is not None:
+        for key, raw in read_yaml(path).items():
+            _set(values, sources, str(key), raw, f"config file {path}")
+
+    for key in FIELDS:
+        raw = env.get(ENV_PREFIX + key.upper())
+        if raw is not None:
+            _set(values, sources, key, raw, f"env {ENV_PREFIX}{key.upper()}")
+
+    for key, raw in (flags or {}).items():
+        if raw is not None:
+            _set(values, sources, key, raw, f"flag --{key.replace('_', '-')}")
+
+    config = Config(**values)
+    _check_combinations(config)
+    return config, sources
+
+
+def _check_combinations(config: Config) -> None:
+    if config.model_format == "eager" and not config.factory:
+        raise ConfigError("config key 'factory' is required when model_format is 'eager' (pkg.module:function)")
+    if config.factory and config.model_format not in ("auto", "eager"):
+        raise ConfigError(f"config key 'factory' is only used with model_format eager, not {config.model_format!r}")

@@ -1,0 +1,96 @@
+"""The demo model: a small ResNet-style CNN, built and saved without any download.
+
+About 1.2 M parameters, input 3x64x64 float32, 10-class logits; weights come from a fixed seed,
+so every machine writes the same model.pt. `build_demo_model` doubles as an eager factory
+(`--factory torchfleet_runtime.demo:build_demo_model` with a saved state_dict).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+INPUT_SHAPE = (3, 64, 64)
+NUM_CLASSES = 10
+SEED = 20240601
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions with a residual connection (ResNet-18's block)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+class DemoResNet(nn.Module):
+    def __init__(self, num_classes: int = NUM_CLASSES) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+        self.layers = nn.Sequential(
+            BasicBlock(32, 32),
+            BasicBlock(32, 64, stride=2),
+            BasicBlock(64, 128, stride=2),
+            BasicBlock(128, 256, stride=2),
+        )
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(256, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layers(self.stem(x))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def build_demo_model() -> DemoResNet:
+    """Deterministic weights: the same seed gives the same model on every machine."""
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(SEED)
+        model = DemoResNet()
+        # Non-trivial BatchNorm statistics, so eval mode is not an identity.
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    finally:
+        torch.random.set_rng_state(state)
+    return model.eval()
+
+
+def metadata() -> dict:
+    return {
+        "name": "torchfleet-demo-resnet",
+        "input_shape": list(INPUT_SHAPE),
+        "dtype": "float32",
+        "output_shape": [NUM_CLASSES],
+        "output_description": f"logits over {NUM_CLASSES} classes (untrained, deterministic weights)",
+        "parameters": sum(p.numel() for p in build_demo_model().parameters()),
+        "seed": SEED,
+    }
+
+
+def write_demo_model(out_dir: str | Path) -> tuple[Path, Path]:
+    """Write OUT/model.pt (TorchScript) and OUT/model.json; returns both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    scripted = torch.jit.script(build_demo_model())
+    model_path, meta_path = out / "model.pt", out / "model.json"
+    tmp = out / ".model.pt.tmp"
+    scripted.save(str(tmp))
+    tmp.replace(model_path)  # atomic: a concurrent reader never sees half a file
+    meta_path.write_text(json.dumps(metadata(), indent=2) + "\n")
+    return model_path, meta_path

@@ -1,0 +1,180 @@
+"""Sizing the batch cap and warming every batch size the batcher can produce.
+
+Users' complaint with other servers: warm-up at batch 1 only, so the first real batch of 8 pays
+for cuDNN autotuning and allocator growth. Here the batcher only ever runs bucket sizes (powers
+of two up to the cap, plus the cap itself), and every bucket is run `warmup_iterations` (>= 3)
+times before /readyz turns 200.
+
+The cap is measured, not computed: on CUDA the largest bucket whose peak allocated memory stays
+within `memory_fraction` of the device; on CPU the largest bucket whose run fits
+`latency_budget_ms` while throughput still improves.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import compat
+from .codec import decode_npy
+from .model import DTYPE_NAMES, Metadata, ModelError, Predictor
+
+log = logging.getLogger(__name__)
+
+AUTO_CEILING_CPU = 256
+AUTO_CEILING_CUDA = 1024
+UNTIMED_RUNS = 3
+
+
+def buckets_up_to(cap: int) -> list[int]:
+    """Powers of two below `cap`, then `cap` itself: 12 -> [1, 2, 4, 8, 12]."""
+    out, b = [], 1
+    while b < cap:
+        out.append(b)
+        b *= 2
+    out.append(cap)
+    return out
+
+
+def bucket_for(n: int, buckets: list[int]) -> int:
+    """The smallest bucket that holds n instances (n <= buckets[-1])."""
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} instances exceed the largest bucket {buckets[-1]}")
+
+
+def load_sample(path: str | None, metadata: Metadata) -> torch.Tensor:
+    """Sample rows shaped (k, *input_shape): from a user's file, else seeded random data."""
+    shape = metadata.input_shape
+    dtype = metadata.torch_dtype
+    if path is None:
+        gen = torch.Generator().manual_seed(0)
+        if dtype.is_floating_point:
+            return torch.randn((1, *shape), generator=gen).to(dtype)
+        return torch.zeros((1, *shape), dtype=dtype)  # ids or masks: 0 is valid for any vocabulary
+    p = Path(path)
+    try:
+        t = decode_npy(p.read_bytes()) if p.suffix == ".npy" else torch.load(str(p), map_location="cpu")
+    except OSError as exc:
+        raise ModelError(f"config key 'sample_input': cannot read {path!r} ({exc.strerror})") from None
+    except Exception as exc:  # RequestError from the .npy parser, or torch.load's own errors
+        raise ModelError(f"config key 'sample_input': {path!r} is not a .npy or torch tensor file ({exc})") from None
+    if not isinstance(t, torch.Tensor):
+        raise ModelError(f"config key 'sample_input': {path!r} holds {type(t).__name__}, not a tensor")
+    if tuple(t.shape) == shape:
+        t = t.unsqueeze(0)
+    if tuple(t.shape[1:]) != shape or t.shape[0] == 0:
+        raise ModelError(f"config key 'sample_input': shape {list(t.shape)} is not {list(shape)} or [N,{','.join(map(str, shape))}]")
+    if t.dtype != dtype:
+        raise ModelError(f"config key 'sample_input': dtype {DTYPE_NAMES.get(t.dtype, t.dtype)} is not the model's {metadata.dtype}")
+    return t
+
+
+def make_batch(sample: torch.Tensor, n: int) -> torch.Tensor:
+    idx = torch.arange(n) % sample.shape[0]
+    return sample.index_select(0, idx).contiguous()
+
+
+@dataclass
+class SizingReport:
+    cap: int
+    method: str  # "configured", "memory" or "latency"
+    measurements: dict[int, float] = field(default_factory=dict)  # bucket -> peak bytes or seconds
+
+
+def size_cap(predictor: Predictor, sample: torch.Tensor, configured: int | None,
+             memory_fraction: float, latency_budget_s: float) -> SizingReport:
+    if configured is not None:
+        return SizingReport(configured, "configured")
+    if predictor.device.type == "cuda":
+        return _size_by_memory(predictor, sample, memory_fraction)
+    return _size_by_latency(predictor, sample, latency_budget_s)
+
+
+def _device_total_memory(device: torch.device) -> int:
+    mem_get_info = getattr(torch.cuda, "mem_get_info", None)  # 1.10+
+    if mem_get_info is not None:
+        return int(mem_get_info(device)[1])
+    return int(torch.cuda.get_device_properties(device).total_memory)
+
+
+def _size_by_memory(predictor: Predictor, sample: torch.Tensor, fraction: float) -> SizingReport:
+    device = predictor.device
+    limit = fraction * _device_total_memory(device)
+    report = SizingReport(1, "memory")
+    for b in buckets_up_to(AUTO_CEILING_CUDA):
+        torch.cuda.reset_peak_memory_stats(device)
+        try:
+            predictor(make_batch(sample, b))
+            torch.cuda.synchronize(device)
+        except RuntimeError as exc:
+            if not compat.is_oom(exc):
+                raise
+            compat.cuda_empty_cache()
+            break
+        peak = torch.cuda.max_memory_allocated(device)
+        report.measurements[b] = float(peak)
+        if peak > limit:
+            break
+        report.cap = b
+    compat.cuda_empty_cache()
+    log.info("batch cap %d: largest bucket within %.0f%% of GPU memory (peaks %s)", report.cap,
+             fraction * 100, {k: f"{v / 2**20:.0f}MiB" for k, v in report.measurements.items()})
+    return report
+
+
+def _size_by_latency(predictor: Predictor, sample: torch.Tensor, budget_s: float) -> SizingReport:
+    report = SizingReport(1, "latency")
+    best_rate = 0.0
+    for b in buckets_up_to(AUTO_CEILING_CPU):
+        batch = make_batch(sample, b)
+        for _ in range(UNTIMED_RUNS):  # first runs of a shape pay one-off costs (TorchScript profiling)
+            predictor(batch)
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            predictor(batch)
+            runs.append(time.perf_counter() - t0)
+        seconds = statistics.median(runs)
+        report.measurements[b] = seconds
+        rate = b / seconds
+        if seconds > budget_s or rate < 0.9 * best_rate:
+            break  # over budget, or bigger batches stopped paying for themselves
+        best_rate = max(best_rate, rate)
+        report.cap = b
+    log.info("batch cap %d: largest bucket within %.0f ms that still gains throughput (%s)", report.cap,
+             budget_s * 1000, {k: f"{v * 1000:.1f}ms" for k, v in report.measurements.items()})
+    return report
+
+
+def warm_up(predictor: Predictor, sample: torch.Tensor, buckets: list[int], iterations: int,
+            on_run: Callable[[int], None] | None = None) -> list[int]:
+    """Run every bucket `iterations` times; returns the buckets that ran (OOM truncates the list)."""
+    if predictor.device.type == "cuda":
+        # Fixed shapes per bucket: let cuDNN pick the fastest kernels once, during warm-up.
+        torch.backends.cudnn.benchmark = True
+    warmed: list[int] = []
+    for b in buckets:
+        batch = make_batch(sample, b)
+        try:
+            for _ in range(iterations):
+                predictor(batch)
+                if on_run is not None:
+                    on_run(b)
+        except RuntimeError as exc:
+            if not compat.is_oom(exc) or not warmed:
+                raise
+            compat.cuda_empty_cache()
+            log.warning("out of memory warming batch %d: the cap is lowered to %d", b, warmed[-1])
+            break
+        warmed.append(b)
+    if predictor.device.type == "cuda":
+        torch.cuda.synchronize(predictor.device)
+    return warmed
