@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Build the torchfleet-runtime wheel on the controller, once per source content.
+
+usage: build_wheel.py SOURCE_DIR CACHE_DIR
+
+The wheel lands in CACHE_DIR/<hash of the sources>/, so an unchanged checkout reuses the
+previous build (idempotent deploys) and any edit produces a new wheel. Sources are copied to a
+temporary directory first, so building leaves no build/ or *.egg-info in the checkout.
+SOURCE_DATE_EPOCH makes the archive's timestamps fixed. Prints one JSON line:
+{"wheel": path, "sha256": hex, "built": bool}.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SKIP_DIRS = {"__pycache__", "build", "dist", ".ruff_cache", ".pytest_cache"}
+
+
+def source_files(root: Path):
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(
+            d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")
+        )
+        for name in sorted(filenames):
+            if not name.endswith((".pyc", ".pyo")):
+                yield Path(dirpath, name)
+
+
+def source_hash(root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in source_files(root):
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def build(source: Path, out: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="torchfleet-wheel-") as tmp:
+        copy = Path(tmp, "src")
+        shutil.copytree(
+            source,
+            copy,
+            ignore=shutil.ignore_patterns(*SKIP_DIRS, "*.egg-info", "*.pyc"),
+        )
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out)]
+        try:  # the controller's setuptools avoids fetching one into an isolated build env
+            import setuptools  # noqa: F401
+
+            cmd.append("--no-build-isolation")
+        except ImportError:
+            pass
+        env = dict(os.environ, SOURCE_DATE_EPOCH="315532800", PIP_DISABLE_PIP_VERSION_CHECK="1")
+        result = subprocess.run(cmd + [str(copy)], capture_output=True, text=True, env=env)
+        if result.returncode != 0:
+            sys.stderr.write(result.stdout[-4000:] + result.stderr[-4000:])
+            raise SystemExit(f"building the runtime wheel from {source} failed")
+
+
+def main() -> None:
+    if len(sys.argv) != 3:
+        raise SystemExit(__doc__)
+    source, cache = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()
+    if not (source / "pyproject.toml").is_file():
+        raise SystemExit(f"{source}: no pyproject.toml (inference_runtime_source_dir)")
+    out = cache / source_hash(source)[:16]
+    built = False
+    if not list(out.glob("*.whl")):
+        cache.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache))
+        try:
+            build(source, staging)
+            shutil.rmtree(out, ignore_errors=True)
+            staging.rename(out)  # the whole directory at once: never a half-built cache entry
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        built = True
+    wheels = sorted(out.glob("*.whl"))
+    if len(wheels) != 1:
+        raise SystemExit(f"{out}: expected exactly one wheel, found {len(wheels)}")
+    print(json.dumps({"wheel": str(wheels[0]), "sha256": file_sha256(wheels[0]), "built": built}))
+
+
+if __name__ == "__main__":
+    main()
