@@ -1,0 +1,18 @@
+"""Address plans shared by both clouds."""
+
+from __future__ import annotations
+
+import ipaddress
+
+
+def split_cidrs(cidrs: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(IPv4, IPv6): the clouds take the two families in different fields."""
+    v4 = [c for c in cidrs if ipaddress.ip_network(c).version == 4]
+    v6 = [c for c in cidrs if ipaddress.ip_network(c).version == 6]
+    return v4, v6
+
+
+def zone_subnets(vpc_cidr: str, count: int) -> list[str]:
+    """One block per zone, each 1/16 of the VPC (a /20 of a /16): room for 16 zones."""
+    net = ipaddress.ip_network(vpc_cidr)
+    return [str(s) for s in list(net.subnets(prefixlen_diff=4))[:count]]

@@ -1,0 +1,182 @@
+"""GPU nodes on Alibaba Cloud: ECS spot instances with SpotWithPriceLimit and a computed cap
+(PostPaid, encrypted ESSD, hardened metadata, RAM role, auto-release as the dev TTL), or an ESS
+scaling group (per-type spot caps, on-demand base, spot remedy, on-demand compensation) behind
+a CLB that health-checks /readyz."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pulumi
+import pulumi_alicloud as alicloud
+
+from infra import images
+from infra.alicloud.network import AlicloudNetwork
+from infra.config import StackConfig
+from infra.interface import NODE_ROLE_TAG, Deployment, Node
+from infra.schedule import iso_utc
+
+HEALTH_PATH = "/readyz"
+LB_PORT = 80
+PUBLIC_BANDWIDTH_MBPS = 100  # pay-by-traffic egress for packages and wheels
+
+
+def _role_policy(service: str) -> str:
+    return json.dumps({"Version": "1", "Statement": [{
+        "Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": [service]}}]})
+
+
+class AlicloudFleet(pulumi.ComponentResource):
+    def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str],
+                 network: AlicloudNetwork, image_id: pulumi.Input[str], expiry: datetime | None,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("torchfleet:alicloud:Fleet", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.cfg, self.name, self.child = cfg, name, child
+        self.node_tags = {**tags, NODE_ROLE_TAG[0]: NODE_ROLE_TAG[1]}
+        image = images.query("alicloud", cfg.image_distro)
+
+        self.key = alicloud.ecs.EcsKeyPair(
+            f"{name}-key", key_pair_name=f"{cfg.name}-key", public_key=cfg.ssh_public_key,
+            tags=tags, opts=child)
+        self.role = alicloud.ram.Role(
+            f"{name}-node-role", role_name=f"{cfg.name}-node",
+            assume_role_policy_document=_role_policy("ecs.aliyuncs.com"),
+            description=f"torchfleet {cfg.stack} GPU nodes", force=True, tags=tags, opts=child)
+        if cfg.model_bucket:
+            policy = alicloud.ram.Policy(
+                f"{name}-node-models", policy_name=f"{cfg.name}-models",
+                description="read the model bucket",
+                policy_document=json.dumps({"Version": "1", "Statement": [
+                    {"Effect": "Allow", "Action": ["oss:ListObjects"],
+                     "Resource": [f"acs:oss:*:*:{cfg.model_bucket}"]},
+                    {"Effect": "Allow", "Action": ["oss:GetObject"],
+                     "Resource": [f"acs:oss:*:*:{cfg.model_bucket}/*"]}]}),
+                force=True, tags=tags, opts=child)
+            alicloud.ram.RolePolicyAttachment(
+                f"{name}-node-models", policy_name=policy.policy_name, policy_type="Custom",
+                role_name=self.role.role_name, opts=child)
+
+        if cfg.mode == "instances":
+            self.instances = self._instances(network, image_id, expiry)
+            first = self.instances[0]
+            self.deployment = Deployment(
+                nodes=[Node(name=f"{cfg.stack}-gpu-{i}", instance_type=cfg.instance_type,
+                            spot=cfg.spot.enabled, public_ip=inst.public_ip,
+                            private_ip=inst.private_ip)
+                       for i, inst in enumerate(self.instances)],
+                endpoint=first.private_ip.apply(lambda ip: f"http://{ip}:{cfg.service_port}"),
+                login_user=image.login_user,
+                extra_outputs={"ssh_tunnel": pulumi.Output.all(first.public_ip, first.private_ip)
+                               .apply(lambda ips: f"ssh -N -L {cfg.service_port}:{ips[1]}:"
+                                                  f"{cfg.service_port} {image.login_user}@{ips[0]}")})
+        else:
+            self.group, clb = self._group(network, image_id)
+            self.deployment = Deployment(
+                nodes=[], endpoint=clb.address.apply(lambda a: f"http://{a}/"),
+                login_user=image.login_user,
+                discovery={"cloud": "alicloud", "region": cfg.region,
+                           "tags": {NODE_ROLE_TAG[0]: NODE_ROLE_TAG[1], "stack": cfg.stack},
+                           "scaling_group_name": f"{cfg.name}-group"})
+        self.register_outputs({})
+
+    def _spot_args(self) -> dict:
+        cfg = self.cfg
+        if not cfg.spot.enabled:
+            return {"spot_strategy": "NoSpot"}
+        return {"spot_strategy": "SpotWithPriceLimit"}
+
+    def _instances(self, network: AlicloudNetwork, image_id: pulumi.Input[str],
+                   expiry: datetime | None) -> list[alicloud.ecs.Instance]:
+        cfg, name = self.cfg, self.name
+        out = []
+        for i in range(cfg.nodes.count):
+            switch = network.switches[i % len(network.switches)]
+            zone = cfg.zones[i % len(cfg.zones)]
+            spot = {}
+            if cfg.spot.enabled:
+                spot = {"spot_price_limit": cfg.spot_cap(cfg.instance_type),
+                        "spot_interruption_behavior": cfg.spot.interruption.capitalize()}
+            out.append(alicloud.ecs.Instance(
+                f"{name}-node-{i}",
+                instance_name=f"{cfg.stack}-gpu-{i}", host_name=f"{cfg.stack}-gpu-{i}",
+                availability_zone=zone, vswitch_id=switch.id, security_groups=[network.sg.id],
+                instance_type=cfg.instance_type.name, image_id=image_id,
+                key_name=self.key.key_pair_name, role_name=self.role.role_name,
+                # auto-release and spot both need pay-as-you-go
+                instance_charge_type="PostPaid",
+                **self._spot_args(), **spot,
+                auto_release_time=iso_utc(expiry) if expiry else None,
+                system_disk_category="cloud_essd", system_disk_size=cfg.disk_gb,
+                system_disk_encrypted=True,
+                internet_charge_type="PayByTraffic",
+                internet_max_bandwidth_out=PUBLIC_BANDWIDTH_MBPS,
+                http_endpoint="enabled", http_tokens="required",
+                tags=self.node_tags, volume_tags=self.node_tags,
+                opts=self.child))
+        return out
+
+    def _group(self, network: AlicloudNetwork, image_id: pulumi.Input[str]
+               ) -> tuple[alicloud.ess.ScalingGroup, alicloud.slb.ApplicationLoadBalancer]:
+        cfg, name, child = self.cfg, self.name, self.child
+        public = bool(cfg.client_cidrs)
+        clb = alicloud.slb.ApplicationLoadBalancer(
+            f"{name}-clb", load_balancer_name=f"{cfg.name}-clb",
+            address_type="internet" if public else "intranet",
+            vswitch_id=None if public else network.switches[0].id,
+            load_balancer_spec="slb.s2.small", payment_type="PayAsYouGo",
+            master_zone_id=cfg.zones[0], slave_zone_id=cfg.zones[1], tags=self.node_tags,
+            opts=child)
+        acl_args: dict = {"acl_status": "off"}
+        if public:
+            acl = alicloud.slb.Acl(
+                f"{name}-clients", name=f"{cfg.name}-clients",
+                entry_lists=[alicloud.slb.AclEntryListArgs(entry=c, comment="client")
+                             for c in cfg.client_cidrs],
+                tags=self.node_tags, opts=child)
+            acl_args = {"acl_status": "on", "acl_type": "white", "acl_id": acl.id}
+        alicloud.slb.Listener(
+            f"{name}-http", load_balancer_id=clb.id, frontend_port=LB_PORT,
+            backend_port=cfg.service_port, protocol="http", bandwidth=-1,
+            health_check="on", health_check_type="http", health_check_uri=HEALTH_PATH,
+            health_check_connect_port=cfg.service_port, health_check_http_code="http_2xx",
+            health_check_interval=5, health_check_timeout=5, healthy_threshold=2,
+            unhealthy_threshold=3, **acl_args, opts=child)
+
+        group = alicloud.ess.ScalingGroup(
+            f"{name}-group", scaling_group_name=f"{cfg.name}-group",
+            min_size=cfg.nodes.min, max_size=cfg.nodes.max, desired_capacity=cfg.nodes.desired,
+            vswitch_ids=[s.id for s in network.switches],
+            loadbalancer_ids=[clb.id],
+            # COST_OPTIMIZED is the policy that honours the on-demand base / percentage and
+            # spot remedies; with vSwitches in two zones it still spreads over both.
+            multi_az_policy="COST_OPTIMIZED",
+            on_demand_base_capacity=cfg.spot.on_demand_base if cfg.spot.enabled else cfg.nodes.max,
+            on_demand_percentage_above_base_capacity=(
+                cfg.spot.on_demand_percentage if cfg.spot.enabled else 100),
+            spot_instance_pools=len(cfg.instance_types) if cfg.spot.enabled else None,
+            spot_instance_remedy=cfg.spot.enabled,  # replace spot before it is reclaimed
+            compensate_with_on_demand=cfg.spot.enabled,  # on-demand when spot is short
+            removal_policies=["OldestScalingConfiguration", "OldestInstance"],
+            default_cooldown=300, tags=self.node_tags,
+            # Scheduled tasks move the desired size; a deploy must not move it back.
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(ignore_changes=["desiredCapacity"])))
+        spot_limits = None
+        if cfg.spot.enabled:
+            spot_limits = [alicloud.ess.ScalingConfigurationSpotPriceLimitArgs(
+                instance_type=t.name, price_limit=cfg.spot_cap(t)) for t in cfg.instance_types]
+        alicloud.ess.ScalingConfiguration(
+            f"{name}-config", scaling_group_id=group.id,
+            scaling_configuration_name=f"{cfg.name}-config",
+            image_id=image_id, instance_types=[t.name for t in cfg.instance_types],
+            instance_name=f"{cfg.stack}-gpu", security_group_ids=[network.sg.id],
+            key_name=self.key.key_pair_name, role_name=self.role.role_name,
+            **self._spot_args(), spot_price_limits=spot_limits,
+            system_disk_category="cloud_essd", system_disk_size=cfg.disk_gb,
+            system_disk_encrypted=True,
+            internet_charge_type="PayByTraffic", internet_max_bandwidth_out=PUBLIC_BANDWIDTH_MBPS,
+            http_endpoint="enabled",
+            tags=self.node_tags, active=True, enable=True, force_delete=True, opts=child)
+        return group, clb

@@ -1,0 +1,198 @@
+"""GPU nodes on AWS: a hardened launch template (IMDSv2 only, encrypted gp3 root, least-privilege
+instance profile, spot with a price cap), then either plain instances (dev) or a
+mixed-instances Auto Scaling group behind an ALB that health-checks /readyz (prod)."""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pulumi_aws as aws
+
+from infra import images
+from infra.aws.network import LB_PORT, AwsNetwork
+from infra.config import StackConfig
+from infra.interface import NODE_ROLE_TAG, Deployment, Node
+from infra.tags import with_name
+
+HEALTH_PATH = "/readyz"  # 200 only once the model is warmed and the node is not draining
+# Warm-up (driver init, model load, warm-up passes) takes minutes on a cold node; the group must
+# not replace a node that is still warming.
+HEALTH_GRACE_S = 900
+DEREGISTRATION_DELAY_S = 30  # the runtime drains within its drain_timeout_s (30 s by default)
+
+
+def _assume(service: str) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]})
+
+
+class AwsFleet(pulumi.ComponentResource):
+    def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str], network: AwsNetwork,
+                 image_id: pulumi.Input[str], arn_partition: str,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("torchfleet:aws:Fleet", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.cfg = cfg
+        node_tags = with_name(tags, f"{cfg.name}-node", **dict([NODE_ROLE_TAG]))
+        image = images.query("aws", cfg.image_distro)
+
+        key = aws.ec2.KeyPair(f"{name}-key", key_name_prefix=f"{cfg.name}-",
+                              public_key=cfg.ssh_public_key, tags=tags, opts=child)
+        role = aws.iam.Role(
+            f"{name}-node-role", assume_role_policy=_assume("ec2.amazonaws.com"),
+            description=f"torchfleet {cfg.stack} GPU nodes", tags=tags, opts=child)
+        # Session Manager access (an SSH alternative that needs no open port) and nothing else.
+        aws.iam.RolePolicyAttachment(
+            f"{name}-node-ssm", role=role.name,
+            policy_arn=f"arn:{arn_partition}:iam::aws:policy/AmazonSSMManagedInstanceCore",
+            opts=child)
+        if cfg.model_bucket:
+            bucket = f"arn:{arn_partition}:s3:::{cfg.model_bucket}"
+            aws.iam.RolePolicy(f"{name}-node-models", role=role.id, policy=json.dumps({
+                "Version": "2012-10-17", "Statement": [
+                    {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [bucket]},
+                    {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"{bucket}/*"]},
+                ]}), opts=child)
+        profile = aws.iam.InstanceProfile(f"{name}-node", role=role.name, tags=tags, opts=child)
+
+        spot_instances = cfg.mode == "instances" and cfg.spot.enabled
+        self.template = aws.ec2.LaunchTemplate(
+            f"{name}-lt",
+            name_prefix=f"{cfg.name}-",
+            description=f"torchfleet {cfg.stack} GPU node",
+            image_id=image_id,
+            instance_type=cfg.instance_type.name,
+            key_name=key.key_name,
+            vpc_security_group_ids=[network.node_sg.id],
+            iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=profile.arn),
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1,
+                instance_metadata_tags="enabled"),
+            block_device_mappings=[aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                device_name=image.root_device,
+                ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                    volume_size=cfg.disk_gb, volume_type="gp3", encrypted="true",
+                    delete_on_termination="true"))],
+            instance_market_options=self._spot_options() if spot_instances else None,
+            hibernation_options=(aws.ec2.LaunchTemplateHibernationOptionsArgs(configured=True)
+                                 if spot_instances and cfg.spot.interruption == "hibernate"
+                                 else None),
+            monitoring=aws.ec2.LaunchTemplateMonitoringArgs(enabled=True),
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=node_tags)
+                for kind in ("instance", "volume", "network-interface")],
+            update_default_version=True,
+            tags=tags, opts=child)
+
+        if cfg.mode == "instances":
+            self.instances = self._instances(name, node_tags, network, child)
+            first = self.instances[0]
+            endpoint = first.private_ip.apply(lambda ip: f"http://{ip}:{cfg.service_port}")
+            nodes = [Node(name=f"{cfg.stack}-gpu-{i}", instance_type=cfg.instance_type,
+                          spot=cfg.spot.enabled, public_ip=inst.public_ip,
+                          private_ip=inst.private_ip)
+                     for i, inst in enumerate(self.instances)]
+            self.deployment = Deployment(
+                nodes=nodes, endpoint=endpoint, login_user=image.login_user,
+                extra_outputs={"ssh_tunnel": pulumi.Output.all(first.public_ip, first.private_ip)
+                               .apply(lambda ips: f"ssh -N -L {cfg.service_port}:{ips[1]}:"
+                                                  f"{cfg.service_port} {image.login_user}@{ips[0]}")})
+        else:
+            self.group, alb = self._group(name, tags, node_tags, network, child)
+            self.deployment = Deployment(
+                nodes=[], endpoint=alb.dns_name.apply(lambda d: f"http://{d}/"),
+                login_user=image.login_user,
+                discovery={"cloud": "aws", "region": cfg.region,
+                           "filters": {f"tag:{NODE_ROLE_TAG[0]}": NODE_ROLE_TAG[1],
+                                       "tag:stack": cfg.stack,
+                                       "instance-state-name": "running"}})
+        self.register_outputs({"launch_template_id": self.template.id})
+
+    def _spot_options(self) -> aws.ec2.LaunchTemplateInstanceMarketOptionsArgs:
+        cfg = self.cfg
+        # Only a persistent request can be stopped (by a schedule) and restarted.
+        persistent = cfg.spot.interruption in ("stop", "hibernate")
+        return aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(
+            market_type="spot",
+            spot_options=aws.ec2.LaunchTemplateInstanceMarketOptionsSpotOptionsArgs(
+                max_price=f"{cfg.spot_cap(cfg.instance_type):.4f}",
+                spot_instance_type="persistent" if persistent else "one-time",
+                instance_interruption_behavior=cfg.spot.interruption))
+
+    def _instances(self, name: str, node_tags: dict[str, str], network: AwsNetwork,
+                   child: pulumi.ResourceOptions) -> list[aws.ec2.Instance]:
+        cfg = self.cfg
+        out = []
+        for i in range(cfg.nodes.count):
+            subnet = network.subnets[i % len(network.subnets)]
+            out.append(aws.ec2.Instance(
+                f"{name}-node-{i}",
+                launch_template=aws.ec2.InstanceLaunchTemplateArgs(
+                    id=self.template.id, version=self.template.latest_version.apply(str)),
+                subnet_id=subnet.id,
+                tags={**node_tags, "Name": f"{cfg.stack}-gpu-{i}"},
+                volume_tags={**node_tags, "Name": f"{cfg.stack}-gpu-{i}"},
+                opts=child))
+        return out
+
+    def _group(self, name: str, tags: dict[str, str], node_tags: dict[str, str],
+               network: AwsNetwork, child: pulumi.ResourceOptions
+               ) -> tuple[aws.autoscaling.Group, aws.lb.LoadBalancer]:
+        cfg = self.cfg
+        assert network.lb_sg is not None
+        subnet_ids = [s.id for s in network.subnets]
+        target = aws.lb.TargetGroup(
+            f"{name}-tg", port=cfg.service_port, protocol="HTTP", vpc_id=network.vpc.id,
+            target_type="instance", deregistration_delay=DEREGISTRATION_DELAY_S,
+            health_check=aws.lb.TargetGroupHealthCheckArgs(
+                enabled=True, path=HEALTH_PATH, matcher="200", protocol="HTTP",
+                port="traffic-port", interval=15, timeout=5, healthy_threshold=2,
+                unhealthy_threshold=3),
+            tags=tags, opts=child)
+        alb = aws.lb.LoadBalancer(
+            f"{name}-alb", load_balancer_type="application", internal=not cfg.client_cidrs,
+            security_groups=[network.lb_sg.id], subnets=subnet_ids,
+            drop_invalid_header_fields=True, idle_timeout=60, tags=tags, opts=child)
+        aws.lb.Listener(
+            f"{name}-http", load_balancer_arn=alb.arn, port=LB_PORT, protocol="HTTP",
+            default_actions=[aws.lb.ListenerDefaultActionArgs(
+                type="forward", target_group_arn=target.arn)],
+            tags=tags, opts=child)
+
+        # One cap for every type of the group: the lowest per-type cap, so no type is ever
+        # bought above ratio x its own on-demand price (larger types then win only when cheap).
+        cap = min(cfg.spot_cap(t) for t in cfg.instance_types)
+        distribution = aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs(
+            on_demand_base_capacity=cfg.spot.on_demand_base if cfg.spot.enabled else cfg.nodes.max,
+            on_demand_percentage_above_base_capacity=(
+                cfg.spot.on_demand_percentage if cfg.spot.enabled else 100),
+            spot_allocation_strategy="price-capacity-optimized",
+            spot_max_price=f"{cap:.4f}" if cfg.spot.enabled else None)
+        group = aws.autoscaling.Group(
+            f"{name}-asg",
+            name_prefix=f"{cfg.name}-",
+            min_size=cfg.nodes.min, max_size=cfg.nodes.max, desired_capacity=cfg.nodes.desired,
+            vpc_zone_identifiers=subnet_ids,
+            capacity_rebalance=cfg.spot.enabled,
+            health_check_type="ELB", health_check_grace_period=HEALTH_GRACE_S,
+            default_instance_warmup=HEALTH_GRACE_S,
+            target_group_arns=[target.arn],
+            mixed_instances_policy=aws.autoscaling.GroupMixedInstancesPolicyArgs(
+                launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
+                    launch_template_specification=aws.autoscaling
+                    .GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
+                        launch_template_id=self.template.id, version="$Latest"),
+                    overrides=[aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(
+                        instance_type=t.name) for t in cfg.instance_types]),
+                instances_distribution=distribution),
+            instance_refresh=aws.autoscaling.GroupInstanceRefreshArgs(
+                strategy="Rolling",
+                preferences=aws.autoscaling.GroupInstanceRefreshPreferencesArgs(
+                    min_healthy_percentage=50)),
+            tags=[aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=True)
+                  for k, v in node_tags.items()],
+            # Scheduled actions move the desired size; a deploy must not move it back.
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(ignore_changes=["desiredCapacity"])))
+        return group, alb

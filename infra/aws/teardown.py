@@ -1,0 +1,123 @@
+"""What stops the spending on AWS: working-hours schedules, the dev TTL and a budget alert.
+
+Instances mode uses EventBridge Scheduler (universal targets call ec2:Start/Stop/Terminate
+with a role that may touch only this fleet's instances); group mode uses Auto Scaling
+scheduled actions, which keep the group in charge of its instances."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.aws.fleet import AwsFleet
+from infra.config import StackConfig
+from infra.cost import estimate
+from infra.schedule import eventbridge_cron, iso_utc, unix_cron
+
+EC2_ACTIONS = {
+    "start": "arn:aws:scheduler:::aws-sdk:ec2:startInstances",
+    "stop": "arn:aws:scheduler:::aws-sdk:ec2:stopInstances",
+    "terminate": "arn:aws:scheduler:::aws-sdk:ec2:terminateInstances",
+}
+
+
+class AwsTeardown(pulumi.ComponentResource):
+    def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str], fleet: AwsFleet,
+                 expiry: datetime | None, arn_partition: str,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("torchfleet:aws:Teardown", name, None, opts)
+        self.child = pulumi.ResourceOptions(parent=self)
+        self.cfg, self.tags, self.name = cfg, tags, name
+        if cfg.mode == "instances" and (cfg.schedule or expiry):
+            self._instance_schedules(fleet, expiry, arn_partition)
+        if cfg.mode == "group":
+            self._group_schedules(fleet, expiry)
+        if cfg.budget:
+            self._budget()
+        self.register_outputs({})
+
+    def _instance_schedules(self, fleet: AwsFleet, expiry: datetime | None,
+                            arn_partition: str) -> None:
+        cfg, name, child = self.cfg, self.name, self.child
+        ids = pulumi.Output.all(*[i.id for i in fleet.instances])
+        arns = pulumi.Output.all(*[i.arn for i in fleet.instances])
+        role = aws.iam.Role(
+            f"{name}-scheduler", description=f"torchfleet {cfg.stack}: start/stop/expire nodes",
+            assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow", "Principal": {"Service": "scheduler.amazonaws.com"},
+                "Action": "sts:AssumeRole"}]}),
+            tags=self.tags, opts=child)
+        aws.iam.RolePolicy(
+            f"{name}-scheduler", role=role.id,
+            policy=arns.apply(lambda a: json.dumps({"Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow",
+                "Action": ["ec2:StartInstances", "ec2:StopInstances", "ec2:TerminateInstances"],
+                "Resource": list(a)}]})),
+            opts=child)
+        group = aws.scheduler.ScheduleGroup(f"{name}-group", name_prefix=f"{cfg.name}-",
+                                            tags=self.tags, opts=child)
+        end = iso_utc(expiry) if expiry else None
+
+        def schedule(suffix: str, expression: str, tz: str, action: str, **extra) -> None:
+            aws.scheduler.Schedule(
+                f"{name}-{suffix}", group_name=group.name, description=f"torchfleet {cfg.stack}: "
+                f"{action} the GPU nodes", schedule_expression=expression,
+                schedule_expression_timezone=tz,
+                flexible_time_window=aws.scheduler.ScheduleFlexibleTimeWindowArgs(mode="OFF"),
+                target=aws.scheduler.ScheduleTargetArgs(
+                    arn=EC2_ACTIONS[action], role_arn=role.arn,
+                    input=ids.apply(lambda i: json.dumps({"InstanceIds": list(i)}))),
+                opts=child, **extra)
+
+        if cfg.schedule:
+            s = cfg.schedule
+            schedule("start", eventbridge_cron(s.start, s.days), s.timezone, "start", end_date=end)
+            schedule("stop", eventbridge_cron(s.stop, s.stop_days), s.timezone, "stop",
+                     end_date=end)
+        if expiry:
+            schedule("ttl", f"at({expiry.strftime('%Y-%m-%dT%H:%M:%S')})", "UTC", "terminate",
+                     action_after_completion="DELETE")
+
+    def _group_schedules(self, fleet: AwsFleet, expiry: datetime | None) -> None:
+        cfg, name, child = self.cfg, self.name, self.child
+        group = fleet.group.name
+        end = iso_utc(expiry) if expiry else None
+        if cfg.schedule:
+            s = cfg.schedule
+            aws.autoscaling.Schedule(
+                f"{name}-start", autoscaling_group_name=group, scheduled_action_name="work-start",
+                recurrence=unix_cron(s.start, s.days), time_zone=s.timezone,
+                min_size=cfg.nodes.min, max_size=cfg.nodes.max,
+                desired_capacity=cfg.nodes.desired, end_time=end, opts=child)
+            aws.autoscaling.Schedule(
+                f"{name}-stop", autoscaling_group_name=group, scheduled_action_name="work-stop",
+                recurrence=unix_cron(s.stop, s.stop_days), time_zone=s.timezone,
+                min_size=0, max_size=0, desired_capacity=0, end_time=end, opts=child)
+        if expiry:
+            aws.autoscaling.Schedule(
+                f"{name}-ttl", autoscaling_group_name=group, scheduled_action_name="ttl-expiry",
+                start_time=iso_utc(expiry), min_size=0, max_size=0, desired_capacity=0,
+                opts=child)
+
+    def _budget(self) -> None:
+        cfg = self.cfg
+        assert cfg.budget is not None
+        limit = cfg.budget.monthly_usd or max(
+            1.0, math.ceil(estimate(cfg).monthly_worst_case_usd * 1.1))
+        notify = [
+            aws.budgets.BudgetNotificationArgs(
+                comparison_operator="GREATER_THAN", threshold=cfg.budget.threshold_percent,
+                threshold_type="PERCENTAGE", notification_type=kind,
+                subscriber_email_addresses=list(cfg.budget.alert_emails))
+            for kind in ("FORECASTED", "ACTUAL")]
+        aws.budgets.Budget(
+            f"{self.name}-budget", name_prefix=f"{cfg.name}-", budget_type="COST",
+            limit_amount=f"{limit:.2f}", limit_unit="USD", time_unit="MONTHLY",
+            # Needs `stack` activated as a cost allocation tag in the billing console.
+            cost_filters=[aws.budgets.BudgetCostFilterArgs(
+                name="TagKeyValue", values=[f"user:stack${cfg.stack}"])],
+            notifications=notify, tags=self.tags, opts=self.child)

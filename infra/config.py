@@ -1,0 +1,587 @@
+"""The stack configuration: every `torchfleet:` key, typed and validated.
+
+`load(raw, stack)` turns the raw key/value pairs (Pulumi hands config values over as strings;
+structured values as JSON) into a frozen `StackConfig`, or raises `ConfigError` listing every
+bad value with the key, the value and what is allowed. The program calls it before it
+registers a single resource.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import time
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from infra import catalog
+from infra.catalog import InstanceType
+from infra.matrix import Matrix, load_matrix
+from infra.schedule import DAYS, Schedule
+
+NAMESPACE = "torchfleet"
+CLOUDS = ("aws", "alicloud")
+ENVS = ("dev", "prod")
+MODES = ("instances", "group")
+INTERRUPTION = {"aws": ("terminate", "stop", "hibernate"), "alicloud": ("terminate", "stop")}
+MAX_PRICE_RATIO = 1.3  # spot cap ceiling: paying more than 1.3x on-demand is never worth it
+MAX_TTL_HOURS = 24 * 30
+MIN_DISK_OVERHEAD_GB = 30  # OS, driver, toolkit and logs on top of the matrix's free-disk minimum
+RESERVED_TAGS = ("project", "stack", "env", "owner", "ttl-expiry", "torchfleet-role")
+SSH_KEY_PREFIXES = ("ssh-ed25519 ", "ssh-rsa ", "ecdsa-sha2-nistp256 ", "ecdsa-sha2-nistp384 ",
+                    "ecdsa-sha2-nistp521 ", "sk-ssh-ed25519@openssh.com ")
+MIN_CIDR_PREFIX = 8  # anything wider is "the internet" for our purposes
+_REGION_RE = {
+    "aws": re.compile(r"^[a-z]{2}(-gov|-iso[a-z]*)?-[a-z]+-\d$"),
+    "alicloud": re.compile(r"^[a-z]{2}-[a-z0-9]+(-[a-z0-9]+)?$"),
+}
+_IMAGE_RE = {"aws": re.compile(r"^ami-[0-9a-f]{8,17}$"), "alicloud": re.compile(r"^[A-Za-z0-9_.-]{4,}$")}
+_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_HHMM_RE = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
+
+KEYS = (
+    "cloud", "env", "region", "zones", "mode", "instance_type", "gpu", "extra_instance_types",
+    "nodes", "spot", "schedule", "ttl_hours", "admin_cidrs", "client_cidrs", "service_port",
+    "ssh_public_key", "image", "image_distro", "cuda_profile", "disk_gb", "vpc_cidr", "owner",
+    "tags", "budget", "model_bucket",
+)
+# Sub-keys of the structured values, for the same "unknown key" check one level down.
+SUBKEYS = {
+    "gpu": ("model", "count"),
+    "nodes": ("count", "min", "max", "desired"),
+    "spot": ("enabled", "max_price_ratio", "on_demand_base", "on_demand_percentage",
+             "interruption", "on_demand_prices"),
+    "schedule": ("timezone", "start", "stop", "days"),
+    "budget": ("monthly_usd", "alert_emails", "threshold_percent"),
+}
+
+
+class ConfigError(ValueError):
+    """Every problem found in one pass, one line each."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid stack configuration:\n  - " + "\n  - ".join(problems))
+
+
+@dataclass(frozen=True)
+class Nodes:
+    count: int  # instances mode
+    min: int  # group mode
+    max: int
+    desired: int
+
+
+@dataclass(frozen=True)
+class Spot:
+    enabled: bool
+    max_price_ratio: float
+    on_demand_base: int
+    on_demand_percentage: int
+    interruption: str
+    on_demand_prices: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Budget:
+    monthly_usd: float | None  # None: derived from the cost estimate
+    alert_emails: tuple[str, ...]
+    threshold_percent: int
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    stack: str
+    cloud: str
+    env: str
+    region: str
+    zones: tuple[str, ...]
+    mode: str
+    instance_type: InstanceType
+    instance_types: tuple[InstanceType, ...]  # the primary first; more only in group mode
+    nodes: Nodes
+    spot: Spot
+    schedule: Schedule | None
+    ttl_hours: float | None
+    admin_cidrs: tuple[str, ...]
+    client_cidrs: tuple[str, ...]
+    service_port: int
+    ssh_public_key: str
+    image: str  # "auto" or an image id
+    image_distro: str
+    cuda_profile: str
+    disk_gb: int
+    vpc_cidr: str
+    owner: str
+    tags: Mapping[str, str]
+    budget: Budget | None
+    model_bucket: str | None
+
+    @property
+    def name(self) -> str:
+        """Prefix for physical names: the project and the stack."""
+        return f"torchfleet-{self.stack}"
+
+    def on_demand_price(self, itype: InstanceType) -> float:
+        return float(self.spot.on_demand_prices.get(itype.name, itype.usd_per_hour))
+
+    def spot_cap(self, itype: InstanceType) -> float:
+        """The most we bid for `itype`: ratio x on-demand, rounded DOWN (Alibaba takes three
+        decimals, AWS four) so the cap never exceeds the ratio."""
+        scale = 1000 if self.cloud == "alicloud" else 10000
+        return math.floor(self.on_demand_price(itype) * self.spot.max_price_ratio * scale) / scale
+
+
+# -- reading --------------------------------------------------------------------------------------
+
+
+class _Reader:
+    """Reads raw values, records problems instead of stopping at the first."""
+
+    def __init__(self, raw: Mapping[str, Any]):
+        self.raw = raw
+        self.problems: list[str] = []
+
+    def fail(self, key: str, value: Any, allowed: str) -> None:
+        self.problems.append(f"{NAMESPACE}:{key} = {value!r} is invalid; allowed: {allowed}")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.raw.get(key, default)
+
+    def structured(self, key: str, kind: type) -> Any:
+        value = self.raw.get(key)
+        if isinstance(value, str) and kind is not str:
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                self.fail(key, value, f"a YAML {kind.__name__}")
+                return None
+        if value is not None and not isinstance(value, kind):
+            self.fail(key, value, f"a YAML {kind.__name__}")
+            return None
+        if kind is dict and value is not None and key in SUBKEYS:
+            for sub in value:
+                if sub not in SUBKEYS[key]:
+                    self.fail(f"{key}.{sub}", value[sub], f"the keys {', '.join(SUBKEYS[key])}")
+        return value
+
+    def choice(self, key: str, value: Any, allowed: tuple[str, ...]) -> str | None:
+        if value not in allowed:
+            self.fail(key, value, " | ".join(allowed))
+            return None
+        return value
+
+    def number(self, key: str, value: Any, kind: Callable[[Any], Any], lo: float | None,
+               hi: float | None, what: str) -> Any:
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            number = kind(value)
+            if kind is int and float(value) != number:
+                raise ValueError
+        except (TypeError, ValueError):
+            self.fail(key, value, what)
+            return None
+        if (lo is not None and number < lo) or (hi is not None and number > hi):
+            self.fail(key, value, what)
+            return None
+        return number
+
+    def boolean(self, key: str, value: Any) -> bool | None:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        self.fail(key, value, "true | false")
+        return None
+
+    def cidrs(self, key: str, value: Any) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            self.fail(key, value, "a list of CIDRs")
+            return ()
+        out = []
+        for item in value:
+            try:
+                net = ipaddress.ip_network(str(item), strict=False)
+            except ValueError:
+                self.fail(key, item, "an IPv4/IPv6 CIDR such as 203.0.113.0/24")
+                continue
+            if net.prefixlen < MIN_CIDR_PREFIX:
+                self.fail(key, item, f"a CIDR of /{MIN_CIDR_PREFIX} or narrower (never the whole "
+                                     "internet: use a bastion, a VPN or your office range)")
+                continue
+            out.append(str(net))
+        return tuple(out)
+
+
+def _stack_parts(stack: str) -> tuple[str | None, str | None]:
+    cloud, _, env = stack.partition("-")
+    return (cloud if cloud in CLOUDS else None, env if env in ENVS else None)
+
+
+def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> StackConfig:
+    """Validate `raw` (keys without the `torchfleet:` prefix) for `stack`."""
+    matrix = matrix or load_matrix()
+    r = _Reader(raw)
+    for key in raw:
+        if key not in KEYS:
+            r.fail(key, raw[key], f"the keys {', '.join(KEYS)}")
+
+    stack_cloud, stack_env = _stack_parts(stack)
+    cloud = r.choice("cloud", r.get("cloud", stack_cloud), CLOUDS)
+    env = r.choice("env", r.get("env", stack_env), ENVS)
+    if cloud and stack_cloud and cloud != stack_cloud:
+        r.fail("cloud", cloud, f"{stack_cloud!r} (stacks are named <cloud>-<env>; this is {stack!r})")
+    if cloud is None:
+        raise ConfigError(r.problems)  # nothing below means anything without the cloud
+
+    region = r.get("region")
+    if not isinstance(region, str) or not _REGION_RE[cloud].match(region):
+        r.fail("region", region, f"a {cloud} region id such as "
+                                 f"{'us-east-1' if cloud == 'aws' else 'cn-hangzhou'}")
+        region = None
+    zones = _zones(r, cloud, region)
+
+    mode = r.choice("mode", r.get("mode", "group" if env == "prod" else "instances"), MODES)
+    itype = _instance_type(r, cloud)
+    itypes = _extra_types(r, cloud, itype, mode)
+    nodes = _nodes(r, mode)
+    spot = _spot(r, cloud, mode, itypes)
+    schedule = _schedule(r)
+    ttl = _ttl(r, env, mode)
+
+    admin = r.cidrs("admin_cidrs", r.structured("admin_cidrs", list))
+    if not admin and "admin_cidrs" not in raw:
+        r.fail("admin_cidrs", None, "at least one CIDR that may reach SSH (port 22)")
+    client = r.cidrs("client_cidrs", r.structured("client_cidrs", list))
+    port = r.number("service_port", r.get("service_port", 8080), int, 1024, 65535,
+                    "an integer port in 1024..65535")
+    key = r.get("ssh_public_key")
+    if not isinstance(key, str) or not key.startswith(SSH_KEY_PREFIXES):
+        r.fail("ssh_public_key", key if not isinstance(key, str) else key[:24] + "...",
+               "an OpenSSH public key line (" + ", ".join(p.strip() for p in SSH_KEY_PREFIXES) + ")")
+
+    image = r.get("image", "auto")
+    if image != "auto" and (not isinstance(image, str) or not _IMAGE_RE[cloud].match(image)):
+        r.fail("image", image, "auto | an image id" + (" (ami-...)" if cloud == "aws" else ""))
+    distro = r.choice("image_distro", r.get("image_distro", "ubuntu-22.04"), tuple(matrix.distros))
+
+    profile = _cuda_profile(r, matrix, itype)
+    min_disk = matrix.min_free_disk_gb + MIN_DISK_OVERHEAD_GB
+    disk = r.number("disk_gb", r.get("disk_gb", 100), int, min_disk, 16384,
+                    f"an integer number of GiB in {min_disk}..16384 (the matrix asks for "
+                    f"{matrix.min_free_disk_gb} GiB free after the OS)")
+    vpc_cidr = _vpc_cidr(r, len(zones))
+    owner = r.get("owner")
+    if not isinstance(owner, str) or not re.match(r"^[A-Za-z0-9._@+-]{1,64}$", owner):
+        r.fail("owner", owner, "who pays for and answers for this stack (letters, digits, . _ @ + -)")
+    tags = _tags(r)
+    budget = _budget(r, cloud)
+    bucket = r.get("model_bucket")
+    if bucket is not None and (not isinstance(bucket, str)
+                               or not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket)):
+        r.fail("model_bucket", bucket, "an S3 / OSS bucket name (lowercase, 3-63 chars)")
+        bucket = None
+
+    _cross_checks(r, cloud, env, mode, zones, nodes, spot, schedule, client)
+    if r.problems:
+        raise ConfigError(r.problems)
+    assert env and mode and itype and nodes and spot and port and distro and profile and disk
+    return StackConfig(
+        stack=stack, cloud=cloud, env=env, region=region, zones=zones, mode=mode,
+        instance_type=itype, instance_types=itypes, nodes=nodes, spot=spot, schedule=schedule,
+        ttl_hours=ttl, admin_cidrs=admin, client_cidrs=client, service_port=port,
+        ssh_public_key=key.strip(), image=image, image_distro=distro, cuda_profile=profile,
+        disk_gb=disk, vpc_cidr=vpc_cidr, owner=owner, tags=tags, budget=budget,
+        model_bucket=bucket,
+    )
+
+
+def _zones(r: _Reader, cloud: str, region: str | None) -> tuple[str, ...]:
+    zones = r.structured("zones", list)
+    if not zones:
+        r.fail("zones", zones, "a non-empty list of zones in the region")
+        return ()
+    out = []
+    for z in zones:
+        ok = isinstance(z, str) and region is not None and (
+            re.match(rf"^{re.escape(region)}[a-z]$", z) if cloud == "aws"
+            else re.match(rf"^{re.escape(region)}-[a-z]$", z))
+        if not ok:
+            example = f"{region}a" if cloud == "aws" else f"{region}-h"
+            r.fail("zones", z, f"a zone of region {region!r} such as {example!r}")
+        else:
+            out.append(z)
+    if len(set(out)) != len(out):
+        r.fail("zones", zones, "distinct zones")
+    return tuple(out)
+
+
+def _instance_type(r: _Reader, cloud: str) -> InstanceType | None:
+    name, gpu = r.get("instance_type"), r.structured("gpu", dict)
+    if name is not None and gpu is not None:
+        r.fail("gpu", gpu, "either instance_type or gpu, not both")
+        return None
+    if name is not None:
+        found = catalog.lookup(cloud, name)
+        if found is None:
+            r.fail("instance_type", name, f"a GPU type of the {cloud} catalog: "
+                                          + ", ".join(catalog.instance_types(cloud)))
+        return found
+    if gpu is None:
+        r.fail("instance_type", None, "an instance type, or `gpu: {model, count}` to pick the "
+                                      "cheapest type carrying those GPUs")
+        return None
+    model = gpu.get("model")
+    count = r.number("gpu.count", gpu.get("count", 1), int, 1, 16, "an integer 1..16")
+    if model not in catalog.gpu_models(cloud):
+        r.fail("gpu.model", model, f"a GPU model offered on {cloud}: "
+                                   + ", ".join(catalog.gpu_models(cloud)))
+        return None
+    if count is None:
+        return None
+    matches = catalog.by_gpu(cloud, model, count)
+    if not matches:
+        counts = sorted({t.gpu_count for t in catalog.instance_types(cloud).values()
+                         if t.gpu_model == model})
+        r.fail("gpu.count", count, f"a count {cloud} offers for {model}: {counts}")
+        return None
+    return matches[0]
+
+
+def _extra_types(r: _Reader, cloud: str, base: InstanceType | None,
+                 mode: str | None) -> tuple[InstanceType, ...]:
+    if base is None:
+        return ()
+    extra = r.structured("extra_instance_types", list)
+    if extra is None:
+        return tuple(catalog.same_class(base)) if mode == "group" else (base,)
+    if mode != "group":
+        r.fail("extra_instance_types", extra, "only in mode: group (instances mode uses one type)")
+        return (base,)
+    out = [base]
+    for name in extra:
+        found = catalog.lookup(cloud, name)
+        if found is None:
+            r.fail("extra_instance_types", name, "types of the catalog: "
+                   + ", ".join(catalog.instance_types(cloud)))
+        elif (found.gpu_model, found.gpu_count) != (base.gpu_model, base.gpu_count):
+            r.fail("extra_instance_types", name,
+                   f"types with the same GPUs as {base.name} ({base.gpu_count}x {base.gpu_model})"
+                   " so every node serves the same model the same way")
+        elif found not in out:
+            out.append(found)
+    return tuple(out)
+
+
+def _nodes(r: _Reader, mode: str | None) -> Nodes | None:
+    raw = r.structured("nodes", dict) or {}
+    count = r.number("nodes.count", raw.get("count", 1), int, 1, 20, "an integer 1..20")
+    lo = r.number("nodes.min", raw.get("min", 1), int, 0, 100, "an integer 0..100")
+    hi = r.number("nodes.max", raw.get("max", max(lo or 1, 2)), int, 1, 100, "an integer 1..100")
+    desired = r.number("nodes.desired", raw.get("desired", lo or 1), int, 0, 100,
+                       "an integer 0..100")
+    if None in (count, lo, hi, desired):
+        return None
+    if mode == "group" and not lo <= desired <= hi:
+        r.fail("nodes", raw, f"min <= desired <= max (got {lo} <= {desired} <= {hi})")
+    return Nodes(count=count, min=lo, max=hi, desired=desired)
+
+
+def _spot(r: _Reader, cloud: str, mode: str | None, itypes: tuple[InstanceType, ...]) -> Spot | None:
+    raw = r.structured("spot", dict) or {}
+    enabled = r.boolean("spot.enabled", raw.get("enabled", False))
+    ratio = r.number("spot.max_price_ratio", raw.get("max_price_ratio", 1.0), float, None,
+                     MAX_PRICE_RATIO,
+                     f"a number > 0 and <= {MAX_PRICE_RATIO} (the cap is this ratio x on-demand)")
+    if ratio is not None and ratio <= 0:
+        r.fail("spot.max_price_ratio", ratio,
+               f"a number > 0 and <= {MAX_PRICE_RATIO} (the cap is this ratio x on-demand)")
+        ratio = None
+    base = r.number("spot.on_demand_base", raw.get("on_demand_base", 0), int, 0, 100,
+                    "an integer 0..100 (on-demand nodes before any spot)")
+    pct = r.number("spot.on_demand_percentage", raw.get("on_demand_percentage", 0), int, 0, 100,
+                   "an integer percentage 0..100 of on-demand above the base")
+    interruption = r.choice("spot.interruption", raw.get("interruption", "terminate"),
+                            INTERRUPTION[cloud])
+    prices = raw.get("on_demand_prices", {})
+    if not isinstance(prices, dict):
+        r.fail("spot.on_demand_prices", prices, "a map of instance type -> USD/hour")
+        prices = {}
+    for name, price in prices.items():
+        if catalog.lookup(cloud, name) is None:
+            r.fail("spot.on_demand_prices", name, "instance types of the catalog")
+        r.number(f"spot.on_demand_prices.{name}", price, float, 0.0001, None, "a price > 0")
+    if None in (enabled, ratio, base, pct, interruption):
+        return None
+    if mode == "instances" and (base or pct) and enabled:
+        r.fail("spot.on_demand_base", base, "0 in mode: instances (every node is spot when "
+               "spot.enabled; use mode: group for an on-demand base)")
+    return Spot(enabled=enabled, max_price_ratio=ratio, on_demand_base=base,
+                on_demand_percentage=pct, interruption=interruption,
+                on_demand_prices={k: float(v) for k, v in prices.items()})
+
+
+def _parse_days(r: _Reader, value: Any) -> tuple[str, ...]:
+    allowed = "day names MON..SUN as a list, a range (MON-FRI) or a comma list"
+    if value is None:
+        return ("MON", "TUE", "WED", "THU", "FRI")
+    items = value if isinstance(value, list) else str(value).split(",")
+    days: set[str] = set()
+    for item in items:
+        item = str(item).strip().upper()
+        if "-" in item:
+            a, _, b = item.partition("-")
+            if a not in DAYS or b not in DAYS:
+                r.fail("schedule.days", value, allowed)
+                return ()
+            i, j = DAYS.index(a), DAYS.index(b)
+            days.update(DAYS[(i + k) % 7] for k in range((j - i) % 7 + 1))
+        elif item in DAYS:
+            days.add(item)
+        elif item:
+            r.fail("schedule.days", value, allowed)
+            return ()
+    return tuple(d for d in DAYS if d in days)
+
+
+def _schedule(r: _Reader) -> Schedule | None:
+    raw = r.structured("schedule", dict)
+    if raw is None:
+        return None
+    tz = raw.get("timezone", "UTC")
+    try:
+        ZoneInfo(str(tz))
+    except (ZoneInfoNotFoundError, ValueError):
+        r.fail("schedule.timezone", tz, "an IANA time zone such as Europe/Berlin or Asia/Shanghai")
+        tz = None
+    times = {}
+    for key in ("start", "stop"):
+        value = raw.get(key)
+        m = _HHMM_RE.match(str(value)) if value is not None else None
+        if not m:
+            r.fail(f"schedule.{key}", value, "a local time HH:MM (24 h)")
+        else:
+            times[key] = time(int(m.group(1)), int(m.group(2)))
+    days = _parse_days(r, raw.get("days"))
+    if "days" in raw and not days and raw.get("days") is not None:
+        r.fail("schedule.days", raw.get("days"), "at least one day: this schedule never starts")
+    if len(times) == 2 and times["start"] == times["stop"]:
+        r.fail("schedule.stop", raw.get("stop"), "a time different from start: this schedule "
+               "never runs the fleet")
+    if tz is None or len(times) != 2 or not days:
+        return None
+    return Schedule(timezone=tz, start=times["start"], stop=times["stop"], days=days)
+
+
+def _ttl(r: _Reader, env: str | None, mode: str | None) -> float | None:
+    value = r.get("ttl_hours")
+    if value is None:
+        if env == "dev":
+            r.fail("ttl_hours", None, f"hours (1..{MAX_TTL_HOURS}) after which a dev stack's nodes "
+                   "are released; dev stacks must expire")
+        return None
+    if env == "prod":
+        r.fail("ttl_hours", value, "unset in prod (a TTL would take production down)")
+        return None
+    return r.number("ttl_hours", value, float, 1, MAX_TTL_HOURS,
+                    f"a number of hours in 1..{MAX_TTL_HOURS} (Alibaba releases no sooner than "
+                    "30 minutes ahead)")
+
+
+def _cuda_profile(r: _Reader, matrix: Matrix, itype: InstanceType | None) -> str | None:
+    profile = r.get("cuda_profile", matrix.default_profile)
+    if profile not in matrix.profiles:
+        r.fail("cuda_profile", profile, "a profile of compat/matrix.yml: "
+               + ", ".join(matrix.profiles))
+        return None
+    if itype is None:
+        return profile
+    cc = itype.compute_capability
+    if not matrix.can_drive(profile, cc):
+        good = matrix.profiles_for(cc)
+        reach = matrix.profiles[profile].get("max_compute_capability") or "no GPU"
+        r.fail("cuda_profile", profile,
+               f"a profile that drives {itype.gpu_model} on {itype.name} (compute capability "
+               f"{cc}, {itype.gpu.arch}; {profile} reaches {reach}): " + ", ".join(good))
+        return None
+    return profile
+
+
+def _vpc_cidr(r: _Reader, zones: int) -> str:
+    value = r.get("vpc_cidr", "10.42.0.0/16")
+    try:
+        net = ipaddress.ip_network(str(value))
+        if net.version != 4 or not net.is_private or not 16 <= net.prefixlen <= 22:
+            raise ValueError
+    except ValueError:
+        r.fail("vpc_cidr", value, "a private IPv4 network of /16../22 such as 10.42.0.0/16")
+        return "10.42.0.0/16"
+    return str(net)
+
+
+def _tags(r: _Reader) -> dict[str, str]:
+    raw = r.structured("tags", dict) or {}
+    out = {}
+    for k, v in raw.items():
+        if k in RESERVED_TAGS or k.startswith(("aws:", "acs:", "aliyun")):
+            r.fail(f"tags.{k}", v, f"a key other than the reserved {', '.join(RESERVED_TAGS)} "
+                   "and cloud prefixes (aws:, acs:, aliyun)")
+        elif not isinstance(v, (str, int, float)) or len(str(k)) > 64 or len(str(v)) > 128:
+            r.fail(f"tags.{k}", v, "a string value (keys <= 64, values <= 128 chars)")
+        else:
+            out[str(k)] = str(v)
+    return out
+
+
+def _budget(r: _Reader, cloud: str) -> Budget | None:
+    raw = r.structured("budget", dict)
+    if raw is None:
+        return None
+    if cloud != "aws":
+        r.fail("budget", raw, "unset on alicloud (use Alibaba's Billing budgets; the provider "
+               "has no budget resource)")
+        return None
+    amount = raw.get("monthly_usd", "auto")
+    if amount != "auto":
+        amount = r.number("budget.monthly_usd", amount, float, 1, None, "auto | a USD amount >= 1")
+    emails = raw.get("alert_emails") or []
+    if not emails or not all(isinstance(e, str) and _EMAIL_RE.match(e) for e in emails):
+        r.fail("budget.alert_emails", emails, "a non-empty list of e-mail addresses to alert")
+    pct = r.number("budget.threshold_percent", raw.get("threshold_percent", 80), int, 1, 1000,
+                   "an integer percentage 1..1000 of the budget")
+    return Budget(monthly_usd=None if amount == "auto" else amount,
+                  alert_emails=tuple(emails), threshold_percent=pct or 80)
+
+
+def _cross_checks(r: _Reader, cloud: str, env: str | None, mode: str | None,
+                  zones: tuple[str, ...], nodes: Nodes | None, spot: Spot | None,
+                  schedule: Schedule | None, client: tuple[str, ...]) -> None:
+    if mode == "group" and len(zones) < 2:
+        r.fail("zones", list(zones), "at least 2 zones in mode: group (the load balancer and the "
+               "group span zones)")
+    if mode == "instances" and client:
+        r.fail("client_cidrs", list(client), "unset in mode: instances (there is no load "
+               "balancer; reach nodes through SSH from admin_cidrs)")
+    if env == "dev" and schedule is None:
+        r.fail("schedule", None, "a working-hours schedule {timezone, start, stop, days}: dev "
+               "stacks stop outside working hours")
+    if (cloud == "aws" and mode == "instances" and schedule is not None and spot is not None
+            and spot.enabled and spot.interruption == "terminate"):
+        r.fail("spot.interruption", spot.interruption, "stop | hibernate when a schedule stops "
+               "spot instances (AWS stops only persistent spot requests that stop on interruption)")
+    if mode == "group" and nodes is not None and spot is not None and spot.enabled \
+            and spot.on_demand_base > nodes.max:
+        r.fail("spot.on_demand_base", spot.on_demand_base, f"at most nodes.max ({nodes.max})")
+
+
+def raw_from_pulumi_config(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Strip the namespace from a flat Pulumi config map; other namespaces are ignored."""
+    prefix = NAMESPACE + ":"
+    return {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}

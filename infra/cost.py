@@ -1,0 +1,73 @@
+"""Cost estimate of a stack from the catalog: per hour and per month, on-demand vs spot, with
+and without the working-hours schedule. Pure arithmetic on reference prices (see catalog)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from infra.catalog import PRICE_SOURCES
+from infra.config import StackConfig
+
+HOURS_PER_MONTH = 730.0  # 365 * 24 / 12
+WEEKS_PER_MONTH = 365.0 / 7 / 12
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    instance_type: str
+    nodes: int
+    on_demand_nodes: int
+    spot_nodes: int
+    on_demand_usd_per_hour: float  # every node on-demand
+    spot_cap_usd_per_hour: float  # spot nodes at their cap: the worst case we allow
+    spot_typical_usd_per_hour: float  # spot nodes at the family's typical spot price
+    hours_per_month: float  # 730, or the schedule's running hours
+    monthly_on_demand_24x7_usd: float
+    monthly_worst_case_usd: float  # schedule applied, spot at the cap
+    monthly_typical_usd: float  # schedule applied, typical spot prices
+    price_source: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def split_nodes(cfg: StackConfig) -> tuple[int, int, int]:
+    """(nodes, on-demand, spot) at the steady size: instances mode runs `nodes.count`, a group
+    runs `nodes.desired` split like the group's instances distribution."""
+    if cfg.mode == "instances":
+        total = cfg.nodes.count
+        return (total, 0, total) if cfg.spot.enabled else (total, total, 0)
+    total = cfg.nodes.desired
+    if not cfg.spot.enabled:
+        return total, total, 0
+    base = min(total, cfg.spot.on_demand_base)
+    above = total - base
+    on_demand = base + math.ceil(above * cfg.spot.on_demand_percentage / 100)
+    return total, on_demand, total - on_demand
+
+
+def estimate(cfg: StackConfig) -> CostEstimate:
+    itype = cfg.instance_type
+    price = cfg.on_demand_price(itype)
+    nodes, od, spot = split_nodes(cfg)
+    hours = (cfg.schedule.hours_per_week() * WEEKS_PER_MONTH if cfg.schedule
+             else HOURS_PER_MONTH)
+    cap = od * price + spot * cfg.spot_cap(itype)
+    typical = od * price + spot * price * itype.typical_spot_ratio
+    return CostEstimate(
+        instance_type=itype.name,
+        nodes=nodes,
+        on_demand_nodes=od,
+        spot_nodes=spot,
+        on_demand_usd_per_hour=round(nodes * price, 4),
+        spot_cap_usd_per_hour=round(cap, 4),
+        spot_typical_usd_per_hour=round(typical, 4),
+        hours_per_month=round(hours, 1),
+        monthly_on_demand_24x7_usd=round(nodes * price * HOURS_PER_MONTH, 2),
+        monthly_worst_case_usd=round(cap * hours, 2),
+        monthly_typical_usd=round(typical * hours, 2),
+        price_source=PRICE_SOURCES[cfg.cloud]
+        + ("; overridden by spot.on_demand_prices" if itype.name in cfg.spot.on_demand_prices
+           else ""),
+    )

@@ -1,0 +1,43 @@
+"""The one small interface every cloud implements: network, fleet and teardown components
+composed by a `deploy` function that returns what the stack exports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+import pulumi
+
+from infra.catalog import InstanceType
+from infra.config import StackConfig
+
+
+@dataclass
+class Node:
+    """One host of an instances-mode fleet, as the inventory needs it."""
+
+    name: str
+    instance_type: InstanceType
+    spot: bool
+    public_ip: pulumi.Output[str]
+    private_ip: pulumi.Output[str]
+
+
+@dataclass
+class Deployment:
+    nodes: list[Node]  # empty in group mode: the group owns its instances
+    endpoint: pulumi.Output[str]
+    login_user: str
+    # group mode: how to enumerate the nodes (cloud, region, tag filter)
+    discovery: dict[str, Any] | None = None
+    extra_outputs: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    def __call__(
+        self, cfg: StackConfig, tags: dict[str, str], expiry: datetime | None
+    ) -> Deployment: ...
+
+
+NODE_ROLE_TAG = ("torchfleet-role", "gpu-node")

@@ -1,0 +1,139 @@
+"""Run the program under Pulumi's mock engine: no CLI, no credentials, no cloud calls.
+
+Shared by the offline plan and the tests. The mocks answer the invokes the program makes and
+fail loudly on any other, and `run_offline` fails when the program registered nothing or its
+outputs never resolved: the mock engine's usual silent passes become errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+from pulumi.runtime import settings
+from pulumi.runtime.mocks import MockMonitor
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+PROJECT = "torchfleet"
+FAKE_AMI = "ami-0123456789abcdef0"
+FAKE_ALI_IMAGE = "ubuntu_22_04_x64_20G_alibase_20240130.vhd"
+
+
+class UnexpectedInvoke(RuntimeError):
+    pass
+
+
+@dataclass
+class Registered:
+    urn: str
+    type: str
+    name: str
+    parent: str
+    custom: bool
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OfflineRun:
+    stack: str
+    resources: list[Registered]
+    outputs: dict[str, Any]
+    calls: list[str]
+
+    def custom(self) -> list[Registered]:
+        """Cloud resources (not components, not providers, not the stack)."""
+        return [r for r in self.resources
+                if r.custom and not r.type.startswith("pulumi:")]
+
+    def of_type(self, type_: str) -> list[Registered]:
+        return [r for r in self.resources if r.type == type_]
+
+
+def _octet(name: str) -> int:
+    return int(hashlib.sha256(name.encode()).hexdigest()[:2], 16) % 200 + 10
+
+
+class OfflineMocks(pulumi.runtime.Mocks):
+    """Plausible outputs for what the program reads back (addresses, names, ARNs)."""
+
+    def __init__(self) -> None:
+        self.inputs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.calls: list[str] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+        self.inputs[(args.typ, args.name)] = dict(args.inputs)
+        out = dict(args.inputs)
+        rid = f"{args.name}-id"
+        n = _octet(args.name)
+        if args.typ in ("aws:ec2/instance:Instance", "alicloud:ecs/instance:Instance"):
+            out.update(publicIp=f"203.0.113.{n}", privateIp=f"10.42.0.{n}")
+        elif args.typ == "aws:lb/loadBalancer:LoadBalancer":
+            out["dnsName"] = f"{args.name}.elb.example.internal"
+        elif args.typ == "alicloud:slb/applicationLoadBalancer:ApplicationLoadBalancer":
+            out["address"] = f"198.51.100.{n}"
+        elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
+            out["latestVersion"] = 1
+        if args.typ.startswith("aws:"):
+            out.setdefault("arn", f"arn:aws:{args.typ.split(':')[1].split('/')[0]}:::{rid}")
+            out.setdefault("name", args.inputs.get("name") or f"{args.name}-name")
+            if args.typ == "aws:ec2/keyPair:KeyPair":
+                out["keyName"] = f"{args.name}-key"
+        return rid, out
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict:  # type: ignore[override]
+        self.calls.append(args.token)
+        if args.token == "aws:ec2/getAmi:getAmi":
+            return {"id": FAKE_AMI, "imageId": FAKE_AMI, "name": "offline-plan-image"}
+        if args.token == "alicloud:ecs/getImages:getImages":
+            return {"id": "images", "ids": [FAKE_ALI_IMAGE],
+                    "images": [{"id": FAKE_ALI_IMAGE, "name": FAKE_ALI_IMAGE}]}
+        raise UnexpectedInvoke(f"the offline mocks do not answer {args.token!r}")
+
+
+class RecordingMonitor(MockMonitor):
+    """Remembers each registration's parent, which the plain mock monitor drops."""
+
+    def __init__(self, mocks: OfflineMocks) -> None:
+        super().__init__(mocks)
+        self.registrations: list[tuple[str, str, str, str, bool]] = []
+
+    def RegisterResource(self, request):  # the gRPC method it overrides
+        response = super().RegisterResource(request)
+        self.registrations.append(
+            (response.urn, request.type, request.name, request.parent, bool(request.custom)))
+        return response
+
+
+def config_strings(values: dict[str, Any]) -> dict[str, str]:
+    """Pulumi hands every config value over as a string; structured ones as JSON."""
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
+
+
+def run_offline(stack: str, config_values: dict[str, Any]) -> OfflineRun:
+    """Run the program for `stack` with `config_values` (full keys, e.g. "torchfleet:region")."""
+    from infra import program  # imported here: the caller may set TORCHFLEET_* env first
+
+    settings.ROOT.set(None)  # a fresh root stack per run, not the previous run's
+    mocks = OfflineMocks()
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+    pulumi.runtime.set_all_config(config_strings(config_values))
+    resolved: dict[str, Any] = {}
+
+    def body() -> Any:
+        outputs = program.run()
+        return pulumi.Output.all(**outputs).apply(lambda values: resolved.update(values))
+
+    _sync_await(run_pulumi_func(
+        lambda: _sync_await(pulumi.Output.from_input(body()).future())))
+    resources = [
+        Registered(urn, typ, name, parent, custom, mocks.inputs.get((typ, name), {}))
+        for urn, typ, name, parent, custom in monitor.registrations]
+    if not [r for r in resources if r.custom and not r.type.startswith("pulumi:")]:
+        raise RuntimeError(f"stack {stack}: the program registered no cloud resource")
+    if not resolved:
+        raise RuntimeError(f"stack {stack}: the program's outputs never resolved")
+    return OfflineRun(stack=stack, resources=resources, outputs=resolved, calls=mocks.calls)

@@ -1,0 +1,53 @@
+"""The Pulumi program: config -> cloud -> components -> exports.
+
+`run()` validates every `torchfleet:` value before the first resource is registered, so a bad
+stack file fails with the key, the value and what is allowed, and leaves nothing behind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import pulumi
+from pulumi.runtime.config import CONFIG, get_config_env
+
+from infra import config, inventory
+from infra.config import StackConfig
+from infra.cost import estimate
+from infra.interface import Deployment
+from infra.schedule import iso_utc, ttl_expiry
+from infra.tags import base_tags
+
+
+def _backend(cloud: str) -> Callable[[StackConfig, dict[str, str], datetime | None], Deployment]:
+    # Imported lazily: a stack loads one cloud's SDK, not both.
+    if cloud == "aws":
+        from infra.aws import deploy
+    else:
+        from infra.alicloud import deploy
+    return deploy
+
+
+def current_config() -> dict[str, Any]:
+    """Every config value of this run: the engine's explicit config over PULUMI_CONFIG."""
+    return {**get_config_env(), **CONFIG.get()}
+
+
+def run() -> dict[str, Any]:
+    cfg = config.load(config.raw_from_pulumi_config(current_config()), pulumi.get_stack())
+    expiry = ttl_expiry(cfg.ttl_hours) if cfg.ttl_hours else None
+    tags = base_tags(cfg, expiry)
+    deployment = _backend(cfg.cloud)(cfg, tags, expiry)
+    outputs: dict[str, Any] = {
+        "inventory": inventory.build(cfg, deployment),
+        "endpoint": deployment.endpoint,
+        "cost": estimate(cfg).as_dict(),
+        "ttl_expiry": iso_utc(expiry) if expiry else None,
+        **deployment.extra_outputs,
+    }
+    if deployment.discovery:
+        outputs["discovery"] = deployment.discovery
+    for key, value in outputs.items():
+        pulumi.export(key, value)
+    return outputs
