@@ -263,9 +263,11 @@ class _Budget:
         self._deadline = math.inf
         self._lock = threading.Lock()
 
-    def start(self) -> None:
+    def start(self) -> float:
+        now = time.perf_counter()
         if self._duration is not None:
-            self._deadline = time.perf_counter() + self._duration
+            self._deadline = now + self._duration
+        return now
 
     def take(self) -> bool:
         if self._left is None:
@@ -367,9 +369,9 @@ def run_level(
     ]
     for t in threads:
         t.start()
-    budget.start()
+    t_start = budget.start()  # the window opens just before the workers are released
     barrier.wait()  # every worker connected and warmed up
-    t_start, cpu_start = time.perf_counter(), time.process_time()
+    cpu_start = time.process_time()
     for t in threads:
         t.join()
     cpu = time.process_time() - cpu_start
