@@ -55,16 +55,13 @@ def decode(body: bytes | bytearray, content_type: str, headers: Any,
     if ctype in ("application/json", ""):
         tensor = decode_json(body, dtype)
     elif ctype == "application/octet-stream":
-        tensor = decode_raw(body, headers.get("X-Shape"), headers.get("X-Dtype"))
+        tensor = decode_raw(body, headers.get("X-Shape"), headers.get("X-Dtype"), dtype)
     elif ctype == "application/x-npy":
-        tensor = decode_npy(body)
+        tensor = decode_npy(body, dtype)
     else:
         raise RequestError(415, "unsupported_media_type",
                            f"Content-Type {ctype!r} is not supported; use application/json, "
                            "application/octet-stream (with X-Shape and X-Dtype) or application/x-npy")
-    if tensor.dtype != dtype and ctype != "application/json":
-        raise _bad(f"dtype {DTYPE_NAMES.get(tensor.dtype, tensor.dtype)} does not match the model's "
-                   f"{DTYPE_NAMES[dtype]}", "wrong_dtype")
     return _check_shape(tensor, input_shape)
 
 
@@ -143,13 +140,20 @@ def _parse_shape(text: str | None) -> tuple[int, ...]:
     return dims
 
 
-def decode_raw(body: bytes | bytearray, shape_header: str | None, dtype_header: str | None) -> torch.Tensor:
+def _check_dtype(name: str, expect: torch.dtype | None) -> None:
+    if expect is not None and DTYPES[name] != expect:
+        raise _bad(f"dtype {name} does not match the model's {DTYPE_NAMES[expect]}", "wrong_dtype")
+
+
+def decode_raw(body: bytes | bytearray, shape_header: str | None, dtype_header: str | None,
+               expect: torch.dtype | None = None) -> torch.Tensor:
     shape = _parse_shape(shape_header)
     if not dtype_header:
         raise _bad("a binary body needs an X-Dtype header such as float32", "missing_header")
     name = dtype_header.strip().lower()
     if name not in DTYPES:
         raise _bad(f"X-Dtype {dtype_header!r} is not one of {', '.join(DTYPES)}", "wrong_dtype")
+    _check_dtype(name, expect)
     return _tensor_from_bytes(body, shape, name)
 
 
@@ -170,7 +174,7 @@ def _tensor_from_bytes(buf: bytes | bytearray | memoryview, shape: tuple[int, ..
     return t.reshape(shape)
 
 
-def decode_npy(body: bytes | bytearray) -> torch.Tensor:
+def decode_npy(body: bytes | bytearray, expect: torch.dtype | None = None) -> torch.Tensor:
     """A .npy v1/v2/v3 file, C order, little-endian, without numpy."""
     mv = memoryview(body)
     if bytes(mv[:6]) != b"\x93NUMPY" or len(body) < 10:
@@ -192,6 +196,7 @@ def decode_npy(body: bytes | bytearray) -> torch.Tensor:
     name = _NPY_DTYPES.get(descr)
     if name is None:
         raise _bad(f".npy dtype {descr!r} is not supported; use one of {', '.join(_NPY_DTYPES)}", "wrong_dtype")
+    _check_dtype(name, expect)
     return _tensor_from_bytes(mv[start + hlen:], shape, name)
 
 

@@ -1,0 +1,90 @@
+"""Small models for the runtime tests: fast on CPU, each with one behaviour to observe.
+
+Importable by name (conftest puts this directory on sys.path) so a `serve` subprocess can load
+them as eager factories: --factory rt_models:tiny.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+
+import torch
+from torch import nn
+
+IN = 4  # instance shape (4,), float32
+OUT = 3
+GATE_VALUE = 7.0  # an instance whose first element is this waits for the gate
+
+
+class Tiny(nn.Module):
+    """y = W x + b with fixed weights, so answers can be checked exactly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(IN, OUT)
+        with torch.no_grad():
+            self.fc.weight.copy_(torch.arange(IN * OUT, dtype=torch.float32).reshape(OUT, IN) / 10)
+            self.fc.bias.copy_(torch.tensor([1.0, -1.0, 0.5]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def tiny() -> Tiny:
+    return Tiny()
+
+
+def expected(x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return Tiny()(x)
+
+
+class Instrumented(Tiny):
+    """Records every batch size it runs; blocks batches holding a gated instance on `gate`;
+    signals `entered` when such a batch starts; raises an OOM-like error above `oom_above`;
+    blocks warm-up on `warm_gate` when it is armed."""
+
+    def __init__(self, oom_above: int | None = None, oom_message: str = "CUDA out of memory. Tried to allocate 2.00 GiB") -> None:
+        super().__init__()
+        self.sizes: Counter[int] = Counter()
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.warm_gate: threading.Event | None = None
+        self.oom_above = oom_above
+        self.oom_message = oom_message
+        self.oom_raised = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        if self.warm_gate is not None:
+            self.warm_gate.wait()
+        if self.oom_above is not None and n > self.oom_above:
+            self.oom_raised += 1
+            oom_class = getattr(torch.cuda, "OutOfMemoryError", RuntimeError)
+            raise oom_class(self.oom_message)
+        self.sizes[n] += 1
+        if bool((x[:, 0] == GATE_VALUE).any()):
+            self.entered.set()
+            if not self.gate.wait(60):
+                raise RuntimeError("test gate never opened")
+        return super().forward(x)
+
+
+class FileGated(Tiny):
+    """For subprocess tests: a batch holding a gated instance waits until the file
+    $RT_GATE_FILE exists (a process cannot share a threading.Event)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x[:, 0] == GATE_VALUE).any()):
+            path = os.environ["RT_GATE_FILE"]
+            deadline = time.monotonic() + 60
+            while not os.path.exists(path) and time.monotonic() < deadline:
+                time.sleep(0.01)  # the model polls; the test itself synchronises on metrics
+        return super().forward(x)
+
+
+def file_gated() -> FileGated:
+    return FileGated()

@@ -1,0 +1,200 @@
+"""Dynamic batching, the queue bound, OOM recovery, warm-up coverage and readiness, observed
+through the model's own record of batch sizes, batcher hooks and metrics (never wall-clock)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+import rt_models
+import torch
+from conftest import metric_value
+from torchfleet_runtime import compat
+from torchfleet_runtime.batcher import Batcher, BatchInfo
+from torchfleet_runtime.model import Predictor
+from torchfleet_runtime.warmup import buckets_up_to
+
+GATED = [rt_models.GATE_VALUE, 0.0, 0.0, 0.0]
+
+
+def wait_until(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Poll a state the test cannot be notified of (another thread's queue, a server's state)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def in_thread(fn: Callable[[], object]) -> tuple[threading.Thread, list]:
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    return t, out
+
+
+def test_waiting_requests_form_one_padded_batch(start_runtime, client_for):
+    m = rt_models.Instrumented()
+    rt = start_runtime(m, max_batch_size=8, max_delay_ms=2)
+    batches: list[BatchInfo] = []
+    rt.batcher.on_batch.append(batches.append)
+    first, _ = in_thread(lambda: client_for(rt).predict(GATED))
+    assert m.entered.wait(20)
+    xs = [torch.randn(4) for _ in range(7)]
+    workers = [in_thread(lambda x=x: client_for(rt).predict(x.tolist())) for x in xs]
+    wait_until(lambda: rt.batcher.queued == 7, "7 queued instances")
+    m.sizes.clear()
+    m.gate.set()
+    first.join(20)
+    for (t, out), x in zip(workers, xs, strict=True):
+        t.join(20)
+        status, _, doc = out[0]
+        assert status == 200
+        assert torch.allclose(torch.tensor(doc["outputs"]), rt_models.expected(x[None])[0], atol=1e-6)
+    assert [(b.size, b.bucket, b.chunks) for b in batches] == [(1, 1, 1), (7, 8, 7)]
+    assert m.sizes == {8: 1}  # padded to the warmed bucket, not run at an unwarmed 7
+    text = rt.metrics.render().decode()
+    assert metric_value(text, "torchfleet_batch_size_count") == 2
+    assert metric_value(text, "torchfleet_batch_size_sum") == 8
+
+
+def test_a_full_batch_goes_at_once_without_waiting_for_the_delay(start_runtime, client_for):
+    m = rt_models.Instrumented()
+    # A 10-minute delay: if filling the batch did not close it, these requests would time out.
+    rt = start_runtime(m, max_batch_size=4, max_delay_ms=600_000)
+    batches: list[BatchInfo] = []
+    rt.batcher.on_batch.append(batches.append)
+    workers = [in_thread(lambda: client_for(rt).predict([1.0, 2.0, 3.0, 4.0])) for _ in range(4)]
+    for t, out in workers:
+        t.join(30)
+        assert out and out[0][0] == 200
+    assert [(b.size, b.reason) for b in batches] == [(4, "full")]
+
+
+def test_a_lone_request_goes_when_the_delay_expires(start_runtime, client_for):
+    rt = start_runtime(rt_models.Instrumented(), max_batch_size=8, max_delay_ms=50)
+    batches: list[BatchInfo] = []
+    rt.batcher.on_batch.append(batches.append)
+    assert client_for(rt).predict([1.0, 2.0, 3.0, 4.0])[0] == 200
+    (b,) = batches
+    assert (b.size, b.bucket, b.reason) == (1, 1, "deadline")
+    assert b.oldest_wait_s >= 0.05  # it did wait for company, up to the bound
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _unstarted_batcher(cap: int, delay_s: float, clock: FakeClock) -> Batcher:
+    pred = Predictor(rt_models.tiny(), torch.device("cpu"), None)
+    return Batcher(pred, buckets_up_to(cap), delay_s, max_queue=64, clock=clock)
+
+
+def test_fill_or_timeout_decisions_with_a_fake_clock():
+    clock = FakeClock()
+    b = _unstarted_batcher(4, 0.010, clock)
+    b.submit(torch.zeros(1, 4))
+    b.submit(torch.zeros(2, 4))
+    clock.now += 0.011  # past the oldest chunk's deadline: go with what is there
+    chunks, reason = b._next_batch()
+    assert ([c.n for c in chunks], reason) == ([1, 2], "deadline")
+
+    b.submit(torch.zeros(3, 4))
+    b.submit(torch.zeros(2, 4))  # 3 + 2 > cap 4: the first goes alone, at once, before its deadline
+    chunks, reason = b._next_batch()
+    assert ([c.n for c in chunks], reason) == ([3], "full")
+    clock.now += 1
+    chunks, reason = b._next_batch()
+    assert ([c.n for c in chunks], reason, b.queued) == ([2], "deadline", 0)
+
+    b.submit(torch.zeros(9, 4))  # larger than the cap: split into chunks of the cap
+    assert [c.n for c in b._queue] == [4, 4, 1]
+
+
+def test_past_the_queue_bound_503_with_retry_after_at_once(start_runtime, client_for):
+    m = rt_models.Instrumented()
+    rt = start_runtime(m, max_batch_size=1, max_queue=2)
+    first, first_out = in_thread(lambda: client_for(rt).predict(GATED))
+    assert m.entered.wait(20)  # the worker is busy: everything else queues
+    queued = [in_thread(lambda: client_for(rt).predict([1.0, 1.0, 1.0, 1.0])) for _ in range(2)]
+    wait_until(lambda: rt.batcher.queued == 2, "a full queue")
+    status, headers, doc = client_for(rt).predict([2.0, 2.0, 2.0, 2.0])
+    assert status == 503 and doc["error"]["type"] == "queue_full"
+    assert int(headers["Retry-After"]) >= 1
+    m.gate.set()
+    for t, out in [(first, first_out), *queued]:
+        t.join(20)
+        assert out[0][0] == 200
+    text = rt.metrics.render().decode()
+    assert metric_value(text, "torchfleet_requests_total", 'code="503"') == 1
+    assert metric_value(text, "torchfleet_requests_total", 'code="200"') == 3
+
+
+def test_oom_frees_splits_retries_and_lowers_the_cap(start_runtime, client_for):
+    m = rt_models.Instrumented()
+    rt = start_runtime(m, max_batch_size=8)
+    m.oom_above = 2  # after warm-up: batches above 2 now "run out of memory"
+    c = client_for(rt)
+    x = torch.randn(8, 4)
+    status, _, doc = c.predict(x.tolist())
+    assert status == 200
+    assert torch.allclose(torch.tensor(doc["outputs"]), rt_models.expected(x), atol=1e-6)
+    assert m.oom_raised == 2  # at 8, then at 4; never again once the cap is 2
+    assert rt.batcher.cap == 2 and c.get_json("/v1/model")[1]["max_batch_size"] == 2
+    assert metric_value(rt.metrics.render().decode(), "torchfleet_oom_recoveries_total") == 2
+
+    m.oom_above = 0  # even one instance does not fit: a 503 naming the problem, not a crash
+    status, headers, doc = c.predict(x[0].tolist())
+    assert status == 503 and doc["error"]["type"] == "out_of_memory" and "Retry-After" in headers
+    m.oom_above = None
+    assert c.predict(x[0].tolist())[0] == 200
+
+
+@pytest.mark.parametrize("message, oom", [
+    ("CUDA out of memory. Tried to allocate 20.00 MiB", True),  # torch 1.12's RuntimeError text
+    ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes. Out of memory", True),
+    ("mat1 and mat2 shapes cannot be multiplied", False),
+])
+def test_oom_is_recognised_on_every_torch_version(message, oom):
+    assert compat.is_oom(RuntimeError(message)) is oom
+    if hasattr(torch.cuda, "OutOfMemoryError"):
+        assert compat.is_oom(torch.cuda.OutOfMemoryError("anything"))
+
+
+def test_warm_up_runs_every_bucket_at_least_three_times(start_runtime, client_for):
+    m = rt_models.Instrumented()
+    rt = start_runtime(m, max_batch_size=12, warmup_iterations=4)
+    assert dict(m.sizes) == {1: 4, 2: 4, 4: 4, 8: 4, 12: 4}
+    assert client_for(rt).get_json("/v1/model")[1]["warmed_batch_sizes"] == [1, 2, 4, 8, 12]
+
+
+def test_auto_cap_on_cpu_is_measured_and_fully_warmed(start_runtime):
+    m = rt_models.Instrumented()
+    rt = start_runtime(m, latency_budget_ms=1000)
+    assert rt.sizing.method == "latency" and rt.sizing.cap >= 1
+    assert set(rt.sizing.measurements) >= set(buckets_up_to(rt.sizing.cap))
+    assert rt.batcher.buckets == buckets_up_to(rt.sizing.cap)
+    # the sizing runs come first; every bucket then got its full warm-up on top
+    assert all(m.sizes[b] >= 3 for b in rt.batcher.buckets)
+
+
+def test_not_ready_until_warm_up_ends(start_runtime, client_for):
+    m = rt_models.Instrumented()
+    m.warm_gate = threading.Event()
+    rt = start_runtime(m, wait=False, max_batch_size=2)
+    c = client_for(rt)
+    wait_until(lambda: rt.state == "warming", "warm-up to start")
+    status, headers, _ = c.call("GET", "/readyz")
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert c.predict([1.0, 1.0, 1.0, 1.0])[0] == 503
+    assert c.get_json("/livez")[0] == 200  # alive: it is making progress
+    assert metric_value(rt.metrics.render().decode(), "torchfleet_ready") == 0
+    m.warm_gate.set()
+    wait_until(lambda: c.call("GET", "/readyz")[0] == 200, "readiness")
+    assert c.predict([1.0, 1.0, 1.0, 1.0])[0] == 200
