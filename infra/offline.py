@@ -112,13 +112,16 @@ def config_strings(values: dict[str, Any]) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
 
 
-def run_offline(stack: str, config_values: dict[str, Any]) -> OfflineRun:
-    """Run the program for `stack` with `config_values` (full keys, e.g. "torchfleet:region")."""
+def run_offline(stack: str, config_values: dict[str, Any],
+                monitor: RecordingMonitor | None = None) -> OfflineRun:
+    """Run the program for `stack` with `config_values` (full keys, e.g. "torchfleet:region").
+    Pass a `monitor` to see what was registered even when the program raises."""
     from infra import program  # imported here: the caller may set TORCHFLEET_* env first
 
     settings.ROOT.set(None)  # a fresh root stack per run, not the previous run's
-    mocks = OfflineMocks()
-    monitor = RecordingMonitor(mocks)
+    monitor = monitor or RecordingMonitor(OfflineMocks())
+    mocks = monitor.mocks
+    assert isinstance(mocks, OfflineMocks)
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(config_strings(config_values))
     resolved: dict[str, Any] = {}
