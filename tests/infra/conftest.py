@@ -11,12 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
 from infra.plan import STACKS
 
+REPO = Path(__file__).resolve().parents[2]
 PINNED_NOW = "2026-03-02T10:17:00Z"  # a Monday
-
-os.environ["TORCHFLEET_NOW"] = PINNED_NOW  # before infra reads the clock
+os.environ["TORCHFLEET_NOW"] = PINNED_NOW  # the program reads the clock when it runs
 
 
 def stack_values(stack: str) -> dict[str, Any]:
