@@ -1,0 +1,148 @@
+"""Configuration precedence and errors, the CLI, the demo model, and eager factory loading."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import rt_models
+import torch
+from torchfleet_runtime import cli, demo
+from torchfleet_runtime.config import ConfigError, load_config
+from torchfleet_runtime.model import ModelError, load
+
+CLI = str(Path(sys.executable).with_name("torchfleet-runtime"))
+
+
+def test_flags_beat_env_beat_file_beat_defaults(tmp_path):
+    f = tmp_path / "runtime.yml"
+    f.write_text("port: 9000\nmax_delay_ms: 7\nprecision: bf16\nmodel: /m/file.pt\n")
+    env = {"TORCHFLEET_PORT": "9100", "TORCHFLEET_MAX_DELAY_MS": "3.5", "TORCHFLEET_UNRELATED": "x"}
+    cfg, sources = load_config({"port": "9200", "host": None}, env=env, config_file=str(f))
+    assert cfg.port == 9200 and sources["port"] == "flag --port"
+    assert cfg.max_delay_ms == 3.5 and sources["max_delay_ms"] == "env TORCHFLEET_MAX_DELAY_MS"
+    assert cfg.precision == "bf16" and sources["precision"] == f"config file {f}"
+    assert cfg.model == "/m/file.pt"
+    assert cfg.host == "127.0.0.1" and "host" not in sources  # default
+    assert cfg.max_batch_size is None  # auto
+
+
+def test_env_can_name_the_config_file(tmp_path):
+    f = tmp_path / "other.yml"
+    f.write_text("max_batch_size: 16\ninput_shape: [3, 8, 8]\n")
+    cfg, _ = load_config({}, env={"TORCHFLEET_CONFIG": str(f)})
+    assert cfg.max_batch_size == 16 and cfg.input_shape == (3, 8, 8)
+
+
+@pytest.mark.parametrize("yaml_text, env, needles", [
+    ("modle: x.pt\n", {}, ["unknown config key 'modle'", "allowed keys:", "model,"]),
+    ("precision: fp8\n", {}, ["'precision'", "'fp8'", "fp32, fp16, bf16"]),
+    ("", {"TORCHFLEET_PORT": "http"}, ["'port'", "env TORCHFLEET_PORT", "'http'", "1-65535"]),
+    ("warmup_iterations: 1\n", {}, ["'warmup_iterations'", "integer >= 3"]),
+    ("memory_fraction: 1.5\n", {}, ["'memory_fraction'", "(0, 1]"]),
+    ("device: gpu\n", {}, ["'device'", "cuda:N"]),
+    ("- just\n- a list\n", {}, ["expected a mapping"]),
+    ("model_format: eager\n", {}, ["'factory' is required"]),
+])
+def test_config_errors_name_the_key_value_and_what_is_allowed(tmp_path, yaml_text, env, needles):
+    f = tmp_path / "runtime.yml"
+    f.write_text(yaml_text)
+    with pytest.raises(ConfigError) as info:
+        load_config({}, env=env, config_file=str(f))
+    for needle in needles:
+        assert needle in str(info.value)
+
+
+def test_a_named_config_file_must_exist(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config({}, env={}, config_file=str(tmp_path / "nope.yml"))
+
+
+def test_serve_reports_config_errors_with_exit_2():
+    proc = subprocess.run([CLI, "serve", "--model", "m.pt", "--max-queue", "zero"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert "config key 'max_queue' (flag --max-queue): 'zero' is invalid" in proc.stderr
+
+
+def test_demo_model_is_deterministic_and_serves_its_own_answers(tmp_path, start_runtime, client_for):
+    proc = subprocess.run([CLI, "demo-model", str(tmp_path / "a")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    demo.write_demo_model(tmp_path / "b")
+    meta = json.loads((tmp_path / "a" / "model.json").read_text())
+    assert meta["input_shape"] == [3, 64, 64] and meta["dtype"] == "float32" and meta["name"]
+    assert 1_000_000 < meta["parameters"] < 1_500_000
+    a = torch.jit.load(str(tmp_path / "a" / "model.pt"))
+    b = torch.jit.load(str(tmp_path / "b" / "model.pt"))
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = a(x)
+        assert torch.equal(want, b(x))  # same seed, same weights
+    # metadata comes from the sidecar next to the model: no --input-shape here
+    rt = start_runtime(model=str(tmp_path / "a" / "model.pt"), input_shape=None, max_batch_size=2)
+    status, _, doc = client_for(rt).predict(x.tolist())
+    assert status == 200 and rt.loaded.format == "torchscript"
+    assert torch.allclose(torch.tensor(doc["outputs"]), want, atol=1e-4)
+
+
+def test_eager_factory_with_a_state_dict(tmp_path):
+    weights = tmp_path / "w.pt"
+    trained = rt_models.tiny()
+    with torch.no_grad():
+        trained.fc.bias.fill_(42.0)  # differs from the factory's own init: must come from the file
+    torch.save({"state_dict": trained.state_dict()}, weights)
+    from torchfleet_runtime.config import Config
+
+    loaded = load(Config(model=str(weights), factory="rt_models:tiny", input_shape=(4,)))
+    out = loaded.predictor(torch.zeros(1, 4))
+    assert loaded.format == "eager" and torch.allclose(out, torch.full((1, 3), 42.0))
+    with pytest.raises(ModelError, match="has no attribute 'nope'"):
+        load(Config(model=str(weights), factory="rt_models:nope", input_shape=(4,)))
+    with pytest.raises(ModelError, match="does not fit 'torchfleet_runtime.demo:build_demo_model'"):
+        load(Config(model=str(weights), factory="torchfleet_runtime.demo:build_demo_model", input_shape=(4,)))
+
+
+def test_precision_that_the_device_cannot_run_is_a_config_error():
+    from torchfleet_runtime.config import Config
+
+    if torch.cuda.is_available():
+        pytest.skip("fp16 is valid on this machine")
+    with pytest.raises(ConfigError, match="'fp16' needs a CUDA device"):
+        load(Config(model="x.pt", precision="fp16", input_shape=(4,)), module=rt_models.tiny())
+
+
+def test_bf16_on_cpu_runs_under_autocast(start_runtime, client_for):
+    rt = start_runtime(rt_models.tiny(), precision="bf16", max_batch_size=2)
+    status, _, doc = client_for(rt).predict([1.0, 2.0, 3.0, 4.0])
+    assert status == 200
+    want = rt_models.expected(torch.tensor([[1.0, 2.0, 3.0, 4.0]]))[0]
+    assert torch.allclose(torch.tensor(doc["outputs"]), want, rtol=0.05, atol=0.05)
+
+
+def test_plugins_without_their_module_fail_clearly(monkeypatch, capsys):
+    monkeypatch.setitem(cli.PLUGINS, "bench", ("torchfleet_runtime.no_such_module", "x"))
+    assert cli.main(["bench", "http://x"]) == 2
+    assert "not available in this build" in capsys.readouterr().err
+
+
+def test_plugins_get_their_own_parser(monkeypatch):
+    seen = {}
+
+    class Plugin:
+        @staticmethod
+        def configure_parser(p: argparse.ArgumentParser) -> None:
+            p.add_argument("--json", action="store_true")
+
+        @staticmethod
+        def run(args: argparse.Namespace) -> int:
+            seen["json"] = args.json
+            return 3
+
+    monkeypatch.setitem(sys.modules, "fake_check_plugin", Plugin)
+    monkeypatch.setitem(cli.PLUGINS, "check", ("fake_check_plugin", "x"))
+    assert cli.main(["check", "--json"]) == 3 and seen == {"json": True}
+
