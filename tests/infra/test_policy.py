@@ -1,0 +1,284 @@
+"""Policies over EVERY registered resource of the four example stacks.
+
+Each test counts what it checked and fails when it checked nothing, so a program that stops
+registering (or a renamed property) cannot make a policy pass silently."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import ipaddress
+import re
+from functools import cache
+
+import pytest
+
+from infra.catalog import lookup
+from infra.config import MIN_CIDR_PREFIX
+
+REQUIRED_TAGS = ("project", "stack", "env", "owner", "ttl-expiry")
+
+
+def _world_open(cidr: str) -> bool:
+    return ipaddress.ip_network(cidr, strict=False).prefixlen < MIN_CIDR_PREFIX
+
+
+@cache
+def sdk_class(type_token: str):
+    """'aws:ec2/launchTemplate:LaunchTemplate' -> pulumi_aws.ec2.launch_template.LaunchTemplate"""
+    package, middle, cls = type_token.split(":")
+    module, resource = middle.split("/")
+    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", resource).lower()
+    mod = importlib.import_module(f"pulumi_{package}.{module}.{snake}")
+    return getattr(mod, cls)
+
+
+def taggable(type_token: str) -> bool:
+    return "tags" in inspect.signature(sdk_class(type_token)._internal_init).parameters
+
+
+def tags_of(inputs: dict) -> dict[str, str]:
+    tags = inputs.get("tags")
+    if isinstance(tags, list):  # Auto Scaling groups: [{key, value, propagateAtLaunch}]
+        return {t["key"]: t["value"] for t in tags}
+    return tags or {}
+
+
+def test_tags_on_every_taggable_resource(run, settings):
+    cfg = settings(run.stack)
+    checked = 0
+    for r in run.custom():
+        if not taggable(r.type):
+            continue
+        tags = tags_of(r.inputs)
+        missing = [k for k in REQUIRED_TAGS if k not in tags]
+        assert not missing, f"{r.type} {r.name} lacks tags {missing}"
+        assert tags["stack"] == run.stack and tags["owner"] == cfg["owner"]
+        assert tags["env"] == cfg["env"]
+        if cfg["env"] == "dev":
+            assert tags["ttl-expiry"] == run.outputs["ttl_expiry"]
+        else:
+            assert tags["ttl-expiry"] == "never"
+        for key, value in (cfg.get("tags") or {}).items():
+            assert tags[key] == value
+        checked += 1
+    untaggable = [r for r in run.custom() if not taggable(r.type)]
+    assert checked >= 10 and checked > len(untaggable), (checked, [r.type for r in untaggable])
+
+
+def test_launch_templates_carry_tags_to_instances_and_volumes(runs):
+    checked = 0
+    for stack in ("aws-dev", "aws-prod"):
+        for lt in runs[stack].of_type("aws:ec2/launchTemplate:LaunchTemplate"):
+            kinds = {s["resourceType"]: s["tags"] for s in lt.inputs["tagSpecifications"]}
+            assert {"instance", "volume"} <= set(kinds)
+            assert all(t["stack"] == stack for t in kinds.values())
+            checked += 1
+    assert checked == 2
+
+
+def _aws_ingress(run):
+    for sg in run.of_type("aws:ec2/securityGroup:SecurityGroup"):
+        for rule in sg.inputs.get("ingress", []):
+            yield sg, rule
+
+
+def test_no_world_open_admin_or_service_port(run, settings):
+    cfg = settings(run.stack)
+    sensitive = {22, cfg["service_port"]}
+    checked = 0
+    for sg, rule in _aws_ingress(run):
+        ports = set(range(int(rule["fromPort"]), int(rule["toPort"]) + 1))
+        if rule.get("protocol") == "-1":
+            ports = sensitive
+        if ports & sensitive:
+            cidrs = rule.get("cidrBlocks", []) + rule.get("ipv6CidrBlocks", [])
+            assert cidrs or rule.get("securityGroups"), (sg.name, rule)
+            assert not [c for c in cidrs if _world_open(c)], (sg.name, rule)
+            if 22 in ports:
+                assert set(cidrs) <= set(cfg["admin_cidrs"]), (sg.name, rule)
+            checked += 1
+    for rule in run.of_type("alicloud:ecs/securityGroupRule:SecurityGroupRule"):
+        if rule.inputs["type"] != "ingress":
+            continue
+        lo, hi = (int(p) for p in rule.inputs["portRange"].split("/"))
+        ports = sensitive if lo == -1 else set(range(lo, hi + 1))
+        if ports & sensitive:
+            cidr = rule.inputs.get("cidrIp") or rule.inputs.get("ipv6CidrIp")
+            assert not _world_open(cidr), rule.inputs
+            if 22 in ports:
+                assert cidr in cfg["admin_cidrs"]
+            checked += 1
+    assert checked >= 2  # SSH and the service port, at least
+
+
+def test_load_balancers_face_only_named_clients(runs, settings):
+    checked = 0
+    for stack in ("aws-prod", "alicloud-prod"):
+        clients = settings(stack)["client_cidrs"]
+        for sg, rule in _aws_ingress(runs[stack]):
+            if sg.name.endswith("-lb"):
+                assert rule["cidrBlocks"] == clients
+                checked += 1
+        for acl in runs[stack].of_type("alicloud:slb/acl:Acl"):
+            assert [e["entry"] for e in acl.inputs["entryLists"]] == clients
+            checked += 1
+        for listener in runs[stack].of_type("alicloud:slb/listener:Listener"):
+            assert listener.inputs["aclStatus"] == "on" and listener.inputs["aclType"] == "white"
+    assert checked == 2
+
+
+def test_imdsv2_required(run):
+    checked = 0
+    templates = {}
+    for lt in run.of_type("aws:ec2/launchTemplate:LaunchTemplate"):
+        assert lt.inputs["metadataOptions"]["httpTokens"] == "required", lt.name
+        templates[f"{lt.name}-id"] = lt
+        checked += 1
+    for inst in run.of_type("aws:ec2/instance:Instance"):
+        via_template = inst.inputs.get("launchTemplate", {}).get("id") in templates
+        own = inst.inputs.get("metadataOptions", {}).get("httpTokens") == "required"
+        assert via_template or own, inst.name
+        checked += 1
+    for inst in run.of_type("alicloud:ecs/instance:Instance"):
+        assert inst.inputs["httpTokens"] == "required", inst.name
+        checked += 1
+    # ESS scaling configurations expose no metadata-token setting in this provider version
+    # (a known gap, reported); they are the only fleet resource without this check.
+    if run.stack != "alicloud-prod":
+        assert checked >= 1
+
+
+def test_disks_encrypted(run):
+    checked = 0
+    for lt in run.of_type("aws:ec2/launchTemplate:LaunchTemplate"):
+        for bdm in lt.inputs["blockDeviceMappings"]:
+            assert bdm["ebs"]["encrypted"] == "true", lt.name
+            checked += 1
+    for inst in run.of_type("aws:ec2/instance:Instance"):
+        assert "rootBlockDevice" not in inst.inputs  # the template's encrypted root applies
+    for kind in ("alicloud:ecs/instance:Instance",
+                 "alicloud:ess/scalingConfiguration:ScalingConfiguration"):
+        for r in run.of_type(kind):
+            assert r.inputs["systemDiskEncrypted"] is True, r.name
+            assert r.inputs["systemDiskCategory"] == "cloud_essd"
+            checked += 1
+    assert checked >= 1
+
+
+def _cap(ratio: float, cloud: str, itype: str) -> float:
+    return ratio * lookup(cloud, itype).usd_per_hour
+
+
+def test_spot_cap_within_ratio_of_on_demand(run, settings):
+    cfg = settings(run.stack)
+    ratio, cloud = cfg["spot"]["max_price_ratio"], cfg["cloud"]
+    assert 0 < ratio <= 1.3
+    checked = 0
+    for lt in run.of_type("aws:ec2/launchTemplate:LaunchTemplate"):
+        market = lt.inputs.get("instanceMarketOptions")
+        if market:
+            price = float(market["spotOptions"]["maxPrice"])
+            assert 0 < price <= _cap(ratio, cloud, lt.inputs["instanceType"]) + 1e-9
+            checked += 1
+    for asg in run.of_type("aws:autoscaling/group:Group"):
+        policy = asg.inputs["mixedInstancesPolicy"]
+        price = float(policy["instancesDistribution"]["spotMaxPrice"])
+        types = [o["instanceType"] for o in policy["launchTemplate"]["overrides"]]
+        assert len(types) >= 2  # several pools of one GPU class
+        assert len({lookup(cloud, t).gpu_model for t in types}) == 1
+        for t in types:
+            assert 0 < price <= _cap(ratio, cloud, t) + 1e-9, t
+            checked += 1
+        assert policy["instancesDistribution"]["spotAllocationStrategy"] == \
+            "price-capacity-optimized"
+    for inst in run.of_type("alicloud:ecs/instance:Instance"):
+        assert inst.inputs["spotStrategy"] == "SpotWithPriceLimit"
+        assert inst.inputs["instanceChargeType"] == "PostPaid"
+        assert 0 < inst.inputs["spotPriceLimit"] <= _cap(ratio, cloud, inst.inputs["instanceType"])
+        checked += 1
+    for conf in run.of_type("alicloud:ess/scalingConfiguration:ScalingConfiguration"):
+        limits = conf.inputs["spotPriceLimits"]
+        assert {limit["instanceType"] for limit in limits} == set(conf.inputs["instanceTypes"])
+        for limit in limits:
+            assert 0 < limit["priceLimit"] <= _cap(ratio, cloud, limit["instanceType"])
+            checked += 1
+    assert checked >= 1
+
+
+def test_dev_stacks_have_schedules_and_a_ttl(runs, settings):
+    aws = runs["aws-dev"]
+    schedules = {r.name.rsplit("-", 1)[1]: r for r in aws.of_type("aws:scheduler/schedule:Schedule")}
+    assert set(schedules) == {"start", "stop", "ttl"}
+    tz = settings("aws-dev")["schedule"]["timezone"]
+    assert schedules["start"].inputs["scheduleExpressionTimezone"] == tz
+    assert schedules["start"].inputs["scheduleExpression"].startswith("cron(0 8 ")
+    assert schedules["stop"].inputs["scheduleExpression"].startswith("cron(0 19 ")
+    assert schedules["ttl"].inputs["scheduleExpression"] == \
+        "at(" + aws.outputs["ttl_expiry"].rstrip("Z") + ")"
+    assert schedules["ttl"].inputs["target"]["arn"].endswith("ec2:terminateInstances")
+
+    ali = runs["alicloud-dev"]
+    releases = {i.inputs["autoReleaseTime"] for i in ali.of_type("alicloud:ecs/instance:Instance")}
+    assert releases == {ali.outputs["ttl_expiry"]}
+    execs = {e.name.rsplit("-", 1)[1]: e for e in ali.of_type("alicloud:oos/execution:Execution")}
+    assert set(execs) == {"start", "stop"}
+    assert execs["start"].inputs["templateName"] == "ACS-ECS-ScheduleToStartInstances"
+    import json
+    params = json.loads(execs["stop"].inputs["parameters"])
+    assert params["cron"] == "0 0 21 ? * MON,TUE,WED,THU,FRI"
+    assert params["timeZone"] == "Asia/Shanghai"
+    assert params["endDate"] == ali.outputs["ttl_expiry"]  # no schedule outlives the TTL
+
+
+def test_prod_stacks_have_no_ttl(runs):
+    for stack in ("aws-prod", "alicloud-prod"):
+        run = runs[stack]
+        assert run.outputs["ttl_expiry"] is None
+        assert not [r for r in run.custom() if r.inputs.get("autoReleaseTime")]
+        assert not [r for r in run.custom() if r.name.endswith("-ttl")]
+        assert len(run.custom()) > 10
+
+
+@pytest.mark.parametrize("stack", ["aws-prod", "alicloud-prod"])
+def test_prod_group_spans_zones_behind_readyz_checks(runs, settings, stack):
+    run, cfg = runs[stack], settings(stack)
+    assert len(cfg["zones"]) >= 2
+    if stack == "aws-prod":
+        (asg,) = run.of_type("aws:autoscaling/group:Group")
+        assert len(asg.inputs["vpcZoneIdentifiers"]) == len(cfg["zones"])
+        assert asg.inputs["capacityRebalance"] is True
+        assert asg.inputs["healthCheckType"] == "ELB"
+        dist = asg.inputs["mixedInstancesPolicy"]["instancesDistribution"]
+        assert dist["onDemandBaseCapacity"] == cfg["spot"]["on_demand_base"] >= 1
+        (tg,) = run.of_type("aws:lb/targetGroup:TargetGroup")
+        assert tg.inputs["healthCheck"]["path"] == "/readyz"
+        assert tg.inputs["port"] == cfg["service_port"]
+    else:
+        (group,) = run.of_type("alicloud:ess/scalingGroup:ScalingGroup")
+        assert len(group.inputs["vswitchIds"]) == len(cfg["zones"])
+        assert group.inputs["onDemandBaseCapacity"] == cfg["spot"]["on_demand_base"] >= 1
+        assert group.inputs["spotInstanceRemedy"] is True
+        assert group.inputs["compensateWithOnDemand"] is True
+        (listener,) = run.of_type("alicloud:slb/listener:Listener")
+        assert listener.inputs["healthCheckUri"] == "/readyz"
+        assert listener.inputs["backendPort"] == cfg["service_port"]
+        (clb,) = run.of_type("alicloud:slb/applicationLoadBalancer:ApplicationLoadBalancer")
+        assert clb.inputs["masterZoneId"] != clb.inputs["slaveZoneId"]
+
+
+def test_least_privilege_roles(runs):
+    checked = 0
+    for stack in ("aws-dev", "aws-prod"):
+        for policy in runs[stack].of_type("aws:iam/rolePolicy:RolePolicy"):
+            import json
+            doc = json.loads(policy.inputs["policy"])
+            for statement in doc["Statement"]:
+                actions = statement["Action"]
+                assert "*" not in actions and not any(a.endswith(":*") for a in actions)
+                assert statement["Resource"] != "*" and "*" not in statement["Resource"]
+                checked += 1
+        for att in runs[stack].of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment"):
+            assert att.inputs["policyArn"].endswith("AmazonSSMManagedInstanceCore")
+            checked += 1
+    assert checked >= 3
