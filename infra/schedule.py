@@ -84,6 +84,10 @@ def iso_utc(value: datetime, seconds: bool = True) -> str:
 # -- dialects -------------------------------------------------------------------------------------
 
 
+def _numbers(days: tuple[str, ...]) -> str:
+    return ",".join(str(n) for n in sorted(_UNIX_DAY[d] for d in days))
+
+
 def eventbridge_cron(at: time, days: tuple[str, ...]) -> str:
     """EventBridge Scheduler: cron(minutes hours day-of-month month day-of-week year)."""
     return f"cron({at.minute} {at.hour} ? * {','.join(days)} *)"
@@ -91,7 +95,7 @@ def eventbridge_cron(at: time, days: tuple[str, ...]) -> str:
 
 def unix_cron(at: time, days: tuple[str, ...]) -> str:
     """Auto Scaling scheduled actions take a Unix cron (Sunday = 0)."""
-    return f"{at.minute} {at.hour} * * {','.join(str(_UNIX_DAY[d]) for d in days)}"
+    return f"{at.minute} {at.hour} * * {_numbers(days)}"
 
 
 def quartz_cron(at: time, days: tuple[str, ...]) -> str:
@@ -125,5 +129,5 @@ def ess_recurrence(sched: Schedule, at: time, days: tuple[str, ...], now: dateti
     utc_days = shift_days(days, offset)
     return UtcRecurrence(
         launch_time=iso_utc(utc, seconds=False),
-        weekdays=",".join(str(_UNIX_DAY[d]) for d in utc_days),
+        weekdays=_numbers(utc_days),
     )
