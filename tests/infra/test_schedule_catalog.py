@@ -41,7 +41,7 @@ def test_ess_recurrence_crosses_midnight_into_utc():
     assert rec.weekdays == "0,1,2,3,4"
     assert rec.launch_time == "2026-03-02T22:00Z"  # Tuesday 06:00 local, the next run
     rec = ess_recurrence(s, s.stop, s.days, now)
-    assert rec.weekdays == "1,2,3,4,5" and rec.launch_time == "2026-03-03T12:00Z"
+    assert rec.weekdays == "1,2,3,4,5" and rec.launch_time == "2026-03-02T12:00Z"  # 20:00 today
 
 
 @pytest.mark.parametrize("now,hours,expected", [
