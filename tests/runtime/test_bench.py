@@ -236,6 +236,15 @@ def test_duration_bound_runs_until_the_deadline(stub):
     assert result.elapsed_s >= 0.3
 
 
+def test_the_window_opens_after_a_warm_up_longer_than_it(stub):
+    srv = stub(latency_s=0.3)  # warm-up: 3 x 0.3 s per worker, longer than the 0.5 s window
+    body, headers = build_payload(SHAPE, "float32", 1, binary=False)
+    result = run_level(Target.parse(srv.url), body, headers, concurrency=3, batch=1,
+                       duration_s=0.5, warmup=3)
+    assert result.ok >= 3  # every worker measured at least its first request
+    assert srv.predictions == 3 * 3 + result.requests
+
+
 def test_cli_json_report_binary_batches_and_warmup(stub, tmp_path):
     srv = stub()
     out = tmp_path / "bench.json"

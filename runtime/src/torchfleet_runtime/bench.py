@@ -262,12 +262,14 @@ class _Budget:
         self._duration = duration_s
         self._deadline = math.inf
         self._lock = threading.Lock()
+        self.started_at = 0.0
 
-    def start(self) -> float:
-        now = time.perf_counter()
+    def start(self) -> None:
+        """Opens the window; runs as the barrier's action, once every worker has warmed up
+        and before any is released."""
+        self.started_at = time.perf_counter()
         if self._duration is not None:
-            self._deadline = now + self._duration
-        return now
+            self._deadline = self.started_at + self._duration
 
     def take(self) -> bool:
         if self._left is None:
@@ -356,7 +358,7 @@ def run_level(
     if (requests is None) == (duration_s is None):
         raise ValueError("give exactly one of requests and duration_s")
     budget = _Budget(requests, duration_s)
-    barrier = threading.Barrier(concurrency + 1)
+    barrier = threading.Barrier(concurrency + 1, action=budget.start)
     stats = [_WorkerStats() for _ in range(concurrency)]
     threads = [
         threading.Thread(
@@ -369,9 +371,8 @@ def run_level(
     ]
     for t in threads:
         t.start()
-    t_start = budget.start()  # the window opens just before the workers are released
-    barrier.wait()  # every worker connected and warmed up
-    cpu_start = time.process_time()
+    barrier.wait()  # every worker connected and warmed up; budget.start() has run
+    t_start, cpu_start = budget.started_at, time.process_time()
     for t in threads:
         t.join()
     cpu = time.process_time() - cpu_start
