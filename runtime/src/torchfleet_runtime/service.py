@@ -184,10 +184,10 @@ class Runtime:
                 self._inflight_cond.wait(left)
         return True
 
-    def close(self) -> None:
+    def close(self, worker_timeout_s: float = 5.0) -> None:
         self.spot.stop()
         if self.batcher is not None:
-            self.batcher.close(timeout=5)
+            self.batcher.close(timeout=worker_timeout_s)
         if self.httpd is not None:
             self.httpd.shutdown()
             self.httpd.server_close()
@@ -225,7 +225,9 @@ class Runtime:
             return 1
         started = time.monotonic()
         clean = self.drain(self.config.drain_timeout_s)
-        self.close()
+        # After a clean drain the queue is empty and the worker stops at once; after a timeout
+        # its batch is stuck, and waiting for it would break the drain_timeout_s promise.
+        self.close(worker_timeout_s=5.0 if clean else 0.0)
         log.info("stopped after draining for %.2f s (%s)%s", time.monotonic() - started, self.stop_reason,
                  "" if clean else "; some requests were cut off")
         return 0
