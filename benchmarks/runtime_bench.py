@@ -303,6 +303,12 @@ def print_summary(report: dict[str, Any]) -> None:
     ):
         for name, vals in rows.items():
             log(f"{key + ' ' + name:<40}" + "".join(f"{fmt(vals.get(c)):>8}" for c in concs))
+    for cfg, run in report["servers"].items():
+        model = run.get("model", {})
+        log(
+            f"{cfg:<12} max_batch_size {model.get('max_batch_size')} ({model.get('batch_cap_method', '?')}), "
+            f"warmed batch sizes {model.get('warmed_batch_sizes')}"
+        )
     for cfg in s["start_to_ready_s"]:
         fr = s["first_request_over_steady_p50"][cfg]
         log(
@@ -381,6 +387,13 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=RESULTS, help="results folder (default: benchmarks/results)"
     )
     ap.add_argument(
+        "--batching-cap",
+        type=int,
+        default=None,
+        metavar="N",
+        help="max_batch_size of the batching server (default: auto, the runtime's own sizing)",
+    )
+    ap.add_argument(
         "--no-plot", action="store_true", help="skip the PNG even if matplotlib is present"
     )
     args = ap.parse_args(argv)
@@ -419,7 +432,17 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         payloads = {body: bench.build_payload(shape, dtype, 1, body == "binary") for body in BODIES}
-        for cfg, extra in CONFIGS:
+        configs = [
+            (
+                name,
+                ["--max-batch-size", str(args.batching_cap)]
+                if name == "batching" and args.batching_cap
+                else flags,
+            )
+            for name, flags in CONFIGS
+        ]
+        report["config"]["configs"] = dict(configs)
+        for cfg, extra in configs:
             log(f"serve [{cfg}] {' '.join(extra) or '(max_batch_size auto)'} ...")
             server = Server(model, args.device, extra, work / f"serve-{cfg}.log")
             run: dict[str, Any] = {"flags": extra, "levels": {}}
@@ -432,6 +455,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"  ready after {run['start_to_ready_s']:.2f} s; first request {run['first_request_ms']:.1f} ms; "
                     f"max_batch_size {run['model'].get('max_batch_size')}, warmed {run['model'].get('warmed_batch_sizes')}"
                 )
+                if cfg == "batching" and run["model"].get("max_batch_size") == 1:
+                    log(
+                        "  NOTE: the auto batch cap came out as 1 (the warm-up measured batch 2 over the "
+                        "latency budget: a loaded machine?), so batching on == off here; --batching-cap N forces one"
+                    )
                 target = bench.Target("http", "127.0.0.1", server.port, "")
                 for body in BODIES:
                     levels = run["levels"].setdefault(body, [])
