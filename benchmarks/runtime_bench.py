@@ -59,6 +59,20 @@ def runtime_cmd(*args: str) -> list[str]:
     ]
 
 
+TORCH_THREADS: int | None = None  # --threads; None: torch's default (one per core)
+
+
+def child_env() -> dict[str, str]:
+    """The server and offline processes get the same intra-op thread count, so served / offline
+    compares like with like. Why it matters: measured here with other jobs on the 2 cores,
+    the demo model ran 10x slower with 2 OpenMP threads than with 1 (OpenMP barriers spin
+    while a thread waits for a core)."""
+    env = dict(os.environ)
+    if TORCH_THREADS:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(TORCH_THREADS)
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -109,7 +123,9 @@ class Server:
             *extra,
         )
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=child_env()
+        )
 
     def wait_ready(self, timeout: float) -> float:
         """Seconds from spawn to the first /readyz 200 (polled every 10 ms: a benchmark, not a
@@ -170,7 +186,7 @@ def offline(model: Path, device: str, seconds: float, workdir: Path) -> dict[str
         "--json",
         str(out),
     )
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=child_env())
     if proc.returncode != 0:
         raise RuntimeError(
             f"offline benchmark failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"
@@ -248,7 +264,8 @@ def print_summary(report: dict[str, Any]) -> None:
     log(
         f"== runtime benchmark: {report['config']['device']}, demo model "
         f"{'x'.join(map(str, report['config']['input_shape']))}, {report['host'].get('cpus')} CPUs "
-        f"(load {report['host'].get('loadavg_1m')} at start), {report['config']['duration_s']:g} s per level"
+        f"(load {report['host'].get('loadavg_1m')} at start), {report['config']['duration_s']:g} s per level, "
+        f"torch threads {report['config']['torch_threads']}"
     )
     log(
         f"offline best: {s['offline_best_items_per_s']:.1f} items/s at batch {s['offline_best_batch']}"
@@ -394,9 +411,18 @@ def main(argv: list[str] | None = None) -> int:
         help="max_batch_size of the batching server (default: auto, the runtime's own sizing)",
     )
     ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="OMP_NUM_THREADS for the server and offline processes (default: torch's own)",
+    )
+    ap.add_argument(
         "--no-plot", action="store_true", help="skip the PNG even if matplotlib is present"
     )
     args = ap.parse_args(argv)
+    global TORCH_THREADS
+    TORCH_THREADS = args.threads
     t_begin = time.monotonic()
     tag = "cuda" if args.device.startswith("cuda") else args.device
     args.out.mkdir(parents=True, exist_ok=True)
@@ -407,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": args.device,
             "concurrency": args.concurrency,
             "duration_s": args.duration,
+            "torch_threads": args.threads or "default",
             "bodies": list(BODIES),
             "configs": {n: f for n, f in CONFIGS},
         },

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -365,8 +366,6 @@ def test_offline_needs_a_shape_without_sidecar(tmp_path, capsys):
 
 
 def test_module_runs_as_a_script(tiny_model):
-    import subprocess
-
     proc = subprocess.run(
         [sys.executable, "-m", "torchfleet_runtime.bench", "--offline", str(tiny_model),
          "--offline-max-batch", "2", "--offline-seconds", "0.01"],
@@ -375,3 +374,34 @@ def test_module_runs_as_a_script(tiny_model):
     assert proc.returncode == 0, proc.stderr
     assert "offline best:" in proc.stdout
     assert Path(tiny_model).exists()
+
+
+# --------------------------------------------------------------------------- benchmarks/
+
+
+def test_runtime_benchmark_end_to_end(tmp_path):
+    """`make bench` in miniature: real serve processes, the demo model, every ratio computed."""
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "runtime_bench.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--concurrency", "1,2", "--duration", "0.3",
+         "--offline-seconds", "0.05", "--threads", "1", "--out", str(tmp_path), "--no-plot"],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "runtime_bench_cpu.json").read_text())
+    assert set(report["servers"]) == {"batching", "no-batching"}
+    assert report["servers"]["no-batching"]["model"]["max_batch_size"] == 1
+    summary = report["summary"]
+    best = summary["offline_best_items_per_s"]
+    for cfg, run in report["servers"].items():
+        assert run["stop"]["exit_code"] == 0  # SIGTERM drains and exits 0
+        assert run["start_to_ready_s"] > 0 and run["first_request_ms"] > 0
+        for body in ("json", "binary"):
+            levels = run["levels"][body]
+            assert [lv["concurrency"] for lv in levels] == [1, 2]
+            for lv in levels:
+                assert lv["ok"] > 0 and not lv["errors"]
+                assert lv["mean_batch"] >= 1
+                ratio = summary["served_over_offline"][f"{cfg}/{body}"][str(lv["concurrency"])]
+                assert ratio == pytest.approx(lv["items_per_s"] / best, abs=1e-3)
+    assert "served / offline" in proc.stdout and "start->ready" in proc.stdout
