@@ -115,8 +115,13 @@ def test_precision_that_the_device_cannot_run_is_a_config_error():
         load(Config(model="x.pt", precision="fp16", input_shape=(4,)), module=rt_models.tiny())
 
 
-def test_bf16_on_cpu_runs_under_autocast(start_runtime, client_for):
-    rt = start_runtime(rt_models.tiny(), precision="bf16", max_batch_size=2)
+@pytest.mark.parametrize("form", ["eager", "torchscript"])
+def test_bf16_on_cpu_runs_under_autocast(form, tmp_path, start_runtime, client_for):
+    if form == "eager":
+        rt = start_runtime(rt_models.tiny(), precision="bf16", max_batch_size=2)
+    else:  # torch 1.12's JIT autocast pass fails here unless compat turns it off
+        torch.jit.script(rt_models.tiny()).save(str(tmp_path / "tiny.pt"))
+        rt = start_runtime(model=str(tmp_path / "tiny.pt"), precision="bf16", max_batch_size=2)
     status, _, doc = client_for(rt).predict([1.0, 2.0, 3.0, 4.0])
     assert status == 200
     want = rt_models.expected(torch.tensor([[1.0, 2.0, 3.0, 4.0]]))[0]

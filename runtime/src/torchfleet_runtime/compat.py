@@ -59,6 +59,18 @@ def autocast(device_type: str, dtype: torch.dtype | None) -> ContextManager[Any]
     return torch.autocast(device_type=device_type, dtype=dtype)
 
 
+def dispatcher_autocast_for_torchscript() -> None:
+    """Let autocast reach TorchScript graphs through the dispatcher, as it does in eager mode.
+
+    torch 1.12's JIT autocast pass fails on CPU bf16 ("UNSUPPORTED DTYPE", seen with the demo
+    model); with the pass off, each op the TorchScript interpreter runs still goes through the
+    autocast dispatch key, which gives the same casts on 1.12 and 2.x.
+    """
+    setter = getattr(torch._C, "_jit_set_autocast_mode", None)
+    if setter is not None:
+        setter(False)
+
+
 def cuda_empty_cache() -> None:
     """Return cached blocks to the driver; safe to call when CUDA was never initialised."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():

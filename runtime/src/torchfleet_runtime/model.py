@@ -203,6 +203,8 @@ def load(config: Config, module: Any = None) -> LoadedModel:
         if fmt == "onnx":
             return _load_onnx(config, metadata, device)
         module = _load_torchscript(config.model, device) if fmt == "torchscript" else _load_eager(config, device)
+        if fmt == "torchscript" and amp is not None:
+            compat.dispatcher_autocast_for_torchscript()
     module = module.to(device).eval()
     return LoadedModel(metadata, Predictor(module, device, amp), fmt, device, module)
 
