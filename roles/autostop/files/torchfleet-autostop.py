@@ -52,7 +52,7 @@ def load_config(path):
         )
     for key in ("idle_minutes", "gpu_threshold_percent"):
         if isinstance(config[key], bool) or not isinstance(config[key], (int, float)) or config[key] < 0:
-            raise ValueError("{}: {}={!r}; allowed: a number >= 0".format(path, key, config[key]))
+            raise ValueError(f"{path}: {key}={config[key]!r}; allowed: a number >= 0")
     return config
 
 
@@ -82,7 +82,7 @@ def uptime_seconds():
         return float(f.read().split()[0])
 
 
-def service_started_at(service, now):
+def service_started_at(service):
     """Unix time the service last became active, or None when it is not active."""
     try:
         out = subprocess.run(
@@ -101,7 +101,7 @@ def service_started_at(service, now):
     if monotonic_us <= 0:
         return None
     # CLOCK_MONOTONIC and /proc/uptime count from the same boot (suspend aside).
-    return now - (uptime_seconds() - monotonic_us / 1e6)
+    return time.time() - (uptime_seconds() - monotonic_us / 1e6)
 
 
 def gpu_utilisation(samples):
@@ -131,20 +131,22 @@ def decide(config, now):
     if samples is not None:
         values = samples.get("torchfleet_last_request_timestamp_seconds") or [0.0]
         last = max(values) or None  # 0 means "no request yet"
-    started = service_started_at(config["service"], now)
+    # Start and boot times are real wall-clock times; `now` (--now) only moves the judgement.
+    started = service_started_at(config["service"])
     if last is not None:
         since, reference = last, "last request"
     elif started is not None:
         since, reference = started, "service start (no request yet)"
     else:
         # Not serving at all: nothing can use the node, count from boot.
-        since, reference = now - uptime_seconds(), "boot (service not active)"
+        since, reference = time.time() - uptime_seconds(), "boot (service not active)"
     idle_for = max(0.0, now - since)
     gpu, gpu_source = gpu_utilisation(samples)
     requests_idle = idle_for >= idle_s
     gpu_idle = gpu is None or gpu < float(config["gpu_threshold_percent"])
     return {
         "stop": requests_idle and gpu_idle,
+        "now": now,
         "idle_seconds": round(idle_for, 1),
         "idle_threshold_seconds": idle_s,
         "idle_since": reference,
@@ -165,7 +167,7 @@ def main(argv=None):
     try:
         config = load_config(args.config)
     except (ValueError, OSError) as exc:
-        print("torchfleet-autostop: error: {}".format(exc), file=sys.stderr)
+        print(f"torchfleet-autostop: error: {exc}", file=sys.stderr)
         return 2
     decision = decide(config, args.now if args.now is not None else time.time())
     decision["dry_run"] = args.dry_run

@@ -1,0 +1,90 @@
+"""Molecule scenarios: converge playbooks/site.yml in systemd containers, check idempotence,
+verify real state (service, /readyz, a prediction, pins/blacklists, autostop, preflight's
+refusal), destroy.
+
+  site    Debian 12, Python 3.11, profile cpu, torch 2.13.0 CPU
+  legacy  Debian 11, Python 3.9, cu116 stack with PyPI torch 1.12.1 and numpy<2
+
+Images come from scripts/build_image.sh (built when missing), wheels from host wheelhouses
+(tests/roles/prepare_wheelhouse.sh; downloaded once into .cache/). Each scenario prints its
+per-step times; TORCHFLEET_MOLECULE_KEEP=1 keeps the instance for debugging (molecule
+--destroy never)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+SCENARIOS = {
+    # scenario: (image suite, wheelhouse ABI)
+    "site": ("bookworm", "cp311"),
+    "legacy": ("bullseye", "cp39"),
+}
+# `molecule test`'s sequence, run step by step so each step's time is measured and a failure
+# names its step. destroy always runs at the end (unless TORCHFLEET_MOLECULE_KEEP=1).
+STEPS = ("create", "converge", "idempotence", "verify")
+
+
+def _need(tool: str) -> None:
+    if shutil.which(tool) is None:
+        pytest.fail(f"{tool} is not installed: run `make setup` (it installs podman, runc, debootstrap)")
+
+
+def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.molecule
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize(
+    "scenario",
+    [pytest.param("site"), pytest.param("legacy", marks=pytest.mark.legacy)],
+)
+def test_scenario(scenario: str, tool_env: dict[str, str]) -> None:
+    for tool in ("podman", "runc"):
+        _need(tool)
+    suite, abi = SCENARIOS[scenario]
+    env = dict(tool_env)
+    env["MOLECULE_EPHEMERAL_DIRECTORY"] = str(REPO / ".cache" / "molecule" / scenario)
+    # Molecule uses its own ansible.cfg-less setup; the scenario's molecule.yml sets the rest.
+    env.pop("ANSIBLE_CONFIG", None)
+
+    image = _run(["bash", str(REPO / "scripts" / "build_image.sh"), suite], env, REPO, 900)
+    assert image.returncode == 0, f"image build failed:\n{(image.stdout + image.stderr)[-3000:]}"
+    wheels = _run(["bash", str(HERE / "prepare_wheelhouse.sh"), abi], env, REPO, 1800)
+    assert wheels.returncode == 0, f"wheelhouse failed:\n{(wheels.stdout + wheels.stderr)[-3000:]}"
+
+    log = REPO / ".cache" / "molecule" / f"{scenario}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    times: dict[str, float] = {}
+    with log.open("w") as out:
+
+        def molecule(step: str) -> subprocess.CompletedProcess[str]:
+            started = time.monotonic()
+            result = _run(["molecule", step, "-s", scenario], env, HERE, 1500)
+            times[step] = time.monotonic() - started
+            out.write(f"===== molecule {step} -s {scenario}: rc={result.returncode} "
+                      f"{times[step]:.0f} s\n{result.stdout}{result.stderr}\n")
+            out.flush()
+            return result
+
+        molecule("destroy")  # a leftover instance from an interrupted run
+        try:
+            for step in STEPS:
+                result = molecule(step)
+                assert result.returncode == 0, (
+                    f"molecule {step} -s {scenario} failed (full log {log}):\n"
+                    f"{(result.stdout + result.stderr)[-8000:]}"
+                )
+        finally:
+            if not os.environ.get("TORCHFLEET_MOLECULE_KEEP"):
+                molecule("destroy")
+            print(f"\nmolecule -s {scenario}: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()))
