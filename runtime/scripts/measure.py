@@ -83,6 +83,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpu", action="store_true", help="run on cuda, after the GPU tests")
     ap.add_argument("--duration", type=float, default=None, help="seconds per concurrency level")
+    ap.add_argument("--cap", type=int, default=None, help="max_batch_size with batching on (default: auto)")
     args = ap.parse_args()
     device = "cuda" if args.gpu else "cpu"
     duration = args.duration or (8.0 if args.gpu else 5.0)
@@ -95,7 +96,8 @@ def main() -> int:
     subprocess.run(cli("demo-model", str(tmp)), check=True, stdout=subprocess.DEVNULL)
     model = str(tmp / "model.pt")
     results = {}
-    for name, extra in (("on", []), ("off", ["--max-batch-size", "1"])):
+    on_args = ["--max-batch-size", str(args.cap)] if args.cap else []
+    for name, extra in (("on", on_args), ("off", ["--max-batch-size", "1"])):
         proc, port, ready_s = serve(model, device, extra)
         try:
             first = first_request_ms(port)
