@@ -6,11 +6,14 @@ the number of requests in flight. Per concurrency level it reports throughput (r
 items/s), p50/p90/p99 latency of successful requests, and errors by status code.
 
 Why threads with one keep-alive `http.client` connection each: a request costs the client one
-send and one blocking recv, both of which release the GIL, plus ~60-100 us of Python (measured:
-see `client_cpu_us_per_request` in every result — about 90 us/request on this project's 2-core
-test machine, i.e. one core could drive ~10k req/s, 50x what a CPU-served CNN answers). A new TCP
-connection per request (urllib) would add a connect and a server-side accept per request and
-measure the client, not the server. Processes would only pay off well above 5k req/s.
+send and one blocking recv, both of which release the GIL, plus some Python. Every result
+reports that cost as `client_cpu_us_per_request` (process CPU time / requests): measured at
+390-600 us against the runtime serving the demo model on this project's 2-core machine with
+other jobs running (48-232 KiB bodies), so one core drives ~2000 req/s, over 20x the 75 req/s
+the CPU-served model reached there. A new TCP connection per request (urllib) would add a
+connect and a server-side accept to every request and measure the client, not the server;
+processes would only pay off well above 1000 req/s (a GPU node with a small model: compare
+`client_cpu_us_per_request` with 1e6 / req/s to see when the client nears a core).
 
 Inputs are built from the server's GET /v1/model (input_shape, dtype) with a fixed seed, sent as
 JSON `{"inputs": ...}` or, with --binary, as raw little-endian bytes with X-Shape/X-Dtype.
