@@ -56,6 +56,12 @@ def test_scenario(scenario: str, tool_env: dict[str, str]) -> None:
     env["MOLECULE_EPHEMERAL_DIRECTORY"] = str(REPO / ".cache" / "molecule" / scenario)
     # Molecule uses its own ansible.cfg-less setup; the scenario's molecule.yml sets the rest.
     env.pop("ANSIBLE_CONFIG", None)
+    # A snapshot of runtime/ for the whole scenario (see TORCHFLEET_RUNTIME_SOURCE in molecule.yml).
+    snapshot = REPO / ".cache" / "molecule" / f"{scenario}-runtime-src"
+    shutil.rmtree(snapshot, ignore_errors=True)
+    shutil.copytree(REPO / "runtime", snapshot,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".ruff_cache"))
+    env["TORCHFLEET_RUNTIME_SOURCE"] = str(snapshot)
 
     image = _run(["bash", str(REPO / "scripts" / "build_image.sh"), suite], env, REPO, 900)
     assert image.returncode == 0, f"image build failed:\n{(image.stdout + image.stderr)[-3000:]}"
