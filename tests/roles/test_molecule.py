@@ -73,16 +73,16 @@ def test_scenario(scenario: str, tool_env: dict[str, str]) -> None:
     times: dict[str, float] = {}
     with log.open("w") as out:
 
-        def molecule(step: str) -> subprocess.CompletedProcess[str]:
+        def molecule(step: str, label: str = "") -> subprocess.CompletedProcess[str]:
             started = time.monotonic()
             result = _run(["molecule", step, "-s", scenario], env, HERE, 1500)
-            times[step] = time.monotonic() - started
+            times[label or step] = time.monotonic() - started
             out.write(f"===== molecule {step} -s {scenario}: rc={result.returncode} "
                       f"{times[step]:.0f} s\n{result.stdout}{result.stderr}\n")
             out.flush()
             return result
 
-        molecule("destroy")  # a leftover instance from an interrupted run
+        molecule("destroy", "cleanup")  # a leftover instance from an interrupted run
         try:
             for step in STEPS:
                 result = molecule(step)
