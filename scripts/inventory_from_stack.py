@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write inventories/<stack>/hosts.yml from a stack's `inventory` output.
+"""Write inventories/<stack>/stack.yml from a stack's `inventory` output.
 
     scripts/inventory_from_stack.py aws-dev                 # runs `pulumi stack output --json`
     scripts/inventory_from_stack.py aws-dev --input out.json
@@ -74,7 +74,7 @@ def inventory_of(outputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def write(stack: str, inv: dict[str, Any], out_dir: Path) -> Path:
-    target = out_dir / stack / "hosts.yml"
+    target = out_dir / stack / "stack.yml"
     target.parent.mkdir(parents=True, exist_ok=True)
     body = yaml.safe_dump(inv, sort_keys=False, default_flow_style=False)
     target.write_text(HEADER.format(stack=stack) + body)
