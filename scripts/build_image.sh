@@ -39,8 +39,10 @@ rm -rf "$ROOTFS"
 start=$(date +%s)
 echo "[image] debootstrap $SUITE from $MIRROR"
 # python3-apt lets Ansible's apt module run without bootstrapping itself on every converge.
+# openssh-server: the Molecule scenarios reach the node the way production does, Ansible over
+# SSH with pipelining (one exec per task), through a port published on 127.0.0.1 only.
 debootstrap --variant=minbase \
-  --include=python3,python3-apt,systemd,systemd-sysv,sudo,ca-certificates,iproute2,procps \
+  --include=python3,python3-apt,systemd,systemd-sysv,sudo,ca-certificates,iproute2,procps,openssh-server \
   "$SUITE" "$ROOTFS" "$MIRROR" >"$CACHE/$SUITE-debootstrap.log" 2>&1 \
   || { tail -n 20 "$CACHE/$SUITE-debootstrap.log" >&2; exit 1; }
 
@@ -60,6 +62,17 @@ for unit in getty@tty1.service systemd-logind.service systemd-timesyncd.service;
   ln -sf /dev/null "$ROOTFS/etc/systemd/system/$unit"
 done
 : >"$ROOTFS/etc/machine-id"
+# sshd starts with systemd (the package enables ssh.service); the test key is the only way in.
+# The host keys made at install time are shared by every container of this image, which is
+# fine for throwaway test nodes (the scenarios don't pin host keys).
+[ -e "$ROOTFS/etc/systemd/system/multi-user.target.wants/ssh.service" ] \
+  || ln -sf /lib/systemd/system/ssh.service "$ROOTFS/etc/systemd/system/multi-user.target.wants/ssh.service"
+cat >"$ROOTFS/etc/ssh/sshd_config.d/torchfleet-test.conf" <<'SSHD'
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UseDNS no
+SSHD
 rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/lib/apt/lists/*
 
 echo "[image] importing $IMAGE"
