@@ -8,12 +8,17 @@ refusal), destroy.
 Images come from scripts/build_image.sh (built when missing), wheels from host wheelhouses
 (tests/roles/prepare_wheelhouse.sh; downloaded once into .cache/). Each scenario prints its
 per-step times; TORCHFLEET_MOLECULE_KEEP=1 keeps the instance for debugging (molecule
---destroy never)."""
+--destroy never).
+
+Ansible reaches the node over SSH, as in production: the container's sshd is published on a free
+127.0.0.1 port (TORCHFLEET_MOLECULE_SSH_PORT, picked here) and root logs in with a throwaway key
+kept in .cache/molecule/ssh/ (made here when missing, mounted as root's authorized_keys)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -22,6 +27,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
+# The scenarios' molecule.yml mount this key's .pub as root's authorized_keys and log in with it.
+SSH_KEY = REPO / ".cache" / "molecule" / "ssh" / "id_ed25519"
 
 SCENARIOS = {
     # scenario: (image suite, wheelhouse ABI)
@@ -30,12 +37,34 @@ SCENARIOS = {
 }
 # `molecule test`'s sequence, run step by step so each step's time is measured and a failure
 # names its step. destroy always runs at the end (unless TORCHFLEET_MOLECULE_KEEP=1).
-STEPS = ("create", "converge", "idempotence", "verify")
+STEPS = ("create", "prepare", "converge", "idempotence", "verify")
 
 
 def _need(tool: str) -> None:
     if shutil.which(tool) is None:
         pytest.fail(f"{tool} is not installed: run `make setup` (it installs podman, runc, debootstrap)")
+
+
+def _ssh_key(env: dict[str, str]) -> None:
+    """Make the throwaway test key once. sshd's StrictModes refuses an authorized_keys that
+    group or others may write, so the public half is made 0644 whatever the umask."""
+    if not (SSH_KEY.exists() and SSH_KEY.with_suffix(".pub").exists()):
+        SSH_KEY.parent.mkdir(parents=True, exist_ok=True)
+        SSH_KEY.unlink(missing_ok=True)
+        SSH_KEY.with_suffix(".pub").unlink(missing_ok=True)
+        made = _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "torchfleet-molecule",
+                     "-f", str(SSH_KEY)], env, REPO, 60)
+        assert made.returncode == 0, f"ssh-keygen failed: {made.stderr}"
+    SSH_KEY.chmod(0o600)
+    SSH_KEY.with_suffix(".pub").chmod(0o644)
+
+
+def _free_loopback_port() -> int:
+    """A port free on 127.0.0.1 now, for podman to publish the node's sshd on (the kernel picks
+    it, so two scenarios or a stray service never collide on a fixed number)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: int) -> subprocess.CompletedProcess[str]:
@@ -49,7 +78,7 @@ def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: int) -> subpro
     [pytest.param("site"), pytest.param("legacy", marks=pytest.mark.legacy)],
 )
 def test_scenario(scenario: str, tool_env: dict[str, str]) -> None:
-    for tool in ("podman", "runc"):
+    for tool in ("podman", "runc", "ssh", "ssh-keygen"):
         _need(tool)
     suite, abi = SCENARIOS[scenario]
     env = dict(tool_env)
@@ -62,6 +91,8 @@ def test_scenario(scenario: str, tool_env: dict[str, str]) -> None:
     shutil.copytree(REPO / "runtime", snapshot,
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".ruff_cache"))
     env["TORCHFLEET_RUNTIME_SOURCE"] = str(snapshot)
+    _ssh_key(env)
+    env["TORCHFLEET_MOLECULE_SSH_PORT"] = str(_free_loopback_port())
 
     image = _run(["bash", str(REPO / "scripts" / "build_image.sh"), suite], env, REPO, 900)
     assert image.returncode == 0, f"image build failed:\n{(image.stdout + image.stderr)[-3000:]}"
@@ -76,9 +107,10 @@ def test_scenario(scenario: str, tool_env: dict[str, str]) -> None:
         def molecule(step: str, label: str = "") -> subprocess.CompletedProcess[str]:
             started = time.monotonic()
             result = _run(["molecule", step, "-s", scenario], env, HERE, 1500)
-            times[label or step] = time.monotonic() - started
-            out.write(f"===== molecule {step} -s {scenario}: rc={result.returncode} "
-                      f"{times[step]:.0f} s\n{result.stdout}{result.stderr}\n")
+            label = label or step
+            times[label] = time.monotonic() - started
+            out.write(f"===== molecule {step} -s {scenario} ({label}): rc={result.returncode} "
+                      f"{times[label]:.0f} s\n{result.stdout}{result.stderr}\n")
             out.flush()
             return result
 
