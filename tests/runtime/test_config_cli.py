@@ -15,6 +15,9 @@ from torchfleet_runtime import cli, demo
 from torchfleet_runtime.config import ConfigError, load_config
 from torchfleet_runtime.model import ModelError, load
 
+# A hang (a batch that never closes, a drain that never ends) fails fast instead of at 10 min.
+pytestmark = pytest.mark.timeout(120)
+
 CLI = str(Path(sys.executable).with_name("torchfleet-runtime"))
 
 
@@ -151,3 +154,13 @@ def test_plugins_get_their_own_parser(monkeypatch):
     monkeypatch.setitem(cli.PLUGINS, "check", ("fake_check_plugin", "x"))
     assert cli.main(["check", "--json"]) == 3 and seen == {"json": True}
 
+
+
+class Stringly(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> str:  # type: ignore[override]
+        return "not a tensor"
+
+
+def test_a_model_whose_answer_cannot_be_encoded_fails_start_up_not_the_first_client(start_runtime):
+    with pytest.raises(ModelError, match="returned str; expected a tensor"):
+        start_runtime(Stringly(), max_batch_size=1)

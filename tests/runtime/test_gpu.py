@@ -12,6 +12,7 @@ from torchfleet_runtime.warmup import buckets_up_to
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.timeout(180),
 ]
 
 

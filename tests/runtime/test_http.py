@@ -13,6 +13,9 @@ import rt_models
 import torch
 from conftest import metric_value
 
+# A hang (a batch that never closes, a drain that never ends) fails fast instead of at 10 min.
+pytestmark = pytest.mark.timeout(120)
+
 
 @pytest.fixture
 def served(start_runtime, client_for):

@@ -21,6 +21,9 @@ from conftest import Client, metric_value
 from test_batching import in_thread, wait_until
 from torchfleet_runtime.interruption import SpotWatcher
 
+# A hang (a batch that never closes, a drain that never ends) fails fast instead of at 10 min.
+pytestmark = pytest.mark.timeout(120)
+
 CLI = str(Path(sys.executable).with_name("torchfleet-runtime"))
 
 

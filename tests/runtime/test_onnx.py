@@ -11,6 +11,8 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+pytestmark = pytest.mark.timeout(120)
+
 
 def _tiny_onnx(path) -> None:
     fc = rt_models.tiny().fc

@@ -134,6 +134,17 @@ class Batcher:
     def start(self) -> None:
         self._thread.start()
 
+    def run_now(self, tensor: torch.Tensor) -> Outputs:
+        """Pad, run and split `tensor` in the caller's thread, bypassing the queue and its delay
+        (the start-up self-test; only before start(), as the model is not thread-safe)."""
+        if self._thread.is_alive():
+            raise RuntimeError("run_now() is only allowed before the worker starts")
+        return self._run_split(tensor)
+
+    def attach_metrics(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        metrics.batch_cap.set(self.cap)
+
     def submit(self, tensor: torch.Tensor) -> Request:
         n = int(tensor.shape[0])
         cap = self.cap

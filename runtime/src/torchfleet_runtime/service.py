@@ -9,6 +9,7 @@ only in `ready`. A drain (SIGTERM, SIGINT or a spot notice) turns /readyz and ne
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import signal
 import threading
@@ -17,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from . import __version__
+from . import __version__, codec
 from .batcher import Batcher
 from .config import Config, ConfigError
 from .interruption import SpotWatcher
@@ -141,16 +142,29 @@ class Runtime:
                 h(b)
 
         self.warmed = warm_up(pred, sample, buckets_up_to(self.sizing.cap), cfg.warmup_iterations, on_run)
-        self.batcher = Batcher(pred, self.warmed, cfg.max_delay_ms / 1000, cfg.max_queue, self.metrics)
+        # Metrics attach after the self-test, so they count clients' requests only.
+        self.batcher = Batcher(pred, self.warmed, cfg.max_delay_ms / 1000, cfg.max_queue)
         self.metrics.batch_cap.set(self.batcher.cap)
         self.metrics.warmup.set(time.perf_counter() - t1)
         log.info("warmed batch sizes %s (%d runs each) in %.2f s", self.warmed, cfg.warmup_iterations,
                  time.perf_counter() - t1)
+        self._self_test(sample)
+        self.batcher.attach_metrics(self.metrics)
         self.batcher.start()
         if not self.stop_requested.is_set():
             self.state = "ready"
             self.metrics.ready.set(1)
             log.info("ready")
+
+    def _self_test(self, sample: torch.Tensor) -> None:
+        """One request through the real path (JSON decode, pad/run/split, encode) before ready:
+        warms the code a first request runs besides the model, and fails start-up, not the first
+        client, when the model's outputs cannot be answered (e.g. it returns a string)."""
+        assert self.loaded is not None and self.batcher is not None
+        meta = self.loaded.metadata
+        body = json.dumps({"inputs": sample[0].tolist()}).encode()
+        tensor, batched = codec.decode(body, "application/json", {}, meta.input_shape, meta.torch_dtype)
+        codec.encode_json(self.batcher.run_now(tensor), batched)
 
     def start(self) -> None:
         """Listen, watch for spot notices, load and warm (blocking until ready)."""
