@@ -61,6 +61,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, body: bytes, content_type: str = "application/json",
               headers: dict[str, str] | None = None) -> None:
+        record = getattr(self, "_record", None)
+        if record is not None:  # metrics first: a client that saw its answer finds it counted
+            self._record = None
+            record(status)
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -156,27 +160,28 @@ class Handler(BaseHTTPRequestHandler):
     def _v1_predict(self) -> None:
         rt = self.server.runtime
         started = time.perf_counter()
-        status = 500
+
+        def record(status: int) -> None:
+            rt.metrics.requests.labels(code=str(status)).inc()
+            if status == 200:
+                rt.metrics.request_duration.observe(time.perf_counter() - started)
+                rt.metrics.last_request.set(time.time())
+
+        self._record = record
         with rt.track_request():
             try:
-                status = self._predict(rt)
+                self._predict(rt)
             except RequestError as exc:
-                status = exc.status
                 self._error(exc.status, exc.type, exc.message)
             except Exception as exc:  # the model failed: the client did nothing wrong
                 log.exception("prediction failed")
-                status = 500
                 self._error(500, "model_error", f"{type(exc).__name__}: {exc}")
-        rt.metrics.requests.labels(code=str(status)).inc()
-        if status == 200:
-            rt.metrics.request_duration.observe(time.perf_counter() - started)
-            rt.metrics.last_request.set(time.time())
 
-    def _predict(self, rt: Runtime) -> int:
+    def _predict(self, rt: Runtime) -> None:
         if not rt.is_ready():
             self._discard_body()
             self._error(503, "not_ready", f"the runtime is {rt.state}", {"Retry-After": rt.retry_after_not_ready()})
-            return 503
+            return
         n = self._content_length()
         if n is None:
             self.close_connection = True
@@ -201,19 +206,18 @@ class Handler(BaseHTTPRequestHandler):
             request = rt.batcher.submit(tensor)
         except QueueFull as exc:
             self._error(503, "queue_full", str(exc), {"Retry-After": str(exc.retry_after_s)})
-            return 503
+            return
         except Stopped:
             self._error(503, "not_ready", "the runtime is draining", {"Retry-After": "5"})
-            return 503
+            return
         try:
             outputs = request.result()
         except OutOfMemory as exc:
             self._error(503, "out_of_memory", str(exc), {"Retry-After": "5"})
-            return 503
+            return
         accept = self.headers.get("Accept", "")
         if "application/octet-stream" in accept and "application/json" not in accept:
             data, headers = codec.encode_raw(outputs, batched)
             self._send(200, data, "application/octet-stream", headers)
         else:
             self._send(200, codec.encode_json(outputs, batched))
-        return 200
