@@ -14,7 +14,7 @@ from conftest import metric_value
 from torchfleet_runtime import compat
 from torchfleet_runtime.batcher import Batcher, BatchInfo
 from torchfleet_runtime.model import Predictor
-from torchfleet_runtime.warmup import buckets_up_to
+from torchfleet_runtime.warmup import buckets_up_to, choose_cpu_cap
 
 # A hang (a batch that never closes, a drain that never ends) fails fast instead of at 10 min.
 pytestmark = pytest.mark.timeout(120)
@@ -186,6 +186,23 @@ def test_auto_cap_on_cpu_is_measured_and_fully_warmed(start_runtime):
     assert rt.batcher.buckets == buckets_up_to(rt.sizing.cap)
     # the sizing runs come first; every bucket then got its full warm-up on top
     assert all(m.sizes[b] >= 3 for b in rt.batcher.buckets)
+
+
+@pytest.mark.parametrize(
+    "seconds, budget, cap",
+    [
+        # throughput keeps growing within the budget: the largest bucket that fits
+        ({1: 0.008, 2: 0.012, 4: 0.020, 8: 0.034, 16: 0.068, 32: 0.150}, 0.1, 16),
+        # a noisy dip at 2 does not stop the search (it used to leave the cap at 1)
+        ({1: 0.008, 2: 0.030, 4: 0.020, 8: 0.034, 16: 0.068}, 0.1, 16),
+        # past the best throughput, larger buckets must still reach 90 % of it
+        ({1: 0.010, 2: 0.012, 4: 0.020, 8: 0.060, 16: 0.090}, 0.1, 4),
+        # nothing fits: batch 1
+        ({1: 0.200}, 0.1, 1),
+    ],
+)
+def test_cpu_cap_choice(seconds, budget, cap):
+    assert choose_cpu_cap(seconds, budget) == cap
 
 
 def test_not_ready_until_warm_up_ends(start_runtime, client_for):
