@@ -1,5 +1,5 @@
 """GPU-only behaviour: real fp16/bf16 autocast, the memory-sized batch cap, a real CUDA OOM.
-Skipped without CUDA; `runtime/scripts/measure.py --gpu` runs them on a GPU machine."""
+Skipped without CUDA; `scripts/gpu_check.sh` runs them on a GPU machine."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Request codec cost for one demo instance (3x64x64 float32): JSON vs raw vs .npy, best of 30.
 
-    python runtime/scripts/codec_bench.py     (numpy is used only to build the .npy body)
+    python benchmarks/codec_bench.py     (numpy is used only to build the .npy body)
 """
 
 import io
@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import torch
-
 from torchfleet_runtime import codec
 
 SHAPE = (3, 64, 64)
