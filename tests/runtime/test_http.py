@@ -121,3 +121,19 @@ def test_model_health_and_metrics_endpoints(served):
     assert metric_value(text, "torchfleet_last_request_timestamp_seconds") > 0
     assert metric_value(text, "torchfleet_warmup_seconds") > 0
     assert "torchfleet_model_load_seconds" in text and "torchfleet_inflight_requests" in text
+
+
+def test_a_client_reset_is_one_debug_line_not_a_traceback(served, capfd, caplog):
+    rt, _ = served
+    caplog.set_level("DEBUG", logger="torchfleet_runtime.server")
+    try:
+        raise ConnectionResetError(104, "Connection reset by peer")
+    except ConnectionResetError:
+        rt.httpd.handle_error(None, ("127.0.0.1", 40000))
+    assert "Traceback" not in capfd.readouterr().err
+    assert [r.levelname for r in caplog.records] == ["DEBUG"]
+    try:
+        raise ValueError("a bug in a handler")
+    except ValueError:
+        rt.httpd.handle_error(None, ("127.0.0.1", 40000))
+    assert caplog.records[-1].levelname == "ERROR" and caplog.records[-1].exc_info

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,15 @@ class HTTPServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], runtime: Runtime) -> None:
         self.runtime = runtime
         super().__init__(address, Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver prints a full traceback to stderr; a client that resets an idle
+        # keep-alive connection (load balancers, benchmark clients) is routine, not an error.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            log.debug("connection from %s dropped: %r", client_address, exc)
+        else:
+            log.error("error while serving %s", client_address, exc_info=exc)
 
 
 class Handler(BaseHTTPRequestHandler):
