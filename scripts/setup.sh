@@ -9,7 +9,7 @@ VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 # podman + runc run the systemd containers Molecule converges; debootstrap builds their images
 # (no registry is reachable); uidmap/slirp4netns/fuse-overlayfs are podman's helpers.
-APT_PACKAGES=(podman runc debootstrap uidmap slirp4netns fuse-overlayfs iproute2 curl)
+APT_PACKAGES=(podman runc debootstrap uidmap slirp4netns fuse-overlayfs iproute2 curl openssh-client)
 
 log() { printf '[setup] %s\n' "$*"; }
 
