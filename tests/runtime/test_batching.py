@@ -66,7 +66,7 @@ def test_waiting_requests_form_one_padded_batch(start_runtime, client_for):
 def test_a_full_batch_goes_at_once_without_waiting_for_the_delay(start_runtime, client_for):
     m = rt_models.Instrumented()
     # A 10-minute delay: if filling the batch did not close it, these requests would time out.
-    rt = start_runtime(m, max_batch_size=4, max_delay_ms=600_000)
+    rt = start_runtime(m, max_batch_size=4, max_delay_ms=600_000, batch_wait="always")
     batches: list[BatchInfo] = []
     rt.batcher.on_batch.append(batches.append)
     workers = [in_thread(lambda: client_for(rt).predict([1.0, 2.0, 3.0, 4.0])) for _ in range(4)]
@@ -77,13 +77,23 @@ def test_a_full_batch_goes_at_once_without_waiting_for_the_delay(start_runtime, 
 
 
 def test_a_lone_request_goes_when_the_delay_expires(start_runtime, client_for):
-    rt = start_runtime(rt_models.Instrumented(), max_batch_size=8, max_delay_ms=50)
+    rt = start_runtime(rt_models.Instrumented(), max_batch_size=8, max_delay_ms=50, batch_wait="always")
     batches: list[BatchInfo] = []
     rt.batcher.on_batch.append(batches.append)
     assert client_for(rt).predict([1.0, 2.0, 3.0, 4.0])[0] == 200
     (b,) = batches
     assert (b.size, b.bucket, b.reason) == (1, 1, "deadline")
     assert b.oldest_wait_s >= 0.05  # it did wait for company, up to the bound
+
+
+def test_with_nobody_else_arriving_a_lone_request_does_not_wait(start_runtime, client_for):
+    # batch_wait: arrivals (the default) waits only for requests already being received; with a
+    # 60 s delay bound this request would time the test out if it waited for the bound.
+    rt = start_runtime(rt_models.Instrumented(), max_batch_size=8, max_delay_ms=60_000)
+    batches: list[BatchInfo] = []
+    rt.batcher.on_batch.append(batches.append)
+    assert client_for(rt).predict([1.0, 2.0, 3.0, 4.0])[0] == 200
+    assert [(b.size, b.reason) for b in batches] == [(1, "idle")]
 
 
 class FakeClock:
@@ -118,6 +128,28 @@ def test_fill_or_timeout_decisions_with_a_fake_clock():
 
     b.submit(torch.zeros(9, 4))  # larger than the cap: split into chunks of the cap
     assert [c.n for c in b._queue] == [4, 4, 1]
+
+
+def test_waiting_only_for_requests_on_their_way_with_a_fake_clock():
+    clock = FakeClock()
+    pred = Predictor(rt_models.tiny(), torch.device("cpu"), None)
+    b = Batcher(pred, buckets_up_to(4), 0.010, max_queue=64, clock=clock, wait_for_arrivals=True)
+    b.expect()
+    b.expect()
+    b.submit(torch.zeros(1, 4), expected=True)  # one more is being received: wait for it...
+    clock.now += 0.011  # ...but never past the delay bound
+    chunks, reason = b._next_batch()
+    assert ([c.n for c in chunks], reason) == ([1], "deadline")
+
+    b.submit(torch.zeros(1, 4), expected=True)  # the last announced one: nobody else is coming
+    chunks, reason = b._next_batch()
+    assert ([c.n for c in chunks], reason) == ([1], "idle")
+
+    b.expect()
+    b.submit(torch.zeros(1, 4))  # announced request failed to decode: unexpect() releases the wait
+    b.unexpect()
+    chunks, reason = b._next_batch()
+    assert ([c.n for c in chunks], reason) == ([1], "idle")
 
 
 def test_past_the_queue_bound_503_with_retry_after_at_once(start_runtime, client_for):

@@ -6,7 +6,10 @@ Contract (the shape of LitServe's loop and BentoML's dispatcher, kept self-conta
   a `Request` whose `result()` joins the chunks' outputs in order.
 - The worker takes the oldest chunk, then keeps adding chunks until the batch holds `cap`
   instances, the next chunk would overflow it, or `max_delay` has passed since the oldest chunk
-  arrived (fill-or-timeout). It pads the batch to the nearest warmed bucket, so the model only
+  arrived (fill-or-timeout). With `wait_for_arrivals` (the server's default, config
+  `batch_wait: arrivals`) it waits only while other requests are being received (announced
+  with `expect()`, not yet submitted): a lone request at low load runs at once instead of
+  paying `max_delay` for company that is not coming. It pads the batch to the nearest warmed bucket, so the model only
   sees shapes warm-up ran, runs it, and hands each chunk its rows.
 - CUDA out of memory: free the cache, lower the cap below the failing bucket, split the batch in
   halves and retry; only a single instance that does not fit alone fails (`OutOfMemory`).
@@ -54,7 +57,9 @@ class BatchInfo:
     size: int  # real instances
     bucket: int  # size after padding
     chunks: int
-    reason: str  # "full": cap reached or next chunk would overflow; "deadline": max_delay passed; "draining"
+    # "full": cap reached or next chunk would overflow; "deadline": max_delay passed; "idle": no
+    # other request on its way (wait_for_arrivals); "draining"
+    reason: str
     oldest_wait_s: float
 
 
@@ -101,7 +106,8 @@ class _Chunk:
 
 class Batcher:
     def __init__(self, predictor: Predictor, buckets: list[int], max_delay_s: float, max_queue: int,
-                 metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic,
+                 wait_for_arrivals: bool = False) -> None:
         self._predictor = predictor
         self.buckets = list(buckets)
         self.max_delay_s = max_delay_s
@@ -113,6 +119,8 @@ class Batcher:
         self._queued = 0  # instances in the queue
         self._cond = threading.Condition()
         self._stopping = False
+        self._wait_for_arrivals = wait_for_arrivals
+        self._expected = 0  # requests being received: announced by expect(), not yet submitted
         self._seconds_per_instance = 0.0  # EWMA, for Retry-After
         self.busy_since: float | None = None  # monotonic start of the running batch
         self.on_batch: list[Callable[[BatchInfo], None]] = []
@@ -145,12 +153,26 @@ class Batcher:
         self._metrics = metrics
         metrics.batch_cap.set(self.cap)
 
-    def submit(self, tensor: torch.Tensor) -> Request:
+    def expect(self) -> None:
+        """A request has started to arrive (its body is being read and decoded). Pair it with
+        `submit(..., expected=True)` or, if the request fails before that, `unexpect()`."""
+        with self._cond:
+            self._expected += 1
+
+    def unexpect(self) -> None:
+        with self._cond:
+            self._expected -= 1
+            self._cond.notify()
+
+    def submit(self, tensor: torch.Tensor, expected: bool = False) -> Request:
         n = int(tensor.shape[0])
         cap = self.cap
         pieces = [tensor[i:i + cap] for i in range(0, n, cap)]
         request = Request(len(pieces))
         with self._cond:
+            if expected:  # it has arrived, whether or not it is admitted
+                self._expected -= 1
+                self._cond.notify()
             if self._stopping:
                 raise Stopped("the batcher is stopping")
             if self._queued + n > self.max_queue and self._queued > 0:
@@ -204,6 +226,9 @@ class Batcher:
                     break
                 if self._stopping:
                     reason = "draining"
+                    break
+                if self._wait_for_arrivals and self._expected <= 0:
+                    reason = "idle"
                     break
                 remaining = deadline - self._clock()
                 if remaining <= 0:

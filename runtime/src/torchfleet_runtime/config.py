@@ -37,6 +37,7 @@ class Config:
     precision: str = "fp32"
     max_batch_size: int | None = None
     max_delay_ms: float = 5.0
+    batch_wait: str = "arrivals"
     max_queue: int = 256
     memory_fraction: float = 0.7
     latency_budget_ms: float = 100.0
@@ -132,6 +133,7 @@ FIELDS: dict[str, _Field] = {
                              help="batch cap (default auto: memory on CUDA, latency budget on CPU)"),
     "max_delay_ms": _Field(_as_float, "a number >= 0", lambda v: v >= 0,
                            help="longest a request waits for its batch to fill"),
+    "batch_wait": _choice("arrivals", "always"),
     "max_queue": _Field(_as_int, "an integer >= 1", lambda v: v >= 1,
                         help="instances allowed to wait; beyond it 503 + Retry-After"),
     "memory_fraction": _Field(_as_float, "a number in (0, 1]", lambda v: 0 < v <= 1),

@@ -192,6 +192,34 @@ class Handler(BaseHTTPRequestHandler):
             self._discard_body()
             self._error(503, "not_ready", f"the runtime is {rt.state}", {"Retry-After": rt.retry_after_not_ready()})
             return
+        # Announce the arrival before reading the body, so a forming batch waits for it.
+        rt.batcher.expect()
+        try:
+            tensor, batched = self._read_tensor(rt)
+        except BaseException:
+            rt.batcher.unexpect()
+            raise
+        try:
+            request = rt.batcher.submit(tensor, expected=True)
+        except QueueFull as exc:
+            self._error(503, "queue_full", str(exc), {"Retry-After": str(exc.retry_after_s)})
+            return
+        except Stopped:
+            self._error(503, "not_ready", "the runtime is draining", {"Retry-After": "5"})
+            return
+        try:
+            outputs = request.result()
+        except OutOfMemory as exc:
+            self._error(503, "out_of_memory", str(exc), {"Retry-After": "5"})
+            return
+        accept = self.headers.get("Accept", "")
+        if "application/octet-stream" in accept and "application/json" not in accept:
+            data, headers = codec.encode_raw(outputs, batched)
+            self._send(200, data, "application/octet-stream", headers)
+        else:
+            self._send(200, codec.encode_json(outputs, batched))
+
+    def _read_tensor(self, rt: Runtime) -> tuple[Any, bool]:
         n = self._content_length()
         if n is None:
             self.close_connection = True
@@ -212,22 +240,4 @@ class Handler(BaseHTTPRequestHandler):
         meta = rt.loaded.metadata
         tensor, batched = codec.decode(body, self.headers.get("Content-Type", ""), self.headers,
                                        meta.input_shape, meta.torch_dtype)
-        try:
-            request = rt.batcher.submit(tensor)
-        except QueueFull as exc:
-            self._error(503, "queue_full", str(exc), {"Retry-After": str(exc.retry_after_s)})
-            return
-        except Stopped:
-            self._error(503, "not_ready", "the runtime is draining", {"Retry-After": "5"})
-            return
-        try:
-            outputs = request.result()
-        except OutOfMemory as exc:
-            self._error(503, "out_of_memory", str(exc), {"Retry-After": "5"})
-            return
-        accept = self.headers.get("Accept", "")
-        if "application/octet-stream" in accept and "application/json" not in accept:
-            data, headers = codec.encode_raw(outputs, batched)
-            self._send(200, data, "application/octet-stream", headers)
-        else:
-            self._send(200, codec.encode_json(outputs, batched))
+        return tensor, batched

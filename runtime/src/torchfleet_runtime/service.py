@@ -143,7 +143,8 @@ class Runtime:
 
         self.warmed = warm_up(pred, sample, buckets_up_to(self.sizing.cap), cfg.warmup_iterations, on_run)
         # Metrics attach after the self-test, so they count clients' requests only.
-        self.batcher = Batcher(pred, self.warmed, cfg.max_delay_ms / 1000, cfg.max_queue)
+        self.batcher = Batcher(pred, self.warmed, cfg.max_delay_ms / 1000, cfg.max_queue,
+                               wait_for_arrivals=cfg.batch_wait == "arrivals")
         self.metrics.batch_cap.set(self.batcher.cap)
         self.metrics.warmup.set(time.perf_counter() - t1)
         log.info("warmed batch sizes %s (%d runs each) in %.2f s", self.warmed, cfg.warmup_iterations,
