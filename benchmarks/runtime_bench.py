@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -257,6 +258,17 @@ def fmt(v: float | None, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def print_rows(report: dict[str, Any], concs: list[str], cell: Callable[[dict[str, Any]], str]) -> None:
+    """One row per server config and body kind, one column per concurrency level."""
+    for cfg, _ in CONFIGS:
+        for body in BODIES:
+            lvls = {
+                str(lv["concurrency"]): lv
+                for lv in report["servers"].get(cfg, {}).get("levels", {}).get(body, [])
+            }
+            log(f"{cfg + ' ' + body:<22}" + "".join(f"{cell(lvls[c]) if c in lvls else '-':>10}" for c in concs))
+
+
 def print_summary(report: dict[str, Any]) -> None:
     s = report["summary"]
     concs = [str(c) for c in report["config"]["concurrency"]]
@@ -270,48 +282,12 @@ def print_summary(report: dict[str, Any]) -> None:
     log(
         f"offline best: {s['offline_best_items_per_s']:.1f} items/s at batch {s['offline_best_batch']}"
     )
-    head = f"{'items/s':<22}" + "".join(f"{'c=' + c:>10}" for c in concs)
-    log(head)
-    for cfg, _ in CONFIGS:
-        for body in BODIES:
-            lvls = {
-                str(lv["concurrency"]): lv
-                for lv in report["servers"].get(cfg, {}).get("levels", {}).get(body, [])
-            }
-            log(
-                f"{cfg + ' ' + body:<22}"
-                + "".join(
-                    f"{fmt(lvls[c]['items_per_s'], '.1f') if c in lvls else '-':>10}" for c in concs
-                )
-            )
+    log(f"{'items/s':<22}" + "".join(f"{'c=' + c:>10}" for c in concs))
+    print_rows(report, concs, lambda lv: fmt(lv["items_per_s"], ".1f"))
     log(f"{'p99 ms':<22}")
-    for cfg, _ in CONFIGS:
-        for body in BODIES:
-            lvls = {
-                str(lv["concurrency"]): lv
-                for lv in report["servers"].get(cfg, {}).get("levels", {}).get(body, [])
-            }
-            log(
-                f"{cfg + ' ' + body:<22}"
-                + "".join(
-                    f"{fmt(lvls[c]['latency_ms']['p99'], '.1f') if c in lvls else '-':>10}"
-                    for c in concs
-                )
-            )
+    print_rows(report, concs, lambda lv: fmt(lv["latency_ms"]["p99"], ".1f"))
     log(f"{'mean batch formed':<22}")
-    for cfg, _ in CONFIGS:
-        for body in BODIES:
-            lvls = {
-                str(lv["concurrency"]): lv
-                for lv in report["servers"].get(cfg, {}).get("levels", {}).get(body, [])
-            }
-            log(
-                f"{cfg + ' ' + body:<22}"
-                + "".join(
-                    f"{fmt(lvls[c].get('mean_batch'), '.2f') if c in lvls else '-':>10}"
-                    for c in concs
-                )
-            )
+    print_rows(report, concs, lambda lv: fmt(lv.get("mean_batch"), ".2f"))
     log("ratios")
     for key, rows in (
         ("served / offline", s["served_over_offline"]),
