@@ -16,6 +16,7 @@ kept in .cache/molecule/ssh/ (made here when missing, mounted as root's authoriz
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
@@ -94,6 +95,11 @@ def test_scenario(scenario: str, tool_env: dict[str, str]) -> None:
     _ssh_key(env)
     env["TORCHFLEET_MOLECULE_SSH_PORT"] = str(_free_loopback_port())
 
+    # The scenario's container name is fixed (molecule.yml): two checkouts on one machine (git
+    # worktrees, a person beside CI) run the same scenario one after the other, not on top of
+    # each other.
+    lock = open(f"/tmp/torchfleet-molecule-{scenario}.lock", "w")  # noqa: SIM115 - held to the end
+    fcntl.flock(lock, fcntl.LOCK_EX)
     image = _run(["bash", str(REPO / "scripts" / "build_image.sh"), suite], env, REPO, 900)
     assert image.returncode == 0, f"image build failed:\n{(image.stdout + image.stderr)[-3000:]}"
     wheels = _run(["bash", str(HERE / "prepare_wheelhouse.sh"), abi], env, REPO, 1800)
