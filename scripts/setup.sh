@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 # podman + runc run the systemd containers Molecule converges; debootstrap builds their images
-# (no registry is reachable); uidmap/slirp4netns/fuse-overlayfs are podman's helpers.
-APT_PACKAGES=(podman runc debootstrap uidmap slirp4netns fuse-overlayfs iproute2 curl openssh-client)
+# (no registry is reachable); uidmap/slirp4netns/fuse-overlayfs are podman's helpers, catatonit
+# builds the pause image of a pod (the bootstrap test runs its node and fakes in one).
+APT_PACKAGES=(podman runc debootstrap uidmap slirp4netns fuse-overlayfs catatonit iproute2 curl openssh-client)
 
 log() { printf '[setup] %s\n' "$*"; }
 

@@ -1,0 +1,152 @@
+"""User-data that makes every node the cloud starts configure itself (contract: CONTRACT-fleet.md).
+
+`render_user_data(spec)` fills the ONE cloud-init template (user-data.yaml.tmpl) with the node's
+settings (/etc/torchfleet/node.json), the node agent (agent.py, gzip+base64) and its systemd
+units. The result is deterministic (same spec -> same bytes, so an unchanged stack does not
+roll its group) and within the cloud's user-data limit (AWS 16 KB, Alibaba ECS 32 KB). A spec that
+cannot work raises `BootstrapError` naming the field, the value and what is allowed, before any
+resource is registered with it.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import gzip
+import io
+import json
+import re
+import string
+import textwrap
+import tokenize
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TEMPLATE = HERE / "user-data.yaml.tmpl"
+AGENT = HERE / "agent.py"
+UNITS = HERE / "units"
+MAX_USER_DATA = {"aws": 16 * 1024, "alicloud": 32 * 1024}
+CLOUDS = ("aws", "alicloud")
+MODES = ("cold", "baked", "bake")
+# Overrides for tests (moto, a fake metadata service): one per API the agent calls.
+ENDPOINTS = {"aws": ("s3", "autoscaling", "cloudwatch", "imds"),
+             "alicloud": ("oss", "ess", "cms", "imds")}
+
+
+class BootstrapError(ValueError):
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid bootstrap spec:\n  - " + "\n  - ".join(problems))
+
+
+@dataclass(frozen=True)
+class BootstrapSpec:
+    cloud: str
+    region: str
+    stack: str
+    bundle_bucket: str
+    bundle_key: str
+    bundle_sha256: str
+    mode: str = "cold"
+    group_name: str | None = None
+    launch_hook: str | None = None
+    terminate_hook: str | None = None
+    service_port: int = 8080
+    metrics_namespace: str = "torchfleet"
+    endpoints: Mapping[str, str] = field(default_factory=dict)
+    # Extra pip options for the bootstrap venv (ansible-core, boto3): a mirror in China regions
+    # (("--index-url", URL),), an offline wheelhouse in tests. Empty: pip's default index.
+    pip_args: tuple[str, ...] = ()
+
+
+def _problems(spec: BootstrapSpec) -> list[str]:
+    out = []
+    if spec.cloud not in CLOUDS:
+        out.append(f"cloud={spec.cloud!r}: allowed {', '.join(CLOUDS)}")
+    if spec.mode not in MODES:
+        out.append(f"mode={spec.mode!r}: allowed {', '.join(MODES)}")
+    if not re.fullmatch(r"[0-9a-f]{64}", spec.bundle_sha256 or ""):
+        out.append(f"bundle_sha256={spec.bundle_sha256!r}: allowed 64 lowercase hex digits "
+                   "(infra.bundle.Bundle.sha256)")
+    for name in ("region", "stack", "bundle_bucket", "bundle_key"):
+        if not getattr(spec, name):
+            out.append(f"{name} is empty: allowed a non-empty string")
+    for hook in ("launch_hook", "terminate_hook"):
+        if getattr(spec, hook) and not spec.group_name:
+            out.append(f"{hook}={getattr(spec, hook)!r} without group_name: lifecycle hooks "
+                       "belong to a scaling group")
+    if not 1 <= int(spec.service_port) <= 65535:
+        out.append(f"service_port={spec.service_port!r}: allowed 1..65535")
+    allowed = ENDPOINTS.get(spec.cloud, ())
+    for key, url in spec.endpoints.items():
+        if key not in allowed:
+            out.append(f"endpoints[{key!r}]: allowed keys for {spec.cloud}: {', '.join(allowed)}")
+        elif not re.match(r"^https?://", str(url)):
+            out.append(f"endpoints[{key!r}]={url!r}: allowed an http(s) URL")
+    if isinstance(spec.pip_args, str):
+        out.append("pip_args must be a sequence of arguments, not one string")
+    return out
+
+
+def node_agent(cloud: str) -> str:
+    """agent.py as the node gets it: only `cloud`'s section, no comments, no docstrings (the
+    commented source is this repository's). Pure text edits by line, so the same source gives
+    the same bytes on any Python."""
+    src = AGENT.read_text()
+    for other in CLOUDS:
+        if other != cloud:
+            src = re.sub(rf"(?ms)^# >>> cloud {other}\n.*?^# <<< cloud {other}\n", "", src)
+    lines = src.splitlines()
+    drop: set[int] = set()  # 0-based line numbers
+    keep_blank: set[int] = set()
+    for node in ast.walk(ast.parse(src)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            doc = body[0]
+            assert doc.end_lineno is not None
+            if len(body) == 1:  # the docstring was the whole body
+                lines[doc.lineno - 1] = " " * doc.col_offset + "..."
+                drop.update(range(doc.lineno, doc.end_lineno))
+            else:
+                drop.update(range(doc.lineno - 1, doc.end_lineno))
+    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+        if tok.type == tokenize.COMMENT:
+            row, col = tok.start
+            lines[row - 1] = lines[row - 1][:col].rstrip()
+        elif tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
+            keep_blank.update(range(tok.start[0], tok.end[0]))  # inside a multi-line string
+    out = [line for i, line in enumerate(lines)
+           if i not in drop and (line.strip() or i in keep_blank)]
+    return "\n".join(out) + "\n"
+
+
+def _block(text: str) -> str:
+    """A file's text as the body of a YAML literal block under `content: |`."""
+    return textwrap.indent(text.rstrip("\n") + "\n", " " * 6).rstrip("\n")
+
+
+def render_user_data(spec: BootstrapSpec) -> str:
+    """A complete `#cloud-config` document, deterministic, within the cloud's size limit."""
+    problems = _problems(spec)
+    if problems:
+        raise BootstrapError(problems)
+    settings = {**asdict(spec), "endpoints": dict(sorted(spec.endpoints.items())),
+                "pip_args": list(spec.pip_args)}
+    # mtime=0: the compressed agent, and so the user-data, depends on the agent's text only.
+    agent = base64.b64encode(gzip.compress(node_agent(spec.cloud).encode(), compresslevel=9,
+                                           mtime=0)).decode()
+    text = string.Template(TEMPLATE.read_text()).substitute(
+        stack=spec.stack, cloud=spec.cloud, mode=spec.mode, bundle_key=spec.bundle_key,
+        node_json=_block(json.dumps(settings, indent=2, sort_keys=True)), agent=agent,
+        unit_bootstrap=_block((UNITS / "torchfleet-bootstrap.service").read_text()),
+        unit_lifecycle=_block((UNITS / "torchfleet-lifecycle.service").read_text()),
+        unit_metrics=_block((UNITS / "torchfleet-metrics.service").read_text()),
+        unit_metrics_timer=_block((UNITS / "torchfleet-metrics.timer").read_text()))
+    size = len(text.encode())
+    if size > MAX_USER_DATA[spec.cloud]:
+        raise BootstrapError([f"the rendered user-data is {size} bytes; {spec.cloud} allows "
+                              f"{MAX_USER_DATA[spec.cloud]}"])
+    return text

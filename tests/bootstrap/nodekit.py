@@ -1,0 +1,73 @@
+"""Helpers of the bootstrap and inventory tests (importable by name: conftest puts this
+directory on sys.path): podman calls with the repo's podman settings, loopback ports, and the
+caches the node test needs, each made once under .cache/bootstrap/."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+CACHE = REPO / ".cache" / "bootstrap"
+VENV_BIN = Path(sys.executable).parent
+PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_28_x86_64",
+             "manylinux_2_34_x86_64"]
+
+
+def podman_env() -> dict[str, str]:
+    return dict(os.environ, CONTAINERS_CONF=str(REPO / "tests" / "roles" / "containers.conf"))
+
+
+def podman(*args: str, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(["podman", *args], capture_output=True, text=True, env=podman_env(),
+                         timeout=timeout, check=False)
+    if check and out.returncode != 0:
+        raise AssertionError(f"podman {' '.join(args)} failed ({out.returncode}):\n"
+                             f"{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _stamped(dest: Path, want: str, make) -> Path:
+    stamp = dest / ".complete"
+    if stamp.exists() and stamp.read_text() == want:
+        return dest
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    make(dest)
+    stamp.write_text(want)
+    return dest
+
+
+def _pip(*args: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "pip", *args, "-q", "--disable-pip-version-check"],
+                         capture_output=True, text=True, check=False, timeout=1800)
+    assert out.returncode == 0, f"pip {' '.join(args[:3])} failed:\n{out.stderr[-3000:]}"
+
+
+def _cross(*args: str) -> list[str]:
+    """pip options for wheels of the node image's CPython 3.11, whatever runs the tests."""
+    return ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
+            "--abi", "cp311", *[a for p in PLATFORMS for a in ("--platform", p)], *args]
+
+
+def moto_requirement() -> str:
+    lines = (REPO / "requirements" / "dev.txt").read_text().splitlines()
+    return next(line for line in lines if line.startswith("moto["))
+
+
