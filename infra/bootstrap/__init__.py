@@ -56,6 +56,13 @@ class BootstrapSpec:
     service_port: int = 8080
     metrics_namespace: str = "torchfleet"
     endpoints: Mapping[str, str] = field(default_factory=dict)
+    # Alibaba: the ESS scaling group id ("asg-..."; saves the agent a lookup by name) and the
+    # CloudMonitor application group its custom metrics go to (the ESS alarms read them there).
+    group_id: str | None = None
+    metrics_group_id: str | None = None
+    # mode "bake": power off when done (the image is captured from the stopped machine); False
+    # when an image builder captures a running machine: the bake then ends with state "ready".
+    poweroff: bool = True
     # Extra pip options for the bootstrap venv (ansible-core, boto3): a mirror in China regions
     # (("--index-url", URL),), an offline wheelhouse in tests. Empty: pip's default index.
     pip_args: tuple[str, ...] = ()

@@ -218,7 +218,8 @@ class Aws:
         self.client("cloudwatch").put_metric_data(
             Namespace=self.cfg.get("metrics_namespace", "torchfleet"),
             MetricData=[{"MetricName": name, "Dimensions": dims, "Value": float(value), "Unit": unit}
-                        for name, (value, unit) in sorted(values.items())])
+                        for name, (value, unit) in sorted(values.items())
+                        if name != "RequestRate"])  # the ALB counts requests per target itself
 # <<< cloud aws
 
 
@@ -234,6 +235,21 @@ def rpc_signature(secret, method, params):
     return base64.b64encode(hmac.new((secret + "&").encode(), to_sign.encode(), hashlib.sha1).digest()).decode()
 
 
+def rpc_call(endpoint, version, action, creds, region, **params):
+    """One signed Alibaba Cloud RPC call (GET, JSON); creds: AccessKeyId, AccessKeySecret and
+    optionally SecurityToken (STS)."""
+    params.update(Action=action, Version=version, Format="JSON", AccessKeyId=creds["AccessKeyId"],
+                  SignatureMethod="HMAC-SHA1", SignatureVersion="1.0",
+                  SignatureNonce=uuid.uuid4().hex, Timestamp=now(), RegionId=region)
+    if creds.get("SecurityToken"):
+        params["SecurityToken"] = creds["SecurityToken"]
+    params["Signature"] = rpc_signature(creds["AccessKeySecret"], "GET", params)
+    try:
+        return json.loads(http("GET", endpoint + "/?" + urllib.parse.urlencode(params), timeout=20)[1])
+    except urllib.error.HTTPError as err:
+        raise RuntimeError(f"{action}: HTTP {err.code} {err.read()[:300]!r}") from None
+
+
 def oss_v4_authorization(ak, secret, region, method, bucket, key, query, headers, when):
     """OSS V4 (OSS4-HMAC-SHA256) Authorization header; `headers` hold the x-oss-* ones."""
     stamp = when.strftime("%Y%m%dT%H%M%SZ")
@@ -242,7 +258,7 @@ def oss_v4_authorization(ak, secret, region, method, bucket, key, query, headers
                     if k.lower().startswith("x-oss-") or k.lower() in ("content-type", "content-md5"))
     canonical = "\n".join([
         method, urllib.parse.quote(f"/{bucket}/{key}", safe="/"),
-        "&".join(sorted(_quote(k) + ("=" + _quote(v) if v else "") for k, v in query.items())),
+        "&".join(k + ("=" + v if v else "") for k, v in sorted((_quote(k), _quote(v)) for k, v in query.items())),
         "".join(f"{k}:{v}\n" for k, v in signed), "",
         headers.get("x-oss-content-sha256", "UNSIGNED-PAYLOAD")])
     to_sign = "\n".join(["OSS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()])
@@ -282,23 +298,15 @@ class Alicloud:
 
     def rpc(self, service, version, action, **params):
         default = {"ess": "https://ess.aliyuncs.com", "cms": f"https://metrics.{self.region}.aliyuncs.com"}
-        c = self.credentials()
-        params.update(Action=action, Version=version, Format="JSON", AccessKeyId=c["AccessKeyId"],
-                      SignatureMethod="HMAC-SHA1", SignatureVersion="1.0",
-                      SignatureNonce=uuid.uuid4().hex, Timestamp=now(), RegionId=self.region)
-        if c.get("SecurityToken"):
-            params["SecurityToken"] = c["SecurityToken"]
-        params["Signature"] = rpc_signature(c["AccessKeySecret"], "GET", params)
-        url = self.endpoints.get(service, default[service]) + "/?" + urllib.parse.urlencode(params)
-        try:
-            return json.loads(http("GET", url, timeout=20)[1])
-        except urllib.error.HTTPError as err:
-            raise RuntimeError(f"{service} {action}: HTTP {err.code} {err.read()[:300]!r}") from None
+        return rpc_call(self.endpoints.get(service, default[service]), version, action,
+                        self.credentials(), self.region, **params)
 
     def ess(self, action, **params):
         return self.rpc("ess", "2014-08-28", action, **params)
 
     def group_id(self):
+        if "group" not in self._ids and self.cfg.get("group_id"):
+            self._ids["group"] = self.cfg["group_id"]
         if "group" not in self._ids:
             found = self.ess("DescribeScalingGroups", ScalingGroupName=self.cfg["group_name"])
             groups = found.get("ScalingGroups", {}).get("ScalingGroup", [])
@@ -353,10 +361,12 @@ class Alicloud:
                  heartbeatTimeout=600)
 
     def put_metrics(self, values):
+        """To the stack's CloudMonitor application group, keyed the way ESS alarms on custom
+        metrics match a group (dimension `scaling_group`)."""
         params, stamp = {}, str(int(time.time() * 1000))
         for i, (name, (value, _unit)) in enumerate(sorted(values.items()), 1):
-            item = {"MetricName": name, "Type": "0", "GroupId": "0", "Time": stamp,
-                    "Dimensions": json.dumps({"scalingGroupId": self.group_id()}),
+            item = {"MetricName": name, "Type": "0", "GroupId": self.cfg.get("metrics_group_id") or "0",
+                    "Time": stamp, "Dimensions": json.dumps({"scaling_group": self.group_id()}),
                     "Values": json.dumps({"value": float(value)})}
             params.update({f"MetricList.{i}.{k}": v for k, v in item.items()})
         self.rpc("cms", "2019-01-01", "PutCustomMetric", **params)
@@ -496,7 +506,7 @@ def ansible(tree, inventory, playbook, state):
                ANSIBLE_CALLBACKS_ENABLED="torchfleet_status", ANSIBLE_NOCOLOR="1",
                ANSIBLE_RETRY_FILES_ENABLED="0", ANSIBLE_HOME=WORK + "/ansible",
                ANSIBLE_LOCAL_TEMP=WORK + "/ansible/tmp", ANSIBLE_DEPRECATION_WARNINGS="0",
-               TORCHFLEET_STATUS_FILE=status, HOME="/root", PATH=VENV + "/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+               ANSIBLE_NO_TARGET_SYSLOG="1", TORCHFLEET_STATUS_FILE=status, HOME="/root", PATH=VENV + "/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     env.pop("ANSIBLE_CONFIG", None)
     started = time.time()
     rc = run([VENV + "/bin/ansible-playbook", "-i", inventory, "-e", f"@{WORK}/node-vars.json",
@@ -558,6 +568,16 @@ def complete(cfg, cloud, ident, hook, result, state):
     state.update(lifecycle=dict(state["lifecycle"] or {}, **{cfg[hook]: result}))
 
 
+def this_machine(state):
+    """Whether the state file is this machine's (an image may carry its builder's)."""
+    try:
+        with open("/var/lib/cloud/data/instance-id") as f:
+            local = f.read().strip()
+    except OSError:
+        return True  # no cloud-init record to compare with
+    return (state["identity"] or {}).get("instance_id") == local
+
+
 def start_watchers(cfg):
     """Started by the bootstrap, never at boot on their own: a node leaving a stopped warm
     pool gets its launch action completed by the bootstrap, once."""
@@ -571,7 +591,7 @@ def bootstrap(argv):
         log(f"no {CONFIG}: nothing to do")
         return 1
     state = State()
-    if state["state"] == "ready" and state["bundle_sha256"] == cfg["bundle_sha256"]:
+    if state["state"] == "ready" and state["bundle_sha256"] == cfg["bundle_sha256"] and this_machine(state):
         log(f"already ready with bundle {cfg['bundle_sha256'][:12]}")
         start_watchers(cfg)
         return 0
@@ -619,7 +639,7 @@ def bootstrap(argv):
             return 0
         if state["mode"] == "bake":
             state.stage("prepare-image")
-            return prepare_image(state)
+            return prepare_image(state, cfg.get("poweroff", True))
         state.stage("ready-wait")
         wait_ready(cfg)
         stop.set()
@@ -675,18 +695,25 @@ def lifecycle_watch(_argv):
         time.sleep(5 if cfg["cloud"] == "aws" else 15)  # IMDS is local; ESS is an API call
 
 
-def scrape(text):
-    """QueueDepth (count) and GpuUtilization (percent, mean over GPUs) from /metrics text."""
-    queue, gpus = 0.0, []
+def scrape(text, previous=None, now_s=None):
+    """The scaling metrics from the runtime's /metrics text: QueueDepth (instances waiting),
+    GpuUtilization (percent, mean over GPUs, when NVML reports), RequestRate (requests answered
+    per second since `previous`, the last sample {"t", "requests"}). Returns (values, sample)."""
+    queue, gpus, requests = 0.0, [], 0.0
     for line in text.splitlines():
         if line.startswith("torchfleet_queue_depth "):
             queue = float(line.split()[1])
         elif line.startswith("torchfleet_gpu_utilization_ratio{"):
             gpus.append(float(line.rsplit(" ", 1)[1]))
+        elif line.startswith("torchfleet_requests_total{"):
+            requests += float(line.rsplit(" ", 1)[1])
     values = {"QueueDepth": (queue, "Count")}
     if gpus:
         values["GpuUtilization"] = (100.0 * sum(gpus) / len(gpus), "Percent")
-    return values
+    sample = {"t": time.time() if now_s is None else now_s, "requests": requests}
+    if previous and sample["t"] > previous["t"] and requests >= previous["requests"]:  # else: a restart
+        values["RequestRate"] = ((requests - previous["requests"]) / (sample["t"] - previous["t"]), "Count/Second")
+    return values, sample
 
 
 def publish_metrics(_argv):
@@ -698,7 +725,10 @@ def publish_metrics(_argv):
     except OSError as err:
         log(f"no metrics from the runtime: {err}")
         return 0
-    cloud_of(cfg).put_metrics(scrape(text.decode()))
+    last = "/run/torchfleet/metrics-sample.json"
+    values, sample = scrape(text.decode(), read_json(last))
+    write_json(last, sample)
+    cloud_of(cfg).put_metrics(values)
     return 0
 
 
@@ -709,10 +739,13 @@ def fetch(argv):
     return 0
 
 
-def prepare_image(state=None):
+def prepare_image(state=None, poweroff=True):
     """Bake: keep packages, venvs, torch and the runtime; drop the model and everything that
-    makes a node unique (cloud-init's instance, machine-id, SSH host keys, this state); power off."""
+    makes a node unique (cloud-init's instance, machine-id, SSH host keys, this state); power
+    off, or (an image builder captures a running machine) end with a state "ready" that names
+    no instance, so no node booted from the image takes it for its own."""
     state = state or State()
+    record = {k: state[k] for k in ("bundle_sha256", "mode", "started", "stages", "plays")}
     run(["systemctl", "stop", *WATCHERS])
     run(["systemctl", "disable", "--now", RUNTIME])  # a baked node starts it once its model is in
     for path in ("/var/lib/torchfleet/models", WORK, "/var/cache/torchfleet-runtime"):
@@ -732,6 +765,10 @@ def prepare_image(state=None):
             os.remove(os.path.join("/etc/ssh", name))
     run(["journalctl", "--rotate"])
     run(["journalctl", "--vacuum-time=1s"])
+    if not poweroff:
+        write_json(STATE, dict(record, state="ready", stage="baked", finished=now()))
+        log("image prepared: ready for capture")
+        return 0
     log("image prepared: powering off")
     run(["systemctl", "poweroff"])
     return 0

@@ -2,7 +2,7 @@
 """moto in server mode for the bootstrap test, with the Auto Scaling calls moto 5.2.5 does not
 implement: CompleteLifecycleAction and RecordLifecycleActionHeartbeat.
 
-    python3 moto_server.py PORT STATE_DIR
+    python3 moto_server.py HOST PORT STATE_DIR
 
 They behave as AWS documents them: the group must exist, the hook must be one of its hooks,
 the instance one of its instances, the result CONTINUE or ABANDON, else a ValidationError. A
@@ -20,7 +20,7 @@ from moto.autoscaling.responses import AutoScalingResponse
 from moto.core.responses import EmptyResult
 from moto.server import main
 
-PORT, STATE = sys.argv[1], Path(sys.argv[2])
+HOST, PORT, STATE = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 LOCK = threading.Lock()
 
 
@@ -50,4 +50,4 @@ AutoScalingResponse.complete_lifecycle_action = lambda self: _lifecycle(self, "C
 AutoScalingResponse.record_lifecycle_action_heartbeat = \
     lambda self: _lifecycle(self, "RecordLifecycleActionHeartbeat")
 
-main(["-H", "127.0.0.1", "-p", PORT])
+main(["-H", HOST, "-p", PORT])

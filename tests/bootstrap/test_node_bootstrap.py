@@ -175,8 +175,12 @@ def fakes(tmp_path_factory, node_image, moto_site, bootstrap_wheels, demo_model,
                "-v", f"{state}:/state", "-e", "PYTHONPATH=/opt/moto",
                "localhost/torchfleet-bookworm:latest", "/bin/sh", "-c",
                f"python3 /opt/fakes/fake_imds.py {IMDS_PORT} /state & "
-               f"exec python3 /opt/fakes/moto_server.py {MOTO_PORT} /state")
-        wait_for("moto", lambda: _answers(url), 60, 0.5)
+               f"exec python3 /opt/fakes/moto_server.py 0.0.0.0 {MOTO_PORT} /state")
+        try:
+            wait_for("moto", lambda: _answers(url), 90, 0.5)
+        except AssertionError as err:
+            logs = podman("logs", f"{pod}-aws", check=False)
+            raise AssertionError(f"{err}\n{logs.stdout[-2000:]}{logs.stderr[-2000:]}") from None
         _aws_setup(f, demo_model)
         yield f
     finally:
