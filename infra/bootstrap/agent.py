@@ -611,6 +611,8 @@ def bootstrap(argv):
             state.update(identity=ident)
             log("instance {instance_id} ({instance_type}) in {region}, target {target}".format(**ident))
             state.stage("venv")
+            if os.listdir("/var/lib/dpkg/updates") if os.path.isdir("/var/lib/dpkg/updates") else []:
+                run(["dpkg", "--configure", "-a"])  # a reboot in the middle of a dpkg run
             ensure_venv(cfg)
             if cfg["cloud"] == "aws":
                 reexec_in_venv(argv)
