@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STACK ?= aws-dev
 
-.PHONY: setup demo test lint pytest molecule bench plan lock clean
+.PHONY: setup demo test lint pytest molecule bench plan bundle lock clean
 
 setup:
 	@scripts/setup.sh
@@ -31,6 +31,10 @@ bench: setup
 
 plan: setup
 	@$(PY) -m infra.plan $(STACK)
+
+# The node bundle of a stack (what its nodes fetch and run): path, sha256, object key, version.
+bundle: setup
+	@$(PY) -m infra.bundle $(STACK)
 
 # Re-pin every transitive dependency after changing requirements/*.txt.
 lock: setup

@@ -29,11 +29,14 @@ import tarfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from infra.matrix import REPO_ROOT
+
+if TYPE_CHECKING:
+    from infra.config import StackConfig
 
 FORMAT = 1
 FIXED_MTIME = 315532800  # 1980-01-01, what the wheel builder uses (SOURCE_DATE_EPOCH)
@@ -71,16 +74,18 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def stack_facts(stack: str) -> dict[str, Any]:
+def stack_facts(stack: str, cfg: StackConfig | None = None) -> dict[str, Any]:
     """node.json for a stack: the group variables of its inventory output (infra.inventory)
-    without the SSH login, and the GPU of every instance type of its cloud (infra.catalog)."""
+    without the SSH login, and the GPU of every instance type of its cloud (infra.catalog).
+    `cfg`: the program's validated config; None reads and validates Pulumi.<stack>.yaml."""
     from infra import catalog, config, inventory, plan
 
-    try:
-        raw = plan.load_stack_config(stack)
-    except FileNotFoundError as err:
-        raise BundleError(str(err)) from err
-    cfg = config.load(config.raw_from_pulumi_config(raw), stack)
+    if cfg is None:
+        try:
+            raw = plan.load_stack_config(stack)
+        except FileNotFoundError as err:
+            raise BundleError(str(err)) from err
+        cfg = config.load(config.raw_from_pulumi_config(raw), stack)
     shared = {k: v for k, v in inventory.group_vars(cfg, "").items() if k != "ansible_user"}
     types = {t.name: {"gpu_model": t.gpu_model, "gpu_count": t.gpu_count}
              for t in catalog.instance_types(cfg.cloud).values()}
@@ -166,21 +171,23 @@ def _describe() -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "nogit"
 
 
-def build(stack: str, dest: Path | None = None, *, group_vars: Path | None = None,
-          facts: Mapping[str, Any] | None = None) -> Bundle:
+def build(stack: str, dest: Path | None = None, *, config: StackConfig | None = None,
+          group_vars: Path | None = None, facts: Mapping[str, Any] | None = None) -> Bundle:
     """Reproducible (same tree -> same bytes), cached by content; contains playbooks/, roles/,
     compat/matrix.yml, inventories/<stack>/group_vars/, the runtime wheel, node.json and a
     manifest.json (version, stack, file list with sha256, the model reference).
 
-    `dest`: a directory to put a copy in (default: the cache file itself). `group_vars`
-    and `facts` replace the stack's inventories/<stack>/group_vars/ and its Pulumi.<stack>.yaml
-    facts (tests bundle a CPU node that no valid stack config describes)."""
+    `dest`: a directory to put a copy in (default: the cache file itself). `config`: the
+    program's validated StackConfig (else Pulumi.<stack>.yaml is read; a Pulumi secret there
+    stops that, as it stops the offline plan). `group_vars` and `facts` replace the stack's
+    inventories/<stack>/group_vars/ and its facts (tests bundle a CPU node that no valid stack
+    config describes)."""
     group_vars = group_vars or REPO_ROOT / "inventories" / stack / "group_vars"
     if not group_vars.is_dir():
         raise BundleError(f"{group_vars} does not exist: a bundle carries the stack's group vars "
                           f"(stacks with inventories: "
                           f"{', '.join(sorted(p.parent.name for p in (REPO_ROOT / 'inventories').glob('*/group_vars')))})")
-    facts = dict(facts) if facts is not None else stack_facts(stack)
+    facts = dict(facts) if facts is not None else stack_facts(stack, config)
     members = _members(stack, group_vars, facts, runtime_wheel())
     # The manifest's version digests every member: it is the cache key.
     key = json.loads(members["manifest.json"])["version"]

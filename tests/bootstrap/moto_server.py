@@ -39,7 +39,7 @@ def _lifecycle(self: AutoScalingResponse, call: str) -> EmptyResult:
     if call == "CompleteLifecycleAction":
         if result not in ("CONTINUE", "ABANDON"):
             raise ValidationError(f"LifecycleActionResult {result!r}: allowed CONTINUE, ABANDON")
-        if result == "ABANDON" or hooks[0].transition == "autoscaling:EC2_INSTANCE_TERMINATING":
+        if result == "ABANDON" or hooks[0].lifecycle_transition == "autoscaling:EC2_INSTANCE_TERMINATING":
             backend.terminate_instance(instance, should_decrement=False)
         else:
             member[0].lifecycle_state = "InService"
