@@ -757,8 +757,10 @@ def prepare_image(state=None, poweroff=True):
     for path in (CONFIG, STATE):
         if os.path.exists(path):
             os.remove(path)
-    if shutil.which("cloud-init"):
-        run(["cloud-init", "clean", "--logs", "--seed"])
+    if shutil.which("cloud-init") and run(["cloud-init", "clean", "--logs"]).returncode != 0:
+        raise Failure("prepare-image", "cloud-init clean failed (see the journal): the image would "
+                                       "not run cloud-init for the next instance")
+    shutil.rmtree("/var/lib/cloud/seed", ignore_errors=True)  # a builder's NoCloud seed, unless mounted
     for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
         if os.path.isfile(path) and not os.path.islink(path):
             open(path, "w").close()  # empty: systemd makes a new one on the first boot

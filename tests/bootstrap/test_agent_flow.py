@@ -1,0 +1,154 @@
+"""The node agent's state machine, in process, with its file locations in a temporary directory
+and the cloud, Ansible and systemd replaced by recorders: the paths a container cannot cheaply
+take (a warm pool, a failing task, a baked image whose bundle moved on, a bake for an image
+builder, a state file left by an image's builder). The real thing runs in
+test_node_bootstrap.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.bootstrap import agent
+
+SHA = "ab" * 32
+
+
+class FakeCloud:
+    def __init__(self, target: str | None = "InService") -> None:
+        self.target, self.calls = target, []
+
+    def identity(self) -> dict[str, Any]:
+        return {"instance_id": "i-1", "region": "us-east-1", "instance_type": "g5.xlarge", "spot": True,
+                "target": self.target}
+
+    def lifecycle(self, hook: str, result: str, instance_id: str) -> None:
+        self.calls.append((hook, result, instance_id))
+
+    def heartbeat(self, hook: str, instance_id: str) -> None:
+        self.calls.append((hook, "heartbeat", instance_id))
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A group node whose agent runs in one process (as on Alibaba; on AWS the same steps
+    continue in the venv's interpreter), plays, cloud calls and systemctl recorded."""
+    cfg = {"cloud": "alicloud", "region": "us-east-1", "stack": "aws-prod", "bundle_bucket": "b",
+           "bundle_key": "k", "bundle_sha256": SHA, "mode": "cold", "group_name": "g",
+           "launch_hook": "torchfleet-launch", "terminate_hook": "torchfleet-terminate", "service_port": 8080}
+    paths = {"CONFIG": tmp_path / "node.json", "STATE": tmp_path / "state.json", "WORK": tmp_path / "work"}
+    for name, path in paths.items():
+        monkeypatch.setattr(agent, name, str(path))
+    paths["CONFIG"].write_text(json.dumps(cfg))
+    world: dict[str, Any] = {"cloud": FakeCloud(), "plays": [], "fail": {}, "systemctl": [], "cfg": cfg,
+                             "paths": paths, "reboot": None}
+    monkeypatch.setattr(agent, "cloud_of", lambda _cfg: world["cloud"])
+    monkeypatch.setattr(agent, "ensure_venv", lambda cfg: None)
+    monkeypatch.setattr(agent, "fetch_bundle", lambda cfg, cloud, state: "/bundle")
+    monkeypatch.setattr(agent, "write_inventory", lambda cfg, ident, tree: "/inventory")
+    monkeypatch.setattr(agent, "wait_ready", lambda cfg, timeout=900: None)
+    monkeypatch.setattr(agent, "reboot_pending", lambda: world["reboot"])
+
+    def play(tree: str, inventory: str, playbook: str, state: agent.State) -> None:
+        world["plays"].append(playbook)
+        if playbook in world["fail"]:
+            raise agent.Failure("site", f"{playbook} failed at task '{world['fail'][playbook]}': boom",
+                                task=world["fail"][playbook])
+
+    monkeypatch.setattr(agent, "ansible", play)
+    monkeypatch.setattr(agent, "run", lambda argv, **kw: world["systemctl"].append(argv))
+    return world
+
+
+def boot(world: dict[str, Any]) -> dict[str, Any]:
+    """One boot's run of the bootstrap unit."""
+    rc = agent.bootstrap(["bootstrap"])
+    return {"rc": rc, **json.loads(world["paths"]["STATE"].read_text())}
+
+
+def test_cold_node_joins_and_a_ready_node_stays_ready(node: dict[str, Any]) -> None:
+    done = boot(node)
+    assert done["rc"] == 0 and done["state"] == "ready" and node["plays"] == ["site.yml"]
+    assert node["cloud"].calls == [("torchfleet-launch", "CONTINUE", "i-1")]
+    assert ["systemctl", "start", *agent.WATCHERS] in node["systemctl"]
+    again = boot(node)  # the unit runs on every boot: a ready node changes nothing
+    assert again["rc"] == 0 and node["plays"] == ["site.yml"] and len(node["cloud"].calls) == 1
+
+
+def test_a_failed_task_is_named_and_the_launch_abandoned(node: dict[str, Any]) -> None:
+    node["fail"] = {"site.yml": "pytorch : Install torch==2.13.0"}
+    done = boot(node)
+    assert done["rc"] == 1 and done["state"] == "failed" and done["stage"] == "site"
+    assert done["failed_task"] == "pytorch : Install torch==2.13.0" and "boom" in done["error"]
+    assert node["cloud"].calls == [("torchfleet-launch", "ABANDON", "i-1")]
+    assert done["lifecycle"] == {"torchfleet-launch": "ABANDON"}
+
+
+def test_a_reboot_request_reboots_before_joining_and_is_bounded(node: dict[str, Any]) -> None:
+    node["reboot"] = "the NVIDIA driver is installed but not loaded"
+    for n in (1, 2):
+        done = boot(node)
+        assert done["state"] == "running" and done["stage"] == "reboot" and done["reboots"] == n
+        assert ["systemctl", "reboot"] in node["systemctl"] and node["cloud"].calls == []
+    done = boot(node)  # a third request: no endless reboots, join (or fail) on what it has
+    assert done["state"] == "ready" and done["boots"] == 3 and node["plays"] == ["site.yml"] * 3
+
+
+def test_warm_pool_node_waits_warmed_then_joins_from_the_baked_path(node: dict[str, Any]) -> None:
+    node["cloud"].target = "Warmed:Stopped"
+    warmed = boot(node)
+    assert warmed["state"] == "warmed" and node["plays"] == ["site.yml"]
+    assert node["cloud"].calls == [("torchfleet-launch", "CONTINUE", "i-1")]  # the group may stop it
+    node["cloud"].target = "InService"  # started from the pool
+    ready = boot(node)
+    assert ready["state"] == "ready" and ready["mode"] == "baked" and node["plays"] == ["site.yml", "baked.yml"]
+    assert node["cloud"].calls[-1] == ("torchfleet-launch", "CONTINUE", "i-1")
+
+
+def test_a_baked_image_older_than_its_bundle_falls_back_to_site(node: dict[str, Any]) -> None:
+    node["cfg"]["mode"] = "baked"
+    node["paths"]["CONFIG"].write_text(json.dumps(node["cfg"]))
+    node["fail"] = {"baked.yml": "pytorch : Verify torch's CUDA build, GPU access and numpy bridge"}
+    done = boot(node)
+    assert done["state"] == "ready" and node["plays"] == ["baked.yml", "site.yml"]
+    assert done["baked_fallback"] == node["fail"]["baked.yml"]
+
+
+def test_bake_for_an_image_builder_ends_ready_without_identity(node: dict[str, Any], monkeypatch,
+                                                             tmp_path: Path) -> None:
+    node["cfg"].update(mode="bake", poweroff=False)
+    node["paths"]["CONFIG"].write_text(json.dumps(node["cfg"]))
+    image = tmp_path / "image.json"
+    real_write = agent.write_json
+    monkeypatch.setattr(agent, "write_json", lambda path, doc, mode=0o644: real_write(
+        str(image) if path == "/etc/torchfleet/image.json" else path, doc, mode))
+    done = boot(node)
+    assert done["rc"] == 0 and done["state"] == "ready" and done["stage"] == "baked"
+    assert "identity" not in done and node["cloud"].calls == []  # a builder joins no group
+    assert json.loads(image.read_text())["bundle_sha256"] == SHA
+    assert ["systemctl", "poweroff"] not in node["systemctl"]
+    assert not node["paths"]["CONFIG"].exists()
+
+
+def test_a_state_file_from_another_machine_is_not_this_nodes(node: dict[str, Any], monkeypatch) -> None:
+    boot(node)
+    assert agent.this_machine(agent.State())  # no cloud-init record here: trusted
+    monkeypatch.setattr("builtins.open", _open_with_instance_id("i-other"))
+    assert not agent.this_machine(agent.State())
+
+
+def _open_with_instance_id(instance: str):
+    import builtins
+    import io
+
+    real = builtins.open
+
+    def fake(path, *args, **kwargs):
+        if str(path) == "/var/lib/cloud/data/instance-id":
+            return io.StringIO(instance + "\n")
+        return real(path, *args, **kwargs)
+
+    return fake
