@@ -48,6 +48,16 @@ STATE = "/var/lib/torchfleet/bootstrap.json"
 WORK = "/var/lib/torchfleet/bootstrap"
 VENV = "/opt/torchfleet/bootstrap/venv"
 RUNTIME = "torchfleet-runtime.service"
+# What the bake removes or records (each path once, so tests can move them all elsewhere).
+IMAGE_RECORD = "/etc/torchfleet/image.json"
+MODELS = "/var/lib/torchfleet/models"
+RUNTIME_CACHE = "/var/cache/torchfleet-runtime"
+MACHINE_IDS = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+SSH_DIR = "/etc/ssh"
+CLOUD_SEED = "/var/lib/cloud/seed"
+CLOUD_INSTANCE_ID = "/var/lib/cloud/data/instance-id"
+REBOOT_FLAG = "/run/reboot-required"
+METRICS_SAMPLE = "/run/torchfleet/metrics-sample.json"
 WATCHERS = ["torchfleet-lifecycle.service", "torchfleet-metrics.timer"]
 MAX_REBOOTS = 2
 # The bootstrap venv's pins by the Python that runs Ansible (the node is its own controller):
@@ -523,8 +533,8 @@ def ansible(tree, inventory, playbook, state):
 def reboot_pending():
     """A reboot the configuration asked for: the distro's flag, or an NVIDIA driver installed
     but not loaded (the nvidia_driver role refuses to reboot a node from a local play)."""
-    if os.path.exists("/run/reboot-required"):
-        return "/run/reboot-required"
+    if os.path.exists(REBOOT_FLAG):
+        return REBOOT_FLAG
     if not os.path.exists("/proc/driver/nvidia/version") and shutil.which("modinfo") and \
             run(["modinfo", "-F", "version", "nvidia"], capture_output=True).returncode == 0:
         return "the NVIDIA driver is installed but not loaded"
@@ -571,7 +581,7 @@ def complete(cfg, cloud, ident, hook, result, state):
 def this_machine(state):
     """Whether the state file is this machine's (an image may carry its builder's)."""
     try:
-        with open("/var/lib/cloud/data/instance-id") as f:
+        with open(CLOUD_INSTANCE_ID) as f:
             local = f.read().strip()
     except OSError:
         return True  # no cloud-init record to compare with
@@ -727,9 +737,8 @@ def publish_metrics(_argv):
     except OSError as err:
         log(f"no metrics from the runtime: {err}")
         return 0
-    last = "/run/torchfleet/metrics-sample.json"
-    values, sample = scrape(text.decode(), read_json(last))
-    write_json(last, sample)
+    values, sample = scrape(text.decode(), read_json(METRICS_SAMPLE))
+    write_json(METRICS_SAMPLE, sample)
     cloud_of(cfg).put_metrics(values)
     return 0
 
@@ -750,9 +759,9 @@ def prepare_image(state=None, poweroff=True):
     record = {k: state[k] for k in ("bundle_sha256", "mode", "started", "stages", "plays")}
     run(["systemctl", "stop", *WATCHERS])
     run(["systemctl", "disable", "--now", RUNTIME])  # a baked node starts it once its model is in
-    for path in ("/var/lib/torchfleet/models", WORK, "/var/cache/torchfleet-runtime"):
+    for path in (MODELS, WORK, RUNTIME_CACHE):
         shutil.rmtree(path, ignore_errors=True)
-    write_json("/etc/torchfleet/image.json", {"baked": now(), "bundle_sha256": state["bundle_sha256"],
+    write_json(IMAGE_RECORD, {"baked": now(), "bundle_sha256": state["bundle_sha256"],
                                               "from_instance": (state["identity"] or {}).get("instance_id")})
     for path in (CONFIG, STATE):
         if os.path.exists(path):
@@ -760,13 +769,13 @@ def prepare_image(state=None, poweroff=True):
     if shutil.which("cloud-init") and run(["cloud-init", "clean", "--logs"]).returncode != 0:
         raise Failure("prepare-image", "cloud-init clean failed (see the journal): the image would "
                                        "not run cloud-init for the next instance")
-    shutil.rmtree("/var/lib/cloud/seed", ignore_errors=True)  # a builder's NoCloud seed, unless mounted
-    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+    shutil.rmtree(CLOUD_SEED, ignore_errors=True)  # a builder's NoCloud seed, unless mounted
+    for path in MACHINE_IDS:
         if os.path.isfile(path) and not os.path.islink(path):
             open(path, "w").close()  # empty: systemd makes a new one on the first boot
-    for name in os.listdir("/etc/ssh") if os.path.isdir("/etc/ssh") else []:
+    for name in os.listdir(SSH_DIR) if os.path.isdir(SSH_DIR) else []:
         if name.startswith("ssh_host_"):
-            os.remove(os.path.join("/etc/ssh", name))
+            os.remove(os.path.join(SSH_DIR, name))
     run(["journalctl", "--rotate"])
     run(["journalctl", "--vacuum-time=1s"])
     if not poweroff:

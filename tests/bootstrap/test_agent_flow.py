@@ -39,9 +39,18 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     cfg = {"cloud": "alicloud", "region": "us-east-1", "stack": "aws-prod", "bundle_bucket": "b",
            "bundle_key": "k", "bundle_sha256": SHA, "mode": "cold", "group_name": "g",
            "launch_hook": "torchfleet-launch", "terminate_hook": "torchfleet-terminate", "service_port": 8080}
-    paths = {"CONFIG": tmp_path / "node.json", "STATE": tmp_path / "state.json", "WORK": tmp_path / "work"}
-    for name, path in paths.items():
-        monkeypatch.setattr(agent, name, str(path))
+    # Every path the agent knows moves under tmp_path: this process is root on a real machine.
+    for name, value in vars(agent).items():
+        if isinstance(value, str) and value.startswith("/"):
+            monkeypatch.setattr(agent, name, str(tmp_path / value.lstrip("/")))
+        elif isinstance(value, tuple) and value and all(isinstance(v, str) and v.startswith("/") for v in value):
+            monkeypatch.setattr(agent, name, tuple(str(tmp_path / v.lstrip("/")) for v in value))
+    paths = {name: Path(getattr(agent, name)) for name in ("CONFIG", "STATE", "WORK", "IMAGE_RECORD")}
+    for path in [*agent.MACHINE_IDS, agent.CLOUD_INSTANCE_ID]:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    for path in agent.MACHINE_IDS:
+        Path(path).write_text("0123456789abcdef0123456789abcdef\n")
+    paths["CONFIG"].parent.mkdir(parents=True)
     paths["CONFIG"].write_text(json.dumps(cfg))
     world: dict[str, Any] = {"cloud": FakeCloud(), "plays": [], "fail": {}, "systemctl": [], "cfg": cfg,
                              "paths": paths, "reboot": None}
@@ -117,38 +126,22 @@ def test_a_baked_image_older_than_its_bundle_falls_back_to_site(node: dict[str, 
     assert done["baked_fallback"] == node["fail"]["baked.yml"]
 
 
-def test_bake_for_an_image_builder_ends_ready_without_identity(node: dict[str, Any], monkeypatch,
-                                                             tmp_path: Path) -> None:
+def test_bake_for_an_image_builder_ends_ready_without_identity(node: dict[str, Any]) -> None:
     node["cfg"].update(mode="bake", poweroff=False)
     node["paths"]["CONFIG"].write_text(json.dumps(node["cfg"]))
-    image = tmp_path / "image.json"
-    real_write = agent.write_json
-    monkeypatch.setattr(agent, "write_json", lambda path, doc, mode=0o644: real_write(
-        str(image) if path == "/etc/torchfleet/image.json" else path, doc, mode))
     done = boot(node)
     assert done["rc"] == 0 and done["state"] == "ready" and done["stage"] == "baked"
     assert "identity" not in done and node["cloud"].calls == []  # a builder joins no group
-    assert json.loads(image.read_text())["bundle_sha256"] == SHA
+    assert json.loads(node["paths"]["IMAGE_RECORD"].read_text())["bundle_sha256"] == SHA
     assert ["systemctl", "poweroff"] not in node["systemctl"]
     assert not node["paths"]["CONFIG"].exists()
+    assert all(Path(p).read_text() == "" for p in agent.MACHINE_IDS)  # a new one per instance
 
 
-def test_a_state_file_from_another_machine_is_not_this_nodes(node: dict[str, Any], monkeypatch) -> None:
+def test_a_state_file_from_another_machine_is_not_this_nodes(node: dict[str, Any]) -> None:
     boot(node)
-    assert agent.this_machine(agent.State())  # no cloud-init record here: trusted
-    monkeypatch.setattr("builtins.open", _open_with_instance_id("i-other"))
+    assert agent.this_machine(agent.State())  # no cloud-init record: trusted
+    Path(agent.CLOUD_INSTANCE_ID).write_text("i-1\n")
+    assert agent.this_machine(agent.State())
+    Path(agent.CLOUD_INSTANCE_ID).write_text("i-other\n")  # an image's builder wrote this state
     assert not agent.this_machine(agent.State())
-
-
-def _open_with_instance_id(instance: str):
-    import builtins
-    import io
-
-    real = builtins.open
-
-    def fake(path, *args, **kwargs):
-        if str(path) == "/var/lib/cloud/data/instance-id":
-            return io.StringIO(instance + "\n")
-        return real(path, *args, **kwargs)
-
-    return fake
