@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# Build (once) the bare cloud node the bootstrap test boots: the Molecule image
-# (localhost/torchfleet-bookworm, scripts/build_image.sh) plus Debian's cloud-init, told to look
-# for a NoCloud seed only. Nothing of torchfleet is in it: the test's user-data must do it all.
-#   tests/bootstrap/build_node_image.sh [--force]   -> localhost/torchfleet-bookworm-cloudinit:latest
+# Build (once) the bare cloud node the bootstrap test boots: a Molecule image
+# (localhost/torchfleet-SUITE, scripts/build_image.sh) plus Debian's cloud-init, told to look for
+# a NoCloud seed only. Nothing of torchfleet is in it: the test's user-data must do it all.
+#   tests/bootstrap/build_node_image.sh [bookworm|bullseye] [--force]
+#     -> localhost/torchfleet-SUITE-cloudinit:latest
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BASE=localhost/torchfleet-bookworm:latest
-IMAGE=localhost/torchfleet-bookworm-cloudinit:latest
+SUITE=${1:-bookworm}
+case "$SUITE" in bookworm|bullseye) ;; *) echo "unknown suite '$SUITE' (allowed: bookworm, bullseye)" >&2; exit 2 ;; esac
+BASE=localhost/torchfleet-$SUITE:latest
+IMAGE=localhost/torchfleet-$SUITE-cloudinit:latest
 CACHE="$PWD/.cache/images"
 mkdir -p "$CACHE"
-exec 9>"$CACHE/bookworm-cloudinit.lock"
+exec 9>"$CACHE/$SUITE-cloudinit.lock"
 flock 9
-if [ "${1:-}" != "--force" ] && podman image exists "$IMAGE"; then
+if [ "${2:-}" != "--force" ] && podman image exists "$IMAGE"; then
   echo "[image] $IMAGE present"
   exit 0
 fi
-bash scripts/build_image.sh bookworm
+bash scripts/build_image.sh "$SUITE"
 export CONTAINERS_CONF="$PWD/tests/roles/containers.conf"
 builder="torchfleet-cloudinit-build-$$"
 trap 'podman rm -f "$builder" >/dev/null 2>&1 || true' EXIT
@@ -31,7 +34,7 @@ podman run --name "$builder" --network host "$BASE" /bin/sh -c '
   locale-gen >/dev/null
   printf "datasource_list: [ NoCloud, None ]\n" >/etc/cloud/cloud.cfg.d/90-torchfleet-test-nocloud.cfg
   rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
-  cloud-init --version' >"$CACHE/bookworm-cloudinit.log" 2>&1 \
-  || { tail -n 20 "$CACHE/bookworm-cloudinit.log" >&2; exit 1; }
+  cloud-init --version' >"$CACHE/$SUITE-cloudinit.log" 2>&1 \
+  || { tail -n 20 "$CACHE/$SUITE-cloudinit.log" >&2; exit 1; }
 podman commit --change 'CMD ["/sbin/init"]' "$builder" "$IMAGE" >/dev/null
-echo "[image] $IMAGE built in $(( $(date +%s) - start )) s ($(tail -n1 "$CACHE/bookworm-cloudinit.log"))"
+echo "[image] $IMAGE built in $(( $(date +%s) - start )) s ($(tail -n1 "$CACHE/$SUITE-cloudinit.log"))"
