@@ -19,7 +19,18 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # nodekit, importable by name
 
-from nodekit import CACHE, REPO, VENV_BIN, _cross, _pip, _stamped, moto_requirement  # noqa: E402
+from nodekit import (  # noqa: E402
+    CACHE,
+    REPO,
+    VENV_BIN,
+    _cross,
+    _pip,
+    _stamped,
+    bootstrap_wheels_for,
+    moto_requirement,
+    node_image_for,
+    torch_wheelhouse_for,
+)
 
 
 @pytest.fixture(scope="session")
@@ -31,11 +42,7 @@ def moto_site() -> Path:
 
 @pytest.fixture(scope="session")
 def bootstrap_wheels() -> Path:
-    from infra.bootstrap import agent
-
-    reqs = agent.pins((3, 11), "aws")
-    return _stamped(CACHE / "wheels-cp311", " ".join(reqs), lambda d: _pip(
-        "download", *_cross("-d", str(d)), *reqs))
+    return bootstrap_wheels_for("3.11")
 
 
 @pytest.fixture(scope="session")
@@ -50,10 +57,7 @@ def demo_model() -> Path:
 
 @pytest.fixture(scope="session")
 def torch_wheelhouse() -> Path:
-    out = subprocess.run(["bash", str(REPO / "tests" / "roles" / "prepare_wheelhouse.sh"), "cp311"],
-                         cwd=REPO, capture_output=True, text=True, check=False, timeout=1800)
-    assert out.returncode == 0, f"wheelhouse failed:\n{(out.stdout + out.stderr)[-3000:]}"
-    return (REPO / ".cache" / "wheelhouse-cp311").resolve()
+    return torch_wheelhouse_for("cp311")
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +65,4 @@ def node_image() -> str:
     for tool in ("podman", "runc", "catatonit"):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} is not installed: run `make setup`")
-    out = subprocess.run(["bash", str(HERE / "build_node_image.sh")], cwd=REPO,
-                         capture_output=True, text=True, check=False, timeout=1200)
-    assert out.returncode == 0, f"node image failed:\n{(out.stdout + out.stderr)[-3000:]}"
-    return "localhost/torchfleet-bookworm-cloudinit:latest"
+    return node_image_for("bookworm")

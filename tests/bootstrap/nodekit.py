@@ -60,10 +60,11 @@ def _pip(*args: str) -> None:
     assert out.returncode == 0, f"pip {' '.join(args[:3])} failed:\n{out.stderr[-3000:]}"
 
 
-def _cross(*args: str) -> list[str]:
-    """pip options for wheels of the node image's CPython 3.11, whatever runs the tests."""
-    return ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
-            "--abi", "cp311", *[a for p in PLATFORMS for a in ("--platform", p)], *args]
+def _cross(*args: str, python: str = "3.11") -> list[str]:
+    """pip options for wheels of a node image's CPython (3.11: Debian 12), whatever runs the tests."""
+    abi = "cp" + python.replace(".", "")
+    return ["--only-binary=:all:", "--python-version", python, "--implementation", "cp",
+            "--abi", abi, *[a for p in PLATFORMS for a in ("--platform", p)], *args]
 
 
 def moto_requirement() -> str:
@@ -71,3 +72,29 @@ def moto_requirement() -> str:
     return next(line for line in lines if line.startswith("moto["))
 
 
+
+
+def node_image_for(suite: str) -> str:
+    """localhost/torchfleet-SUITE-cloudinit (built once by build_node_image.sh)."""
+    out = subprocess.run(["bash", str(HERE / "build_node_image.sh"), suite], cwd=REPO,
+                         capture_output=True, text=True, check=False, timeout=1200)
+    assert out.returncode == 0, f"node image failed:\n{(out.stdout + out.stderr)[-3000:]}"
+    return f"localhost/torchfleet-{suite}-cloudinit:latest"
+
+
+def bootstrap_wheels_for(python: str) -> Path:
+    """The node agent's bootstrap pins (AWS) for CPython `python` ("3.11"), downloaded once."""
+    from infra.bootstrap import agent
+
+    major, minor = (int(p) for p in python.split("."))
+    reqs = agent.pins((major, minor), "aws")
+    return _stamped(CACHE / f"wheels-cp{major}{minor}", " ".join(reqs), lambda d: _pip(
+        "download", *_cross("-d", str(d), python=python), *reqs))
+
+
+def torch_wheelhouse_for(abi: str) -> Path:
+    """.cache/wheelhouse-ABI, as the Molecule scenarios use it (tests/roles/prepare_wheelhouse.sh)."""
+    out = subprocess.run(["bash", str(REPO / "tests" / "roles" / "prepare_wheelhouse.sh"), abi],
+                         cwd=REPO, capture_output=True, text=True, check=False, timeout=1800)
+    assert out.returncode == 0, f"wheelhouse failed:\n{(out.stdout + out.stderr)[-3000:]}"
+    return (REPO / ".cache" / f"wheelhouse-{abi}").resolve()

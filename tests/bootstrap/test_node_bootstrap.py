@@ -37,7 +37,15 @@ from typing import Any
 import boto3
 import pytest
 import yaml
-from nodekit import REPO, free_port, podman, sha256
+from nodekit import (
+    REPO,
+    bootstrap_wheels_for,
+    free_port,
+    node_image_for,
+    podman,
+    sha256,
+    torch_wheelhouse_for,
+)
 
 from infra import bundle as bundle_mod
 from infra.bootstrap import BootstrapSpec, render_user_data
@@ -400,5 +408,40 @@ def test_baked_image_checks_pins_fetches_model_warms_and_resumes_after_a_reboot(
         print(f"\nbaked bootstrap: boot -> baked.yml done {first_boot:.0f} s wall (baked.yml "
               f"{first['seconds']} s, stages {before['stages']}); with a reboot and the resumed play "
               f"({resumed['seconds']} s) -> ready {seconds:.0f} s")
+    finally:
+        remove(node)
+
+
+@pytest.mark.legacy
+@pytest.mark.skipif(not os.environ.get("TORCHFLEET_BOOTSTRAP_LEGACY"),
+                    reason="opt-in (TORCHFLEET_BOOTSTRAP_LEGACY=1): another cold boot, 10+ minutes here")
+def test_legacy_node_python39_runs_the_roles_on_ansible_core_215(fakes: Fakes, tmp_path) -> None:
+    """Debian 11's Python 3.9 as its own controller: the agent's 3.9 pins (ansible-core 2.15)
+    run site.yml with the legacy stack (torch 1.12.1, numpy<2) of the Molecule legacy scenario."""
+    image, wheels, torch = node_image_for("bullseye"), bootstrap_wheels_for("3.9"), torch_wheelhouse_for("cp39")
+    gv = tmp_path / "group_vars"
+    gv.mkdir()
+    (gv / "all.yml").write_text(yaml.safe_dump({
+        "torchfleet_cloud": "aws", "torchfleet_env": "prod",
+        "pytorch_wheelhouse": "/opt/wheelhouse", "pytorch_wheelhouse_on_node": True,
+        "pytorch_torch_version": "1.12.1", "pytorch_torchvision_version": "", "pytorch_expected_cuda": "10.2",
+        "inference_runtime_model_source": "demo", "autostop_enabled": False,
+        "inference_runtime_ready_retries": 300}, sort_keys=True))
+    facts = {"group_vars": {"torchfleet_cloud": "aws", "torchfleet_env": "prod", "torchfleet_cuda_profile": "cu116",
+                            "torchfleet_gpu_model": "", "torchfleet_compute_capability": "",
+                            "torchfleet_instance_type": INSTANCE_TYPE, "torchfleet_spot": False},
+             "instance_types": bundle_mod.stack_facts(STACK)["instance_types"]}
+    legacy = bundle_mod.build(STACK, tmp_path, group_vars=gv, facts=facts)
+    fakes.client("s3").upload_file(str(legacy.path), BUNDLES, legacy.key)
+    spec = BootstrapSpec(**{**_spec(fakes, "cold").__dict__, "bundle_key": legacy.key, "bundle_sha256": legacy.sha256})
+    node = boot(fakes, image, spec, tmp_path, wheels, torch)
+    try:
+        state = settle(node, COLD_S)
+        assert state["state"] == "ready", f"{state}\n{node.journal()[-4000:]}"
+        version = node.sh("/opt/torchfleet/bootstrap/venv/bin/ansible --version | head -1")
+        assert "core 2.15.13" in version, version
+        assert len(_predict(node)["outputs"][0]) == 10
+        print(f"\nlegacy cold bootstrap (Debian 11, Python 3.9, ansible-core 2.15): ready in "
+              f"{time.monotonic() - node.started:.0f} s (site.yml {state['plays'][0]['seconds']} s)")
     finally:
         remove(node)

@@ -1,4 +1,5 @@
-"""render_user_data: the one cloud-init template, deterministic, within the clouds' size limits,
+"""render_user_data: the one cloud-init template, deterministic, within the clouds' size limits
+(AWS 16 KB, Alibaba ECS 32 KB),
 carrying the spec (so the bundle checksum) and a node agent that runs on Python 3.8; a spec
 that cannot work fails naming every bad field. cloud-init's own schema check runs on the
 rendered documents in the node image (marked molecule: it needs podman)."""
@@ -53,7 +54,7 @@ def test_rendered_document_is_deterministic_small_and_complete(cloud: str, mode:
     text = render_user_data(s)
     assert text == render_user_data(s), "same spec, different user-data: the group would roll"
     assert text.startswith("#cloud-config\n")
-    assert len(text.encode()) <= MAX_USER_DATA[cloud] and len(text.encode()) <= 16 * 1024, len(text)
+    assert len(text.encode()) <= MAX_USER_DATA[cloud], len(text)  # AWS 16 KB, Alibaba 32 KB
     written = files(text)
     node = json.loads(written["/etc/torchfleet/node.json"]["content"])
     assert node == json.loads(json.dumps(asdict(s), default=list)), node
