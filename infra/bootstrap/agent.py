@@ -63,15 +63,16 @@ MAX_REBOOTS = 2
 # The bootstrap venv's pins by the Python that runs Ansible (the node is its own controller):
 # ansible-core 2.17 needs >= 3.10, 2.19 >= 3.11; the roles need ansible.builtin.systemd_service
 # (>= 2.14), so 3.9 gets 2.15 and 3.8 is no controller (controller() installs python3.9).
-# Text before "|" for every cloud, after it for AWS only.
+# Resolved by pip running on each Python (markers differ: botocore wants urllib3 < 1.27 below
+# 3.10, cryptography typing-extensions below 3.11). Before "|" every cloud, after it AWS only.
 _COMMON = "jinja2==3.1.6 markupsafe==3.0.4 python-dateutil==2.9.0.post0 six==1.17.0 jmespath==1.1.0 "
 PINS = {
     (3, 9): _COMMON + "ansible-core==2.15.13 resolvelib==1.0.1 packaging==26.3 pyyaml==6.0.3 "
-    "cryptography==43.0.3 cffi==2.0.0 pycparser==2.23|boto3==1.42.97 botocore==1.42.97 "
-    "s3transfer==0.16.1 urllib3==2.6.3",
+    "cryptography==50.0.2 cffi==2.0.0 pycparser==2.23 importlib-resources==5.0.7 "
+    "typing-extensions==4.16.0|boto3==1.42.97 botocore==1.42.97 s3transfer==0.16.1 urllib3==1.26.20",
     (3, 10): _COMMON + "ansible-core==2.17.14 resolvelib==1.0.1 packaging==26.4 pyyaml==6.0.4 "
-    "cryptography==50.0.2 cffi==2.1.1 pycparser==3.11|boto3==1.44.8 botocore==1.44.8 "
-    "s3transfer==0.19.3 urllib3==2.8.0",
+    "cryptography==50.0.2 cffi==2.1.1 pycparser==3.11 typing-extensions==4.16.0|boto3==1.44.8 "
+    "botocore==1.44.8 s3transfer==0.19.3 urllib3==2.8.0",
     (3, 11): _COMMON + "ansible-core==2.19.14 resolvelib==1.2.1 packaging==26.4 pyyaml==6.0.4 "
     "cryptography==50.0.2 cffi==2.1.1 pycparser==3.12|boto3==1.44.8 botocore==1.44.8 "
     "s3transfer==0.19.3 urllib3==2.8.0",
