@@ -61,8 +61,9 @@ def _pip(*args: str) -> None:
 
 
 def _cross(*args: str, python: str = "3.11") -> list[str]:
-    """pip options for wheels of a node image's CPython (3.11: Debian 12), whatever runs the tests."""
-    abi = "cp" + python.replace(".", "")
+    """pip options for wheels of a node image's CPython (3.11: Debian 12; a patch level where
+    packages exclude some: cryptography skips 3.9.0 and 3.9.1), whatever runs the tests."""
+    abi = "cp" + "".join(python.split(".")[:2])
     return ["--only-binary=:all:", "--python-version", python, "--implementation", "cp",
             "--abi", abi, *[a for p in PLATFORMS for a in ("--platform", p)], *args]
 
@@ -83,10 +84,10 @@ def node_image_for(suite: str) -> str:
 
 
 def bootstrap_wheels_for(python: str) -> Path:
-    """The node agent's bootstrap pins (AWS) for CPython `python` ("3.11"), downloaded once."""
+    """The node agent's bootstrap pins (AWS) for CPython `python` ("3.11", "3.9.2"), once."""
     from infra.bootstrap import agent
 
-    major, minor = (int(p) for p in python.split("."))
+    major, minor = (int(p) for p in python.split(".")[:2])
     reqs = agent.pins((major, minor), "aws")
     return _stamped(CACHE / f"wheels-cp{major}{minor}", " ".join(reqs), lambda d: _pip(
         "download", *_cross("-d", str(d), python=python), *reqs))

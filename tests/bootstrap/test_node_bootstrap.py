@@ -418,7 +418,7 @@ def test_baked_image_checks_pins_fetches_model_warms_and_resumes_after_a_reboot(
 def test_legacy_node_python39_runs_the_roles_on_ansible_core_215(fakes: Fakes, tmp_path) -> None:
     """Debian 11's Python 3.9 as its own controller: the agent's 3.9 pins (ansible-core 2.15)
     run site.yml with the legacy stack (torch 1.12.1, numpy<2) of the Molecule legacy scenario."""
-    image, wheels, torch = node_image_for("bullseye"), bootstrap_wheels_for("3.9"), torch_wheelhouse_for("cp39")
+    image, wheels, torch = node_image_for("bullseye"), bootstrap_wheels_for("3.9.2"), torch_wheelhouse_for("cp39")
     gv = tmp_path / "group_vars"
     gv.mkdir()
     (gv / "all.yml").write_text(yaml.safe_dump({
