@@ -135,6 +135,12 @@ def _block(text: str) -> str:
     return textwrap.indent(text.rstrip("\n") + "\n", " " * 6).rstrip("\n")
 
 
+def unit(name: str) -> str:
+    """A systemd unit as the node gets it: without its comment lines (they explain it here)."""
+    lines = (UNITS / name).read_text().splitlines()
+    return "\n".join(line for line in lines if not line.startswith("#")) + "\n"
+
+
 def render_user_data(spec: BootstrapSpec) -> str:
     """A complete `#cloud-config` document, deterministic, within the cloud's size limit."""
     problems = _problems(spec)
@@ -145,13 +151,15 @@ def render_user_data(spec: BootstrapSpec) -> str:
     # mtime=0: the compressed agent, and so the user-data, depends on the agent's text only.
     agent = base64.b64encode(gzip.compress(node_agent(spec.cloud).encode(), compresslevel=9,
                                            mtime=0)).decode()
-    text = string.Template(TEMPLATE.read_text()).substitute(
+    template = "".join(line for line in TEMPLATE.read_text().splitlines(keepends=True)
+                       if not line.startswith("##"))
+    text = string.Template(template).substitute(
         stack=spec.stack, cloud=spec.cloud, mode=spec.mode, bundle_key=spec.bundle_key,
         node_json=_block(json.dumps(settings, indent=2, sort_keys=True)), agent=agent,
-        unit_bootstrap=_block((UNITS / "torchfleet-bootstrap.service").read_text()),
-        unit_lifecycle=_block((UNITS / "torchfleet-lifecycle.service").read_text()),
-        unit_metrics=_block((UNITS / "torchfleet-metrics.service").read_text()),
-        unit_metrics_timer=_block((UNITS / "torchfleet-metrics.timer").read_text()))
+        unit_bootstrap=_block(unit("torchfleet-bootstrap.service")),
+        unit_lifecycle=_block(unit("torchfleet-lifecycle.service")),
+        unit_metrics=_block(unit("torchfleet-metrics.service")),
+        unit_metrics_timer=_block(unit("torchfleet-metrics.timer")))
     size = len(text.encode())
     if size > MAX_USER_DATA[spec.cloud]:
         raise BootstrapError([f"the rendered user-data is {size} bytes; {spec.cloud} allows "
