@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STACK ?= aws-dev
 
-.PHONY: setup demo test lint pytest molecule bench plan lock clean
+.PHONY: setup demo test lint pytest molecule bench bench-peers plan lock clean
 
 setup:
 	@scripts/setup.sh
@@ -28,6 +28,11 @@ molecule: setup
 
 bench: setup
 	@$(PY) benchmarks/runtime_bench.py
+
+# Side by side with Mosec, LitServe and TorchServe: optional peers, each pinned into its own venv
+# under .cache/peers/ (setup and test never install them). Options: PEERS_ARGS="--models demo".
+bench-peers: setup
+	@benchmarks/peers/run.sh $(PEERS_ARGS)
 
 plan: setup
 	@$(PY) -m infra.plan $(STACK)
