@@ -29,6 +29,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -212,10 +213,16 @@ def run_server(
             for c in levels:
                 if args.warmup > 0:
                     wrk.run(url, model.body, c, args.warmup, args.wrk_threads, args.request_timeout)
+                # wrk abandons its in-flight requests when it stops; a server that computes them
+                # anyway would spend the measured window on them (and a bounded queue would
+                # answer 503): measure from a quiet server
+                quiet_s = quiesce(srv.proc.pid, args.quiesce_max)
                 cpu0 = proctree.cpu_s(srv.proc.pid)
                 res, raw = wrk.run(url, model.body, c, args.duration, args.wrk_threads, args.request_timeout)
                 cpu = proctree.cpu_s(srv.proc.pid) - cpu0
-                lv = {"concurrency": c, **res.as_dict()}
+                lv = {"concurrency": c, **res.as_dict(), "quiesce_s": quiet_s}
+                # fewer answers than connections: the latency is longer than the window
+                lv["underfilled"] = res.requests < c
                 lv["cpu_ms_per_req"] = round(cpu * 1000 / res.requests, 2) if res.requests else None
                 if args.keep_wrk_output:
                     lv["wrk_stdout"] = raw
@@ -239,6 +246,17 @@ def run_server(
     return run
 
 
+def quiesce(pid: int, limit_s: float, window_s: float = 0.25, idle_cores: float = 0.1) -> float:
+    """Wait until the tree uses under `idle_cores` of CPU over a window (at most `limit_s`)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        c0 = proctree.cpu_s(pid)
+        time.sleep(window_s)
+        if proctree.cpu_s(pid) - c0 < idle_cores * window_s:
+            break
+    return round(time.monotonic() - t0, 2)
+
+
 def offline(model: models.ModelFiles, threads: str, seconds: float) -> dict[str, Any]:
     env = base_env(Settings(threads=threads))
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent)
@@ -258,7 +276,7 @@ def offline(model: models.ModelFiles, threads: str, seconds: float) -> dict[str,
 def bench_model(name: str, args: argparse.Namespace, t_begin: float) -> dict[str, Any]:
     work = WORK / name
     log(f"\n== model {name}: building the TorchScript file, the body and the expected answer")
-    model = models.build(name, work)
+    model = models.build(name, WORK)
     settings_list = [Settings("default", args.peer_batch, args.peer_wait_ms)]
     if args.omp1_levels:
         settings_list.append(Settings("1", args.peer_batch, args.peer_wait_ms))
@@ -322,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer-batch", type=int, default=16, help="the peers' max batch size (default 16)")
     ap.add_argument("--peer-wait-ms", type=float, default=10.0, help="the peers' max batch wait (default 10 ms)")
     ap.add_argument("--wrk-threads", type=int, default=2, help="wrk threads (default 2; at most the connections)")
+    ap.add_argument("--quiesce-max", type=float, default=15.0,
+                    help="after each warm-up, wait up to this long for the server to go idle (default 15)")
     ap.add_argument("--offline-seconds", type=float, default=1.0, help="seconds per offline batch size")
     ap.add_argument("--ready-timeout", type=float, default=180.0)
     ap.add_argument("--request-timeout", type=float, default=30.0, help="wrk --timeout and the first request's")
@@ -331,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
     ap.add_argument("--keep-wrk-output", action="store_true", help="store wrk's raw stdout per level")
     args = ap.parse_args(argv)
+    # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C, so every started server is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.repetitions < 1 or args.duration <= 0:
         ap.error("--repetitions must be >= 1 and --duration > 0")
     if not shutil.which("wrk"):

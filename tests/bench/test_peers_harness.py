@@ -210,7 +210,9 @@ def test_rendered_table_shows_every_server_ratio_and_failure():
     runs = three_servers(99.0, 49.0, 29.0)
     runs.append({"key": "litserve", "server": "litserve", "threads": "default", "repetition": 4,
                  "levels": [], "error": "answer differs"})
+    runs[1]["levels"][1]["underfilled"] = True  # mosec rep 1, c=32
     summary = report.summarize(runs)
+    assert summary["mosec"]["levels"]["32"]["underfilled"] == 1
     text = report.render(summary, report.ratios(summary, {"default": 200.0}), "== title")
     lines = text.splitlines()
     assert lines[0] == "== title"
@@ -219,6 +221,7 @@ def test_rendered_table_shows_every_server_ratio_and_failure():
     assert "101.0 [100.0-102.0]" in req_rows[0]
     assert any("1.98 vs mosec" in line for line in lines)
     assert any("FAILED: answer differs" in line for line in lines)
+    assert any(line.startswith("fewer answers than connections") and "mosec c=32 (1x)" in line for line in lines)
 
 
 # --------------------------------------------------------------------------- answer check, body

@@ -59,6 +59,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 "cpu_ms_per_req": stats(lv.get("cpu_ms_per_req") for lv in at_c),
                 "errors": sum(lv["errors"] for lv in at_c),
                 "non_2xx": sum(lv["non_2xx"] for lv in at_c),
+                "underfilled": sum(1 for lv in at_c if lv.get("underfilled")),
             }
         out[key] = {
             "levels": levels,
@@ -187,6 +188,12 @@ def render(
         "errors (non-2xx + socket errors, all repetitions)",
         lambda k, c: str(summary[k]["levels"].get(c, {}).get("errors", "-")),
     )
+    short = [f"{k} c={c} ({lv['underfilled']}x)" for k in keys for c, lv in summary[k]["levels"].items()
+             if lv.get("underfilled")]
+    if short:
+        lines.append("fewer answers than connections in the window (latency > duration; req/s is a floor): "
+                     + ", ".join(short))
+        lines.append("")
     lines.append("served / offline best (median req/s over the model's in-process items/s)")
     lines.append(head)
     for k in keys:
