@@ -1,7 +1,8 @@
 """The logic of the peer benchmark (benchmarks/peers/): wrk output parsing, repetition medians,
 the ratio table, the answer check and the process-tree figures. The wrk outputs under data/
 are real: captured from `make bench-peers` runs (wrk_<server>_c<N>.txt) and from wrk against
-loopback sockets that answer 501, close at once, or refuse (wrk_non2xx/socket_errors/refused).
+loopback sockets that answer 501, close at once, never answer, or refuse
+(wrk_non2xx/socket_errors/timeout/refused).
 No peer is installed or started here.
 """
 
@@ -81,6 +82,14 @@ def test_socket_errors_and_no_latency_when_nothing_was_answered():
         assert r.latency_ms["p50"] is None and r.latency_ms["max"] is None
 
 
+def test_a_server_that_never_answers_shows_as_no_requests():
+    """wrk counts no timeout for connections that never got an answer (its timeouts are per
+    answered request): the harness sees 0 requests in the window, which it flags as underfilled."""
+    r = wrk.parse((DATA / "wrk_timeout.txt").read_text())
+    assert r.requests == 0 and r.errors == 0 and r.req_per_s == 0.0
+    assert r.latency_ms["p99"] is None
+
+
 def test_output_without_a_result_is_an_error():
     with pytest.raises(wrk.WrkError, match="no result"):
         wrk.parse((DATA / "wrk_refused.txt").read_text())
@@ -119,7 +128,7 @@ class _Echo(http.server.BaseHTTPRequestHandler):
 def test_post_lua_sends_the_body_file_to_a_real_server(tmp_path):
     """Real wrk with post.lua against a loopback server: every request carries the file."""
     body = tmp_path / "body.json"
-    body.write_bytes(models.body_bytes((3, 8, 8)))
+    body.write_bytes(json.dumps({"inputs": [[0.1234, -1.5], [2.0, 0.0]]}).encode())
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
