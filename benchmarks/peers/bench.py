@@ -232,6 +232,9 @@ def run_server(
                     f"    c={c:<3} {res.req_per_s:7.1f} req/s  p50 {lat['p50'] or 0:7.1f}  p99 {lat['p99'] or 0:7.1f} ms"
                     f"  cpu/req {lv['cpu_ms_per_req'] or 0:6.2f} ms  errors {res.errors}"
                 )
+            # SIGTERM -> exit is timed from an idle server, not one still computing what the
+            # last wrk run abandoned
+            run["quiesce_before_stop_s"] = quiesce(srv.proc.pid, args.quiesce_max)
             run["peak_rss_mb"] = round(mem.peak_rss_mb, 1)
             run["peak_pss_mb"] = round(mem.peak_pss_mb, 1)
             run["processes"] = mem.max_processes

@@ -95,7 +95,7 @@ def ratios(
     """torchfleet / best peer (by median req/s) per thread setting and level, and served /
     offline per key and level. `offline` maps a thread setting to its best items/s."""
     out: dict[str, Any] = {"ours_over_best_peer": {}, "served_over_offline": {}}
-    settings = sorted({split_key(k)[1] for k in summary})
+    settings = sorted({split_key(k)[1] for k in summary}, key=lambda t: (t != "default", t))
     for threads in settings:
         mine = run_key(ours, threads)
         peers = [k for k in summary if split_key(k)[1] == threads and k != mine]
