@@ -9,6 +9,7 @@ Contract (both discovery modes give every node's series the same target labels):
 
 - `torchfleet_inventory_nodes(hosts, hostvars, stack)`: the inventory's gpu_nodes as plain
   dicts (address: private_ip, else ansible_host, else the name).
+- `torchfleet_first_address(hosts, hostvars)`: the first host's address ('' for none).
 - `torchfleet_file_sd(nodes, port)`: a file_sd target list, one group per node.
 - `torchfleet_prometheus_config(settings)`: prometheus.yml as a dict.
 - `torchfleet_alertmanager_config(settings)`: alertmanager.yml as a dict.
@@ -37,13 +38,22 @@ def torchfleet_inventory_nodes(hosts: list[str], hostvars: Mapping[str, Any], st
         spot = hv.get("torchfleet_spot", False)
         nodes.append({
             "node": str(name),
-            "address": str(hv.get("private_ip") or hv.get("ansible_host") or name),
+            "address": _address(hv, name),
             "stack": stack,
             "cloud": str(hv.get("torchfleet_cloud", "")),
             "instance_type": str(hv.get("torchfleet_instance_type") or "unknown"),
             "lifecycle": "spot" if str(spot).lower() in ("true", "yes", "1") else "on-demand",
         })
     return nodes
+
+
+def _address(hv: Mapping[str, Any], name: str) -> str:
+    # Scraping and log shipping stay inside the VPC: the private address first.
+    return str(hv.get("private_ip") or hv.get("ansible_host") or name)
+
+
+def torchfleet_first_address(hosts: list[str], hostvars: Mapping[str, Any]) -> str:
+    return _address(hostvars[hosts[0]], hosts[0]) if hosts else ""
 
 
 def _host_port(address: str, port: int) -> str:
@@ -185,6 +195,7 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "torchfleet_inventory_nodes": torchfleet_inventory_nodes,
+            "torchfleet_first_address": torchfleet_first_address,
             "torchfleet_file_sd": torchfleet_file_sd,
             "torchfleet_prometheus_config": torchfleet_prometheus_config,
             "torchfleet_alertmanager_config": torchfleet_alertmanager_config,

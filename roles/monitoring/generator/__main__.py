@@ -15,10 +15,18 @@ DASHBOARD = ROLE / "files" / "dashboards" / "torchfleet.json"
 PRICES = ROLE / "files" / "rules" / "torchfleet-prices.rules.yml"
 
 
+class _IndentedDumper(yaml.SafeDumper):
+    """Indents list items under their key, as yamllint (ansible-lint) expects."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
 def artifacts() -> dict[Path, str]:
     return {
         DASHBOARD: dashboard.render_json(),
-        PRICES: prices.HEADER + yaml.safe_dump(prices.price_rules(), sort_keys=False, width=120),
+        PRICES: prices.HEADER + yaml.dump(prices.price_rules(), Dumper=_IndentedDumper,
+                                          sort_keys=False, width=120),
     }
 
 

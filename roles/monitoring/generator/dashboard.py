@@ -124,8 +124,9 @@ ROWS: tuple[RowSpec, ...] = (
     RowSpec("Batching and models", (
         PanelSpec("Batch size", "timeseries", (
             Target(f"stack:torchfleet_batch_size:mean_rate1m{{{S}}}", "mean {{stack}}"),
-            Target(f"stack:torchfleet_batch_size:p90_rate1m{{{S}}}", "p90 {{stack}}"),
-        ), description="Instances per model run, before padding to a warmed bucket."),
+            Target(f"torchfleet_max_batch_size{{{SN}}}", "cap {{node}}"),
+        ), description="Instances per model run (before padding to a warmed bucket) against "
+                       "each node's batch cap."),
         PanelSpec("Queue depth and requests in flight", "timeseries", (
             Target(f"torchfleet_queue_depth{{{SN}}}", "queued {{node}}"),
             Target(f"torchfleet_inflight_requests{{{SN}}}", "in flight {{node}}"),
@@ -136,7 +137,8 @@ ROWS: tuple[RowSpec, ...] = (
                   unit="s", threshold=0.2,
                   description="Compare a new model version with the one it replaces."),
         PanelSpec("Model on each node", "table",
-                  (Target(f"torchfleet_model_info{{{SN}}}"),),
+                  (Target(f"torchfleet_model_info{{{SN}}}",
+                          "{{node}}  {{model_name}} {{model_version}}  {{format}} {{device}} {{precision}}"),),
                   width=24, height=5,
                   description="torchfleet_model_info: version, name, format, device, precision."),
     )),
