@@ -10,6 +10,12 @@ PYTHON=${PYTHON:-python3}
 # podman + runc run the systemd containers Molecule converges; debootstrap builds their images
 # (no registry is reachable); uidmap/slirp4netns/fuse-overlayfs are podman's helpers.
 APT_PACKAGES=(podman runc debootstrap uidmap slirp4netns fuse-overlayfs iproute2 curl openssh-client)
+# Debian's Prometheus stack for tests/monitoring: promtool (rule checks and unit tests) and the
+# real prometheus, alertmanager and node exporter binaries the tests run on loopback. Wanted
+# for their programs only: on a booted machine apt would start their services listening on
+# every interface, so the ones this run installs are stopped and disabled again.
+BINARY_ONLY_PACKAGES=(prometheus prometheus-alertmanager prometheus-node-exporter)
+APT_PACKAGES+=("${BINARY_ONLY_PACKAGES[@]}")
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -29,6 +35,13 @@ install_system_packages() {
   log "installing system packages: ${missing[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [ -d /run/systemd/system ]; then
+    for p in "${missing[@]}"; do
+      case " ${BINARY_ONLY_PACKAGES[*]} " in
+        *" $p "*) systemctl disable --now "$p" >/dev/null 2>&1 || true ;;
+      esac
+    done
+  fi
 }
 
 install_python_packages() {

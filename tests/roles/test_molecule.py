@@ -4,6 +4,7 @@ refusal), destroy.
 
   site    Debian 12, Python 3.11, profile cpu, torch 2.13.0 CPU
   legacy  Debian 11, Python 3.9, cu116 stack with PyPI torch 1.12.1 and numpy<2
+  monitoring  Debian 12 as the monitoring host and a node shipping its journal to it
 
 Images come from scripts/build_image.sh (built when missing), wheels from host wheelhouses
 (tests/roles/prepare_wheelhouse.sh; downloaded once into .cache/). Each scenario prints its
@@ -35,6 +36,7 @@ SCENARIOS = {
     # scenario: (image suite, wheelhouse ABI)
     "site": ("bookworm", "cp311"),
     "legacy": ("bullseye", "cp39"),
+    "monitoring": ("bookworm", "cp311"),  # roles/monitoring: playbooks/monitoring.yml
 }
 # `molecule test`'s sequence, run step by step so each step's time is measured and a failure
 # names its step. destroy always runs at the end (unless TORCHFLEET_MOLECULE_KEEP=1).
@@ -76,7 +78,7 @@ def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: int) -> subpro
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize(
     "scenario",
-    [pytest.param("site"), pytest.param("legacy", marks=pytest.mark.legacy)],
+    [pytest.param("site"), pytest.param("legacy", marks=pytest.mark.legacy), pytest.param("monitoring")],
 )
 def test_scenario(scenario: str, tool_env: dict[str, str]) -> None:
     for tool in ("podman", "runc", "ssh", "ssh-keygen"):
