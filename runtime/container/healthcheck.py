@@ -66,7 +66,8 @@ def main() -> int:
         return 1
     finally:
         conn.close()
-    print(f"{'healthy' if resp.status == 200 else 'unhealthy'}: /readyz {resp.status} {body}")
+    verdict = "healthy" if resp.status == 200 else "unhealthy"
+    print(f"{verdict}: http://{host}:{config.port}/readyz {resp.status} {body}")
     return 0 if resp.status == 200 else 1
 
 

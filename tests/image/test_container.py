@@ -5,7 +5,8 @@ with the demo model mounted read-only at /models, reached through a port publish
 Checks: start -> /readyz 200; a prediction equal to the model's output computed in this process;
 the image's HEALTHCHECK reports healthy; the server is PID 1, non-root, with a SIGTERM handler;
 SIGTERM with a long request in flight drains (/readyz and new predictions 503 during the drain,
-the in-flight request answered in full, exit code 0). Figures go to .cache/image-test/figures.json.
+the in-flight request answered in full, exit code 0); the `baked` target started with flags after
+the image name, its HEALTHCHECK following them. Figures go to .cache/image-test/figures.json.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def test_healthcheck_reports_healthy(container: dict[str, Any], podman: Callable
     assert check.returncode == 0, check.stdout + check.stderr
     state = json.loads(podman("inspect", "--format", "{{json .State.Health}}", container["name"]).stdout)
     assert state["Status"] == "healthy"
-    assert "/readyz 200" in state["Log"][-1]["Output"]
+    assert "127.0.0.1:8080/readyz 200" in state["Log"][-1]["Output"]
 
 
 def test_runtime_is_pid_1_non_root_and_handles_sigterm(container: dict[str, Any], podman: Callable[..., Any]) -> None:
@@ -203,3 +204,31 @@ def test_sigterm_drains_the_in_flight_request_and_exits_0(container: dict[str, A
                      "in_flight_instances": n, "per_instance_s": round(per_instance_s, 4),
                      "in_flight_answered": True,
                      "readyz_during_drain": 503})
+
+
+def test_baked_model_and_flags_after_the_image_name(build_image: Callable[..., dict[str, Any]], image: dict[str, Any],
+                                                    model_dir: Path, podman: Callable[..., Any]) -> None:
+    """Target `baked` (the model copied to /models: one small layer on the same cache), started
+    with a flag after the image name (CMD): the default config finds the model, the server
+    listens where the flag says, and the HEALTHCHECK follows the flag, not the image's 8080."""
+    baked = build_image("bookworm", "cp311", "--profile", "cpu", "--model", str(model_dir))
+    assert baked["target"] == "baked"
+    labels = json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", baked["image"], check=True).stdout)
+    assert labels["io.torchfleet.model"] == "baked into /models"
+    assert labels["io.torchfleet.cuda-profile"] == "cpu" and labels["org.opencontainers.image.version"]
+    name = unique_name("baked")
+    run = podman("run", "-d", "--name", name, "-p", "127.0.0.1::8081", "--health-interval", "disable",
+                 baked["image"], "--port", "8081", "--max-batch-size", "2", timeout=120)
+    try:
+        assert run.returncode == 0, run.stderr
+        client = Http(int(podman("port", name, "8081/tcp", check=True).stdout.strip().rsplit(":", 1)[1]))
+        deadline = time.monotonic() + 120
+        while client.status("/readyz") != 200:
+            assert time.monotonic() < deadline, podman("logs", name).stderr[-3000:]
+            time.sleep(0.2)
+        check = podman("healthcheck", "run", name, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+        health = json.loads(podman("inspect", "--format", "{{json .State.Health}}", name).stdout)
+        assert "127.0.0.1:8081/readyz 200" in health["Log"][-1]["Output"]
+    finally:
+        podman("rm", "--force", "--time", "0", name, timeout=120)
