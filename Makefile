@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STACK ?= aws-dev
 
-.PHONY: setup demo test lint pytest molecule bench bench-peers plan lock clean
+.PHONY: setup demo test lint pytest molecule bench bench-peers plan image lock clean
 
 setup:
 	@scripts/setup.sh
@@ -36,6 +36,14 @@ bench-peers: setup
 
 plan: setup
 	@$(PY) -m infra.plan $(STACK)
+
+# The runtime container image (runtime/Containerfile) with the matrix's default profile on NVIDIA's
+# CUDA base. Without a registry: make image BASE=localhost/torchfleet-bookworm:latest PROFILE=cpu
+# WHEELHOUSE=.cache/wheelhouse-cp311. Optional: TAG, MODEL (a directory to bake), CA_CERTS, INDEX_URL.
+image: setup
+	@$(PY) scripts/build_runtime_image.py $(if $(PROFILE),--profile '$(PROFILE)') $(if $(BASE),--base '$(BASE)') \
+	  $(if $(WHEELHOUSE),--wheelhouse '$(WHEELHOUSE)') $(if $(TAG),--tag '$(TAG)') $(if $(MODEL),--model '$(MODEL)') \
+	  $(if $(CA_CERTS),--extra-ca-certs $(CA_CERTS)) $(if $(INDEX_URL),--index-url '$(INDEX_URL)') >/dev/null
 
 # Re-pin every transitive dependency after changing requirements/*.txt.
 lock: setup
