@@ -64,10 +64,10 @@ def _failed(verb: str, stack: str, progress: EngineProgress, err: Exception) -> 
 
 
 def up(stack: str, console: Console,
-       opener: Callable[[str], auto.Stack] = open_stack) -> Outputs:
+       opener: Callable[[str], auto.Stack] | None = None) -> Outputs:
     progress = EngineProgress(console)
     try:
-        handle = opener(stack)
+        handle = (opener or open_stack)(stack)
         result = handle.up(on_event=progress.on_event, on_output=console.to_log,
                            color="never", message="torchfleet up")
     except auto.CommandError as err:
@@ -77,10 +77,10 @@ def up(stack: str, console: Console,
 
 
 def destroy(stack: str, console: Console,
-            opener: Callable[[str], auto.Stack] = open_stack) -> None:
+            opener: Callable[[str], auto.Stack] | None = None) -> None:
     progress = EngineProgress(console)
     try:
-        handle = opener(stack)
+        handle = (opener or open_stack)(stack)
         handle.destroy(on_event=progress.on_event, on_output=console.to_log, color="never",
                        message="torchfleet down")
     except auto.CommandError as err:
@@ -90,9 +90,9 @@ def destroy(stack: str, console: Console,
     console.line(f"  {progress.totals()}")
 
 
-def outputs(stack: str, opener: Callable[[str], auto.Stack] = open_stack) -> Outputs:
+def outputs(stack: str, opener: Callable[[str], auto.Stack] | None = None) -> Outputs:
     try:
-        result = opener(stack).outputs()
+        result = (opener or open_stack)(stack).outputs()
     except auto.CommandError as err:
         raise StageError("outputs", f"reading the outputs of stack {stack} failed",
                          details=str(err).strip().splitlines()[-6:],

@@ -37,6 +37,9 @@ def ansible_env() -> dict[str, str]:
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_HOST_PATTERN_MISMATCH": "ignore",
+        # ansible-runner turns host key checking off unless told otherwise; ansible.cfg keeps it
+        # on (the inventories accept a new node's key once and refuse a changed one).
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
     }
 
 
@@ -70,22 +73,22 @@ def hostvars(inventory_dir: Path) -> dict[str, dict[str, Any]]:
 def run_playbook(playbook: str, inventory_dir: Path, run_dir: Path, console: Console,
                  hosts: list[str], private_key: str | None = None,
                  extravars: dict[str, Any] | None = None) -> PlaybookResult:
+    """Run playbooks/<playbook> (or a playbook at an absolute path)."""
     name = Path(playbook).stem
     private = run_dir / "ansible"
+    private.mkdir(parents=True, exist_ok=True)
     progress = HostProgress(console, playbook, hosts)
     cmdline = f"--private-key {private_key}" if private_key else None
-    binary = BIN / "ansible-playbook"
     with progress:
         runner = ansible_runner.run(
             private_data_dir=str(private),
             ident=name,
             project_dir=str(REPO_ROOT),
-            playbook=str(REPO_ROOT / "playbooks" / playbook),
+            playbook=str(REPO_ROOT / "playbooks" / playbook),  # an absolute path stays one
             inventory=str(inventory_dir),
             envvars=ansible_env(),
             extravars=extravars or {},
             cmdline=cmdline,
-            binary=str(binary) if binary.exists() else None,
             quiet=True,
             suppress_env_files=True,  # no copy of the environment (tokens) in the artifacts
             event_handler=progress.on_event,

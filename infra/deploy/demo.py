@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import fcntl
 import json
+import os
 import shutil
 from collections import Counter
 from dataclasses import dataclass
@@ -155,6 +156,9 @@ def benchmark(node: containers.ContainerNode, console: Console) -> None:
               for c in BENCH_LEVELS]
     for line in loadgen.render_levels(levels).splitlines():
         console.line(f"  {line}")
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    console.line(f"  load average {load} on {os.cpu_count()} CPUs while it ran: the client, the "
+                 "node and everything else on this machine share them")
 
 
 def short_plan(console: Console) -> None:

@@ -36,8 +36,8 @@ READY_TIMEOUT_S = 900.0  # a cold GPU node's warm-up; the role itself already wa
 GROUP_READY_TIMEOUT_S = 1800.0  # the group's nodes boot, converge and warm up by themselves
 
 
-def run_dir(stack: str, root: Path = RUNS) -> Path:
-    path = root / stack / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+def run_dir(stack: str, root: Path | None = None) -> Path:
+    path = (root or RUNS) / stack / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -104,8 +104,8 @@ def node_stages(stack: str, outputs: dict[str, Any], cfg: StackConfig | None, st
         return _group_stages(stack, outputs, cfg, steps, console, summary)
 
     inventory_dir = opts.inventory_root / stack
-    hosts = converge.hostvars(inventory_dir)
-    with steps("converge", f"site.yml and verify.yml on {len(hosts)} host(s) (ansible-runner)"):
+    with steps("converge", f"site.yml and verify.yml on {len(listed)} host(s) (ansible-runner)"):
+        hosts = converge.hostvars(inventory_dir)
         for playbook in ("site.yml", "verify.yml"):
             console.line(f"  {playbook}")
             result = converge.run_playbook(playbook, inventory_dir, run, console, list(hosts),
@@ -174,7 +174,8 @@ def up(stack: str, console: Console, ssh_key: str | None = None,
         console.line(f"  outputs: {', '.join(sorted(result.values))} (saved, secrets masked, in "
                      f"{run / 'outputs.json'})")
     return node_stages(stack, result.values, pf.cfg, steps, console, run,
-                       NodeOptions(private_key=pf.ssh_key, ready_timeout_s=ready_timeout_s))
+                       NodeOptions(inventory_root=INVENTORIES, private_key=pf.ssh_key,
+                                   ready_timeout_s=ready_timeout_s))
 
 
 def is_prod(stack: str, cfg: StackConfig | None) -> bool:

@@ -110,12 +110,11 @@ def check_aws(env: Mapping[str, str]) -> Check:
     import botocore.session
 
     # botocore reads the process environment (and ~/.aws through it), as pulumi-aws will.
-    session = botocore.session.Session()
-    resolver = session.get_component("credential_provider")
-    for name in ("iam-role", "container-role"):
-        if any(name == p.METHOD for p in resolver.providers):
-            resolver.remove(name)
     try:
+        resolver = botocore.session.Session().get_component("credential_provider")
+        for name in ("iam-role", "container-role"):
+            if any(name == p.METHOD for p in resolver.providers):
+                resolver.remove(name)
         creds = resolver.load_credentials()
     except botocore.exceptions.ProfileNotFound as err:
         profile = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE")
