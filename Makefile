@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STACK ?= aws-dev
 
-.PHONY: setup demo demo-clean up down status test lint pytest molecule bench plan lock clean
+.PHONY: setup demo demo-clean up down status test lint pytest molecule e2e bench plan lock clean
 
 setup:
 	@scripts/setup.sh
@@ -39,6 +39,9 @@ pytest: setup
 
 molecule: setup
 	@scripts/test.sh molecule
+
+e2e: setup
+	@scripts/test.sh e2e
 
 bench: setup
 	@$(PY) benchmarks/runtime_bench.py

@@ -206,22 +206,25 @@ def status(stack: str, console: Console, ssh_key: str | None = None) -> Summary:
     pf = _preflight(steps, console, stack, "what `status` needs", need, ssh_key)
     with steps("outputs", f"the current outputs of stack {stack}"):
         result = automation.outputs(stack)
-        inv = inventory.inventory_of(result.values)
-        hosts_listed = inventory.hosts_of(inv)
-        if hosts_listed:
-            inventory.write(stack, inv, INVENTORIES, writer="torchfleet status")
-    summary = Summary(stack, result.values, cfg)
-    with steps("status", "per-node readiness and batch cap" if hosts_listed
-               else "the group's healthy count"):
-        if hosts_listed:
-            hosts = converge.hostvars(INVENTORIES / stack)
-            port = _service_port(result.values, cfg)
-            summary.nodes = [readiness.probe(t, port) for t in targets(hosts, pf.ssh_key)]
-        elif cfg and cfg.cloud == "aws":
-            health = readiness.aws_group_health(stack, result.values)
-            summary.group = (f"{health.healthy}/{health.desired} healthy targets ("
-                             + ", ".join(f"{k} {v}" for k, v in sorted(health.states.items()))
-                             + ")")
-        else:
-            summary.group = "not read on alicloud by this version (`aliyun slb DescribeHealthStatus`)"
+        console.line(f"  outputs: {', '.join(sorted(result.values))}")
+    with steps("status", "per-node readiness and batch cap, or the group's healthy count"):
+        return status_of(stack, result.values, cfg, INVENTORIES, pf.ssh_key)
+
+
+def status_of(stack: str, outputs: dict[str, Any], cfg: StackConfig | None,
+              inventory_root: Path, private_key: str | None) -> Summary:
+    """What the stack's nodes say now: one look at each (no waiting), or the group's count."""
+    inv = inventory.inventory_of(outputs)
+    summary = Summary(stack, outputs, cfg)
+    if inventory.hosts_of(inv):
+        inventory.write(stack, inv, inventory_root, writer="torchfleet status")
+        hosts = converge.hostvars(inventory_root / stack)
+        port = _service_port(outputs, cfg)
+        summary.nodes = [readiness.probe(t, port) for t in targets(hosts, private_key)]
+    elif (cfg.cloud if cfg else None) == "aws":
+        health = readiness.aws_group_health(stack, outputs)
+        summary.group = (f"{health.healthy}/{health.desired} healthy targets ("
+                         + ", ".join(f"{k} {v}" for k, v in sorted(health.states.items())) + ")")
+    else:
+        summary.group = "not read on alicloud by this version (`aliyun slb DescribeHealthStatus`)"
     return summary

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import subprocess
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,14 +61,21 @@ class Preflight:
     def problems(self) -> list[Check]:
         return [c for c in self.checks if c.required and not c.ok]
 
-    def lines(self) -> list[str]:
+    def lines(self, columns: int = 100) -> list[str]:
+        """One entry per check, wrapped to `columns`: mark, name, what was found, the fix."""
         out = []
         width = max(len(c.name) for c in self.checks)
+        pad = " " * (2 + 7 + 2 + width + 2)
         for c in self.checks:
             mark = "ok" if c.ok else ("MISSING" if c.required else "note")
-            out.append(f"  {mark:<7}  {c.name:<{width}}  {c.found}")
+            head = f"  {mark:<7}  {c.name:<{width}}  "
+            # paths and commands stay whole: wrap at spaces only
+            keep = {"break_on_hyphens": False, "break_long_words": False}
+            out += textwrap.wrap(c.found, columns, initial_indent=head, subsequent_indent=pad,
+                                 **keep) or [head]
             if not c.ok and c.fix:
-                out.append(f"  {'':<7}  {'':<{width}}  fix: {c.fix}")
+                out += textwrap.wrap("fix: " + c.fix, columns, initial_indent=pad,
+                                     subsequent_indent=pad + "     ", **keep)
         return out
 
 
