@@ -20,7 +20,7 @@ from typing import Any
 
 import ansible_runner
 
-from infra.deploy.progress import Console, HostProgress
+from infra.deploy.progress import Console, HostProgress, shown
 from infra.deploy.stage import StageError
 from infra.inventory import GROUP
 from infra.matrix import REPO_ROOT
@@ -99,7 +99,7 @@ def run_playbook(playbook: str, inventory_dir: Path, run_dir: Path, console: Con
         console.line(line)
     if runner.status != "successful" or runner.rc != 0:
         failure = progress.failures[0] if progress.failures else None
-        details = [f"artifacts: {artifacts} (stdout, job_events/)"]
+        details = [f"artifacts: {shown(artifacts)} (stdout, job_events/)"]
         if failure:
             details = [*failure.message.splitlines()[1:6], *details]
             raise StageError(

@@ -33,7 +33,7 @@ from infra.deploy import containers
 from infra.deploy.access import http_request
 from infra.deploy.loadgen import loadgen
 from infra.deploy.pipeline import NodeOptions, Steps, node_stages
-from infra.deploy.progress import Console
+from infra.deploy.progress import Console, shown
 from infra.deploy.stage import StageError
 from infra.deploy.summary import Summary
 from infra.inventory import GROUP
@@ -88,7 +88,7 @@ def node_outputs(template: dict[str, Any], nodes: list[containers.ContainerNode]
     first, user = nodes[0], next(iter(hosts.values()))["ansible_user"]
     port = containers.SERVICE_PORT
     outputs["endpoint"] = f"http://{first.ip}:{port}"
-    outputs["ssh_tunnel"] = (f"ssh -N -L {port}:{first.ip}:{port} -p {first.ssh_port} -i {key} "
+    outputs["ssh_tunnel"] = (f"ssh -N -L {port}:{first.ip}:{port} -p {first.ssh_port} -i {shown(key)} "
                              f"{user}@127.0.0.1")
     return outputs
 
@@ -205,7 +205,7 @@ def clean(console: Console, prefix: str) -> int:
     console.line(f"removed {len(removed)} container(s){': ' + ', '.join(removed) if removed else ''}")
     if state.exists():
         shutil.rmtree(state)
-        console.line(f"removed {state} (keys, inventory, known_hosts, run logs)")
+        console.line(f"removed {shown(state)} (keys, inventory, known_hosts, run logs)")
     return 0
 
 

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from infra.config import StackConfig
 from infra.deploy import automation, converge, inventory, preflight, readiness, smoke
 from infra.deploy.access import SshTarget, tunnel
-from infra.deploy.progress import Console
+from infra.deploy.progress import Console, shown
 from infra.deploy.stage import StageError
 from infra.deploy.summary import Summary
 from infra.matrix import REPO_ROOT
@@ -86,8 +86,8 @@ def endpoint_target(endpoint: str, hosts: dict[str, dict[str, Any]],
 
 def node_stages(stack: str, outputs: dict[str, Any], cfg: StackConfig | None, steps: Steps,
                 console: Console, run: Path, opts: NodeOptions) -> Summary:
-    summary = Summary(stack, outputs, cfg, artifacts=str(run))
-    with steps("inventory", f"stack outputs -> {opts.inventory_root / stack / 'stack.yml'}"):
+    summary = Summary(stack, outputs, cfg, artifacts=shown(run))
+    with steps("inventory", f"stack outputs -> {shown(opts.inventory_root / stack / 'stack.yml')}"):
         try:
             inv = inventory.inventory_of(outputs)
         except inventory.InventoryError as err:
@@ -95,7 +95,7 @@ def node_stages(stack: str, outputs: dict[str, Any], cfg: StackConfig | None, st
                              "(`pulumi stack output inventory`); a re-run of `up` rewrites it") from err
         path = inventory.write(stack, inv, opts.inventory_root, writer=opts.writer)
         listed = inventory.hosts_of(inv)
-        console.line(f"  wrote {path}: " + (", ".join(
+        console.line(f"  wrote {shown(path)}: " + (", ".join(
             f"{h} ({v['ansible_host']})" for h, v in listed.items()) if listed else
             "no hosts (group mode: the nodes are found by tag)"))
     port = _service_port(outputs, cfg)
@@ -172,7 +172,7 @@ def up(stack: str, console: Console, ssh_key: str | None = None,
         result = automation.outputs(stack) if skip_provision else automation.up(stack, console)
         (run / "outputs.json").write_text(json.dumps(result.masked(), indent=2, default=str))
         console.line(f"  outputs: {', '.join(sorted(result.values))} (saved, secrets masked, in "
-                     f"{run / 'outputs.json'})")
+                     f"{shown(run / 'outputs.json')})")
     return node_stages(stack, result.values, pf.cfg, steps, console, run,
                        NodeOptions(inventory_root=INVENTORIES, private_key=pf.ssh_key,
                                    ready_timeout_s=ready_timeout_s))

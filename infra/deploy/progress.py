@@ -31,6 +31,14 @@ _DONE = {"create": "created", "update": "updated", "delete": "deleted", "replace
          "read": "read", "refresh": "refreshed", "import": "imported"}
 
 
+def shown(path: Path | str) -> str:
+    """A path as the user typed it from the repository root (absolute when outside it)."""
+    from infra.matrix import REPO_ROOT
+
+    path = Path(path)
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
 def _duration(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f} s"
