@@ -201,9 +201,11 @@ def down(stack: str, console: Console, yes: bool = False) -> None:
 
 def status(stack: str, console: Console, ssh_key: str | None = None) -> Summary:
     steps = Steps(console, 3)
-    cfg = preflight.check_config(stack)[1]
-    need = ("pulumi", "ssh") + (("credentials",) if cfg and cfg.mode == "group" else ())
+    group = (cfg := preflight.check_config(stack)[1]) is not None and cfg.mode == "group"
+    # the cloud's credentials only for a group (its healthy count comes from the cloud's API)
+    need = ("config", "pulumi", "ssh") + (("credentials",) if group else ())
     pf = _preflight(steps, console, stack, "what `status` needs", need, ssh_key)
+    cfg = pf.cfg
     with steps("outputs", f"the current outputs of stack {stack}"):
         result = automation.outputs(stack)
         console.line(f"  outputs: {', '.join(sorted(result.values))}")

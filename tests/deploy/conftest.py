@@ -125,3 +125,48 @@ def trap_dirs(monkeypatch, tmp_path):
     monkeypatch.setattr(pipeline, "RUNS", tmp_path / "runs")
     monkeypatch.setattr(pipeline, "INVENTORIES", tmp_path / "inventories")
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def aws_prod_outputs():
+    """aws-prod's outputs under the mock engine (group mode: endpoint, discovery filter)."""
+    from infra.offline import run_offline
+    from infra.plan import load_stack_config
+
+    return run_offline("aws-prod", load_stack_config("aws-prod")).outputs
+
+
+@pytest.fixture
+def aws_group(monkeypatch, aws_prod_outputs):
+    """Mocked AWS (moto) with what aws-prod's group mode stands on: an internal ALB, its target
+    group, and a 2-node Auto Scaling group carrying the stack's discovery tags. Yields aws-prod's
+    outputs with the endpoint set to that ALB, and an EC2 client."""
+    import boto3
+    from moto import mock_aws
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "testing")
+    outputs = dict(aws_prod_outputs)
+    region, filters = outputs["discovery"]["region"], outputs["discovery"]["filters"]
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name=region)
+        elb = boto3.client("elbv2", region_name=region)
+        subnets = [s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]][:2]
+        lb = elb.create_load_balancer(Name="fleet-alb", Subnets=subnets,
+                                      Scheme="internal")["LoadBalancers"][0]
+        tg = elb.create_target_group(
+            Name="fleet-tg", Protocol="HTTP", Port=8080, HealthCheckPath="/readyz",
+            VpcId=ec2.describe_vpcs()["Vpcs"][0]["VpcId"])["TargetGroups"][0]
+        elb.create_listener(LoadBalancerArn=lb["LoadBalancerArn"], Protocol="HTTP", Port=80,
+                            DefaultActions=[{"Type": "forward",
+                                             "TargetGroupArn": tg["TargetGroupArn"]}])
+        ec2.create_launch_template(LaunchTemplateName="fleet-lt", LaunchTemplateData={
+            "ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"})
+        boto3.client("autoscaling", region_name=region).create_auto_scaling_group(
+            AutoScalingGroupName="fleet-asg", MinSize=2, MaxSize=8, DesiredCapacity=2,
+            VPCZoneIdentifier=",".join(subnets), LaunchTemplate={"LaunchTemplateName": "fleet-lt"},
+            TargetGroupARNs=[tg["TargetGroupArn"]],
+            Tags=[{"Key": k.removeprefix("tag:"), "Value": v, "PropagateAtLaunch": True}
+                  for k, v in filters.items() if k.startswith("tag:")])
+        outputs["endpoint"] = f"http://{lb['DNSName']}/"
+        yield outputs, ec2

@@ -4,6 +4,7 @@ host, the task and the task's message."""
 
 from __future__ import annotations
 
+import io
 import sys
 
 import pytest
@@ -75,7 +76,7 @@ def test_success_returns_the_recap_and_verbose_shows_ansibles_output(inventory_d
     play = [{**PLAY[0], "tasks": PLAY[0]["tasks"][:2]}]
     path = tmp_path / "ok.yml"
     path.write_text(yaml.safe_dump(play, sort_keys=False))
-    loud = Console(__import__("io").StringIO(), verbose=True, live=False)
+    loud = Console(io.StringIO(), verbose=True, live=False)
     result = converge.run_playbook(str(path), inventory_dir, tmp_path / "run", loud,
                                    ["alpha", "beta"])
     assert result.stats["alpha"]["changed"] == 1 and result.changed() == 2
@@ -83,7 +84,7 @@ def test_success_returns_the_recap_and_verbose_shows_ansibles_output(inventory_d
 
 
 def test_the_live_display_redraws_one_line_per_host(inventory_dir, playbook, tmp_path, text):
-    live = Console(__import__("io").StringIO(), live=True)
+    live = Console(io.StringIO(), live=True)
     with pytest.raises(StageError):
         converge.run_playbook(playbook, inventory_dir, tmp_path / "run", live, ["alpha", "beta"])
     shown = text(live)

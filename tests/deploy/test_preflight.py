@@ -5,6 +5,7 @@ the test, and a fake `pulumi` records every call it gets)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import pytest
@@ -124,14 +125,14 @@ def test_aws_chain_reads_a_profile_from_the_shared_files_without_any_network(
 
     monkeypatch.setattr(socket.socket, "connect", no_network)
     monkeypatch.setattr(socket, "create_connection", no_network)
-    check = preflight.check_aws(dict(__import__("os").environ))
+    check = preflight.check_aws(dict(os.environ))
     assert check.ok, check.found
     assert "~/.aws/credentials" in check.found and "profile ml" in check.found
 
 
 def test_aws_chain_names_a_profile_that_does_not_exist(bare_machine, monkeypatch):
     monkeypatch.setenv("AWS_PROFILE", "nope")
-    check = preflight.check_aws(dict(__import__("os").environ))
+    check = preflight.check_aws(dict(os.environ))
     assert not check.ok
     assert "nope" in check.found and "aws configure --profile" in check.fix
 

@@ -6,6 +6,7 @@ Automation API delivers them to `on_event`."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -164,8 +165,7 @@ def test_up_turns_recorded_events_into_the_inventory_the_converge_stage_reads(
     assert "[3/6] inventory" in out and "[4/6] converge" in out
     assert "FAILED at stage converge (host aws-dev-gpu-0, task 'site.yml: Gathering Facts')" in out
     run = next((trap_dirs / "runs" / "aws-dev").iterdir())
-    assert set(__import__("json").loads((run / "outputs.json").read_text())) >= {"inventory",
-                                                                                 "cost"}
+    assert set(json.loads((run / "outputs.json").read_text())) >= {"inventory", "cost"}
     assert "created  aws:ec2/instance:Instance  fleet-node-0" in (run / "up.log").read_text()
     assert calls_of(fake_pulumi) == ["version", "whoami --json"]  # the rest was the recording
 

@@ -9,10 +9,8 @@ import threading
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import boto3
 import pytest
 import torch
-from moto import mock_aws
 from torchfleet_runtime.config import Config
 from torchfleet_runtime.service import Runtime
 
@@ -82,43 +80,6 @@ def test_a_warming_node_is_not_ready_and_fails_the_smoke_stage(warming):
 
 
 # -- group mode (AWS) -------------------------------------------------------------------------
-
-REGION = "us-east-1"
-
-
-@pytest.fixture
-def aws_group(monkeypatch):
-    """An ALB, its target group and a 2-node Auto Scaling group tagged like aws-prod's nodes."""
-    for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                       ("AWS_DEFAULT_REGION", REGION)):
-        monkeypatch.setenv(key, value)
-    with mock_aws():
-        ec2 = boto3.client("ec2", region_name=REGION)
-        elb = boto3.client("elbv2", region_name=REGION)
-        vpc = ec2.describe_vpcs()["Vpcs"][0]["VpcId"]
-        subnets = [s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]][:2]
-        lb = elb.create_load_balancer(Name="torchfleet-aws-prod", Subnets=subnets)
-        lb = lb["LoadBalancers"][0]
-        tg = elb.create_target_group(Name="fleet-tg", Protocol="HTTP", Port=8080, VpcId=vpc,
-                                     HealthCheckPath="/readyz")["TargetGroups"][0]
-        elb.create_listener(LoadBalancerArn=lb["LoadBalancerArn"], Protocol="HTTP", Port=80,
-                            DefaultActions=[{"Type": "forward",
-                                             "TargetGroupArn": tg["TargetGroupArn"]}])
-        ec2.create_launch_template(LaunchTemplateName="torchfleet-aws-prod-lt", LaunchTemplateData={
-            "ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"})
-        boto3.client("autoscaling", region_name=REGION).create_auto_scaling_group(
-            AutoScalingGroupName="torchfleet-aws-prod-asg", MinSize=2, MaxSize=8,
-            DesiredCapacity=2, VPCZoneIdentifier=",".join(subnets),
-            LaunchTemplate={"LaunchTemplateName": "torchfleet-aws-prod-lt"},
-            TargetGroupARNs=[tg["TargetGroupArn"]],
-            Tags=[{"Key": "stack", "Value": "aws-prod", "PropagateAtLaunch": True},
-                  {"Key": "torchfleet-role", "Value": "gpu-node", "PropagateAtLaunch": True}])
-        outputs = {"endpoint": f"http://{lb['DNSName']}/", "discovery": {
-            "cloud": "aws", "region": REGION, "filters": {
-                "tag:torchfleet-role": "gpu-node", "tag:stack": "aws-prod",
-                "instance-state-name": "running"}}}
-        yield outputs, ec2
-
 
 def test_group_is_ready_when_healthy_targets_reach_desired(aws_group, console, text):
     outputs, _ = aws_group
