@@ -46,6 +46,11 @@ def open_stack(stack: str) -> auto.Stack:
     return auto.create_or_select_stack(stack_name=stack, work_dir=str(REPO_ROOT))
 
 
+def _to_log(console: Console) -> Callable[[str], None]:
+    """The CLI's own text (what `pulumi up` prints) into the run log, not onto the screen."""
+    return lambda text: console.to_log(text.rstrip("\n"))
+
+
 def _failed(verb: str, stack: str, progress: EngineProgress, err: Exception) -> StageError:
     if isinstance(err, auto.ConcurrentUpdateError):
         return StageError("provision", f"another update of stack {stack} is in progress",
@@ -68,7 +73,7 @@ def up(stack: str, console: Console,
     progress = EngineProgress(console)
     try:
         handle = (opener or open_stack)(stack)
-        result = handle.up(on_event=progress.on_event, on_output=console.to_log,
+        result = handle.up(on_event=progress.on_event, on_output=_to_log(console),
                            color="never", message="torchfleet up")
     except auto.CommandError as err:
         raise _failed("up", stack, progress, err) from err
@@ -81,7 +86,7 @@ def destroy(stack: str, console: Console,
     progress = EngineProgress(console)
     try:
         handle = (opener or open_stack)(stack)
-        handle.destroy(on_event=progress.on_event, on_output=console.to_log, color="never",
+        handle.destroy(on_event=progress.on_event, on_output=_to_log(console), color="never",
                        message="torchfleet down")
     except auto.CommandError as err:
         error = _failed("destroy", stack, progress, err)

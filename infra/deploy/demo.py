@@ -32,7 +32,7 @@ from infra import config as stack_config
 from infra.deploy import containers
 from infra.deploy.access import http_request
 from infra.deploy.loadgen import loadgen
-from infra.deploy.pipeline import NodeOptions, Steps, node_stages
+from infra.deploy.pipeline import NodeOptions, Steps, node_stages, run_dir
 from infra.deploy.progress import Console, shown
 from infra.deploy.stage import StageError
 from infra.deploy.summary import Summary
@@ -214,12 +214,15 @@ def run(console: Console, prefix: str, count: int, bench: bool = True,
     containers.check_prefix(prefix)
     state = state_dir(prefix)
     state.mkdir(parents=True, exist_ok=True)
-    lock = (state / ".lock").open("w")
-    fcntl.flock(lock, fcntl.LOCK_EX)  # two demos of one prefix: one after the other
-    run_dir = state / "runs" / "latest"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
-    console.open_log(run_dir / "demo.log")
+    with (state / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two demos of one prefix: one after the other
+        return _run(console, prefix, count, bench, plan, state)
+
+
+def _run(console: Console, prefix: str, count: int, bench: bool, plan: bool,
+         state: Path) -> DemoResult:
+    folder = run_dir(SHAPE_STACK, state / "runs")  # as `up`'s .cache/runs/<stack>/<timestamp>/
+    console.open_log(folder / "demo.log")
     # nodes, the four node stages of `up`, predictions, then the optional benchmark and plan
     steps = Steps(console, 6 + bench + plan)
     values = stack_values(SHAPE_STACK, count)
@@ -244,8 +247,8 @@ def run(console: Console, prefix: str, count: int, bench: bool = True,
     outputs = node_outputs(template, nodes, key)
     inventory_root = state / "inventories"
     write_group_vars(inventory_root / SHAPE_STACK, state, key)
-    (run_dir / "outputs.json").write_text(json.dumps(outputs, indent=2, default=str))
-    summary = node_stages(SHAPE_STACK, outputs, cfg, steps, console, run_dir, NodeOptions(
+    (folder / "outputs.json").write_text(json.dumps(outputs, indent=2, default=str))
+    summary = node_stages(SHAPE_STACK, outputs, cfg, steps, console, folder, NodeOptions(
         inventory_root=inventory_root, writer="torchfleet demo (mock-engine outputs, container "
                                               "addresses)"))
     codes: list[int | None] = []

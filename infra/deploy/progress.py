@@ -157,7 +157,15 @@ class EngineProgress:
     summary: dict[str, int] | None = None
     duration_s: float | None = None
 
+    def __post_init__(self) -> None:
+        # the Automation API may deliver events from its gRPC server's worker threads
+        self._lock = threading.Lock()
+
     def on_event(self, event: Any) -> None:
+        with self._lock:
+            self._on_event(event)
+
+    def _on_event(self, event: Any) -> None:
         if event.diagnostic_event is not None:
             self._diagnostic(event.diagnostic_event)
         elif event.resource_pre_event is not None:
