@@ -310,7 +310,7 @@ class HostProgress:
         self._stop.set()
         if self._ticker:
             self._ticker.join(timeout=2)
-        self._redraw()
+        self.console.set_block([])  # the recap that follows says it all, once
         self.console.end_block()
 
     def _tick(self) -> None:
