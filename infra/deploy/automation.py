@@ -46,6 +46,17 @@ def open_stack(stack: str) -> auto.Stack:
     return auto.create_or_select_stack(stack_name=stack, work_dir=str(REPO_ROOT))
 
 
+def _select(stack: str, opener: Callable[[str], auto.Stack] | None,
+            stage: str = "provision") -> auto.Stack:
+    try:
+        return (opener or open_stack)(stack)
+    except auto.CommandError as err:
+        raise StageError(stage, f"selecting (or creating) stack {stack} in the backend failed",
+                         details=[line for line in str(err).splitlines() if line.strip()][-6:],
+                         fix="check the backend login (`pulumi whoami`) and the stack name "
+                             "(`pulumi stack ls`), then re-run") from err
+
+
 def _to_log(console: Console) -> Callable[[str], None]:
     """The CLI's own text (what `pulumi up` prints) into the run log, not onto the screen."""
     return lambda text: console.to_log(text.rstrip("\n"))
@@ -71,8 +82,8 @@ def _failed(verb: str, stack: str, progress: EngineProgress, err: Exception) -> 
 def up(stack: str, console: Console,
        opener: Callable[[str], auto.Stack] | None = None) -> Outputs:
     progress = EngineProgress(console)
+    handle = _select(stack, opener)
     try:
-        handle = (opener or open_stack)(stack)
         result = handle.up(on_event=progress.on_event, on_output=_to_log(console),
                            color="never", message="torchfleet up")
     except auto.CommandError as err:
@@ -84,8 +95,8 @@ def up(stack: str, console: Console,
 def destroy(stack: str, console: Console,
             opener: Callable[[str], auto.Stack] | None = None) -> None:
     progress = EngineProgress(console)
+    handle = _select(stack, opener, "destroy")
     try:
-        handle = (opener or open_stack)(stack)
         handle.destroy(on_event=progress.on_event, on_output=_to_log(console), color="never",
                        message="torchfleet down")
     except auto.CommandError as err:

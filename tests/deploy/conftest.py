@@ -21,12 +21,21 @@ VENV_BIN = Path(sys.executable).parent
 CLOUD_ENV = ("AWS_", "ALICLOUD_", "ALIBABA_CLOUD_", "PULUMI_", "SSH_AUTH_SOCK")
 
 FAKE_PULUMI = """#!/bin/sh
-# A stand-in for the Pulumi CLI: records each call, answers `version` and `whoami`, and fails
-# anything else loudly (a test that reaches it has created something).
+# A stand-in for the Pulumi CLI: records each call (and its working directory), answers
+# `version` and `whoami`, and fails anything else loudly (a test that reaches it has created
+# something) - unless FAKE_PULUMI_BACKEND=1, when `stack select|init` succeed and `up` fails the
+# way the engine does when the cloud refuses.
 echo "$*" >> {log}
+echo "$PWD" > {log}.cwd
+while [ "${{1#--}}" != "$1" ]; do shift; done
 case "$1" in
   version) echo v3.272.0 ;;
   whoami) echo '{{"user":"tester","url":"file:///tmp/state"}}' ;;
+  stack) [ "$FAKE_PULUMI_BACKEND" = 1 ] && exit 0
+         echo "fake pulumi: refusing '$*'" >&2; exit 97 ;;
+  up) [ "$FAKE_PULUMI_BACKEND" = 1 ] || exit 97
+      echo "error: update failed: 1 error occurred: operation error STS: GetCallerIdentity, https response error StatusCode: 403, api error InvalidClientTokenId" >&2
+      exit 255 ;;
   *) echo "fake pulumi: refusing '$*'" >&2; exit 97 ;;
 esac
 """

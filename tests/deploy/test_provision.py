@@ -16,6 +16,7 @@ from pulumi.automation import CommandResult, EngineEvent, OutputValue
 
 from infra.deploy import automation, inventory
 from infra.deploy.stage import StageError
+from infra.matrix import REPO_ROOT
 from infra.offline import run_offline
 from infra.plan import load_stack_config
 
@@ -172,3 +173,21 @@ def test_up_turns_recorded_events_into_the_inventory_the_converge_stage_reads(
 
 def calls_of(log):
     return log.read_text().splitlines()
+
+
+def test_the_automation_api_drives_the_cli_on_this_repositorys_project(fake_pulumi, console,
+                                                                       monkeypatch):
+    """The real Automation API (no recording): it selects the stack and runs `pulumi up` with the
+    repository root as the project; the CLI's refusal becomes a provision-stage error."""
+    monkeypatch.setenv("FAKE_PULUMI_BACKEND", "1")
+    with pytest.raises(StageError) as info:
+        automation.up("aws-dev", console)
+    err = info.value
+    assert (err.stage, err.exit_code) == ("provision", 4)
+    assert any("InvalidClientTokenId" in d for d in err.details)
+    ran = calls_of(fake_pulumi)
+    assert ran[:2] == ["version", "--non-interactive stack select --stack aws-dev"]
+    assert ran[2].startswith("--non-interactive up --yes --skip-preview")
+    assert ran[2].endswith("--stack aws-dev") and "--event-log tcp://127.0.0.1:" in ran[2]
+    assert (fake_pulumi.parent / (fake_pulumi.name + ".cwd")).read_text().strip() == str(
+        REPO_ROOT)
