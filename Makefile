@@ -6,13 +6,27 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STACK ?= aws-dev
 
-.PHONY: setup demo test lint pytest molecule bench bench-peers plan image lock clean
+.PHONY: setup demo demo-clean up down status test lint pytest molecule e2e bench bench-peers plan image lock clean
 
 setup:
 	@scripts/setup.sh
 
+# `up` on this machine: container nodes converged by the same stages (NODES=2 for two).
 demo: setup
 	@scripts/demo.sh
+
+demo-clean: setup
+	@scripts/demo.sh --clean
+
+# One command per job (torchfleet --help lists the stages and exit codes).
+up: setup
+	@$(VENV)/bin/torchfleet up $(STACK)
+
+down: setup
+	@$(VENV)/bin/torchfleet down $(STACK) $(if $(YES),--yes)
+
+status: setup
+	@$(VENV)/bin/torchfleet status $(STACK)
 
 test: setup
 	@scripts/test.sh
@@ -25,6 +39,9 @@ pytest: setup
 
 molecule: setup
 	@scripts/test.sh molecule
+
+e2e: setup
+	@scripts/test.sh e2e
 
 bench: setup
 	@$(PY) benchmarks/runtime_bench.py

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command set-up: system packages the tests need (as root on Debian), then .venv with every
-# pinned Python dependency and the runtime installed editable. Re-running it changes nothing and
-# returns in about a second: each step checks before it acts.
+# pinned Python dependency, the runtime and the `torchfleet` command installed editable.
+# Re-running it changes nothing and returns in about a second: each step checks before it acts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,7 +51,7 @@ install_python_packages() {
   local stamp="$VENV/.torchfleet-setup"
   local want
   local inputs=("${reqs[@]}")
-  for f in requirements/constraints.txt runtime/pyproject.toml; do [ -f "$f" ] && inputs+=("$f"); done
+  for f in requirements/constraints.txt runtime/pyproject.toml pyproject.toml; do [ -f "$f" ] && inputs+=("$f"); done
   want=$(cat "${inputs[@]}" | sha256sum | cut -d' ' -f1)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     log "$VENV up to date"
@@ -63,6 +63,8 @@ install_python_packages() {
   # constraints.txt pins every transitive dependency (regenerate with `make lock`).
   if [ -f requirements/constraints.txt ]; then args+=(-c requirements/constraints.txt); fi
   if [ -f runtime/pyproject.toml ]; then args+=(-e ./runtime); fi
+  # the repository root: infra/ and the `torchfleet` command (up | down | status | plan | demo)
+  args+=(-e .)
   log "installing pinned Python dependencies into $VENV"
   "$VENV/bin/python" -m pip install -q "${args[@]}"
   echo "$want" >"$stamp"
