@@ -2,7 +2,7 @@
 """`make bench`: the runtime's numbers on this machine, with the demo model.
 
 What it measures (issue 3, "Measure and report"), each with real `torchfleet-runtime serve`
-processes over HTTP on loopback and the closed-loop client of `torchfleet-runtime bench`:
+processes over HTTP on loopback and the closed-loop client of `infra/loadgen.py`:
   1. offline ceiling: in-process best-batch items/s of the same TorchScript model;
   2. served items/s at concurrency 1, 8, 32, 64 — with dynamic batching (max_batch_size auto)
      and without (max_batch_size 1), each with a JSON and a binary request body;
@@ -35,9 +35,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from torchfleet_runtime import bench
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # infra.loadgen: the controller-side load generator
+from infra import loadgen as bench  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = (  # name, extra serve flags
     ("batching", []),  # max_batch_size auto: the runtime's default
@@ -176,8 +177,10 @@ def offline(model: Path, device: str, seconds: float, workdir: Path) -> dict[str
     """In a child process, so this (client) process never holds a CUDA context or torch threads
     busy while a server runs."""
     out = workdir / "offline.json"
-    cmd = runtime_cmd(
-        "bench",
+    cmd = [
+        sys.executable,
+        "-m",
+        "infra.loadgen",
         "--offline",
         str(model),
         "--device",
@@ -186,8 +189,8 @@ def offline(model: Path, device: str, seconds: float, workdir: Path) -> dict[str
         str(seconds),
         "--json",
         str(out),
-    )
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=child_env())
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=child_env(), cwd=ROOT)
     if proc.returncode != 0:
         raise RuntimeError(
             f"offline benchmark failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"

@@ -15,8 +15,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # rt_models, importable by name (also by subprocesses via PYTHONPATH)
 
+from torchfleet_runtime.app import Service  # noqa: E402
 from torchfleet_runtime.config import Config  # noqa: E402
-from torchfleet_runtime.service import Runtime  # noqa: E402
 
 
 class Client:
@@ -59,38 +59,39 @@ def metric_value(text: str, name: str, labels: str = "") -> float:
 
 
 @pytest.fixture
-def start_runtime() -> Iterator[Callable[..., Runtime]]:
-    """start_runtime(module, wait=True, **config) -> a started in-process Runtime on a free port."""
-    started: list[Runtime] = []
+def start_runtime() -> Iterator[Callable[..., Service]]:
+    """start_runtime(module, wait=True, **config) -> a started in-process Service on a free port
+    (its `.runtime` is the model side, its `.port` the HTTP edge's)."""
+    started: list[Service] = []
     threads: list[threading.Thread] = []
 
-    def start(module: Any = None, wait: bool = True, **overrides: Any) -> Runtime:
+    def start(module: Any = None, wait: bool = True, **overrides: Any) -> Service:
         base = dict(port=0, spot_watch="off", input_shape=(4,), max_delay_ms=2.0, log_level="warning")
         base.update(overrides)
-        rt = Runtime(Config(**base), module=module)
-        started.append(rt)
+        svc = Service(Config(**base), module=module)
+        started.append(svc)
         if wait:
-            rt.start()
+            svc.start()
         else:
-            rt.start_http()
-            t = threading.Thread(target=rt.load_and_warm, daemon=True)
+            svc.start_http()
+            t = threading.Thread(target=svc.runtime.load_and_warm, daemon=True)
             t.start()
             threads.append(t)
-        return rt
+        return svc
 
     yield start
-    for rt in started:
-        rt.close()
+    for svc in started:
+        svc.close()
     for t in threads:
         t.join(10)
 
 
 @pytest.fixture
-def client_for() -> Iterator[Callable[[Runtime], Client]]:
+def client_for() -> Iterator[Callable[[Any], Client]]:
     clients: list[Client] = []
 
-    def make(rt: Runtime) -> Client:
-        c = Client(rt.port)
+    def make(svc: Any) -> Client:
+        c = Client(svc.port)
         clients.append(c)
         return c
 

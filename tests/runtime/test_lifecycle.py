@@ -193,11 +193,11 @@ def test_a_spot_notice_drains_the_runtime(cloud, metadata_server, start_runtime,
         srv.aws_notice = json.dumps({"action": "terminate", "time": "2026-11-30T20:00:00Z"})
     else:
         srv.ali_notice = "2026-11-30T20:00:00Z"
-    assert rt.stop_requested.wait(20)
-    assert rt.state == "draining" and "spot" in rt.stop_reason
+    assert rt.runtime.stop_requested.wait(20)
+    assert rt.runtime.state == "draining" and "spot" in rt.runtime.stop_reason
     assert c.call("GET", "/readyz")[0] == 503
     assert c.predict([1.0, 2.0, 3.0, 4.0])[0] == 503
-    assert rt.drain(5)
+    assert rt.runtime.drain(5)
     if cloud == "aws":
         assert srv.tokens_issued == 1  # the IMDSv2 token is reused, not fetched per poll
 

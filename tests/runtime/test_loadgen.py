@@ -1,4 +1,4 @@
-"""`torchfleet-runtime bench` against a real loopback HTTP server written here: a stub that
+"""The controller-side load generator (`python -m infra.loadgen`) against a real loopback HTTP server written here: a stub that
 honours the runtime's HTTP contract (GET /v1/model, POST /v1/predict in JSON or binary) with a
 controllable latency, 503 injection and dropped connections. Plus the offline mode on a tiny
 TorchScript model, and the percentile math against numpy."""
@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torchfleet_runtime import bench
-from torchfleet_runtime.bench import (
+
+from infra import loadgen as bench
+from infra.loadgen import (
     Target,
     build_payload,
     latency_summary,
@@ -188,6 +189,10 @@ def test_binary_payload_is_the_same_tensor_as_json():
     np.testing.assert_array_equal(from_bytes, from_json)
     bf16, _ = build_payload(SHAPE, "bfloat16", 1, binary=True)
     assert len(bf16) == 2 * 3 * 8 * 8  # two bytes per element, no numpy needed
+    as_f32 = np.frombuffer(b"".join(b"\0\0" + bf16[i:i + 2] for i in range(0, len(bf16), 2)), dtype="<f4")
+    np.testing.assert_array_equal(as_f32, from_bytes[0].reshape(-1))  # the values are exact in bfloat16
+    short, _ = build_payload(SHAPE, "float32", 1, binary=False, decimals=2)
+    assert len(short) < len(doc) / 2 * 0.7
 
 
 # --------------------------------------------------------------------------- closed loop
@@ -367,9 +372,9 @@ def test_offline_needs_a_shape_without_sidecar(tmp_path, capsys):
 
 def test_module_runs_as_a_script(tiny_model):
     proc = subprocess.run(
-        [sys.executable, "-m", "torchfleet_runtime.bench", "--offline", str(tiny_model),
+        [sys.executable, "-m", "infra.loadgen", "--offline", str(tiny_model),
          "--offline-max-batch", "2", "--offline-seconds", "0.01"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
     )
     assert proc.returncode == 0, proc.stderr
     assert "offline best:" in proc.stdout
