@@ -251,3 +251,13 @@ def test_not_ready_until_warm_up_ends(start_runtime, client_for):
     m.warm_gate.set()
     wait_until(lambda: c.call("GET", "/readyz")[0] == 200, "readiness")
     assert c.predict([1.0, 1.0, 1.0, 1.0])[0] == 200
+
+
+def test_a_request_larger_than_max_queue_is_413_at_once_even_on_an_empty_queue(start_runtime, client_for):
+    rt = start_runtime(rt_models.Instrumented(), max_batch_size=2, max_queue=4)
+    c = client_for(rt)
+    status, _, doc = c.predict(torch.randn(5, 4).tolist())
+    assert status == 413 and doc["error"]["type"] == "too_many_instances" and "max_queue" in doc["error"]["message"]
+    status, _, doc = c.predict(torch.randn(4, 4).tolist())  # exactly the bound: admitted, split by the cap
+    assert status == 200 and len(doc["outputs"]) == 4
+    assert rt.runtime.batcher.queued == 0

@@ -121,3 +121,39 @@ def test_model_health_and_metrics_endpoints(served):
     assert metric_value(text, "torchfleet_last_request_timestamp_seconds") > 0
     assert metric_value(text, "torchfleet_warmup_seconds") > 0
     assert "torchfleet_model_load_seconds" in text and "torchfleet_inflight_requests" in text
+
+
+class NaNModel(rt_models.Tiny):
+    def forward(self, x):
+        y = super().forward(x)
+        y[:, 1] = float("nan")
+        y[:, 2] = float("inf")
+        return y
+
+
+def test_non_finite_inputs_are_refused_unless_allowed(start_runtime, client_for):
+    nan = struct.pack("<4f", float("nan"), 1, 2, 3)
+    raw = {"Content-Type": "application/octet-stream", "X-Shape": "4", "X-Dtype": "float32"}
+    strict = client_for(start_runtime(rt_models.tiny(), max_batch_size=2))
+    status, _, data = strict.call("POST", "/v1/predict", nan, raw)
+    assert status == 400 and json.loads(data)["error"]["type"] == "non_finite_input"
+    status, _, data = strict.call("POST", "/v1/predict", b'{"inputs": [NaN, 1, 2, 3]}', {"Content-Type": "application/json"})
+    assert status == 400 and json.loads(data)["error"]["type"] == "malformed_json"  # JSON has no NaN
+    lenient = client_for(start_runtime(rt_models.tiny(), max_batch_size=2, allow_non_finite_inputs=True,
+                                       non_finite_outputs="null"))
+    status, _, data = lenient.call("POST", "/v1/predict", nan, raw)
+    assert status == 200 and json.loads(data)["outputs"][0] is None  # NaN in, NaN out, written as null
+
+
+def test_non_finite_outputs_are_an_error_by_default_or_null_never_a_bare_nan(start_runtime, client_for):
+    c = client_for(start_runtime(NaNModel(), max_batch_size=2))
+    status, _, data = c.call("POST", "/v1/predict", b'{"inputs": [1, 2, 3, 4]}', {"Content-Type": "application/json"})
+    assert status == 500 and json.loads(data)["error"]["type"] == "non_finite_output"
+    status, headers, data = c.call("POST", "/v1/predict", b'{"inputs": [1, 2, 3, 4]}',
+                                   {"Content-Type": "application/json", "Accept": "application/octet-stream"})
+    got = struct.unpack("<3f", data)  # binary answers carry IEEE values as they are
+    assert status == 200 and got[1] != got[1] and got[2] == float("inf")
+    c = client_for(start_runtime(NaNModel(), max_batch_size=2, non_finite_outputs="null"))
+    status, _, data = c.call("POST", "/v1/predict", b'{"inputs": [1, 2, 3, 4]}', {"Content-Type": "application/json"})
+    assert status == 200 and b"NaN" not in data and b"Infinity" not in data
+    assert json.loads(data)["outputs"][1:] == [None, None]

@@ -76,17 +76,20 @@ class Response:
 
     def __init__(self, status: int, body: bytes, content_type: str = "application/json",
                  headers: dict[str, str] | None = None, close: bool = False,
-                 on_sent: Callable[[float | None], None] | None = None) -> None:
+                 on_sent: Callable[[str, float], None] | None = None) -> None:
         self.status = status
         self.body = body
         self.content_type = content_type
         self.headers = headers or {}
         self.close = close
-        self.on_sent = on_sent  # called with the write's seconds, or None when the client was gone
+        # on_sent("sending", 0) just before the bytes go out (so a client that read its answer
+        # finds it counted), on_sent("written", seconds) after the write; on_sent("dropped", 0)
+        # when the client was gone before it could be answered
+        self.on_sent = on_sent
 
 
 def error_response(exc: ApiError, headers: dict[str, str] | None = None,
-                   on_sent: Callable[[float | None], None] | None = None) -> Response:
+                   on_sent: Callable[[str, float], None] | None = None) -> Response:
     h = dict(headers or {})
     if exc.retry_after is not None:
         h["Retry-After"] = str(exc.retry_after)
@@ -156,7 +159,8 @@ class Connection(asyncio.Protocol):
         self._req: Request | None = None  # being parsed
         self._skipping = False  # the request being parsed was answered early: drop its body
         self._queue: collections.deque[list[Any]] = collections.deque()  # [request, response or None, started]
-        self._closing = False  # close once the queued answers are out
+        self._closing = False  # answers carry Connection: close; close once they are out
+        self._eof = False  # the client half-closed: close once the queued answers are out
         self._lingering = False
         self._paused = False
         self._write_paused = False
@@ -184,9 +188,10 @@ class Connection(asyncio.Protocol):
         if len(s.connections) > self._limits.max_connections:
             log.warning("connection from %s refused: %d open (config key max_connections)", self.peer,
                         len(s.connections) - 1)
-            self._reply_now(ApiError(503, "too_many_connections",
-                                     f"the server holds its limit of {self._limits.max_connections} connections",
-                                     retry_after=1, close=True))
+            self._parser = None  # type: ignore[assignment]
+            self._fail(ApiError(503, "too_many_connections",
+                                f"the server holds its limit of {self._limits.max_connections} connections",
+                                retry_after=1, close=True), linger=True)
             return
         if s.closing:
             self._closing = True
@@ -205,7 +210,7 @@ class Connection(asyncio.Protocol):
         for item in self._queue:
             resp = item[1]
             if resp is not None and resp.on_sent is not None:
-                resp.on_sent(None)
+                resp.on_sent("dropped", 0.0)
         self._transport = None
 
     def pause_writing(self) -> None:
@@ -260,11 +265,12 @@ class Connection(asyncio.Protocol):
         if self._lingering:
             self._close()
             return None
-        if self._req is not None and self._req.context is not None and not self._skipping:
-            self._app.aborted(self._req, None)
-            self._req = None
-        self._closing = True
-        if not self._queue:
+        self._eof = True
+        if self._req is not None and self._parser is not None:
+            # half-closed in the middle of a request: say so (the client may still read)
+            self._fail(ApiError(400, "bad_request", "the connection ended before the request was complete",
+                                close=True))
+        elif not self._queue:
             self._close()
         return True  # keep the transport open to write the answers still queued
 
@@ -339,9 +345,9 @@ class Connection(asyncio.Protocol):
             self._queue.append([req, early, True])
             if early.close or early.status == 413 or req.content_length > EARLY_SKIP_BYTES or not req.keep_alive:
                 early.close = True
-                self._flush()
-                if req.content_length:
+                if req.content_length:  # before the answer goes: its close must linger, not reset
                     self._start_lingering()
+                self._flush()  # the close drops the parser and this request: nothing more is read
                 raise _Abort
             self._flush()  # a small body follows: read and drop it, keep the connection
             if req.content_length:
@@ -397,7 +403,7 @@ class Connection(asyncio.Protocol):
             self._write(req, resp)
             if self._transport is None:
                 return
-        if self._closing:
+        if self._closing or self._eof:
             if self._lingering:
                 self._eof_then_linger()
             elif self._req is None:
@@ -415,30 +421,39 @@ class Connection(asyncio.Protocol):
             item[1] = error_response(ApiError(500, "internal_error", f"{type(exc).__name__}: {exc}", close=True))
         if self._transport is None:
             if item[1].on_sent is not None:
-                item[1].on_sent(None)
+                item[1].on_sent("dropped", 0.0)
             return
         self._flush()
 
     def _write(self, req: Request | None, resp: Response) -> None:
         t = self._transport
-        close = resp.close or self._closing or self._server.closing or (req is not None and not req.keep_alive)
-        if close:
-            self._closing = True
+        last = not self._queue
+        close = (resp.close or (req is not None and not req.keep_alive)
+                 or ((self._closing or self._eof or self._server.closing) and last))
         if t is None or t.is_closing():
             if resp.on_sent is not None:
-                resp.on_sent(None)
+                resp.on_sent("dropped", 0.0)
             return
         body = b"" if req is not None and req.method == "HEAD" else resp.body
-        t0 = time.perf_counter()
-        t.write(_head(resp.status, resp.content_type, len(resp.body), resp.headers, close, self._server.clock.date())
-                + body)
+        data = _head(resp.status, resp.content_type, len(resp.body), resp.headers, close, self._server.clock.date()) + body
         if resp.on_sent is not None:
-            resp.on_sent(time.perf_counter() - t0)
-
-    def _reply_now(self, exc: ApiError, headers: dict[str, str] | None = None) -> None:
-        self._queue.clear()
-        self._write(None, error_response(exc, headers))
-        self._close()
+            resp.on_sent("sending", 0.0)
+        t0 = time.perf_counter()
+        t.write(data)
+        if resp.on_sent is not None:
+            resp.on_sent("written", time.perf_counter() - t0)
+        if close:  # nothing may follow an answer that says close: drop what was queued behind it
+            self._closing = True
+            for item in self._queue:
+                if item[1] is not None and item[1].on_sent is not None:
+                    item[1].on_sent("dropped", 0.0)
+                elif item[0] is not None and item[0].context is not None:
+                    self._app.aborted(item[0], None)
+            self._queue.clear()
+            self._parser = None  # type: ignore[assignment]
+            if self._req is not None and self._req.context is not None and not self._skipping:
+                self._app.aborted(self._req, None)
+            self._req = None
 
     def _fail(self, exc: ApiError, headers: dict[str, str] | None = None, linger: bool = False) -> None:
         """A framing or limit error: answer it after the answers already due, then close

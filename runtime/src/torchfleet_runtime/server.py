@@ -167,7 +167,15 @@ class Routes:
 
     @staticmethod
     def _sent(call: Any, status: int, exc: ApiError | None = None) -> Any:
-        return lambda write_s: call.finish(status if write_s is not None else 499, write_s, exc)
+        def sent(event: str, write_s: float) -> None:
+            if event == "sending":
+                call.finish(status, error=exc)  # counted before the bytes leave
+            elif event == "written":
+                call.wrote(write_s)
+            else:
+                call.finish(499, error=exc)  # the client left first (nginx's code for it)
+
+        return sent
 
     def _error(self, call: Any, exc: ApiError) -> Response:
         return error_response(exc, self._ids(call), self._sent(call, exc.status, exc))

@@ -344,7 +344,7 @@ class PredictCall:
     """One prediction from arrival to the last byte written (see the module docstring)."""
 
     __slots__ = ("rt", "request_id", "arrived", "slot", "request", "batched", "timings", "admitted", "_expecting",
-                 "_finished")
+                 "_finished", "_status")
 
     def __init__(self, rt: Runtime, request_id: str) -> None:
         self.rt = rt
@@ -357,6 +357,7 @@ class PredictCall:
         self.admitted = False
         self._expecting = False
         self._finished = False
+        self._status = 0
         rt.metrics.inflight.inc()
 
     @property
@@ -446,11 +447,17 @@ class PredictCall:
                                         f"model;dur={t['model'] * 1000:.3f}, encode;dur={t['encode'] * 1000:.3f}")
         return body, ctype, headers
 
-    def finish(self, status: int, write_s: float | None = None, error: ApiError | None = None) -> None:
-        """The answer is written (or the connection is gone): count it, log it, release it."""
+    def wrote(self, write_s: float) -> None:
+        """The answer's bytes were handed to the socket in `write_s`."""
+        if self.rt._stage is not None and self._status == 200:
+            self.rt._stage["write"].observe(write_s)
+
+    def finish(self, status: int, error: ApiError | None = None) -> None:
+        """The answer is about to be written (or the client is gone): count it, log it, release it."""
         if self._finished:
             return
         self._finished = True
+        self._status = status
         rt = self.rt
         self._unexpect()
         m = rt.metrics
@@ -465,8 +472,6 @@ class PredictCall:
                 stage["decode"].observe(t.get("decode", 0.0))
                 stage["queue"].observe(t.get("queue", 0.0))
                 stage["encode"].observe(t.get("encode", 0.0))
-                if write_s is not None:
-                    stage["write"].observe(write_s)
         m.inflight.dec()
         if self.admitted:
             rt._admit(-1)
