@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
@@ -52,7 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# OpenMP threads that spin at every barrier take the cores from the HTTP thread and, on a busy
+# node, from each other (benchmarks/README.md: the demo model served an order of magnitude less
+# under load with libgomp's default, active, policy). OpenMP reads it once, when torch loads,
+# so it is set before the first torch import; a value already in the environment wins.
+OMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def _serve(args: argparse.Namespace) -> int:
+    for key, value in OMP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     from . import logs
     from .app import Service  # torch import: only for commands that need it
 

@@ -39,7 +39,7 @@ from .errors import ApiError
 from .logs import BatchSummary
 from .metrics import Metrics
 from .model import LoadedModel, ModelError, load
-from .tensors import buckets_up_to
+from .tensors import buckets_up_to, non_finite
 from .warmup import SizingReport, load_sample, size_cap, warm_up
 
 log = logging.getLogger(__name__)
@@ -223,8 +223,10 @@ class Runtime:
         meta = loaded.metadata
         body = codec.dumps({"inputs": sample[0].tolist()})
         tensor, batched = codec.decode(body, "application/json", {}, meta.input_shape, meta.torch_dtype)
+        outputs = batcher.run_now(tensor)
+        non_finite(outputs)  # the check a JSON answer runs (random inputs may well give NaN: not a failure)
         try:
-            codec.encode_json(batcher.run_now(tensor), batched, non_finite_as_null=True)
+            codec.encode_json(outputs, batched, non_finite_as_null=True)
         except ApiError as exc:
             raise ModelError(f"the self-test answer failed: {exc.message}") from None
 
