@@ -108,8 +108,9 @@ def main() -> int:
         code, _ = http("GET", base + "/livez")
         print(f"and the server keeps serving: /livez -> {code}")
 
-        step("4. Closed-loop benchmark (torchfleet-runtime bench)")
-        subprocess.run([cli, "bench", base, "--concurrency", "1,8,32", "--requests", "300"], check=False)
+        step("4. Closed-loop benchmark (python -m infra.loadgen, the controller-side load generator)")
+        subprocess.run([sys.executable, "-m", "infra.loadgen", base, "--concurrency", "1,8,32", "--requests", "300"],
+                       check=False, cwd=ROOT)
         code, body = http("GET", base + "/metrics")
         wanted = ("torchfleet_ready ", "torchfleet_model_load_seconds ", "torchfleet_warmup_seconds ",
                   "torchfleet_batch_size_sum", "torchfleet_batch_size_count", "torchfleet_requests_total{")

@@ -164,7 +164,7 @@ class Batcher:
         self._seconds_per_instance = 0.0  # EWMA, for Retry-After
         self.busy_since: float | None = None  # monotonic start of the running batch
         self.on_batch: list[Callable[[BatchInfo], None]] = []
-        self._thread = threading.Thread(target=self._loop, name="torchfleet-batcher", daemon=True)
+        self._thread: threading.Thread | None = None  # the worker: start() makes one, serve_here() is one
 
     # --- public -----------------------------------------------------------------------------
 
@@ -177,15 +177,25 @@ class Batcher:
         return self._queued
 
     def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
-        self._thread.start()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="torchfleet-batcher", daemon=True)
+            self._thread.start()
+
+    def serve_here(self) -> None:
+        """Run the worker loop in the calling thread until close(). The runtime warms a model in
+        the thread that will serve it: OpenMP thread teams and TorchScript's per-thread state
+        belong to the calling thread, so a model warmed in another thread pays for them again on
+        its first real batch."""
+        self._thread = threading.current_thread()
+        self._loop()
 
     def run_now(self, tensor: torch.Tensor) -> Outputs:
         """Pad, run and split `tensor` in the caller's thread, bypassing the queue and its delay
         (the start-up self-test; only before start(), as the model is not thread-safe)."""
-        if self._thread.is_alive():
+        if self._thread is not None:
             raise RuntimeError("run_now() is only allowed before the worker starts")
         return self._run_split(tensor)
 
@@ -234,8 +244,9 @@ class Batcher:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        t = self._thread
+        if t is not None and t is not threading.current_thread() and t.is_alive():
+            t.join(timeout)
 
     # --- the worker ---------------------------------------------------------------------------
 

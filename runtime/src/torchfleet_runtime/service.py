@@ -188,6 +188,28 @@ class Runtime:
     # --- building a slot ---------------------------------------------------------------------
 
     def _build_slot(self, held_bytes: int = 0) -> Slot:
+        """Load, size, warm and self-test a model in a new thread that then serves it (the
+        batcher's worker: see Batcher.serve_here); returns once it is ready to take requests."""
+        box: dict[str, Any] = {}
+        built = threading.Event()
+
+        def build_then_serve() -> None:
+            try:
+                box["slot"] = self._build_here(held_bytes)
+            except BaseException as exc:  # handed to the caller's thread
+                box["error"] = exc
+                return
+            finally:
+                built.set()
+            box["slot"].batcher.serve_here()
+
+        threading.Thread(target=build_then_serve, name="torchfleet-batcher", daemon=True).start()
+        built.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["slot"]
+
+    def _build_here(self, held_bytes: int) -> Slot:
         cfg = self.config
         t0 = time.perf_counter()
         loaded = load(cfg, self._module)
@@ -234,7 +256,6 @@ class Runtime:
         slot.batcher.attach_metrics(self.metrics)
         slot.batcher.on_batch.append(lambda info, v=slot.version: self._summary.add(
             info.size, info.bucket, info.reason, info.model_s, v))
-        slot.batcher.start()
         m = self.metrics
         m.model_load.set(slot.load_s)
         m.warmup.set(slot.warm_s)
@@ -246,10 +267,11 @@ class Runtime:
 
     def load_and_warm(self) -> None:
         """Set the thread counts, load the model, size the batch cap, warm every bucket, turn ready."""
-        self.threads = configure_threads(self.config)
+        self.threads = configure_threads(self.config)  # intra-op: torch applies it in every thread
         log.info("torch threads: %d intra-op, %d inter-op", *self.threads)
         slot = self._build_slot()
         if self.stop_requested.is_set():
+            slot.batcher.close(0)
             return
         self._activate(slot)
         if not self.stop_requested.is_set():
