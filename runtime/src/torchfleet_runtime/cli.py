@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 from typing import Sequence
 
@@ -61,6 +62,10 @@ OMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # A reload asked for while torch still imports must not kill the process (SIGHUP's default
+    # action, which systemd's Restart=on-failure counts as a clean exit): ignore it until the
+    # real handler is in place.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     for key, value in OMP_DEFAULTS.items():
         os.environ.setdefault(key, value)
     from . import logs

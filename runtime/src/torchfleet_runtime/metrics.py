@@ -5,7 +5,8 @@ histograms in seconds. `torchfleet_stage_duration_seconds{stage}`: decode, queue
 write once per prediction, model once per batch run (the forward with its pad and split; it
 replaces the former torchfleet_queue_wait_seconds with stage="queue").
 `torchfleet_model_info{model_version, model_name, format, device, precision}` is 1 for the model
-being served (one series; a reload replaces it). GPU utilisation and memory are read from NVML at scrape
+being served (one series; a reload replaces it). The standard `process_*` metrics (CPU seconds,
+resident memory, open fds) come from prometheus-client's process collector. GPU utilisation and memory are read from NVML at scrape
 time (nvidia-ml-py, the `gpu` extra), so a scrape always shows the current value and nothing
 polls the driver between scrapes.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,8 @@ class Metrics:
         self.ready.set(0)
         self.spot_notice.set(0)
         self._info_labels: tuple[str, ...] | None = None
+        # process_cpu_seconds_total, process_resident_memory_bytes, ...: the runtime's own cost
+        ProcessCollector(registry=r)
         gpu = GpuCollector.create()
         if gpu is not None:
             r.register(gpu)
