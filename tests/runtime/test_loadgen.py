@@ -6,6 +6,7 @@ TorchScript model, and the percentile math against numpy."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -389,7 +390,8 @@ def test_runtime_benchmark_end_to_end(tmp_path):
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "runtime_bench.py"
     proc = subprocess.run(
         [sys.executable, str(script), "--concurrency", "1,2", "--duration", "0.3",
-         "--offline-seconds", "0.05", "--threads", "1", "--out", str(tmp_path), "--no-plot"],
+         "--offline-seconds", "0.05", "--threads", "1", "--out", str(tmp_path), "--no-plot",
+         "--wrk-seconds", "1", "--overhead-rounds", "1"],
         capture_output=True, text=True, timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -410,3 +412,10 @@ def test_runtime_benchmark_end_to_end(tmp_path):
                 ratio = summary["served_over_offline"][f"{cfg}/{body}"][str(lv["concurrency"])]
                 assert ratio == pytest.approx(lv["items_per_s"] / best, abs=1e-3)
     assert "served / offline" in proc.stdout and "start->ready" in proc.stdout
+    if shutil.which("wrk"):  # the wrk levels and the stage_timing on/off ratio
+        wrk = report["servers"]["batching"]["wrk"]
+        assert [lv["concurrency"] for lv in wrk["json"]] == [8, 32, 64]
+        assert all(lv["rps"] > 0 and lv["non_2xx"] == 0 and lv["server_cpu_ms_per_req"] > 0
+                   for body in ("json", "binary") for lv in wrk[body])
+        inst = report["instrumentation"]
+        assert inst["on_over_off"] == pytest.approx(inst["median_on"] / inst["median_off"], abs=1e-3)

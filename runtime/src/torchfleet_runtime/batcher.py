@@ -310,6 +310,8 @@ class Batcher:
         for c in chunks:
             c.request._started(start)
         model_s = 0.0
+        failure: BaseException | None = None
+        outputs = None
         try:
             inputs = chunks[0].tensor if len(chunks) == 1 else torch.cat([c.tensor for c in chunks])
             t0 = time.perf_counter()
@@ -317,28 +319,31 @@ class Batcher:
             model_s = time.perf_counter() - t0
         except BaseException as exc:  # the model's failure is every caller's failure, never the worker's
             log.error("batch of %d failed: %s", size, exc, exc_info=not isinstance(exc, OutOfMemory))
-            for c in chunks:
-                c.request._fail(exc)
-        else:
-            if self._metrics is not None:  # before the answers: a client that saw its answer finds it counted
-                self._metrics.batch_size.observe(size)
-                self._metrics.stage_of["model"].observe(model_s)
-            offset = 0
-            counted: set[int] = set()  # a request with several chunks in this batch ran once
-            for c in chunks:
-                first = id(c.request) not in counted
-                counted.add(id(c.request))
-                c.request._deliver(c.index, split_outputs(outputs, offset, offset + c.n), model_s if first else 0.0)
-                offset += c.n
+            failure = exc
         finally:
             elapsed = self._clock() - start
             self._seconds_per_instance = 0.8 * self._seconds_per_instance + 0.2 * elapsed / size
             self.busy_since = None
+        # metrics and hooks before the answers: a client that saw its answer finds its batch counted
+        if failure is None and self._metrics is not None:
+            self._metrics.batch_size.observe(size)
+            self._metrics.stage_of["model"].observe(model_s)
         if self.on_batch:
             info = BatchInfo(size, bucket_for(min(size, self.cap), self.buckets), len(chunks), reason,
                              start - chunks[0].enqueued_at, model_s)
             for hook in self.on_batch:
                 hook(info)
+        if failure is not None:
+            for c in chunks:
+                c.request._fail(failure)
+            return
+        offset = 0
+        counted: set[int] = set()  # a request with several chunks in this batch ran once
+        for c in chunks:
+            first = id(c.request) not in counted
+            counted.add(id(c.request))
+            c.request._deliver(c.index, split_outputs(outputs, offset, offset + c.n), model_s if first else 0.0)
+            offset += c.n
 
     def _run_split(self, inputs: torch.Tensor) -> Outputs:
         n = int(inputs.shape[0])

@@ -16,7 +16,14 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 
 log = logging.getLogger(__name__)
