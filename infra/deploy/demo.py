@@ -31,7 +31,7 @@ import yaml
 from infra import config as stack_config
 from infra.deploy import containers
 from infra.deploy.access import http_request
-from infra.deploy.loadgen import loadgen
+from infra import loadgen
 from infra.deploy.pipeline import NodeOptions, Steps, node_stages, run_dir
 from infra.deploy.progress import Console, shown
 from infra.deploy.stage import StageError

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.deploy.access import http_request
-from infra.deploy.loadgen import loadgen
+from infra import loadgen
 from infra.deploy.stage import StageError
 
 
