@@ -29,9 +29,9 @@ from typing import Any
 import yaml
 
 from infra import config as stack_config
+from infra import loadgen
 from infra.deploy import containers
 from infra.deploy.access import http_request
-from infra import loadgen
 from infra.deploy.pipeline import NodeOptions, Steps, node_stages, run_dir
 from infra.deploy.progress import Console, shown
 from infra.deploy.stage import StageError

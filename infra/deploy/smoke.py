@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from infra.deploy.access import http_request
 from infra import loadgen
+from infra.deploy.access import http_request
 from infra.deploy.stage import StageError
 
 

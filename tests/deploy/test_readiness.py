@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from torchfleet_runtime.app import Service
 from torchfleet_runtime.config import Config
-from torchfleet_runtime.service import Runtime
 
 from infra import config as stack_config
 from infra.deploy import readiness, smoke, summary
@@ -23,7 +23,7 @@ from infra.plan import load_stack_config
 @pytest.fixture
 def runtime():
     torch.manual_seed(0)
-    rt = Runtime(Config(port=0, spot_watch="off", input_shape=(4,), max_delay_ms=2.0,
+    rt = Service(Config(port=0, spot_watch="off", input_shape=(4,), max_delay_ms=2.0,
                         log_level="warning"), module=torch.nn.Linear(4, 3).eval())
     rt.start()
     yield f"http://127.0.0.1:{rt.port}"
