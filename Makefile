@@ -6,13 +6,27 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STACK ?= aws-dev
 
-.PHONY: setup demo test lint pytest molecule bench plan bundle lock clean
+.PHONY: setup demo demo-clean up down status test lint pytest molecule e2e bench bench-peers plan bundle image lock clean
 
 setup:
 	@scripts/setup.sh
 
+# `up` on this machine: container nodes converged by the same stages (NODES=2 for two).
 demo: setup
 	@scripts/demo.sh
+
+demo-clean: setup
+	@scripts/demo.sh --clean
+
+# One command per job (torchfleet --help lists the stages and exit codes).
+up: setup
+	@$(VENV)/bin/torchfleet up $(STACK)
+
+down: setup
+	@$(VENV)/bin/torchfleet down $(STACK) $(if $(YES),--yes)
+
+status: setup
+	@$(VENV)/bin/torchfleet status $(STACK)
 
 test: setup
 	@scripts/test.sh
@@ -26,8 +40,16 @@ pytest: setup
 molecule: setup
 	@scripts/test.sh molecule
 
+e2e: setup
+	@scripts/test.sh e2e
+
 bench: setup
 	@$(PY) benchmarks/runtime_bench.py
+
+# Side by side with Mosec, LitServe and TorchServe: optional peers, each pinned into its own venv
+# under .cache/peers/ (setup and test never install them). Options: PEERS_ARGS="--models demo".
+bench-peers: setup
+	@benchmarks/peers/run.sh $(PEERS_ARGS)
 
 plan: setup
 	@$(PY) -m infra.plan $(STACK)
@@ -35,6 +57,14 @@ plan: setup
 # The node bundle of a stack (what its nodes fetch and run): path, sha256, object key, version.
 bundle: setup
 	@$(PY) -m infra.bundle $(STACK)
+
+# The runtime container image (runtime/Containerfile) with the matrix's default profile on NVIDIA's
+# CUDA base. Without a registry: make image BASE=localhost/torchfleet-bookworm:latest PROFILE=cpu
+# WHEELHOUSE=.cache/wheelhouse-cp311. Optional: TAG, MODEL (a directory to bake), CA_CERTS, INDEX_URL.
+image: setup
+	@$(PY) scripts/build_runtime_image.py $(if $(PROFILE),--profile '$(PROFILE)') $(if $(BASE),--base '$(BASE)') \
+	  $(if $(WHEELHOUSE),--wheelhouse '$(WHEELHOUSE)') $(if $(TAG),--tag '$(TAG)') $(if $(MODEL),--model '$(MODEL)') \
+	  $(if $(CA_CERTS),--extra-ca-certs $(CA_CERTS)) $(if $(INDEX_URL),--index-url '$(INDEX_URL)') >/dev/null
 
 # Re-pin every transitive dependency after changing requirements/*.txt.
 lock: setup

@@ -1,46 +1,87 @@
 #!/usr/bin/env python3
-"""Request codec cost for one demo instance (3x64x64 float32): JSON vs raw vs .npy, best of 30.
+"""Per-request CPU of the runtime's codec and instrumentation, in-process, best of N.
 
     python benchmarks/codec_bench.py     (numpy is used only to build the .npy body)
+
+- request decode for one demo instance (3x64x64 float32): JSON with full-precision floats and
+  with pixels rounded to 4 decimals (the body the side-by-side benchmarks send), the runtime's
+  codec (orjson + level-by-level flatten into an array.array) against json.loads + torch.tensor,
+  raw bytes and .npy;
+- the answer's encode (10 logits);
+- what the instrumentation adds to one prediction: the four per-request stage histograms, the
+  Server-Timing header, the request log line when debug is off, and per batch the summary
+  aggregation; and the cost of one JSON log line when it is written.
 """
 
 import io
 import json
+import logging
 import time
 
 import numpy as np
 import torch
 from torchfleet_runtime import codec
+from torchfleet_runtime.logs import BatchSummary, JsonFormatter
+from torchfleet_runtime.metrics import Metrics
 
 SHAPE = (3, 64, 64)
 
 
-def best_ms(fn, n=30):
+def best_us(fn, n=30):
     fn()
     best = 1e9
     for _ in range(n):
         start = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - start)
-    return best * 1000
+    return best * 1e6
 
 
 def main():
     x = torch.randn(1, *SHAPE, generator=torch.Generator().manual_seed(0))
-    body = json.dumps({"inputs": x.tolist()}).encode()
+    full = json.dumps({"inputs": x.tolist()}).encode()
+    rounded = json.dumps({"inputs": np.round(torch.rand(1, *SHAPE).double().numpy(), 4).tolist()}).encode()
     raw = bytearray(x.numpy().tobytes())
     buf = io.BytesIO()
     np.save(buf, x.numpy())
     npy = buf.getvalue()
-    headers = {"X-Shape": "1,3,64,64", "X-Dtype": "float32"}
+    headers = {"x-shape": "1,3,64,64", "x-dtype": "float32"}
     f32 = torch.float32
-    print(f"JSON {len(body) / 1024:.0f} KiB: codec {best_ms(lambda: codec.decode(body, 'application/json', {}, SHAPE, f32)):.2f} ms;"
-          f" json.loads + torch.tensor {best_ms(lambda: torch.tensor(json.loads(body)['inputs'])):.2f} ms;"
-          f" json.loads alone {best_ms(lambda: json.loads(body)):.2f} ms")
-    print(f"raw {len(raw) / 1024:.0f} KiB: {best_ms(lambda: codec.decode(raw, 'application/octet-stream', headers, SHAPE, f32)):.3f} ms;"
-          f" .npy: {best_ms(lambda: codec.decode(npy, 'application/x-npy', {}, SHAPE, f32)):.3f} ms")
+    for name, body in (("full-precision", full), ("4 decimals", rounded)):
+        ours = best_us(lambda body=body: codec.decode(body, "application/json", {}, SHAPE, f32))
+        naive = best_us(lambda body=body: torch.tensor(json.loads(body)["inputs"]))
+        print(f"JSON {name} {len(body) / 1024:.0f} KiB: codec {ours / 1000:.2f} ms; "
+              f"json.loads + torch.tensor {naive / 1000:.2f} ms")
+    print(f"raw {len(raw) / 1024:.0f} KiB: {best_us(lambda: codec.decode(raw, 'application/octet-stream', headers, SHAPE, f32)) / 1000:.3f} ms;"
+          f" .npy: {best_us(lambda: codec.decode(npy, 'application/x-npy', {}, SHAPE, f32)) / 1000:.3f} ms")
     out = torch.randn(1, 10)
-    print(f"encode a JSON answer (10 logits): {best_ms(lambda: codec.encode_json(out, True)):.3f} ms")
+    print(f"encode a JSON answer (10 logits): {best_us(lambda: codec.encode_json(out, True)):.1f} us")
+
+    m = Metrics()
+    stage = m.stage_of
+    reqlog = logging.getLogger("torchfleet_runtime.request")
+    reqlog.setLevel(logging.INFO)
+    t = {"decode": 0.0012, "queue": 0.0031, "model": 0.0094, "encode": 0.00004}
+
+    def per_request():
+        stage["decode"].observe(t["decode"])
+        stage["queue"].observe(t["queue"])
+        stage["encode"].observe(t["encode"])
+        stage["write"].observe(0.00002)
+        _ = (f"decode;dur={t['decode'] * 1000:.3f}, queue;dur={t['queue'] * 1000:.3f}, "
+             f"model;dur={t['model'] * 1000:.3f}, encode;dur={t['encode'] * 1000:.3f}")
+        if reqlog.isEnabledFor(logging.DEBUG):
+            reqlog.debug("never")
+
+    summary = BatchSummary(logging.getLogger("bench.summary"), 10.0)
+    print(f"instrumentation per prediction (4 stage observes, Server-Timing, debug check): "
+          f"{best_us(per_request, 2000):.1f} us; per batch (model observe + summary): "
+          f"{best_us(lambda: (stage['model'].observe(0.009), summary.add(8, 8, 'full', 0.009, 'v1')), 2000):.1f} us")
+    rec = logging.LogRecord("torchfleet_runtime.request", logging.INFO, __file__, 1, "%s %s: %s",
+                            (400, "wrong_shape", "input shape [2] does not match the model"), None)
+    rec.request_id, rec.fields = "a1b2c3d4e5f60718", {"status": 400, "type": "wrong_shape"}
+    fmt = JsonFormatter()
+    print(f"one JSON log line formatted: {best_us(lambda: fmt.format(rec), 2000):.1f} us")
 
 
 if __name__ == "__main__":

@@ -2,13 +2,16 @@
 """`make bench`: the runtime's numbers on this machine, with the demo model.
 
 What it measures (issue 3, "Measure and report"), each with real `torchfleet-runtime serve`
-processes over HTTP on loopback and the closed-loop client of `torchfleet-runtime bench`:
+processes over HTTP on loopback and the closed-loop client of `infra/loadgen.py`:
   1. offline ceiling: in-process best-batch items/s of the same TorchScript model;
   2. served items/s at concurrency 1, 8, 32, 64 — with dynamic batching (max_batch_size auto)
      and without (max_batch_size 1), each with a JSON and a binary request body;
   3. ratios: served / offline, batching on / off, binary / JSON;
   4. time from process start to /readyz 200, and the first request after ready / steady p50;
-  5. time from SIGTERM to exit (drain).
+  5. time from SIGTERM to exit (drain);
+  6. with wrk installed (Debian: wrk): the batching server at c=8/32/64 under wrk, with JSON and
+     binary bodies, p50/p99 and the server's CPU per request (from /proc); and the overhead of the
+     per-stage instrumentation: servers with `stage_timing` on and off, alternated, at c=32.
 Client and server share this machine's CPUs (as they would not in production): the figures
 are a floor, and each run records the load average it started under.
 
@@ -24,8 +27,11 @@ import http.client
 import json
 import math
 import os
+import re
+import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,9 +41,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from torchfleet_runtime import bench
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # infra.loadgen: the controller-side load generator
+from infra import loadgen as bench  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = (  # name, extra serve flags
     ("batching", []),  # max_batch_size auto: the runtime's default
@@ -60,18 +67,25 @@ def runtime_cmd(*args: str) -> list[str]:
     ]
 
 
-TORCH_THREADS: int | None = None  # --threads; None: torch's default (one per core)
+TORCH_THREADS: int | None = None  # --threads; None: the runtime's auto (one per CPU)
 
 
 def child_env() -> dict[str, str]:
-    """The server and offline processes get the same intra-op thread count, so served / offline
-    compares like with like. Why it matters: measured here with other jobs on the 2 cores,
-    the demo model ran 10x slower with 2 OpenMP threads than with 1 (OpenMP barriers spin
-    while a thread waits for a core)."""
+    """The server and offline processes get the same OpenMP settings, so served / offline compares
+    like with like: the runtime's OpenMP wait policy (PASSIVE unless the environment says
+    otherwise, see torchfleet_runtime.cli) and, with --threads, the same intra-op thread count."""
+    from torchfleet_runtime.cli import OMP_DEFAULTS
+
     env = dict(os.environ)
+    for key, value in OMP_DEFAULTS.items():
+        env.setdefault(key, value)
     if TORCH_THREADS:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(TORCH_THREADS)
     return env
+
+
+def thread_flags() -> list[str]:
+    return ["--torch-threads", str(TORCH_THREADS)] if TORCH_THREADS else []
 
 
 def free_port() -> int:
@@ -121,6 +135,7 @@ class Server:
             device,
             "--log-level",
             "warning",
+            *thread_flags(),
             *extra,
         )
         self.started = time.monotonic()
@@ -152,6 +167,12 @@ class Server:
         self._log.close()
         return {"exit_code": rc, "sigterm_to_exit_s": round(time.monotonic() - t0, 3)}
 
+    def cpu_s(self) -> float:
+        """The server process's user + system CPU seconds so far."""
+        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        fields = stat[stat.rfind(")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def tail(self, n: int = 3000) -> str:
         self._log.flush()
         return self.logfile.read_text(errors="replace")[-n:]
@@ -172,12 +193,79 @@ def first_request_ms(port: int, body: bytes, headers: dict[str, str]) -> float:
     return round(elapsed, 3)
 
 
+# --------------------------------------------------------------------------- wrk
+
+WRK_LUA = """
+local f = io.open(os.getenv("TORCHFLEET_BODY"), "rb")
+wrk.body = f:read("*all")
+f:close()
+wrk.method = "POST"
+for k, v in string.gmatch(os.getenv("TORCHFLEET_HEADERS"), "([^=;]+)=([^;]*)") do wrk.headers[k] = v end
+"""
+_WRK_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60000.0}
+
+
+def _wrk_ms(text: str) -> float | None:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    return float(m.group(1)) * _WRK_UNITS[m.group(2)] if m else None
+
+
+def wrk_level(server: Server, body: bytes, headers: dict[str, str], conc: int, seconds: float,
+              work: Path) -> dict[str, Any]:
+    """One wrk run (one thread, closed loop, `conc` connections): req/s, p50/p99 and the server's
+    CPU per request over exactly that run."""
+    body_file, lua = work / "wrk-body", work / "wrk.lua"
+    body_file.write_bytes(body)
+    lua.write_text(WRK_LUA)
+    env = {**os.environ, "TORCHFLEET_BODY": str(body_file),
+           "TORCHFLEET_HEADERS": ";".join(f"{k}={v}" for k, v in headers.items())}
+    url = f"http://127.0.0.1:{server.port}/v1/predict"
+    load = round(os.getloadavg()[0], 2)
+    cpu0 = server.cpu_s()
+    out = subprocess.run(["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(seconds))}s", "--latency", "--timeout", "10s",
+                          "-s", str(lua), url], capture_output=True, text=True, env=env, timeout=seconds + 60).stdout
+    cpu = server.cpu_s() - cpu0
+    lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", out, re.M))
+    n = re.search(r"(\d+) requests in", out)
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    requests = int(n.group(1)) if n else 0
+    return {"concurrency": conc, "requests": requests, "rps": float(rps.group(1)) if rps else 0.0,
+            "p50_ms": _wrk_ms(lat.get("50", "")), "p99_ms": _wrk_ms(lat.get("99", "")),
+            "non_2xx": int(bad.group(1)) if bad else 0,
+            "server_cpu_ms_per_req": round(cpu / requests * 1000, 3) if requests else None, "load1": load}
+
+
+def overhead(model: Path, device: str, payload: tuple[bytes, dict[str, str]], seconds: float, rounds: int,
+             work: Path) -> dict[str, Any]:
+    """stage_timing on vs off at c=32, alternated in the same minutes: -> the off / on ratio."""
+    runs: dict[str, list[float]] = {"on": [], "off": []}
+    for r in range(rounds):
+        for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
+            server = Server(model, device, ["--stage-timing", "true" if mode == "on" else "false"],
+                            work / f"serve-overhead-{mode}.log")
+            try:
+                server.wait_ready(300)
+                wrk_level(server, *payload, 32, 1, work)  # warm: connections, batch sizes
+                level = wrk_level(server, *payload, 32, seconds, work)
+                runs[mode].append(level["rps"])
+                log(f"  stage_timing {mode:<3} c=32 {level['rps']:8.1f} req/s  p99 {fmt(level['p99_ms'], '.1f')} ms  "
+                    f"cpu {fmt(level['server_cpu_ms_per_req'], '.2f')} ms/req  load {level['load1']}")
+            finally:
+                server.stop()
+    on, off = statistics.median(runs["on"]), statistics.median(runs["off"])
+    return {"rounds": rounds, "seconds": seconds, "rps": runs, "median_on": on, "median_off": off,
+            "on_over_off": ratio(on, off)}
+
+
 def offline(model: Path, device: str, seconds: float, workdir: Path) -> dict[str, Any]:
     """In a child process, so this (client) process never holds a CUDA context or torch threads
     busy while a server runs."""
     out = workdir / "offline.json"
-    cmd = runtime_cmd(
-        "bench",
+    cmd = [
+        sys.executable,
+        "-m",
+        "infra.loadgen",
         "--offline",
         str(model),
         "--device",
@@ -186,8 +274,8 @@ def offline(model: Path, device: str, seconds: float, workdir: Path) -> dict[str
         str(seconds),
         "--json",
         str(out),
-    )
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=child_env())
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=child_env(), cwd=ROOT)
     if proc.returncode != 0:
         raise RuntimeError(
             f"offline benchmark failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"
@@ -309,6 +397,18 @@ def print_summary(report: dict[str, Any]) -> None:
             f" / steady p50 {fmt(fr['steady_p50_ms'], '.1f')} ms = {fmt(fr['ratio'])}; "
             f"SIGTERM->exit {s['sigterm_to_exit_s'][cfg]:.2f} s"
         )
+    wrk = report["servers"].get("batching", {}).get("wrk")
+    if wrk:
+        log(f"wrk (batching server; JSON body {report['config'].get('wrk_json_body_bytes')} bytes): "
+            "req/s, p50 / p99 ms, server CPU ms per request")
+        for body, levels in wrk.items():
+            log(f"  {body:<7}" + "".join(
+                f"  c={lv['concurrency']}: {lv['rps']:.1f} req/s {fmt(lv['p50_ms'], '.1f')}/{fmt(lv['p99_ms'], '.1f')} ms "
+                f"{fmt(lv['server_cpu_ms_per_req'], '.2f')} ms" for lv in levels))
+    inst = report.get("instrumentation")
+    if inst:
+        log(f"instrumentation: stage_timing on / off at c=32 = {fmt(inst['on_over_off'], '.3f')} "
+            f"(median {inst['median_on']:.1f} vs {inst['median_off']:.1f} req/s over {inst['rounds']} rounds)")
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -396,7 +496,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-plot", action="store_true", help="skip the PNG even if matplotlib is present"
     )
+    ap.add_argument("--model", type=Path, help="a TorchScript file with its .json sidecar (default: the demo model)")
+    ap.add_argument("--wrk-seconds", type=float, default=5.0, help="seconds per wrk level (default: 5)")
+    ap.add_argument("--overhead-rounds", type=int, default=3,
+                    help="stage_timing on/off rounds at c=32 (default: 3; 0 skips)")
+    ap.add_argument("--no-wrk", action="store_true", help="skip the wrk levels and the overhead rounds")
     args = ap.parse_args(argv)
+    use_wrk = not args.no_wrk and shutil.which("wrk") is not None
     global TORCH_THREADS
     TORCH_THREADS = args.threads
     t_begin = time.monotonic()
@@ -418,11 +524,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     with tempfile.TemporaryDirectory(prefix="torchfleet-bench-") as tmp:
         work = Path(tmp)
-        subprocess.run(
-            runtime_cmd("demo-model", str(work / "model")), check=True, stdout=subprocess.DEVNULL
-        )
-        model = work / "model" / "model.pt"
-        meta = json.loads((work / "model" / "model.json").read_text())
+        if args.model:
+            model = args.model.resolve()
+        else:
+            subprocess.run(
+                runtime_cmd("demo-model", str(work / "model")), check=True, stdout=subprocess.DEVNULL
+            )
+            model = work / "model" / "model.pt"
+        meta = json.loads(model.with_suffix(".json").read_text())
         shape, dtype = tuple(meta["input_shape"]), meta.get("dtype", "float32")
         report["config"].update(input_shape=list(shape), dtype=dtype, model=meta.get("name"))
         report["torch"] = _torch_version()
@@ -435,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         payloads = {body: bench.build_payload(shape, dtype, 1, body == "binary") for body in BODIES}
+        # wrk sends what clients of image models send: pixels rounded to 4 decimals in JSON
+        wrk_payloads = {body: bench.build_payload(shape, dtype, 1, body == "binary", decimals=4) for body in BODIES}
+        report["config"]["wrk_json_body_bytes"] = len(wrk_payloads["json"][0])
         configs = [
             (
                 name,
@@ -494,6 +606,17 @@ def main(argv: list[str] | None = None) -> int:
                             f"  {body:<6} c={conc:<3} {level['items_per_s']:8.1f} items/s  p50 {fmt(lat['p50'], '.1f')} "
                             f"p99 {fmt(lat['p99'], '.1f')} ms  errors {level['errors'] or '-'}  mean batch {level['mean_batch']}"
                         )
+                if use_wrk and cfg == "batching":
+                    run["wrk"] = {}
+                    for body in BODIES:
+                        wrk_level(server, *wrk_payloads[body], 8, 1, work)  # warm-up
+                        run["wrk"][body] = []
+                        for conc in (8, 32, 64):
+                            lv = wrk_level(server, *wrk_payloads[body], conc, args.wrk_seconds, work)
+                            run["wrk"][body].append(lv)
+                            log(f"  wrk {body:<6} c={conc:<3} {lv['rps']:8.1f} req/s  p50 {fmt(lv['p50_ms'], '.1f')} "
+                                f"p99 {fmt(lv['p99_ms'], '.1f')} ms  server cpu {fmt(lv['server_cpu_ms_per_req'], '.2f')} "
+                                f"ms/req  non-2xx {lv['non_2xx']}  load {lv['load1']}")
             except RuntimeError as exc:
                 log(f"  [{cfg}] failed: {exc}")
                 run["error"] = str(exc)
@@ -505,6 +628,13 @@ def main(argv: list[str] | None = None) -> int:
             report["servers"][cfg] = run
             if "error" in run:
                 return 1
+        if use_wrk and args.overhead_rounds > 0:
+            log("instrumentation overhead: stage_timing on / off at c=32 (wrk, JSON body) ...")
+            report["instrumentation"] = overhead(model, args.device, wrk_payloads["json"], args.wrk_seconds,
+                                                 args.overhead_rounds, work)
+            log(f"  on / off = {fmt(report['instrumentation']['on_over_off'], '.3f')}")
+        elif not use_wrk:
+            report["skipped"].append("wrk levels and instrumentation overhead: wrk is not installed (or --no-wrk)")
 
     report["summary"] = summarize(report)
     report["elapsed_s"] = round(time.monotonic() - t_begin, 1)

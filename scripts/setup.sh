@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command set-up: system packages the tests need (as root on Debian), then .venv with every
-# pinned Python dependency and the runtime installed editable. Re-running it changes nothing and
-# returns in about a second: each step checks before it acts.
+# pinned Python dependency, the runtime and the `torchfleet` command installed editable.
+# Re-running it changes nothing and returns in about a second: each step checks before it acts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +11,12 @@ PYTHON=${PYTHON:-python3}
 # (no registry is reachable); uidmap/slirp4netns/fuse-overlayfs are podman's helpers, catatonit
 # builds the pause image of a pod (the bootstrap test runs its node and fakes in one).
 APT_PACKAGES=(podman runc debootstrap uidmap slirp4netns fuse-overlayfs catatonit iproute2 curl openssh-client)
+# Debian's Prometheus stack for tests/monitoring: promtool (rule checks and unit tests) and the
+# real prometheus, alertmanager and node exporter binaries the tests run on loopback. Wanted
+# for their programs only: on a booted machine apt would start their services listening on
+# every interface, so the ones this run installs are stopped and disabled again.
+BINARY_ONLY_PACKAGES=(prometheus prometheus-alertmanager prometheus-node-exporter)
+APT_PACKAGES+=("${BINARY_ONLY_PACKAGES[@]}")
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -30,6 +36,13 @@ install_system_packages() {
   log "installing system packages: ${missing[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [ -d /run/systemd/system ]; then
+    for p in "${missing[@]}"; do
+      case " ${BINARY_ONLY_PACKAGES[*]} " in
+        *" $p "*) systemctl disable --now "$p" >/dev/null 2>&1 || true ;;
+      esac
+    done
+  fi
 }
 
 install_python_packages() {
@@ -39,7 +52,7 @@ install_python_packages() {
   local stamp="$VENV/.torchfleet-setup"
   local want
   local inputs=("${reqs[@]}")
-  for f in requirements/constraints.txt runtime/pyproject.toml; do [ -f "$f" ] && inputs+=("$f"); done
+  for f in requirements/constraints.txt runtime/pyproject.toml pyproject.toml; do [ -f "$f" ] && inputs+=("$f"); done
   want=$(cat "${inputs[@]}" | sha256sum | cut -d' ' -f1)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     log "$VENV up to date"
@@ -51,6 +64,8 @@ install_python_packages() {
   # constraints.txt pins every transitive dependency (regenerate with `make lock`).
   if [ -f requirements/constraints.txt ]; then args+=(-c requirements/constraints.txt); fi
   if [ -f runtime/pyproject.toml ]; then args+=(-e ./runtime); fi
+  # the repository root: infra/ and the `torchfleet` command (up | down | status | plan | demo)
+  args+=(-e .)
   log "installing pinned Python dependencies into $VENV"
   "$VENV/bin/python" -m pip install -q "${args[@]}"
   echo "$want" >"$stamp"

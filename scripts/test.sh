@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test suite, in order of speed: lint first (seconds), then pytest, which includes the
-# Molecule scenarios (tests/roles/). `scripts/test.sh lint|pytest|molecule` runs one part.
+# Molecule scenarios (tests/roles/) and the demo's end-to-end node path (tests/e2e/).
+# `scripts/test.sh lint|pytest|molecule|e2e` runs one part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -25,8 +26,9 @@ run_pytest() {
 
 case "$part" in
   lint) run_lint ;;
-  pytest) run_pytest -m "not molecule" ;;
+  pytest) run_pytest -m "not molecule and not e2e" ;;
   molecule) run_pytest -m molecule ;;
+  e2e) run_pytest -m e2e ;;
   all) run_lint; run_pytest ;;
-  *) echo "usage: $0 [lint|pytest|molecule|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [lint|pytest|molecule|e2e|all]" >&2; exit 2 ;;
 esac

@@ -4,6 +4,7 @@ refusal), destroy.
 
   site    Debian 12, Python 3.11, profile cpu, torch 2.13.0 CPU
   legacy  Debian 11, Python 3.9, cu116 stack with PyPI torch 1.12.1 and numpy<2
+  monitoring  Debian 12 as the monitoring host and a node shipping its journal to it
 
 Images come from scripts/build_image.sh (built when missing), wheels from host wheelhouses
 (tests/roles/prepare_wheelhouse.sh; downloaded once into .cache/). Each scenario prints its
@@ -19,12 +20,14 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+from infra.deploy.access import free_loopback_port
+from infra.deploy.containers import ensure_ssh_key, missing_tools
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -35,37 +38,11 @@ SCENARIOS = {
     # scenario: (image suite, wheelhouse ABI)
     "site": ("bookworm", "cp311"),
     "legacy": ("bullseye", "cp39"),
+    "monitoring": ("bookworm", "cp311"),  # roles/monitoring: playbooks/monitoring.yml
 }
 # `molecule test`'s sequence, run step by step so each step's time is measured and a failure
 # names its step. destroy always runs at the end (unless TORCHFLEET_MOLECULE_KEEP=1).
 STEPS = ("create", "prepare", "converge", "idempotence", "verify")
-
-
-def _need(tool: str) -> None:
-    if shutil.which(tool) is None:
-        pytest.fail(f"{tool} is not installed: run `make setup` (it installs podman, runc, debootstrap)")
-
-
-def _ssh_key(env: dict[str, str]) -> None:
-    """Make the throwaway test key once. sshd's StrictModes refuses an authorized_keys that
-    group or others may write, so the public half is made 0644 whatever the umask."""
-    if not (SSH_KEY.exists() and SSH_KEY.with_suffix(".pub").exists()):
-        SSH_KEY.parent.mkdir(parents=True, exist_ok=True)
-        SSH_KEY.unlink(missing_ok=True)
-        SSH_KEY.with_suffix(".pub").unlink(missing_ok=True)
-        made = _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "torchfleet-molecule",
-                     "-f", str(SSH_KEY)], env, REPO, 60)
-        assert made.returncode == 0, f"ssh-keygen failed: {made.stderr}"
-    SSH_KEY.chmod(0o600)
-    SSH_KEY.with_suffix(".pub").chmod(0o644)
-
-
-def _free_loopback_port() -> int:
-    """A port free on 127.0.0.1 now, for podman to publish the node's sshd on (the kernel picks
-    it, so two scenarios or a stray service never collide on a fixed number)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: int) -> subprocess.CompletedProcess[str]:
@@ -76,11 +53,13 @@ def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: int) -> subpro
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize(
     "scenario",
-    [pytest.param("site"), pytest.param("legacy", marks=pytest.mark.legacy)],
+    [pytest.param("site"), pytest.param("legacy", marks=pytest.mark.legacy), pytest.param("monitoring")],
 )
 def test_scenario(scenario: str, tool_env: dict[str, str]) -> None:
-    for tool in ("podman", "runc", "ssh", "ssh-keygen"):
-        _need(tool)
+    missing = missing_tools("podman", "runc", "ssh", "ssh-keygen")
+    if missing:
+        pytest.fail(f"{', '.join(missing)} not installed: run `make setup` (it installs podman, "
+                    "runc, debootstrap, openssh-client)")
     suite, abi = SCENARIOS[scenario]
     env = dict(tool_env)
     env["MOLECULE_EPHEMERAL_DIRECTORY"] = str(REPO / ".cache" / "molecule" / scenario)
@@ -92,8 +71,9 @@ def test_scenario(scenario: str, tool_env: dict[str, str]) -> None:
     shutil.copytree(REPO / "runtime", snapshot,
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".ruff_cache"))
     env["TORCHFLEET_RUNTIME_SOURCE"] = str(snapshot)
-    _ssh_key(env)
-    env["TORCHFLEET_MOLECULE_SSH_PORT"] = str(_free_loopback_port())
+    ensure_ssh_key(SSH_KEY)  # the throwaway key (shared with the demo's container nodes)
+    # podman publishes the node's sshd on a port the kernel picked: nothing collides
+    env["TORCHFLEET_MOLECULE_SSH_PORT"] = str(free_loopback_port())
 
     # The scenario's container name is fixed (molecule.yml): two checkouts on one machine (git
     # worktrees, a person beside CI) run the same scenario one after the other, not on top of

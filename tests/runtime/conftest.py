@@ -15,8 +15,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # rt_models, importable by name (also by subprocesses via PYTHONPATH)
 
+from torchfleet_runtime.app import Service  # noqa: E402
 from torchfleet_runtime.config import Config  # noqa: E402
-from torchfleet_runtime.service import Runtime  # noqa: E402
 
 
 class Client:
@@ -59,41 +59,128 @@ def metric_value(text: str, name: str, labels: str = "") -> float:
 
 
 @pytest.fixture
-def start_runtime() -> Iterator[Callable[..., Runtime]]:
-    """start_runtime(module, wait=True, **config) -> a started in-process Runtime on a free port."""
-    started: list[Runtime] = []
+def start_runtime() -> Iterator[Callable[..., Service]]:
+    """start_runtime(module, wait=True, **config) -> a started in-process Service on a free port
+    (its `.runtime` is the model side, its `.port` the HTTP edge's)."""
+    started: list[Service] = []
     threads: list[threading.Thread] = []
 
-    def start(module: Any = None, wait: bool = True, **overrides: Any) -> Runtime:
+    def start(module: Any = None, wait: bool = True, **overrides: Any) -> Service:
         base = dict(port=0, spot_watch="off", input_shape=(4,), max_delay_ms=2.0, log_level="warning")
         base.update(overrides)
-        rt = Runtime(Config(**base), module=module)
-        started.append(rt)
+        svc = Service(Config(**base), module=module)
+        started.append(svc)
         if wait:
-            rt.start()
+            svc.start()
         else:
-            rt.start_http()
-            t = threading.Thread(target=rt.load_and_warm, daemon=True)
+            svc.start_http()
+            t = threading.Thread(target=svc.runtime.load_and_warm, daemon=True)
             t.start()
             threads.append(t)
-        return rt
+        return svc
 
     yield start
-    for rt in started:
-        rt.close()
+    for svc in started:
+        svc.close()
     for t in threads:
         t.join(10)
 
 
 @pytest.fixture
-def client_for() -> Iterator[Callable[[Runtime], Client]]:
+def client_for() -> Iterator[Callable[[Any], Client]]:
     clients: list[Client] = []
 
-    def make(rt: Runtime) -> Client:
-        c = Client(rt.port)
+    def make(svc: Any) -> Client:
+        c = Client(svc.port)
         clients.append(c)
         return c
 
     yield make
     for c in clients:
         c.close()
+
+
+class RawResponse:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def __repr__(self) -> str:
+        return f"RawResponse({self.status}, {self.headers}, {self.body[:200]!r})"
+
+
+def parse_responses(data: bytes) -> list[RawResponse]:
+    """Every complete HTTP/1.1 response in `data` (llhttp's response parser; 1xx included)."""
+    import httptools
+
+    out: list[RawResponse] = []
+
+    class Sink:
+        def on_message_begin(self) -> None:
+            self.headers: dict[str, str] = {}
+            self.body = b""
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self.headers[name.decode().title()] = value.decode("latin-1")
+
+        def on_body(self, body: bytes) -> None:
+            self.body += body
+
+        def on_message_complete(self) -> None:
+            out.append(RawResponse(parser.get_status_code(), self.headers, self.body))
+
+    sink = Sink()
+    parser = httptools.HttpResponseParser(sink)
+    rest = data
+    while rest:
+        try:
+            parser.feed_data(rest)
+            rest = b""
+        except httptools.HttpParserUpgrade:
+            rest = b""
+        except httptools.HttpParserError:
+            if out and out[-1].status == 100:  # llhttp stops after an interim answer: go on with the rest
+                idx = data.find(b"\r\n\r\n", data.find(b"HTTP/1.1 100")) + 4
+                parser = httptools.HttpResponseParser(sink)
+                rest, data = data[idx:], data[idx:]
+                continue
+            raise
+    return out
+
+
+def raw_exchange(port: int, data: bytes | list[bytes], timeout: float = 10.0, half_close: bool = True,
+                 pause_s: float = 0.0) -> tuple[list[RawResponse], bool]:
+    """Send `data` (pieces with `pause_s` between them) on a fresh connection, half-close, read
+    until the server closes or `timeout`; -> (responses, closed_by_server)."""
+    import socket
+    import time
+
+    pieces = [data] if isinstance(data, bytes) else data
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        try:
+            for i, piece in enumerate(pieces):
+                if i and pause_s:
+                    time.sleep(pause_s)
+                s.sendall(piece)
+            if half_close:
+                s.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        got = b""
+        closed = False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                chunk = s.recv(65536)
+            except TimeoutError:
+                break
+            except ConnectionResetError:
+                closed = True
+                break
+            if not chunk:
+                closed = True
+                break
+            got += chunk
+    return parse_responses(got), closed

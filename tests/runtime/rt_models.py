@@ -73,6 +73,29 @@ class Instrumented(Tiny):
         return super().forward(x)
 
 
+CANARY = 12345.0  # an input value no test sends except inside a smuggled request
+
+
+class Recorder(Tiny):
+    """Tiny that counts the instances it ran and records every canary value (>= CANARY) it saw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[float] = set()
+        self.instances = 0
+
+    @property
+    def canary(self) -> bool:
+        return bool(self.seen)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hits = x[x >= CANARY]
+        if hits.numel():
+            self.seen.update(hits.tolist())
+        self.instances += int(x.shape[0])
+        return super().forward(x)
+
+
 class FileGated(Tiny):
     """For subprocess tests: a batch holding a gated instance waits until the file
     $RT_GATE_FILE exists (a process cannot share a threading.Event)."""

@@ -42,12 +42,12 @@ def test_waiting_requests_form_one_padded_batch(start_runtime, client_for):
     m = rt_models.Instrumented()
     rt = start_runtime(m, max_batch_size=8, max_delay_ms=2)
     batches: list[BatchInfo] = []
-    rt.batcher.on_batch.append(batches.append)
+    rt.runtime.batcher.on_batch.append(batches.append)
     first, _ = in_thread(lambda: client_for(rt).predict(GATED))
     assert m.entered.wait(20)
     xs = [torch.randn(4) for _ in range(7)]
     workers = [in_thread(lambda x=x: client_for(rt).predict(x.tolist())) for x in xs]
-    wait_until(lambda: rt.batcher.queued == 7, "7 queued instances")
+    wait_until(lambda: rt.runtime.batcher.queued == 7, "7 queued instances")
     m.sizes.clear()
     m.gate.set()
     first.join(20)
@@ -58,7 +58,7 @@ def test_waiting_requests_form_one_padded_batch(start_runtime, client_for):
         assert torch.allclose(torch.tensor(doc["outputs"]), rt_models.expected(x[None])[0], atol=1e-6)
     assert [(b.size, b.bucket, b.chunks) for b in batches] == [(1, 1, 1), (7, 8, 7)]
     assert m.sizes == {8: 1}  # padded to the warmed bucket, not run at an unwarmed 7
-    text = rt.metrics.render().decode()
+    text = rt.runtime.metrics.render().decode()
     assert metric_value(text, "torchfleet_batch_size_count") == 2
     assert metric_value(text, "torchfleet_batch_size_sum") == 8
 
@@ -68,7 +68,7 @@ def test_a_full_batch_goes_at_once_without_waiting_for_the_delay(start_runtime, 
     # A 10-minute delay: if filling the batch did not close it, these requests would time out.
     rt = start_runtime(m, max_batch_size=4, max_delay_ms=600_000, batch_wait="always")
     batches: list[BatchInfo] = []
-    rt.batcher.on_batch.append(batches.append)
+    rt.runtime.batcher.on_batch.append(batches.append)
     workers = [in_thread(lambda: client_for(rt).predict([1.0, 2.0, 3.0, 4.0])) for _ in range(4)]
     for t, out in workers:
         t.join(30)
@@ -79,7 +79,7 @@ def test_a_full_batch_goes_at_once_without_waiting_for_the_delay(start_runtime, 
 def test_a_lone_request_goes_when_the_delay_expires(start_runtime, client_for):
     rt = start_runtime(rt_models.Instrumented(), max_batch_size=8, max_delay_ms=50, batch_wait="always")
     batches: list[BatchInfo] = []
-    rt.batcher.on_batch.append(batches.append)
+    rt.runtime.batcher.on_batch.append(batches.append)
     assert client_for(rt).predict([1.0, 2.0, 3.0, 4.0])[0] == 200
     (b,) = batches
     assert (b.size, b.bucket, b.reason) == (1, 1, "deadline")
@@ -91,7 +91,7 @@ def test_with_nobody_else_arriving_a_lone_request_does_not_wait(start_runtime, c
     # 60 s delay bound this request would time the test out if it waited for the bound.
     rt = start_runtime(rt_models.Instrumented(), max_batch_size=8, max_delay_ms=60_000)
     batches: list[BatchInfo] = []
-    rt.batcher.on_batch.append(batches.append)
+    rt.runtime.batcher.on_batch.append(batches.append)
     assert client_for(rt).predict([1.0, 2.0, 3.0, 4.0])[0] == 200
     assert [(b.size, b.reason) for b in batches] == [(1, "idle")]
 
@@ -158,7 +158,7 @@ def test_past_the_queue_bound_503_with_retry_after_at_once(start_runtime, client
     first, first_out = in_thread(lambda: client_for(rt).predict(GATED))
     assert m.entered.wait(20)  # the worker is busy: everything else queues
     queued = [in_thread(lambda: client_for(rt).predict([1.0, 1.0, 1.0, 1.0])) for _ in range(2)]
-    wait_until(lambda: rt.batcher.queued == 2, "a full queue")
+    wait_until(lambda: rt.runtime.batcher.queued == 2, "a full queue")
     status, headers, doc = client_for(rt).predict([2.0, 2.0, 2.0, 2.0])
     assert status == 503 and doc["error"]["type"] == "queue_full"
     assert int(headers["Retry-After"]) >= 1
@@ -166,7 +166,7 @@ def test_past_the_queue_bound_503_with_retry_after_at_once(start_runtime, client
     for t, out in [(first, first_out), *queued]:
         t.join(20)
         assert out[0][0] == 200
-    text = rt.metrics.render().decode()
+    text = rt.runtime.metrics.render().decode()
     assert metric_value(text, "torchfleet_requests_total", 'code="503"') == 1
     assert metric_value(text, "torchfleet_requests_total", 'code="200"') == 3
 
@@ -181,8 +181,8 @@ def test_oom_frees_splits_retries_and_lowers_the_cap(start_runtime, client_for):
     assert status == 200
     assert torch.allclose(torch.tensor(doc["outputs"]), rt_models.expected(x), atol=1e-6)
     assert m.oom_raised == 2  # at 8, then at 4; never again once the cap is 2
-    assert rt.batcher.cap == 2 and c.get_json("/v1/model")[1]["max_batch_size"] == 2
-    assert metric_value(rt.metrics.render().decode(), "torchfleet_oom_recoveries_total") == 2
+    assert rt.runtime.batcher.cap == 2 and c.get_json("/v1/model")[1]["max_batch_size"] == 2
+    assert metric_value(rt.runtime.metrics.render().decode(), "torchfleet_oom_recoveries_total") == 2
 
     m.oom_above = 0  # even one instance does not fit: a 503 naming the problem, not a crash
     status, headers, doc = c.predict(x[0].tolist())
@@ -213,11 +213,11 @@ def test_warm_up_runs_every_bucket_at_least_three_times(start_runtime, client_fo
 def test_auto_cap_on_cpu_is_measured_and_fully_warmed(start_runtime):
     m = rt_models.Instrumented()
     rt = start_runtime(m, latency_budget_ms=1000)
-    assert rt.sizing.method == "latency" and rt.sizing.cap >= 1
-    assert set(rt.sizing.measurements) >= set(buckets_up_to(rt.sizing.cap))
-    assert rt.batcher.buckets == buckets_up_to(rt.sizing.cap)
+    assert rt.runtime.sizing.method == "latency" and rt.runtime.sizing.cap >= 1
+    assert set(rt.runtime.sizing.measurements) >= set(buckets_up_to(rt.runtime.sizing.cap))
+    assert rt.runtime.batcher.buckets == buckets_up_to(rt.runtime.sizing.cap)
     # the sizing runs come first; every bucket then got its full warm-up on top
-    assert all(m.sizes[b] >= 3 for b in rt.batcher.buckets)
+    assert all(m.sizes[b] >= 3 for b in rt.runtime.batcher.buckets)
 
 
 @pytest.mark.parametrize(
@@ -242,12 +242,22 @@ def test_not_ready_until_warm_up_ends(start_runtime, client_for):
     m.warm_gate = threading.Event()
     rt = start_runtime(m, wait=False, max_batch_size=2)
     c = client_for(rt)
-    wait_until(lambda: rt.state == "warming", "warm-up to start")
+    wait_until(lambda: rt.runtime.state == "warming", "warm-up to start")
     status, headers, _ = c.call("GET", "/readyz")
     assert status == 503 and headers["Retry-After"] == "1"
     assert c.predict([1.0, 1.0, 1.0, 1.0])[0] == 503
     assert c.get_json("/livez")[0] == 200  # alive: it is making progress
-    assert metric_value(rt.metrics.render().decode(), "torchfleet_ready") == 0
+    assert metric_value(rt.runtime.metrics.render().decode(), "torchfleet_ready") == 0
     m.warm_gate.set()
     wait_until(lambda: c.call("GET", "/readyz")[0] == 200, "readiness")
     assert c.predict([1.0, 1.0, 1.0, 1.0])[0] == 200
+
+
+def test_a_request_larger_than_max_queue_is_413_at_once_even_on_an_empty_queue(start_runtime, client_for):
+    rt = start_runtime(rt_models.Instrumented(), max_batch_size=2, max_queue=4)
+    c = client_for(rt)
+    status, _, doc = c.predict(torch.randn(5, 4).tolist())
+    assert status == 413 and doc["error"]["type"] == "too_many_instances" and "max_queue" in doc["error"]["message"]
+    status, _, doc = c.predict(torch.randn(4, 4).tolist())  # exactly the bound: admitted, split by the cap
+    assert status == 200 and len(doc["outputs"]) == 4
+    assert rt.runtime.batcher.queued == 0

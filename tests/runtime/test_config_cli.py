@@ -88,7 +88,7 @@ def test_demo_model_is_deterministic_and_serves_its_own_answers(tmp_path, start_
     # metadata comes from the sidecar next to the model: no --input-shape here
     rt = start_runtime(model=str(tmp_path / "a" / "model.pt"), input_shape=None, max_batch_size=2)
     status, _, doc = client_for(rt).predict(x.tolist())
-    assert status == 200 and rt.loaded.format == "torchscript"
+    assert status == 200 and rt.runtime.loaded.format == "torchscript"
     assert torch.allclose(torch.tensor(doc["outputs"]), want, atol=1e-4)
 
 

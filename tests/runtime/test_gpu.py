@@ -61,13 +61,13 @@ def test_cap_is_the_largest_bucket_within_the_memory_fraction(start_runtime, tmp
     model_path, _ = demo.write_demo_model(tmp_path)
     fraction = 0.02
     rt = start_runtime(model=str(model_path), input_shape=None, device="cuda", memory_fraction=fraction)
-    sizing = rt.sizing
+    sizing = rt.runtime.sizing
     limit = fraction * torch.cuda.mem_get_info()[1]
     assert sizing.method == "memory"
     fits = [b for b, peak in sizing.measurements.items() if peak <= limit]
     assert sizing.cap == max(fits)
     assert any(peak > limit for peak in sizing.measurements.values()), "the 2 % limit was never reached"
-    assert rt.batcher.buckets == buckets_up_to(sizing.cap)
+    assert rt.runtime.batcher.buckets == buckets_up_to(sizing.cap)
 
 
 class Hungry(nn.Module):
@@ -96,4 +96,4 @@ def test_a_real_cuda_oom_splits_and_lowers_the_cap(start_runtime, client_for):
     with torch.no_grad():
         want = nn.functional.linear(x, m.fc.weight.cpu(), m.fc.bias.cpu())
     assert torch.allclose(torch.tensor(doc["outputs"]), want, atol=1e-4)
-    assert rt.batcher.cap <= 2
+    assert rt.runtime.batcher.cap <= 2

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -193,11 +194,11 @@ def test_a_spot_notice_drains_the_runtime(cloud, metadata_server, start_runtime,
         srv.aws_notice = json.dumps({"action": "terminate", "time": "2026-11-30T20:00:00Z"})
     else:
         srv.ali_notice = "2026-11-30T20:00:00Z"
-    assert rt.stop_requested.wait(20)
-    assert rt.state == "draining" and "spot" in rt.stop_reason
+    assert rt.runtime.stop_requested.wait(20)
+    assert rt.runtime.state == "draining" and "spot" in rt.runtime.stop_reason
     assert c.call("GET", "/readyz")[0] == 503
     assert c.predict([1.0, 2.0, 3.0, 4.0])[0] == 503
-    assert rt.drain(5)
+    assert rt.runtime.drain(5)
     if cloud == "aws":
         assert srv.tokens_issued == 1  # the IMDSv2 token is reused, not fetched per poll
 
@@ -216,3 +217,65 @@ def test_auto_detects_the_cloud_or_turns_itself_off(metadata_server):
     srv.aws = False
     assert detect(url, url) == "alicloud"
     assert detect(nowhere, nowhere) == "off"
+
+
+def test_sighup_reloads_the_model_in_the_same_process(tmp_path):
+    path = tmp_path / "model.pt"
+    torch.jit.script(rt_models.tiny()).save(str(path))
+    meta = {"input_shape": [4], "name": "tiny", "version": "2026-12-01.1"}
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    p = ServeProcess(["--model", str(path), "--max-batch-size", "2", "--log-level", "info", "--log-format", "json"], {})
+    try:
+        c = Client(p.port)
+        wait_until(lambda: c.call("GET", "/readyz")[0] == 200, "the server to be ready", 60)
+        assert c.predict([1.0, 2.0, 3.0, 4.0])[1]["X-Model-Version"] == "2026-12-01.1"
+        path.with_suffix(".json").write_text(json.dumps({**meta, "version": "2026-12-01.2"}))
+        p.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: c.get_json("/v1/model")[1]["model_version"] == "2026-12-01.2", "the new version", 60)
+        assert c.call("GET", "/readyz")[0] == 200 and p.proc.poll() is None  # the same process, still ready
+        status, headers, _ = c.predict([1.0, 2.0, 3.0, 4.0])
+        assert status == 200 and headers["X-Model-Version"] == "2026-12-01.2"
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+    finally:
+        p.kill()
+    lines = [json.loads(line) for line in p.log if line.startswith("{")]
+    done = [r for r in lines if r["msg"].startswith("reload done")]
+    assert done and done[0]["model_version"] == "2026-12-01.2" and done[0]["previous_version"] == "2026-12-01.1"
+    assert {"ts", "level", "logger", "msg"} <= set(done[0])
+
+
+def test_during_a_drain_503s_close_the_connection_are_not_in_flight_and_the_drain_ends_with_the_work(
+        start_runtime):
+    m = rt_models.Instrumented()
+    svc = start_runtime(m, max_batch_size=1, drain_timeout_s=30)
+    rt = svc.runtime
+    stuck, stuck_out = in_thread(lambda: Client(svc.port).predict([rt_models.GATE_VALUE, 0.0, 0.0, 0.0]))
+    assert m.entered.wait(20)
+    rt.request_stop("test")
+    svc.http.begin_closing()
+    answers: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def retrying_client() -> None:  # what a retrying client does to a draining node
+        while not stop.is_set():
+            status, headers, _ = Client(svc.port).predict([1.0, 1.0, 1.0, 1.0])
+            answers.append((status, headers.get("Connection", "")))
+
+    retry, _ = in_thread(retrying_client)
+    wait_until(lambda: len(answers) >= 20, "20 refused retries")
+    drained: list[float] = []
+    waiter, _ = in_thread(lambda: drained.append(rt.drain(30)))
+    time.sleep(0.2)
+    assert not drained  # the accepted request is still running: the drain waits for it...
+    t0 = time.monotonic()
+    m.gate.set()
+    waiter.join(10)
+    assert drained == [True] and time.monotonic() - t0 < 5  # ...and ends with it, retries or not
+    stop.set()
+    retry.join(10)
+    stuck.join(10)
+    assert stuck_out[0][0] == 200
+    assert answers and all(a == (503, "close") for a in answers)
+    text = rt.metrics_text().decode()
+    assert metric_value(text, "torchfleet_inflight_requests") == 0

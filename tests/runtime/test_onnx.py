@@ -34,7 +34,7 @@ def test_an_onnx_model_serves_the_same_answers(tmp_path, start_runtime, client_f
     path = tmp_path / "tiny.onnx"
     _tiny_onnx(path)
     rt = start_runtime(model=str(path), max_batch_size=4)
-    assert rt.loaded.format == "onnx" and rt.batcher.buckets == [1, 2, 4]
+    assert rt.runtime.loaded.format == "onnx" and rt.runtime.batcher.buckets == [1, 2, 4]
     x = torch.randn(6, rt_models.IN)
     status, _, doc = client_for(rt).predict(x.tolist())
     assert status == 200

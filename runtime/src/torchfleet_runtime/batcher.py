@@ -2,8 +2,11 @@
 
 Contract (the shape of LitServe's loop and BentoML's dispatcher, kept self-contained):
 - `submit(tensor)` splits a request into chunks of at most the cap, admits them only if the
-  queue has room for all of them (else `QueueFull` at once, never unbounded latency) and returns
-  a `Request` whose `result()` joins the chunks' outputs in order.
+  queue has room for all of them (else `QueueFull` at once, never unbounded latency; a request
+  larger than `max_queue` instances can never fit and is `TooLarge` at once) and returns a
+  `Request` whose `result()` (or done callback) joins the chunks' outputs in order.
+- `max_queue` bounds instances waiting, whatever the size of one request; it is at least the
+  cap, so one full batch is always admissible.
 - The worker takes the oldest chunk, then keeps adding chunks until the batch holds `cap`
   instances, the next chunk would overflow it, or `max_delay` has passed since the oldest chunk
   arrived (fill-or-timeout). With `wait_for_arrivals` (the server's default, config
@@ -28,12 +31,15 @@ from typing import Callable
 import torch
 
 from . import compat
-from .codec import concat_outputs, split_outputs
 from .metrics import Metrics
-from .model import Outputs, Predictor
-from .warmup import bucket_for
+from .model import Predictor
+from .tensors import Outputs, bucket_for, concat_outputs, split_outputs
 
 log = logging.getLogger(__name__)
+
+
+class TooLarge(Exception):
+    """A request holds more instances than the queue can ever admit (max_queue)."""
 
 
 class QueueFull(Exception):
@@ -61,10 +67,12 @@ class BatchInfo:
     # other request on its way (wait_for_arrivals); "draining"
     reason: str
     oldest_wait_s: float
+    model_s: float = 0.0  # the forward with its pad and split
 
 
 class Request:
-    """One caller's instances, possibly split into several chunks."""
+    """One caller's instances, possibly split into several chunks. Completion is a callback
+    (`add_done_callback`, run in the worker's thread) or a blocking `result()`."""
 
     def __init__(self, n_chunks: int) -> None:
         self._parts: list[Outputs] = [None] * n_chunks
@@ -72,17 +80,49 @@ class Request:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self._callbacks: list[Callable[[], None]] = []
+        self.enqueued_at = 0.0
+        self.started_at: float | None = None  # when the first of its batches began
+        self.model_s = 0.0  # seconds of the model runs that carried its chunks
 
-    def _deliver(self, index: int, outputs: Outputs) -> None:
+    def _started(self, at: float) -> None:
+        if self.started_at is None or at < self.started_at:
+            self.started_at = at
+
+    def _finish(self) -> None:
+        self._done.set()
+        for cb in self._callbacks:
+            cb()
+
+    def _deliver(self, index: int, outputs: Outputs, model_s: float) -> None:
         with self._lock:
             self._parts[index] = outputs
+            self.model_s += model_s
             self._left -= 1
-            if self._left == 0:
-                self._done.set()
+            last = self._left == 0
+        if last:
+            self._finish()
 
     def _fail(self, exc: BaseException) -> None:
-        self._error = exc
-        self._done.set()
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._error = exc
+        self._finish()
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        fn()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def queue_s(self) -> float:
+        return 0.0 if self.started_at is None else max(0.0, self.started_at - self.enqueued_at)
 
     def result(self, timeout: float | None = None) -> Outputs:
         if not self._done.wait(timeout):
@@ -124,7 +164,7 @@ class Batcher:
         self._seconds_per_instance = 0.0  # EWMA, for Retry-After
         self.busy_since: float | None = None  # monotonic start of the running batch
         self.on_batch: list[Callable[[BatchInfo], None]] = []
-        self._thread = threading.Thread(target=self._loop, name="torchfleet-batcher", daemon=True)
+        self._thread: threading.Thread | None = None  # the worker: start() makes one, serve_here() is one
 
     # --- public -----------------------------------------------------------------------------
 
@@ -137,15 +177,25 @@ class Batcher:
         return self._queued
 
     def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
-        self._thread.start()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="torchfleet-batcher", daemon=True)
+            self._thread.start()
+
+    def serve_here(self) -> None:
+        """Run the worker loop in the calling thread until close(). The runtime warms a model in
+        the thread that will serve it: OpenMP thread teams and TorchScript's per-thread state
+        belong to the calling thread, so a model warmed in another thread pays for them again on
+        its first real batch."""
+        self._thread = threading.current_thread()
+        self._loop()
 
     def run_now(self, tensor: torch.Tensor) -> Outputs:
         """Pad, run and split `tensor` in the caller's thread, bypassing the queue and its delay
         (the start-up self-test; only before start(), as the model is not thread-safe)."""
-        if self._thread.is_alive():
+        if self._thread is not None:
             raise RuntimeError("run_now() is only allowed before the worker starts")
         return self._run_split(tensor)
 
@@ -175,9 +225,13 @@ class Batcher:
                 self._cond.notify()
             if self._stopping:
                 raise Stopped("the batcher is stopping")
-            if self._queued + n > self.max_queue and self._queued > 0:
+            if n > self.max_queue:
+                raise TooLarge(f"the request holds {n} instances; at most {self.max_queue} can wait "
+                               "(config key max_queue): split it")
+            if self._queued + n > self.max_queue:
                 raise QueueFull(self._retry_after(), self._queued, self.max_queue)
             now = self._clock()
+            request.enqueued_at = now
             for i, piece in enumerate(pieces):
                 self._queue.append(_Chunk(request, i, piece, now))
             self._queued += n
@@ -190,8 +244,9 @@ class Batcher:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        t = self._thread
+        if t is not None and t is not threading.current_thread() and t.is_alive():
+            t.join(timeout)
 
     # --- the worker ---------------------------------------------------------------------------
 
@@ -252,30 +307,43 @@ class Batcher:
         start = self._clock()
         self.busy_since = start
         size = sum(c.n for c in chunks)
-        info = BatchInfo(size, bucket_for(min(size, self.cap), self.buckets), len(chunks), reason,
-                         start - chunks[0].enqueued_at)
-        if self._metrics is not None:
-            self._metrics.batch_size.observe(size)
-            for c in chunks:
-                self._metrics.queue_wait.observe(start - c.enqueued_at)
+        for c in chunks:
+            c.request._started(start)
+        model_s = 0.0
+        failure: BaseException | None = None
+        outputs = None
         try:
             inputs = chunks[0].tensor if len(chunks) == 1 else torch.cat([c.tensor for c in chunks])
+            t0 = time.perf_counter()
             outputs = self._run_split(inputs)
+            model_s = time.perf_counter() - t0
         except BaseException as exc:  # the model's failure is every caller's failure, never the worker's
             log.error("batch of %d failed: %s", size, exc, exc_info=not isinstance(exc, OutOfMemory))
-            for c in chunks:
-                c.request._fail(exc)
-        else:
-            offset = 0
-            for c in chunks:
-                c.request._deliver(c.index, split_outputs(outputs, offset, offset + c.n))
-                offset += c.n
+            failure = exc
         finally:
             elapsed = self._clock() - start
             self._seconds_per_instance = 0.8 * self._seconds_per_instance + 0.2 * elapsed / size
             self.busy_since = None
-        for hook in self.on_batch:
-            hook(info)
+        # metrics and hooks before the answers: a client that saw its answer finds its batch counted
+        if failure is None and self._metrics is not None:
+            self._metrics.batch_size.observe(size)
+            self._metrics.stage_of["model"].observe(model_s)
+        if self.on_batch:
+            info = BatchInfo(size, bucket_for(min(size, self.cap), self.buckets), len(chunks), reason,
+                             start - chunks[0].enqueued_at, model_s)
+            for hook in self.on_batch:
+                hook(info)
+        if failure is not None:
+            for c in chunks:
+                c.request._fail(failure)
+            return
+        offset = 0
+        counted: set[int] = set()  # a request with several chunks in this batch ran once
+        for c in chunks:
+            first = id(c.request) not in counted
+            counted.add(id(c.request))
+            c.request._deliver(c.index, split_outputs(outputs, offset, offset + c.n), model_s if first else 0.0)
+            offset += c.n
 
     def _run_split(self, inputs: torch.Tensor) -> Outputs:
         n = int(inputs.shape[0])

@@ -1,14 +1,16 @@
-"""`torchfleet-runtime serve | check | bench | demo-model`.
+"""`torchfleet-runtime serve | check | demo-model`.
 
-`check` and `bench` live in their own modules (envcheck, bench), imported only when chosen so
-`serve` starts without them; each exposes configure_parser(parser) and run(args) -> int.
+`check` lives in its own module (envcheck), imported only when chosen so `serve` starts without
+it; it exposes configure_parser(parser) and run(args) -> int. The load generator is not part of
+the node package: it runs on the controller (`python -m infra.loadgen URL`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
+import os
+import signal
 import sys
 from typing import Sequence
 
@@ -17,7 +19,6 @@ from .config import FIELDS, ConfigError, load_config
 
 PLUGINS = {
     "check": ("torchfleet_runtime.envcheck", "check this node: torch, CUDA, driver, GPU, disk, memory"),
-    "bench": ("torchfleet_runtime.bench", "closed-loop load test of a running server (or --offline)"),
 }
 
 
@@ -53,13 +54,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+# OpenMP threads that spin at every barrier take the cores from the HTTP thread and, on a busy
+# node, from each other (benchmarks/README.md: the demo model served an order of magnitude less
+# under load with libgomp's default, active, policy). OpenMP reads it once, when torch loads,
+# so it is set before the first torch import; a value already in the environment wins.
+OMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .service import Runtime  # torch import: only for commands that need it
+    # A reload asked for while torch still imports must not kill the process (SIGHUP's default
+    # action, which systemd's Restart=on-failure counts as a clean exit): ignore it until the
+    # real handler is in place.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    for key, value in OMP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    from . import logs
+    from .app import Service  # torch import: only for commands that need it
 
     flags = {k: getattr(args, k) for k in FIELDS}
     try:
@@ -70,8 +80,8 @@ def _serve(args: argparse.Namespace) -> int:
     if not config.model and not config.factory:
         print("torchfleet-runtime serve: config key 'model' is required (--model PATH)", file=sys.stderr)
         return 2
-    _setup_logging(config.log_level)
-    return Runtime(config).serve_until_stopped()
+    logs.setup(config.log_level, config.log_format)
+    return Service(config).serve_until_stopped()
 
 
 def _demo_model(args: argparse.Namespace) -> int:

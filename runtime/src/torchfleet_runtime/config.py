@@ -51,6 +51,24 @@ class Config:
     log_level: str = "info"
     max_body_mb: float = 64.0
     stuck_timeout_s: float = 120.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keepalive_timeout_s: float = 75.0
+    max_connections: int = 1024
+    api_token: str | None = None
+    admin_token: str | None = None
+    torch_threads: int | None = None
+    torch_interop_threads: int | None = None
+    log_format: str = "auto"
+    log_summary_s: float = 10.0
+    stage_timing: bool = True
+    allow_non_finite_inputs: bool = False
+    non_finite_outputs: str = "error"
+
+    def __repr__(self) -> str:  # never print a token (logs, tracebacks)
+        shown = {f.name: ("***" if f.name.endswith("_token") and getattr(self, f.name) else getattr(self, f.name))
+                 for f in dataclasses.fields(self)}
+        return "Config(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
@@ -81,6 +99,23 @@ def _as_float(v: Any) -> float:
         return float(v)
     except (TypeError, ValueError):
         raise ValueError("expected a number") from None
+
+
+def _as_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "yes", "on", "1"):
+        return True
+    if isinstance(v, str) and v.strip().lower() in ("false", "no", "off", "0"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _as_token(v: Any) -> str:
+    s = _as_str(v)
+    if not re.fullmatch(r"[A-Za-z0-9._~+/=-]{16,512}", s):
+        raise ValueError("expected 16-512 characters of A-Z a-z 0-9 . _ ~ + / = -")
+    return s
 
 
 def _as_optional_int(v: Any) -> int | None:
@@ -150,6 +185,27 @@ FIELDS: dict[str, _Field] = {
     "max_body_mb": _Field(_as_float, "a number > 0", lambda v: v > 0),
     "stuck_timeout_s": _Field(_as_float, "a number > 0", lambda v: v > 0,
                               help="/livez fails when one batch runs longer than this"),
+    "header_timeout_s": _Field(_as_float, "a number > 0", lambda v: v > 0,
+                               help="a request's headers must arrive within this (else 408, close)"),
+    "body_timeout_s": _Field(_as_float, "a number > 0", lambda v: v > 0,
+                             help="longest pause while a body arrives (else 408, close)"),
+    "keepalive_timeout_s": _Field(_as_float, "a number > 0", lambda v: v > 0,
+                                  help="an idle keep-alive connection is closed after this"),
+    "max_connections": _Field(_as_int, "an integer >= 1", lambda v: v >= 1,
+                              help="open connections at most; beyond it 503 and close"),
+    "api_token": _Field(_as_token, "16-512 token characters", help="bearer token required on /v1/* (default: none)"),
+    "admin_token": _Field(_as_token, "16-512 token characters",
+                          help="bearer token of POST /admin/reload (default: none, the admin API is off)"),
+    "torch_threads": _Field(_as_optional_int, "auto or an integer >= 1", lambda v: v is None or v >= 1,
+                            help="torch intra-op threads (default auto: one per CPU this process may use)"),
+    "torch_interop_threads": _Field(_as_optional_int, "auto or an integer >= 1", lambda v: v is None or v >= 1,
+                                    help="torch inter-op threads (default auto: 1)"),
+    "log_format": _choice("auto", "json", "text"),
+    "log_summary_s": _Field(_as_float, "a number >= 0", lambda v: v >= 0,
+                            help="seconds between batch-summary log lines at info (0: none)"),
+    "stage_timing": _Field(_as_bool, "true or false", help="per-stage histograms and the Server-Timing header"),
+    "allow_non_finite_inputs": _Field(_as_bool, "true or false", help="accept NaN/Inf in binary bodies"),
+    "non_finite_outputs": _choice("error", "null"),
 }
 assert set(FIELDS) == {f.name for f in dataclasses.fields(Config)}
 

@@ -1,6 +1,12 @@
 """Prometheus metrics: one registry per runtime (so tests can run several in one process).
 
-Latencies are histograms in seconds. GPU utilisation and memory are read from NVML at scrape
+The names are a contract (dashboards and alert rules are written against them). Latencies are
+histograms in seconds. `torchfleet_stage_duration_seconds{stage}`: decode, queue, encode and
+write once per prediction, model once per batch run (the forward with its pad and split; it
+replaces the former torchfleet_queue_wait_seconds with stage="queue").
+`torchfleet_model_info{model_version, model_name, format, device, precision}` is 1 for the model
+being served (one series; a reload replaces it). The standard `process_*` metrics (CPU seconds,
+resident memory, open fds) come from prometheus-client's process collector. GPU utilisation and memory are read from NVML at scrape
 time (nvidia-ml-py, the `gpu` extra), so a scrape always shows the current value and nothing
 polls the driver between scrapes.
 """
@@ -10,13 +16,23 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 
 log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# Stages run from microseconds (decode of a binary body) to seconds (a big batch on CPU).
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+STAGES = ("decode", "queue", "model", "encode", "write")
 
 
 class Metrics:
@@ -26,9 +42,23 @@ class Metrics:
         self.request_duration = Histogram(
             "torchfleet_request_duration_seconds", "Time from a prediction request's arrival to its answer.",
             buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_wait = Histogram(
-            "torchfleet_queue_wait_seconds", "Time an instance waited in the batch queue.",
-            buckets=LATENCY_BUCKETS, registry=r)
+        self.stage = Histogram(
+            "torchfleet_stage_duration_seconds",
+            "Time per stage: decode, queue, encode, write per prediction; model per batch run.",
+            ["stage"], buckets=STAGE_BUCKETS, registry=r)
+        # Children resolved once: .labels() is a dict lookup under a lock on every call.
+        self.stage_of = {s: self.stage.labels(stage=s) for s in STAGES}
+        self.model_info = Gauge(
+            "torchfleet_model_info", "1 for the model being served.",
+            ["model_version", "model_name", "format", "device", "precision"], registry=r)
+        self.spot_notice = Gauge(
+            "torchfleet_spot_interruption_notice", "1 once a spot interruption notice has been seen.", registry=r)
+        self.reloads = Counter(
+            "torchfleet_reloads", "Model reloads by result (ok, failed).", ["result"], registry=r)
+        for result in ("ok", "failed"):
+            self.reloads.labels(result=result)
+        self.connections = Gauge(
+            "torchfleet_open_connections", "HTTP connections open now.", registry=r)
         self.batch_size = Histogram(
             "torchfleet_batch_size", "Instances per model run, before padding to a bucket.",
             buckets=BATCH_BUCKETS, registry=r)
@@ -52,12 +82,24 @@ class Metrics:
             "torchfleet_oom_recoveries", "Out-of-memory errors recovered from by splitting a batch.", registry=r)
         self.last_request.set(0)
         self.ready.set(0)
+        self.spot_notice.set(0)
+        self._info_labels: tuple[str, ...] | None = None
+        # process_cpu_seconds_total, process_resident_memory_bytes, ...: the runtime's own cost
+        ProcessCollector(registry=r)
         gpu = GpuCollector.create()
         if gpu is not None:
             r.register(gpu)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def set_model(self, version: str, name: str, format: str, device: str, precision: str) -> None:
+        """The model being served: replaces the one info series (a reload swaps the labels)."""
+        labels = (version, name, format, device, precision)
+        if self._info_labels is not None and self._info_labels != labels:
+            self.model_info.remove(*self._info_labels)
+        self.model_info.labels(*labels).set(1)
+        self._info_labels = labels
 
 
 class GpuCollector:

@@ -7,6 +7,7 @@ owns device placement, precision (autocast) and inference_mode, so callers never
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import logging
@@ -18,25 +19,11 @@ import torch
 
 from . import compat
 from .config import Config, ConfigError
+from .tensors import DTYPE_NAMES, DTYPES, Outputs
+
+__all__ = ["DTYPES", "DTYPE_NAMES", "LoadedModel", "Metadata", "ModelError", "Outputs", "Predictor", "load"]
 
 log = logging.getLogger(__name__)
-
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-    "bool": torch.bool,
-}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-
-# Model outputs: one tensor, or a tuple/list of tensors (each with the batch as dim 0).
-Outputs = Any
-
 
 class ModelError(RuntimeError):
     """The model or its metadata cannot be loaded."""
@@ -50,6 +37,7 @@ class Metadata:
     dtype: str = "float32"
     name: str = "model"
     output_description: str = ""
+    version: str = ""  # the sidecar's "version"; empty: load() uses the model file's sha256
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -60,6 +48,8 @@ class Metadata:
         out = dict(self.extra)
         out.update(name=self.name, input_shape=list(self.input_shape), dtype=self.dtype,
                    output_description=self.output_description)
+        if self.version:
+            out["version"] = self.version
         return out
 
 
@@ -98,12 +88,16 @@ def load_metadata(config: Config) -> Metadata:
     dtype = config.dtype or data.get("dtype", "float32")
     if dtype not in DTYPES:
         raise ModelError(f"metadata {path}: 'dtype' {dtype!r} is not one of {', '.join(DTYPES)}")
-    known = {"input_shape", "dtype", "name", "output_description"}
+    known = {"input_shape", "dtype", "name", "output_description", "version"}
+    version = data.get("version", "")
+    if not isinstance(version, (str, int, float)) or isinstance(version, bool) or len(str(version)) > 128:
+        raise ModelError(f"metadata {path}: 'version' must be a short string such as \"2026-12-01.1\", got {version!r}")
     return Metadata(
         input_shape=shape,
         dtype=dtype,
         name=str(data.get("name") or Path(config.model or "model").stem),
         output_description=str(data.get("output_description", "")),
+        version=str(version),
         extra={k: v for k, v in data.items() if k not in known},
     )
 
@@ -175,6 +169,26 @@ class LoadedModel:
     format: str
     device: torch.device
     module: Any = None  # the torch module (None for ONNX), for tests and introspection
+    version: str = ""  # metadata's version, else "sha256:<12 hex>" of the model file, else "module"
+
+
+def file_version(path: str) -> str:
+    """"sha256:" + the first 12 hex digits of the file's SHA-256 (read in 1 MiB blocks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return "sha256:" + h.hexdigest()[:12]
+
+
+def _versioned(loaded: LoadedModel, config: Config) -> LoadedModel:
+    if loaded.metadata.version:
+        loaded.version = loaded.metadata.version
+    elif config.model and Path(config.model).is_file():
+        loaded.version = file_version(config.model)
+    else:
+        loaded.version = "module"
+    return loaded
 
 
 def detect_format(config: Config) -> str:
@@ -189,6 +203,10 @@ def detect_format(config: Config) -> str:
 
 def load(config: Config, module: Any = None) -> LoadedModel:
     """Load the model named by `config` (or wrap `module`, an already built nn.Module)."""
+    return _versioned(_load(config, module), config)
+
+
+def _load(config: Config, module: Any = None) -> LoadedModel:
     metadata = load_metadata(config)
     device = resolve_device(config.device)
     amp = autocast_dtype(config.precision, device)

@@ -1,243 +1,232 @@
-"""The HTTP front: stdlib ThreadingHTTPServer, one thread per connection, HTTP/1.1 keep-alive.
+"""The routes: HTTP requests turned into calls of the runtime's API and back.
 
-Why the standard library: measured per-request server CPU on this 2-core box (runtime/README.md)
-is on par with aiohttp and well below uvicorn+starlette, it needs no dependency on Python 3.8
-nodes, and the model runs in the batcher's thread anyway, so connection threads only parse and
-wait. TCP_NODELAY is essential: without it headers and body leave in two segments and Nagle +
-delayed ACK add 40 ms to every response.
+Routes: POST /v1/predict, GET /v1/model, /livez, /readyz, /metrics, POST /admin/reload. Every
+error is JSON {"error": {"type", "message"}} (httpd.error_response); client mistakes are 4xx.
+This module knows the runtime only through `RuntimeApi` (predict, status, reload, and the
+metrics exposition); it never touches the batcher, the loaded model or the metric objects.
 
-Routes: POST /v1/predict, GET /v1/model, /livez, /readyz, /metrics. Every error is JSON
-{"error": {"type", "message"}}; client mistakes are 4xx and the connection stays usable.
+Headers: every /v1/predict answer carries `X-Request-Id` (the client's when it sent a sane one:
+1-128 of A-Z a-z 0-9 . _ : / + = @ -, else a new one) and `X-Model-Version` once a model is
+loaded; a 200 carries `Server-Timing: decode;dur=, queue;dur=, model;dur=, encode;dur=` (ms).
+Auth: with `api_token` set, /v1/* needs `Authorization: Bearer <api_token>` (401 otherwise);
+/admin/* always needs `admin_token` and is 403 while none is configured. Health and metrics
+stay open: load balancers and the scraper reach them from inside the network.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
+import asyncio
+import hmac
 import logging
-import sys
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+import os
+import re
+from typing import Any, Protocol
 
-from . import codec
-from .batcher import OutOfMemory, QueueFull, Stopped
-from .codec import RequestError
-
-if TYPE_CHECKING:
-    from .service import Runtime
+from .codec import JSON_TYPES, MEDIA_TYPES, dumps, media_type
+from .config import Config
+from .errors import ApiError
+from .httpd import HttpServer, Request, Response, error_response
 
 log = logging.getLogger(__name__)
 
-ROUTES = {
+ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/predict": ("POST",),
     "/v1/model": ("GET", "HEAD"),
     "/livez": ("GET", "HEAD"),
     "/readyz": ("GET", "HEAD"),
     "/metrics": ("GET", "HEAD"),
+    "/admin/reload": ("POST",),
 }
+_BODY_TYPES = (*JSON_TYPES, "application/octet-stream", "application/x-npy")
+_SANE_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-    request_queue_size = 1024  # the default listen backlog of 5 resets connections under load
-    allow_reuse_address = True
+class RuntimeApi(Protocol):
+    def predict(self, request_id: str) -> Any: ...
 
-    def __init__(self, address: tuple[str, int], runtime: Runtime) -> None:
-        self.runtime = runtime
-        super().__init__(address, Handler)
+    def status(self, detail: bool = False) -> dict[str, Any]: ...
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # socketserver prints a full traceback to stderr; a client that resets an idle
-        # keep-alive connection (load balancers, benchmark clients) is routine, not an error.
-        exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionError, TimeoutError)):
-            log.debug("connection from %s dropped: %r", client_address, exc)
-        else:
-            log.error("error while serving %s", client_address, exc_info=exc)
+    def reload(self, reason: str) -> dict[str, Any]: ...
+
+    def metrics_text(self) -> bytes: ...
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
-    server_version = "torchfleet-runtime"
-    server: HTTPServer
+def request_id(headers: dict[str, str]) -> str:
+    given = headers.get("x-request-id")
+    if given is not None and _SANE_ID.fullmatch(given):
+        return given
+    return os.urandom(8).hex()
 
-    # --- plumbing -----------------------------------------------------------------------
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+def _token_ok(headers: dict[str, str], token: str) -> bool:
+    auth = headers.get("authorization", "")
+    scheme, _, given = auth.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
-    def _send(self, status: int, body: bytes, content_type: str = "application/json",
-              headers: dict[str, str] | None = None) -> None:
-        record = getattr(self, "_record", None)
-        if record is not None:  # metrics first: a client that saw its answer finds it counted
-            self._record = None
-            record(status)
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
 
-    def _json(self, status: int, doc: Any, headers: dict[str, str] | None = None) -> None:
-        self._send(status, json.dumps(doc).encode(), headers=headers)
+def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(status, dumps(doc), headers=headers)
 
-    def _error(self, status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> None:
-        self._json(status, {"error": {"type": type_, "message": message}}, headers)
 
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """Protocol errors found by the stdlib parser (bad request line, huge headers): JSON too."""
-        self.close_connection = True
-        with contextlib.suppress(OSError):
-            self._error(code, "bad_request", message or self.responses.get(code, ("error",))[0])
+class Routes:
+    """The application `httpd` serves (its `App` protocol)."""
 
-    def _dispatch(self) -> None:
-        path = self.path.split("?", 1)[0]
-        methods = ROUTES.get(path)
+    def __init__(self, runtime: RuntimeApi, config: Config) -> None:
+        self.rt = runtime
+        self.api_token = config.api_token
+        self.admin_token = config.admin_token
+        self.max_body_bytes = int(config.max_body_mb * 2**20)
+        self.loop: asyncio.AbstractEventLoop | None = None  # set by serve()
+
+    # --- App: decisions from the headers -----------------------------------------------------
+
+    def on_headers(self, req: Request) -> Response | None:
+        methods = ROUTES.get(req.path)
         if methods is None:
-            self._discard_body()
-            self._error(404, "not_found", f"no route {path!r}; routes: {', '.join(ROUTES)}")
-            return
-        if self.command not in methods:
-            self._discard_body()
-            self._error(405, "method_not_allowed", f"{self.command} is not allowed on {path}; use {' or '.join(methods)}",
-                        {"Allow": ", ".join(methods)})
-            return
-        getattr(self, "_" + path.strip("/").replace("/", "_"))()
+            return error_response(ApiError(404, "not_found", f"no route {req.path[:200]!r}; routes: {', '.join(ROUTES)}"))
+        if req.method not in methods:
+            return error_response(ApiError(405, "method_not_allowed",
+                                           f"{req.method} is not allowed on {req.path}; use {' or '.join(methods)}"),
+                                  {"Allow": ", ".join(methods)})
+        if req.path.startswith("/admin/"):
+            return self._admin_auth(req)
+        if req.path == "/v1/predict":
+            return self._predict_headers(req)
+        if self.api_token and req.path.startswith("/v1/") and not _token_ok(req.headers, self.api_token):
+            return self._unauthorized("api_token", "torchfleet")
+        return None
 
-    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _dispatch
+    def _unauthorized(self, key: str, realm: str, on_sent: Any = None, headers: dict[str, str] | None = None) -> Response:
+        return error_response(ApiError(401, "unauthorized", f"send Authorization: Bearer <{key}>"),
+                              {**(headers or {}), "WWW-Authenticate": f'Bearer realm="{realm}"'}, on_sent)
 
-    def _content_length(self) -> int | None:
-        raw = self.headers.get("Content-Length")
-        if raw is None:
-            return None
+    def _admin_auth(self, req: Request) -> Response | None:
+        if not self.admin_token:
+            return error_response(ApiError(403, "forbidden", "the admin API is off: set the config key admin_token"))
+        if not _token_ok(req.headers, self.admin_token):
+            return self._unauthorized("admin_token", "torchfleet-admin")
+        return None
+
+    def _predict_headers(self, req: Request) -> Response | None:
+        call = self.rt.predict(request_id(req.headers))
+        req.context = call
+        if self.api_token and not _token_ok(req.headers, self.api_token):
+            return self._unauthorized("api_token", "torchfleet", self._sent(call, 401), self._ids(call))
         try:
-            n = int(raw)
-        except ValueError:
-            n = -1
-        if n < 0:
-            raise RequestError(400, "bad_request", f"Content-Length {raw!r} is not a non-negative integer")
-        return n
+            call.check_ready()
+            if req.content_length > self.max_body_bytes:
+                raise ApiError(413, "payload_too_large", f"the body has {req.content_length} bytes; the limit is "
+                               f"{self.max_body_bytes} (config key max_body_mb)")
+            ctype = media_type(req.headers.get("content-type", ""))
+            if ctype not in _BODY_TYPES:
+                raise ApiError(415, "unsupported_media_type", f"Content-Type {ctype[:100]!r} is not supported; use {MEDIA_TYPES}")
+        except ApiError as exc:
+            return self._error(call, exc)
+        call.expect()
+        return None
 
-    def _discard_body(self) -> None:
-        """Read and drop a body we will not use, so the next request on this connection parses."""
-        try:
-            n = self._content_length()
-        except RequestError:
-            self.close_connection = True
-            return
-        if n:
-            if n > 1 << 20:
-                self.close_connection = True
+    # --- App: whole requests -----------------------------------------------------------------
+
+    def handle(self, req: Request) -> Response | asyncio.Future[Response]:
+        path = req.path
+        if path == "/v1/predict":
+            return self._predict(req)
+        if path == "/readyz":
+            st = self.rt.status()
+            if st["ready"]:
+                return _json(200, {"status": "ready"})
+            return error_response(ApiError(503, "not_ready", f"the runtime is {st['state']}", st["retry_after"]))
+        if path == "/livez":
+            st = self.rt.status()
+            if st["alive"]:
+                return _json(200, {"status": "alive"})
+            return error_response(ApiError(503, "not_alive", st["reason"], 5))
+        if path == "/v1/model":
+            st = self.rt.status(detail=True)
+            if st["model"] is None:
+                return error_response(ApiError(503, "not_ready", f"the runtime is {st['state']}", st["retry_after"]))
+            return _json(200, st["model"])
+        if path == "/metrics":
+            return Response(200, self.rt.metrics_text(), METRICS_TYPE)
+        return self._reload()
+
+    def aborted(self, req: Request, exc: ApiError | None) -> None:
+        call = req.context
+        if call is not None:
+            call.finish(exc.status if exc is not None else 499, error=exc)
+
+    # --- predict -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _ids(call: Any) -> dict[str, str]:
+        h = {"X-Request-Id": call.request_id}
+        if call.version:
+            h["X-Model-Version"] = call.version
+        return h
+
+    @staticmethod
+    def _sent(call: Any, status: int, exc: ApiError | None = None) -> Any:
+        def sent(event: str, write_s: float) -> None:
+            if event == "sending":
+                call.finish(status, error=exc)  # counted before the bytes leave
+            elif event == "written":
+                call.wrote(write_s)
             else:
-                self.rfile.read(n)
+                call.finish(499, error=exc)  # the client left first (nginx's code for it)
 
-    # --- routes ---------------------------------------------------------------------------
+        return sent
 
-    def _livez(self) -> None:
-        ok, why = self.server.runtime.liveness()
-        if ok:
-            self._json(200, {"status": "alive"})
-        else:
-            self._error(503, "not_alive", why)
+    def _error(self, call: Any, exc: ApiError) -> Response:
+        return error_response(exc, self._ids(call), self._sent(call, exc.status, exc))
 
-    def _readyz(self) -> None:
-        rt = self.server.runtime
-        if rt.is_ready():
-            self._json(200, {"status": "ready"})
-        else:
-            self._error(503, "not_ready", f"the runtime is {rt.state}", {"Retry-After": "1"})
-
-    def _metrics(self) -> None:
-        from prometheus_client import CONTENT_TYPE_LATEST
-
-        self._send(200, self.server.runtime.metrics.render(), CONTENT_TYPE_LATEST)
-
-    def _v1_model(self) -> None:
-        info = self.server.runtime.describe()
-        if info is None:
-            self._error(503, "not_ready", f"the runtime is {self.server.runtime.state}", {"Retry-After": "1"})
-        else:
-            self._json(200, info)
-
-    def _v1_predict(self) -> None:
-        rt = self.server.runtime
-        started = time.perf_counter()
-
-        def record(status: int) -> None:
-            rt.metrics.requests.labels(code=str(status)).inc()
-            if status == 200:
-                rt.metrics.request_duration.observe(time.perf_counter() - started)
-                rt.metrics.last_request.set(time.time())
-
-        self._record = record
-        with rt.track_request():
-            try:
-                self._predict(rt)
-            except RequestError as exc:
-                self._error(exc.status, exc.type, exc.message)
-            except Exception as exc:  # the model failed: the client did nothing wrong
-                log.exception("prediction failed")
-                self._error(500, "model_error", f"{type(exc).__name__}: {exc}")
-
-    def _predict(self, rt: Runtime) -> None:
-        if not rt.is_ready():
-            self._discard_body()
-            self._error(503, "not_ready", f"the runtime is {rt.state}", {"Retry-After": rt.retry_after_not_ready()})
-            return
-        # Announce the arrival before reading the body, so a forming batch waits for it.
-        rt.batcher.expect()
+    def _predict(self, req: Request) -> Response | asyncio.Future[Response]:
+        call = req.context
         try:
-            tensor, batched = self._read_tensor(rt)
-        except BaseException:
-            rt.batcher.unexpect()
-            raise
-        try:
-            request = rt.batcher.submit(tensor, expected=True)
-        except QueueFull as exc:
-            self._error(503, "queue_full", str(exc), {"Retry-After": str(exc.retry_after_s)})
-            return
-        except Stopped:
-            self._error(503, "not_ready", "the runtime is draining", {"Retry-After": "5"})
-            return
-        try:
-            outputs = request.result()
-        except OutOfMemory as exc:
-            self._error(503, "out_of_memory", str(exc), {"Retry-After": "5"})
-            return
-        accept = self.headers.get("Accept", "")
-        if "application/octet-stream" in accept and "application/json" not in accept:
-            data, headers = codec.encode_raw(outputs, batched)
-            self._send(200, data, "application/octet-stream", headers)
-        else:
-            self._send(200, codec.encode_json(outputs, batched))
+            call.submit(req.body, req.headers.get("content-type", ""), req.headers)
+        except ApiError as exc:
+            return self._error(call, exc)
+        loop = self.loop
+        assert loop is not None
+        fut: asyncio.Future[Response] = loop.create_future()
+        accept = req.headers.get("accept", "")
+        call.add_done_callback(lambda: loop.call_soon_threadsafe(self._answer, fut, call, accept))
+        return fut
 
-    def _read_tensor(self, rt: Runtime) -> tuple[Any, bool]:
-        n = self._content_length()
-        if n is None:
-            self.close_connection = True
-            raise RequestError(400, "bad_request", "Content-Length is required (chunked bodies are not accepted)")
-        if n > rt.max_body_bytes:
-            self.close_connection = True  # do not read a body this large just to discard it
-            raise RequestError(413, "payload_too_large",
-                               f"the body has {n} bytes; the limit is {rt.max_body_bytes} (config key max_body_mb)")
-        body = bytearray(n)
-        view = memoryview(body)
-        got = 0
-        while got < n:
-            k = self.rfile.readinto(view[got:])
-            if not k:
-                self.close_connection = True
-                raise RequestError(400, "bad_request", f"the body ended after {got} of {n} bytes")
-            got += k
-        meta = rt.loaded.metadata
-        tensor, batched = codec.decode(body, self.headers.get("Content-Type", ""), self.headers,
-                                       meta.input_shape, meta.torch_dtype)
-        return tensor, batched
+    def _answer(self, fut: asyncio.Future[Response], call: Any, accept: str) -> None:
+        try:
+            body, ctype, headers = call.answer(accept)
+        except ApiError as exc:
+            fut.set_result(self._error(call, exc))
+            return
+        headers.update(self._ids(call))
+        fut.set_result(Response(200, body, ctype, headers, on_sent=self._sent(call, 200)))
+
+    # --- admin ---------------------------------------------------------------------------------
+
+    def _reload(self) -> asyncio.Future[Response]:
+        loop = self.loop
+        assert loop is not None
+        out: asyncio.Future[Response] = loop.create_future()
+        job = loop.run_in_executor(None, self.rt.reload, "POST /admin/reload")
+
+        def done(f: asyncio.Future[dict[str, Any]]) -> None:
+            exc = f.exception()
+            if exc is None:
+                out.set_result(_json(200, f.result()))
+            elif isinstance(exc, ApiError):
+                out.set_result(error_response(exc))
+            else:
+                log.error("reload failed", exc_info=exc)
+                out.set_result(error_response(ApiError(500, "internal_error", f"{type(exc).__name__}: {exc}")))
+
+        job.add_done_callback(done)
+        return out
+
+
+def build_http(runtime: RuntimeApi, config: Config, on_count: Any = lambda n: None) -> HttpServer:
+    routes = Routes(runtime, config)
+    http = HttpServer(routes, config.host, config.port, config.header_timeout_s, config.body_timeout_s,
+                      config.keepalive_timeout_s, config.max_connections, routes.max_body_bytes, on_count)
+    routes.loop = http.loop
+    return http

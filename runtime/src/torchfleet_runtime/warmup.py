@@ -3,7 +3,7 @@
 Users' complaint with other servers: warm-up at batch 1 only, so the first real batch of 8 pays
 for cuDNN autotuning and allocator growth. Here the batcher only ever runs bucket sizes (powers
 of two up to the cap, plus the cap itself), and every bucket is run `warmup_iterations` (>= 3)
-times before /readyz turns 200.
+times before /readyz turns 200 (runs made while sizing the cap count: they are the same shapes).
 
 The cap is measured, not computed: on CUDA the largest bucket whose peak allocated memory stays
 within `memory_fraction` of the device; on CPU the largest bucket whose run fits
@@ -22,31 +22,14 @@ import torch
 
 from . import compat
 from .codec import decode_npy
-from .model import DTYPE_NAMES, Metadata, ModelError, Predictor
+from .model import Metadata, ModelError, Predictor
+from .tensors import DTYPE_NAMES, buckets_up_to, make_batch
 
 log = logging.getLogger(__name__)
 
 AUTO_CEILING_CPU = 256
 AUTO_CEILING_CUDA = 1024
 UNTIMED_RUNS = 3
-
-
-def buckets_up_to(cap: int) -> list[int]:
-    """Powers of two below `cap`, then `cap` itself: 12 -> [1, 2, 4, 8, 12]."""
-    out, b = [], 1
-    while b < cap:
-        out.append(b)
-        b *= 2
-    out.append(cap)
-    return out
-
-
-def bucket_for(n: int, buckets: list[int]) -> int:
-    """The smallest bucket that holds n instances (n <= buckets[-1])."""
-    for b in buckets:
-        if b >= n:
-            return b
-    raise ValueError(f"{n} instances exceed the largest bucket {buckets[-1]}")
 
 
 def load_sample(path: str | None, metadata: Metadata) -> torch.Tensor:
@@ -76,24 +59,22 @@ def load_sample(path: str | None, metadata: Metadata) -> torch.Tensor:
     return t
 
 
-def make_batch(sample: torch.Tensor, n: int) -> torch.Tensor:
-    idx = torch.arange(n) % sample.shape[0]
-    return sample.index_select(0, idx).contiguous()
-
-
 @dataclass
 class SizingReport:
     cap: int
     method: str  # "configured", "memory" or "latency"
     measurements: dict[int, float] = field(default_factory=dict)  # bucket -> peak bytes or seconds
+    runs: dict[int, int] = field(default_factory=dict)  # bucket -> forward passes made while sizing
 
 
 def size_cap(predictor: Predictor, sample: torch.Tensor, configured: int | None,
-             memory_fraction: float, latency_budget_s: float) -> SizingReport:
+             memory_fraction: float, latency_budget_s: float, held_bytes: int = 0) -> SizingReport:
+    """`held_bytes`: CUDA memory another model of this process holds now (a reload sizes the new
+    model beside the old one, which goes away after the swap): not counted against the share."""
     if configured is not None:
         return SizingReport(configured, "configured")
     if predictor.device.type == "cuda":
-        return _size_by_memory(predictor, sample, memory_fraction)
+        return _size_by_memory(predictor, sample, memory_fraction, held_bytes)
     return _size_by_latency(predictor, sample, latency_budget_s)
 
 
@@ -104,7 +85,7 @@ def _device_total_memory(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).total_memory)
 
 
-def _size_by_memory(predictor: Predictor, sample: torch.Tensor, fraction: float) -> SizingReport:
+def _size_by_memory(predictor: Predictor, sample: torch.Tensor, fraction: float, held_bytes: int) -> SizingReport:
     device = predictor.device
     limit = fraction * _device_total_memory(device)
     report = SizingReport(1, "memory")
@@ -118,8 +99,9 @@ def _size_by_memory(predictor: Predictor, sample: torch.Tensor, fraction: float)
                 raise
             compat.cuda_empty_cache()
             break
-        peak = torch.cuda.max_memory_allocated(device)
+        peak = torch.cuda.max_memory_allocated(device) - held_bytes
         report.measurements[b] = float(peak)
+        report.runs[b] = 1
         if peak > limit:
             break
         report.cap = b
@@ -154,6 +136,7 @@ def _size_by_latency(predictor: Predictor, sample: torch.Tensor, budget_s: float
             runs.append(time.perf_counter() - t0)
         seconds = min(runs)  # the best run: what the hardware can do, least disturbed by neighbours
         report.measurements[b] = seconds
+        report.runs[b] = UNTIMED_RUNS + len(runs)
         if seconds > budget_s:
             break  # larger buckets only take longer
     report.cap = choose_cpu_cap(report.measurements, budget_s)
@@ -163,8 +146,9 @@ def _size_by_latency(predictor: Predictor, sample: torch.Tensor, budget_s: float
 
 
 def warm_up(predictor: Predictor, sample: torch.Tensor, buckets: list[int], iterations: int,
-            on_run: Callable[[int], None] | None = None) -> list[int]:
-    """Run every bucket `iterations` times; returns the buckets that ran (OOM truncates the list)."""
+            on_run: Callable[[int], None] | None = None, done: dict[int, int] | None = None) -> list[int]:
+    """Run every bucket `iterations` times, less the runs `done` already made of it (sizing);
+    returns the buckets that ran (OOM truncates the list)."""
     if predictor.device.type == "cuda":
         # Fixed shapes per bucket: let cuDNN pick the fastest kernels once, during warm-up.
         torch.backends.cudnn.benchmark = True
@@ -172,7 +156,7 @@ def warm_up(predictor: Predictor, sample: torch.Tensor, buckets: list[int], iter
     for b in buckets:
         batch = make_batch(sample, b)
         try:
-            for _ in range(iterations):
+            for _ in range(max(0, iterations - (done or {}).get(b, 0))):
                 predictor(batch)
                 if on_run is not None:
                     on_run(b)

@@ -1,4 +1,4 @@
-"""`torchfleet-runtime bench` against a real loopback HTTP server written here: a stub that
+"""The controller-side load generator (`python -m infra.loadgen`) against a real loopback HTTP server written here: a stub that
 honours the runtime's HTTP contract (GET /v1/model, POST /v1/predict in JSON or binary) with a
 controllable latency, 503 injection and dropped connections. Plus the offline mode on a tiny
 TorchScript model, and the percentile math against numpy."""
@@ -6,6 +6,7 @@ TorchScript model, and the percentile math against numpy."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torchfleet_runtime import bench
-from torchfleet_runtime.bench import (
+
+from infra import loadgen as bench
+from infra.loadgen import (
     Target,
     build_payload,
     latency_summary,
@@ -188,6 +190,10 @@ def test_binary_payload_is_the_same_tensor_as_json():
     np.testing.assert_array_equal(from_bytes, from_json)
     bf16, _ = build_payload(SHAPE, "bfloat16", 1, binary=True)
     assert len(bf16) == 2 * 3 * 8 * 8  # two bytes per element, no numpy needed
+    as_f32 = np.frombuffer(b"".join(b"\0\0" + bf16[i:i + 2] for i in range(0, len(bf16), 2)), dtype="<f4")
+    np.testing.assert_array_equal(as_f32, from_bytes[0].reshape(-1))  # the values are exact in bfloat16
+    short, _ = build_payload(SHAPE, "float32", 1, binary=False, decimals=2)
+    assert len(short) < len(doc) / 2 * 0.7
 
 
 # --------------------------------------------------------------------------- closed loop
@@ -367,9 +373,9 @@ def test_offline_needs_a_shape_without_sidecar(tmp_path, capsys):
 
 def test_module_runs_as_a_script(tiny_model):
     proc = subprocess.run(
-        [sys.executable, "-m", "torchfleet_runtime.bench", "--offline", str(tiny_model),
+        [sys.executable, "-m", "infra.loadgen", "--offline", str(tiny_model),
          "--offline-max-batch", "2", "--offline-seconds", "0.01"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
     )
     assert proc.returncode == 0, proc.stderr
     assert "offline best:" in proc.stdout
@@ -384,7 +390,8 @@ def test_runtime_benchmark_end_to_end(tmp_path):
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "runtime_bench.py"
     proc = subprocess.run(
         [sys.executable, str(script), "--concurrency", "1,2", "--duration", "0.3",
-         "--offline-seconds", "0.05", "--threads", "1", "--out", str(tmp_path), "--no-plot"],
+         "--offline-seconds", "0.05", "--threads", "1", "--out", str(tmp_path), "--no-plot",
+         "--wrk-seconds", "1", "--overhead-rounds", "1"],
         capture_output=True, text=True, timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -405,3 +412,10 @@ def test_runtime_benchmark_end_to_end(tmp_path):
                 ratio = summary["served_over_offline"][f"{cfg}/{body}"][str(lv["concurrency"])]
                 assert ratio == pytest.approx(lv["items_per_s"] / best, abs=1e-3)
     assert "served / offline" in proc.stdout and "start->ready" in proc.stdout
+    if shutil.which("wrk"):  # the wrk levels and the stage_timing on/off ratio
+        wrk = report["servers"]["batching"]["wrk"]
+        assert [lv["concurrency"] for lv in wrk["json"]] == [8, 32, 64]
+        assert all(lv["rps"] > 0 and lv["non_2xx"] == 0 and lv["server_cpu_ms_per_req"] > 0
+                   for body in ("json", "binary") for lv in wrk[body])
+        inst = report["instrumentation"]
+        assert inst["on_over_off"] == pytest.approx(inst["median_on"] / inst["median_off"], abs=1e-3)

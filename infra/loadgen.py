@@ -1,5 +1,12 @@
-"""`torchfleet-runtime bench`: a closed-loop load generator for /v1/predict, and the offline
-(in-process) best-batch throughput of the same model, so that served / offline is one number.
+"""The load generator: closed-loop load on a runtime's /v1/predict from the controller side, and
+the offline (in-process) best-batch throughput of the same model, so served / offline is one number.
+
+    python -m infra.loadgen http://NODE:8080 --concurrency 1,8,32,64 [--binary] [--json OUT]
+    python -m infra.loadgen --offline model.pt        (needs torch; nothing else does)
+
+It is a client tool: it lives with the controller code, not in the package every node installs.
+Standard library only (torch is imported for --offline alone, numpy never); the benchmarks
+(benchmarks/runtime_bench.py) and the `torchfleet` CLI import it.
 
 Closed loop: each of C workers sends its next request when the previous one answered, so C is
 the number of requests in flight. Per concurrency level it reports throughput (requests/s and
@@ -23,22 +30,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import datetime
 import http.client
 import json
 import math
 import os
 import platform
+import random
 import socket
+import struct
 import sys
 import threading
 import time
 import urllib.parse
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 DEFAULT_CONCURRENCY = (1, 8, 32, 64)
 DEFAULT_DURATION_S = 10.0
@@ -163,52 +172,70 @@ class _NoDelayHTTPSConnection(http.client.HTTPSConnection):
 # --------------------------------------------------------------------------- payloads
 
 
-def _torch_dtype(name: str) -> Any:
-    import torch
-
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise BenchError(f"dtype {name!r} is not a torch dtype (e.g. float32, float16, int64)")
-    return dtype
+# struct codes of the dtypes a body may carry (bfloat16: the high half of a float32)
+DTYPE_CODES = {"float32": "f", "float64": "d", "float16": "e", "bfloat16": "f", "int64": "q", "int32": "i",
+               "uint8": "B", "int8": "b", "bool": "?"}
 
 
-def sample_tensor(shape: Sequence[int], dtype: str, seed: int = 0) -> Any:
-    """Deterministic inputs in [0, 1) (floats) or [0, 10) (integers)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    tdtype = _torch_dtype(dtype)
-    if tdtype.is_floating_point:
-        return torch.rand(tuple(shape), generator=gen).to(tdtype)
-    if tdtype == torch.bool:
-        return torch.randint(0, 2, tuple(shape), generator=gen).bool()
-    return torch.randint(0, 10, tuple(shape), generator=gen, dtype=tdtype)
+def _check_dtype(name: str) -> str:
+    if name not in DTYPE_CODES:
+        raise BenchError(f"dtype {name!r} is not one of {', '.join(DTYPE_CODES)}")
+    return name
 
 
-def tensor_bytes(tensor: Any) -> bytes:
-    """Raw little-endian bytes of a CPU tensor, any dtype (bfloat16 too), without numpy."""
+def _prod(dims: Sequence[int]) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out
+
+
+def sample_values(count: int, dtype: str, seed: int = 0) -> list[Any]:
+    """Deterministic inputs: floats in [0, 1) exactly representable in float32 (so JSON and
+    binary carry the same tensor), integers in [0, 10), booleans."""
+    rng = random.Random(seed)
+    if dtype == "bool":
+        return [rng.random() < 0.5 for _ in range(count)]
+    if DTYPE_CODES[dtype] in "qiBb":
+        return [rng.randrange(10) for _ in range(count)]
+    return [rng.getrandbits(8) / 256.0 for _ in range(count)]  # like pixels: exact in bfloat16 and float16 too
+
+
+def pack(values: Sequence[Any], dtype: str) -> bytes:
+    """Raw little-endian bytes of `values` as `dtype`, without numpy."""
     if sys.byteorder != "little":
         raise BenchError("the binary body is little-endian; this client runs on a big-endian CPU")
-    t = tensor.contiguous()
-    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
+    data = struct.pack(f"<{len(values)}{DTYPE_CODES[dtype]}", *values)
+    if dtype == "bfloat16":  # keep the high two bytes of each little-endian float32
+        data = b"".join(data[i + 2:i + 4] for i in range(0, len(data), 4))
+    return data
+
+
+def nest(flat: Sequence[Any], shape: Sequence[int]) -> Any:
+    """A flat list reshaped into nested lists of `shape`."""
+    if len(shape) <= 1:
+        return list(flat)
+    step = _prod(shape[1:])
+    return [nest(flat[i:i + step], shape[1:]) for i in range(0, len(flat), step)]
 
 
 def build_payload(
-    shape: Sequence[int], dtype: str, batch: int, binary: bool, seed: int = 0
+    shape: Sequence[int], dtype: str, batch: int, binary: bool, seed: int = 0, decimals: int | None = None
 ) -> tuple[bytes, dict[str, str]]:
-    """(body, headers) for one POST /v1/predict of `batch` instances."""
+    """(body, headers) for one POST /v1/predict of `batch` instances; `decimals` rounds the
+    floats (a shorter JSON body, as clients that send rounded pixels do)."""
     full = (batch, *shape)
-    tensor = sample_tensor(full, dtype, seed)
+    values = sample_values(_prod(full), _check_dtype(dtype), seed)
+    if decimals is not None and DTYPE_CODES[dtype] in "fde":
+        values = [round(v, decimals) for v in values]
     if binary:
         headers = {
             "Content-Type": "application/octet-stream",
             "X-Shape": ",".join(str(d) for d in full),
             "X-Dtype": dtype,
         }
-        return tensor_bytes(tensor), headers
-    if tensor.dtype.is_floating_point:
-        tensor = tensor.float()  # JSON numbers; the server casts to the model's dtype
-    body = json.dumps({"inputs": tensor.tolist()}, separators=(",", ":")).encode()
+        return pack(values, dtype), headers
+    body = json.dumps({"inputs": nest(values, full)}, separators=(",", ":")).encode()
     return body, {"Content-Type": "application/json"}
 
 
@@ -451,8 +478,10 @@ def offline_benchmark(
             torch.cuda.synchronize()
 
     rows = []
+    tdtype = getattr(torch, dtype)
     for batch in batch_sizes:
-        x = sample_tensor((batch, *shape), dtype).to(device)
+        x = torch.rand((batch, *shape), generator=torch.Generator().manual_seed(0)).to(device)
+        x = x.to(tdtype) if tdtype.is_floating_point else (x * 10).to(tdtype)
         with inference(), autocast():
             # at least 3 passes (the runtime's rule) and a fifth of the measured time: the
             # TorchScript profiling executor re-specialises for each new shape in early passes
@@ -630,6 +659,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="send raw little-endian tensor bytes (X-Shape/X-Dtype) instead of JSON",
     )
     parser.add_argument(
+        "--decimals",
+        type=int,
+        metavar="N",
+        help="round JSON floats to N decimals (a shorter body; default: exact values)",
+    )
+    parser.add_argument(
         "--shape",
         type=parse_shape,
         metavar="D,D,...",
@@ -703,7 +738,7 @@ def _resolve_input(args: argparse.Namespace, info: dict[str, Any]) -> tuple[tupl
             "the input shape is unknown: the server's /v1/model and MODEL.json name no "
             "input_shape; pass --shape such as 3,64,64"
         )
-    _torch_dtype(dtype)
+    _check_dtype(dtype)
     return tuple(shape), dtype
 
 
@@ -731,7 +766,7 @@ def _probe(
 
 
 def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The whole `bench` command as a function returning the report (also used by benchmarks/)."""
+    """The whole command as a function returning the report (also used by benchmarks/)."""
     if not args.url and not args.offline:
         raise BenchError("give a server URL, --offline MODEL, or both")
     if args.warmup < 0:
@@ -742,8 +777,8 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
         require_matplotlib()
     duration = None if args.requests else (args.duration or DEFAULT_DURATION_S)
     report: dict[str, Any] = {
-        "tool": "torchfleet-runtime bench",
-        "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "tool": "infra.loadgen",
+        "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": host_info(),
         "url": None,
         "model": None,
@@ -772,7 +807,7 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
     report["config"].update(input_shape=list(shape), dtype=dtype)
 
     if target is not None:
-        body, headers = build_payload(shape, dtype, args.batch, args.binary)
+        body, headers = build_payload(shape, dtype, args.batch, args.binary, decimals=args.decimals)
         report["config"]["body_bytes"] = len(body)
         _probe(target, body, headers, args.batch, args.timeout)
         bound = f"{args.requests} requests" if args.requests else f"{duration:g} s"
@@ -844,7 +879,7 @@ def run(args: argparse.Namespace) -> int:
             write_plot(args.plot, report)
             print(f"wrote {args.plot}")
     except BenchError as exc:
-        print(f"torchfleet-runtime bench: error: {exc}", file=sys.stderr)
+        print(f"loadgen: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -853,7 +888,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torchfleet-runtime bench")
+    parser = argparse.ArgumentParser(prog="python -m infra.loadgen")
     configure_parser(parser)
     return run(parser.parse_args(argv))
 

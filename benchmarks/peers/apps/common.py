@@ -1,0 +1,34 @@
+"""What every peer's handler does the same way: load the TorchScript file, turn the JSON body
+into a tensor, turn one output row into the JSON answer. Runs inside each peer's own virtualenv
+(no torchfleet import). The contract is the runtime's: `{"inputs": <one instance>}` in,
+`{"outputs": <one row>}` out."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+
+def load_model(path: str | None = None) -> torch.jit.ScriptModule:
+    return torch.jit.load(path or os.environ["PEERS_MODEL"], map_location="cpu").eval()
+
+
+def decode(obj: Any) -> torch.Tensor:
+    """One instance (C, H, W) from the parsed JSON body: the idiom each peer's docs use."""
+    return torch.tensor(obj["inputs"], dtype=torch.float32)
+
+
+def predict(model: torch.jit.ScriptModule, batch: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(batch)
+
+
+def encode(row: torch.Tensor) -> dict[str, list[float]]:
+    return {"outputs": row.tolist()}
+
+
+def batch_settings() -> tuple[int, float]:
+    """(max batch size, max wait in ms), the same for every peer: the harness sets them."""
+    return int(os.environ.get("PEERS_MAX_BATCH", "16")), float(os.environ.get("PEERS_MAX_WAIT_MS", "10"))

@@ -1,0 +1,1 @@
+"""The peer benchmark harness (benchmarks/peers/bench.py): models, servers, wrk, report."""

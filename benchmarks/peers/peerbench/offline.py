@@ -1,0 +1,64 @@
+"""The model's own in-process limit: best items/s over batch sizes, on the file the servers load.
+
+Run in a child process with the servers' thread environment (OMP_NUM_THREADS set or not), so
+served / offline compares like with like and the harness process never holds torch threads:
+    python -m peerbench.offline MODEL.pt --shape 3,64,64 [--batches 1,2,4,8,16,32] [--seconds 1]
+prints one JSON object: {"results": [{batch, items_per_s, batch_ms}], "best": {...}, "threads"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def measure(model_path: str, shape: tuple[int, ...], batches: list[int], seconds: float) -> dict:
+    import torch
+
+    model = torch.jit.load(model_path, map_location="cpu").eval()
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    with torch.inference_mode():
+        for b in batches:
+            x = torch.randn((b, *shape), generator=gen)
+            # TorchScript's profiling executor specialises on the first calls of a new shape
+            t0 = time.perf_counter()
+            warm = 0
+            while warm < 3 or time.perf_counter() - t0 < seconds / 4:
+                model(x)
+                warm += 1
+            passes, t0 = 0, time.perf_counter()
+            while passes < 3 or time.perf_counter() - t0 < seconds:
+                model(x)
+                passes += 1
+            elapsed = time.perf_counter() - t0
+            rows.append(
+                {
+                    "batch": b,
+                    "items_per_s": round(b * passes / elapsed, 2),
+                    "batch_ms": round(elapsed / passes * 1000, 3),
+                }
+            )
+    return {
+        "results": rows,
+        "best": max(rows, key=lambda r: r["items_per_s"]),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--shape", required=True, help="one instance, e.g. 3,64,64")
+    ap.add_argument("--batches", default="1,2,4,8,16,32")
+    ap.add_argument("--seconds", type=float, default=1.0, help="measured seconds per batch size")
+    a = ap.parse_args()
+    shape = tuple(int(d) for d in a.shape.split(","))
+    batches = [int(b) for b in a.batches.split(",")]
+    print(json.dumps(measure(a.model, shape, batches, a.seconds)))
+
+
+if __name__ == "__main__":
+    main()

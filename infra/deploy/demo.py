@@ -1,0 +1,272 @@
+"""`make demo` (`torchfleet demo`): the main job, `up`, on this machine with containers as nodes.
+
+No cloud account, no GPU. It starts NODES systemd container nodes (infra.deploy.containers),
+takes the outputs of the aws-dev program under Pulumi's mock engine (with nodes.count = NODES)
+and points their addresses at the containers, then runs the same node stages as `torchfleet up`
+(pipeline.node_stages: inventory -> site.yml + verify.yml through ansible-runner -> readiness
+-> smoke prediction), sends predictions and a short bounded benchmark to each node's runtime
+port published on loopback, prints the offline plan and cost of aws-dev and alicloud-dev, and
+says what it did not do. A second run reuses the converged nodes (the converge reports
+changed=0); `torchfleet demo --clean` (`make demo-clean`) removes what it made.
+
+What the demo changes in the stack's host entries, because a container is not a g6.xlarge:
+the addresses (ansible_host/ansible_port/public_ip on loopback, private_ip = the container's
+address) and the GPU facts (no GPU: profile cpu, no GPU model, not spot); everything else is
+the stack's output as `pulumi up` would write it."""
+
+from __future__ import annotations
+
+import copy
+import fcntl
+import json
+import os
+import shutil
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra import config as stack_config
+from infra import loadgen
+from infra.deploy import containers
+from infra.deploy.access import http_request
+from infra.deploy.pipeline import NodeOptions, Steps, node_stages, run_dir
+from infra.deploy.progress import Console, shown
+from infra.deploy.stage import StageError
+from infra.deploy.summary import Summary
+from infra.inventory import GROUP
+from infra.matrix import REPO_ROOT
+from infra.offline import run_offline
+from infra.plan import cost_rows, load_stack_config
+
+SHAPE_STACK = "aws-dev"  # the stack whose outputs the demo's inventory copies
+PLAN_STACKS = ("aws-dev", "alicloud-dev")
+DEMO_ROOT = REPO_ROOT / ".cache" / "demo"
+BENCH_LEVELS = (1, 8)
+BENCH_SECONDS = 3.0
+# The container is not an L4 spot instance: these host facts of the stack output are replaced.
+CONTAINER_FACTS = {"torchfleet_gpu_model": "", "torchfleet_compute_capability": "",
+                   "torchfleet_cuda_profile": "cpu", "torchfleet_spot": False}
+
+
+def state_dir(prefix: str) -> Path:
+    return DEMO_ROOT / prefix.rstrip("-")
+
+
+def stack_values(stack: str, nodes: int | None = None) -> dict[str, Any]:
+    values = copy.deepcopy(load_stack_config(stack))
+    if nodes is not None:
+        values["torchfleet:nodes"] = {"count": nodes}
+    return values
+
+
+def stack_outputs(count: int) -> dict[str, Any]:
+    """The outputs of the aws-dev program with `count` nodes, under Pulumi's mock engine."""
+    return run_offline(SHAPE_STACK, stack_values(SHAPE_STACK, count)).outputs
+
+
+def login_user(outputs: dict[str, Any]) -> str:
+    """The stack's login user (the image's: ubuntu on the Ubuntu AMIs)."""
+    hosts = outputs["inventory"]["all"]["children"][GROUP]["hosts"]
+    return str(next(iter(hosts.values()))["ansible_user"])
+
+
+def node_outputs(template: dict[str, Any], nodes: list[containers.ContainerNode],
+                 key: Path) -> dict[str, Any]:
+    """`template` (the stack's outputs) with the addresses of the container nodes."""
+    outputs = copy.deepcopy(template)
+    hosts = outputs["inventory"]["all"]["children"][GROUP]["hosts"]
+    if len(hosts) != len(nodes):
+        raise RuntimeError(f"the {SHAPE_STACK} program made {len(hosts)} hosts for {len(nodes)} "
+                           "nodes")
+    for (name, host), node in zip(sorted(hosts.items()), nodes, strict=True):
+        host.update(ansible_host="127.0.0.1", ansible_port=node.ssh_port, public_ip="127.0.0.1",
+                    private_ip=node.ip, **CONTAINER_FACTS)
+        hosts[name] = host
+    first, user = nodes[0], next(iter(hosts.values()))["ansible_user"]
+    port = containers.SERVICE_PORT
+    outputs["endpoint"] = f"http://{first.ip}:{port}"
+    outputs["ssh_tunnel"] = (f"ssh -N -L {port}:{first.ip}:{port} -p {first.ssh_port} -i {shown(key)} "
+                             f"{user}@127.0.0.1")
+    return outputs
+
+
+def write_group_vars(inventory_dir: Path, state: Path, key: Path) -> None:
+    """The stack's own group_vars (inventories/aws-dev/group_vars/all.yml) plus the settings a
+    container node needs, as a Molecule scenario sets them (gpu_nodes beats all)."""
+    group_vars = inventory_dir / "group_vars"
+    group_vars.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(REPO_ROOT / "inventories" / SHAPE_STACK / "group_vars" / "all.yml",
+                    group_vars / "all.yml")
+    demo = {
+        "ansible_ssh_private_key_file": str(key),
+        "ansible_ssh_common_args": (f"-o StrictHostKeyChecking=accept-new -o UserKnownHostsFile="
+                                    f"{state / 'known_hosts'} -o IdentitiesOnly=yes "
+                                    "-o LogLevel=ERROR"),
+        "ansible_control_path_dir": str(state / "cp"),
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "ansible_pipelining": True,
+        # torch 2.13.0 CPU from the wheelhouse mounted into the container (no index, no CUDA)
+        "pytorch_wheelhouse": "/opt/wheelhouse",
+        "pytorch_wheelhouse_on_node": True,
+        "inference_runtime_model_source": "demo",
+        # the timer runs for real; a container must not power itself off
+        "autostop_enabled": True,
+        "autostop_command": "logger -t torchfleet-autostop 'idle, would power off'",
+    }
+    (group_vars / "gpu_nodes.yml").write_text(
+        "# Written by torchfleet demo: what a container node needs beyond the stack's settings.\n"
+        + yaml.safe_dump(demo, sort_keys=False))
+
+
+def predictions(node: containers.ContainerNode, console: Console) -> list[int | None]:
+    """JSON, binary and a malformed request to the node's published runtime port."""
+    base = node.url
+    code, body, _ = http_request("GET", base + "/v1/model")
+    shape, dtype = loadgen.input_spec(json.loads(body))
+    assert shape, "the demo model names its input shape"
+    codes = []
+    payload, headers = loadgen.build_payload(shape, dtype or "float32", batch=2, binary=False)
+    code, body, took = http_request("POST", base + "/v1/predict", payload, headers)
+    out = json.loads(body)["outputs"] if code == 200 else []
+    console.line(f"  JSON    POST {base}/v1/predict (2 instances, {len(payload) // 1024} KiB) -> "
+                 f"{code} in {took * 1000:.0f} ms: argmax {[r.index(max(r)) for r in out]}")
+    codes.append(code)
+    payload, headers = loadgen.build_payload(shape, dtype or "float32", batch=4, binary=True)
+    code, body, took = http_request("POST", base + "/v1/predict", payload, headers)
+    n = len(json.loads(body)["outputs"]) if code == 200 else 0
+    console.line(f"  binary  POST {base}/v1/predict (4 instances, raw {dtype}, X-Shape "
+                 f"{headers['X-Shape']}) -> {code} in {took * 1000:.0f} ms: {n} outputs")
+    codes.append(code)
+    code, body, _ = http_request("POST", base + "/v1/predict", b'{"inputs": [1, 2',
+                                 {"Content-Type": "application/json"})
+    console.line(f"  malformed JSON -> {code} {body.decode(errors='replace')[:120]}")
+    live, _, _ = http_request("GET", base + "/livez")
+    console.line(f"  and the node keeps serving: /livez -> {live}")
+    return codes
+
+
+def benchmark(node: containers.ContainerNode, console: Console) -> None:
+    target = loadgen.Target.parse(node.url)
+    shape, dtype = loadgen.input_spec(loadgen.http_get_json(target, "/v1/model", 30))
+    body, headers = loadgen.build_payload(shape, dtype or "float32", batch=1, binary=True)
+    levels = [loadgen.run_level(target, body, headers, c, 1, duration_s=BENCH_SECONDS)
+              for c in BENCH_LEVELS]
+    for line in loadgen.render_levels(levels).splitlines():
+        console.line(f"  {line}")
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    console.line(f"  load average {load} on {os.cpu_count()} CPUs while it ran: the client, the "
+                 "node and everything else on this machine share them")
+
+
+def short_plan(console: Console) -> None:
+    costs = {}
+    for stack in PLAN_STACKS:
+        run = run_offline(stack, stack_values(stack))
+        costs[stack] = run.outputs["cost"]
+        kinds = Counter(r.type.split(":")[-1] for r in run.custom())
+        hosts = run.outputs["inventory"]["all"]["children"][GROUP].get("hosts") or {}
+        console.line(f"  {stack}: {len(run.custom())} cloud resources, {len(hosts)} node(s), "
+                     f"endpoint {run.outputs['endpoint']}")
+        console.line("    " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
+    console.line("")
+    for line in cost_rows(costs):
+        console.line(f"  {line}")
+    console.line("  (the whole tree: make plan STACK=aws-dev)")
+
+
+NOT_DONE = """\
+What this demo did not do
+- No cloud: nothing was created in AWS or Alibaba Cloud. The inventory came from the aws-dev
+  program under Pulumi's mock engine (make plan); `torchfleet up aws-dev` runs the provision
+  stage for real and needs credentials, the Pulumi CLI and a backend (its preflight says which).
+- No GPU: the containers have no NVIDIA device, so the driver and CUDA steps skipped themselves
+  and the node serves on CPU in fp32 with torch 2.13.0 CPU from the local wheelhouse; the demo
+  replaced the stack's GPU facts (L4, cu121, spot) with {facts}.
+- No virtual machine: a systemd container on this machine (no cloud-init, no instance metadata,
+  so the spot watcher is off; autostop logs instead of powering off).
+- No group mode: aws-dev is one instance; the group path (ALB target health) is tested against
+  mocked AWS APIs only.
+- The benchmark ran on this shared 2-core machine; it says nothing about a GPU node's speed."""
+
+
+@dataclass
+class DemoResult:
+    summary: Summary
+    nodes: list[containers.ContainerNode]
+    prediction_codes: list[int | None]
+
+
+def clean(console: Console, prefix: str) -> int:
+    removed = containers.remove_nodes(prefix)
+    state = state_dir(prefix)
+    console.line(f"removed {len(removed)} container(s){': ' + ', '.join(removed) if removed else ''}")
+    if state.exists():
+        shutil.rmtree(state)
+        console.line(f"removed {shown(state)} (keys, inventory, known_hosts, run logs)")
+    return 0
+
+
+def run(console: Console, prefix: str, count: int, bench: bool = True,
+        plan: bool = True) -> DemoResult:
+    containers.check_prefix(prefix)
+    state = state_dir(prefix)
+    state.mkdir(parents=True, exist_ok=True)
+    with (state / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two demos of one prefix: one after the other
+        return _run(console, prefix, count, bench, plan, state)
+
+
+def _run(console: Console, prefix: str, count: int, bench: bool, plan: bool,
+         state: Path) -> DemoResult:
+    folder = run_dir(SHAPE_STACK, state / "runs")  # as `up`'s .cache/runs/<stack>/<timestamp>/
+    console.open_log(folder / "demo.log")
+    # nodes, the four node stages of `up`, predictions, then the optional benchmark and plan
+    steps = Steps(console, 6 + bench + plan)
+    values = stack_values(SHAPE_STACK, count)
+    cfg = stack_config.load(stack_config.raw_from_pulumi_config(values), SHAPE_STACK)
+    with steps("nodes", f"{count} systemd container node(s) standing in for {SHAPE_STACK}'s "
+                        f"{cfg.instance_type.name}"):
+        missing = containers.missing_tools("podman", "runc", "ssh", "ssh-keygen")
+        if missing:
+            raise StageError("nodes", f"missing tools: {', '.join(missing)}",
+                             fix="make setup (installs podman, runc, openssh-client)")
+        console.line(f"  image {containers.ensure_image(console.line)}")
+        wheelhouse = containers.ensure_wheelhouse("cp311")
+        key = containers.ensure_ssh_key(state / "ssh" / "id_ed25519")
+        template = stack_outputs(count)
+        login = login_user(template)
+        nodes = containers.start_nodes(prefix, count, key, login, wheelhouse,
+                                       state / "known_hosts")
+        for n in nodes:
+            console.line(f"  {n.name}  {'started' if n.created else 'reused'}  ssh "
+                         f"127.0.0.1:{n.ssh_port} ({login}), runtime 127.0.0.1:{n.service_port}, "
+                         f"address {n.ip}")
+    outputs = node_outputs(template, nodes, key)
+    inventory_root = state / "inventories"
+    write_group_vars(inventory_root / SHAPE_STACK, state, key)
+    (folder / "outputs.json").write_text(json.dumps(outputs, indent=2, default=str))
+    summary = node_stages(SHAPE_STACK, outputs, cfg, steps, console, folder, NodeOptions(
+        inventory_root=inventory_root, writer="torchfleet demo (mock-engine outputs, container "
+                                              "addresses)"))
+    codes: list[int | None] = []
+    with steps("predictions", "JSON, binary and a malformed request to each node's published "
+                              "port"):
+        for n in nodes:
+            codes += predictions(n, console)
+    if bench:
+        with steps("benchmark", f"closed loop, {BENCH_SECONDS:g} s per level at concurrency "
+                                f"{','.join(map(str, BENCH_LEVELS))}, binary body"):
+            benchmark(nodes[0], console)
+    if plan:
+        with steps("plan", "offline plan and cost of aws-dev and alicloud-dev (mock engine)"):
+            short_plan(console)
+    summary.notes.append("cost now is what aws-dev would cost: these nodes are containers")
+    return DemoResult(summary, nodes, codes)
+
+
+def not_done() -> str:
+    return NOT_DONE.format(facts=", ".join(f"{k}={v!r}" for k, v in CONTAINER_FACTS.items()))
+

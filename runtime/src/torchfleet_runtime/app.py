@@ -1,0 +1,114 @@
+"""The process: the runtime, its HTTP edge and the spot watcher wired together, and the signals.
+
+`Service(config)` composes `service.Runtime` (the model side) with `server.build_http` (the HTTP
+side); neither imports the other. `serve_until_stopped()` is `torchfleet-runtime serve`:
+- HTTP listens at once (/livez 200, /readyz 503), the model loads and warms in a thread, so a
+  SIGTERM during a long warm-up still stops the process promptly;
+- SIGTERM / SIGINT / a spot notice: drain (answers carry Connection: close, idle keep-alive
+  connections close, the drain ends when the admitted work is answered), then exit 0;
+- SIGHUP: reload the model file beside the one serving (service.Runtime.reload); a failure is
+  logged and counted and the old model keeps serving;
+- a start-up failure exits 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from typing import Any
+
+from .config import Config, ConfigError
+from .errors import ApiError
+from .httpd import HttpServer
+from .interruption import SpotWatcher
+from .model import ModelError
+from .server import build_http
+from .service import Runtime
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    def __init__(self, config: Config, module: Any = None) -> None:
+        self.config = config
+        self.runtime = Runtime(config, module)
+        self.http: HttpServer = build_http(self.runtime, config, self.runtime.metrics.connections.set)
+        self.spot = SpotWatcher(config.spot_watch, config.aws_metadata_url, config.alicloud_metadata_url,
+                                config.spot_poll_interval_s, self._on_spot_notice)
+        self._listening = False
+
+    @property
+    def port(self) -> int:
+        return self.http.port
+
+    def _on_spot_notice(self, notice: str) -> None:
+        self.runtime.metrics.spot_notice.set(1)
+        self.runtime.request_stop("spot interruption notice")
+
+    def start_http(self) -> None:
+        self.http.start()
+        self._listening = True
+        log.info("listening on http://%s:%d", self.config.host, self.port)
+
+    def start(self) -> None:
+        """Listen, watch for spot notices, load and warm (blocking until ready): tests, embedding."""
+        self.start_http()
+        self.spot.start()
+        self.runtime.start()
+
+    def reload_in_background(self, reason: str) -> threading.Thread:
+        def run() -> None:
+            try:
+                self.runtime.reload(reason)
+            except ApiError as exc:  # reload() logged and counted a failed load already
+                if exc.type != "reload_failed":
+                    log.warning("reload (%s) not done: %s", reason, exc.message)
+
+        t = threading.Thread(target=run, name="torchfleet-reload", daemon=True)
+        t.start()
+        return t
+
+    def close(self, worker_timeout_s: float = 5.0) -> None:
+        self.spot.stop()
+        self.runtime.close(worker_timeout_s)
+        if self._listening:
+            self.http.stop()
+            self._listening = False
+
+    def serve_until_stopped(self) -> int:
+        rt = self.runtime
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: rt.request_stop(signal.Signals(signum).name))
+        signal.signal(signal.SIGHUP, lambda signum, frame: self.reload_in_background("SIGHUP"))
+        self.start_http()
+        self.spot.start()
+        failure: list[BaseException] = []
+
+        def warm() -> None:
+            try:
+                rt.load_and_warm()
+            except BaseException as exc:
+                rt.state = "failed"
+                failure.append(exc)
+                rt.stop_requested.set()
+
+        threading.Thread(target=warm, name="torchfleet-warmup", daemon=True).start()
+        # Wake periodically so signal handlers run promptly on every Python version.
+        while not rt.stop_requested.wait(0.5):
+            pass
+        if failure:
+            self.close()
+            expected = isinstance(failure[0], (ConfigError, ModelError))  # the user's mistake: no traceback
+            log.error("start-up failed: %s", failure[0], exc_info=None if expected else failure[0])
+            return 1
+        started = time.monotonic()
+        self.http.begin_closing()
+        clean = rt.drain(self.config.drain_timeout_s)
+        # After a clean drain the queue is empty and the worker stops at once; after a timeout
+        # its batch is stuck, and waiting for it would break the drain_timeout_s promise.
+        self.close(worker_timeout_s=5.0 if clean else 0.0)
+        log.info("stopped after draining for %.2f s (%s)%s", time.monotonic() - started, rt.stop_reason,
+                 "" if clean else "; some requests were cut off")
+        return 0

@@ -1,0 +1,67 @@
+"""The role's recording and alert rules under Debian's promtool: they parse (`check rules`),
+every unit test in tests/monitoring/rules/ passes (`test rules`), and every alert has at least
+one firing and one not-firing case there."""
+
+from __future__ import annotations
+
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+from monitoring_support import RULE_FILES, need
+
+TESTS_DIR = Path(__file__).resolve().parent / "rules"
+TEST_FILES = sorted(TESTS_DIR.glob("*.test.yml"))
+
+
+def _alerts() -> set[str]:
+    names = set()
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            names.update(r["alert"] for r in group["rules"] if "alert" in r)
+    return names
+
+
+def test_rule_files_pass_promtool_check() -> None:
+    assert RULE_FILES, "no rule files found"
+    done = subprocess.run([need("promtool"), "check", "rules", *map(str, RULE_FILES)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("SUCCESS") == len(RULE_FILES), done.stdout
+
+
+@pytest.mark.parametrize("test_file", TEST_FILES, ids=[p.name for p in TEST_FILES])
+def test_promtool_unit_tests_pass(test_file: Path) -> None:
+    done = subprocess.run([need("promtool"), "test", "rules", test_file.name], cwd=TESTS_DIR,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_alert_is_tested_firing_and_not_firing() -> None:
+    cases: dict[str, set[str]] = defaultdict(set)
+    for path in TEST_FILES:
+        doc = yaml.safe_load(path.read_text())
+        loaded = {Path(f).name for f in doc["rule_files"]}
+        if any("alert_rule_test" in t for t in doc["tests"]):
+            assert loaded >= {p.name for p in RULE_FILES}, f"{path.name} does not load every rule file"
+        for test in doc["tests"]:
+            for check in test.get("alert_rule_test", []):
+                cases[check["alertname"]].add("firing" if check.get("exp_alerts") else "not firing")
+    alerts = _alerts()
+    assert len(alerts) >= 10, alerts
+    unknown = set(cases) - alerts
+    assert not unknown, f"tests name alerts the rules do not define: {sorted(unknown)}"
+    missing = {a: sorted({"firing", "not firing"} - cases[a]) for a in alerts
+               if cases[a] != {"firing", "not firing"}}
+    assert not missing, f"alerts without a firing or a not-firing case: {missing}"
+
+
+def test_alerts_carry_a_known_severity_and_a_summary() -> None:
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                if "alert" in rule:
+                    assert rule["labels"]["severity"] in ("page", "ticket", "info"), rule["alert"]
+                    assert rule["annotations"]["summary"], rule["alert"]
