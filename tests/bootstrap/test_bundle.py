@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -47,9 +48,8 @@ def test_same_tree_same_bytes_even_from_empty_caches(tmp_path: Path, monkeypatch
 
 def test_a_changed_file_makes_a_new_bundle(tmp_path: Path) -> None:
     group_vars = tmp_path / "group_vars"
-    group_vars.mkdir()
-    source = (REPO / "inventories" / "aws-prod" / "group_vars" / "all.yml").read_text()
-    (group_vars / "all.yml").write_text(source)
+    shutil.copytree(REPO / "inventories" / "aws-prod" / "group_vars", group_vars)
+    source = (group_vars / "all.yml").read_text()
     same = bundle_mod.build("aws-prod", group_vars=group_vars)
     assert same.sha256 == bundle_mod.build("aws-prod").sha256
     (group_vars / "all.yml").write_text(source + "inference_runtime_drain_timeout_s: 90\n")
