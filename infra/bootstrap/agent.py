@@ -634,15 +634,22 @@ def bootstrap(argv):
         state.stage("facts")
         inventory = write_inventory(cfg, ident, tree)
         state.stage("site")
-        if state["mode"] == "baked":
-            try:
-                ansible(tree, inventory, "baked.yml", state)
-            except Failure as err:  # an image older than this bundle: configure it fully
-                log(f"baked path failed ({err.message}): running site.yml")
-                state.update(baked_fallback=err.task)
+        try:
+            if state["mode"] == "baked":
+                try:
+                    ansible(tree, inventory, "baked.yml", state)
+                except Failure as err:  # an image older than this bundle: configure it fully
+                    log(f"baked path failed ({err.message}): running site.yml")
+                    state.update(baked_fallback=err.task)
+                    ansible(tree, inventory, "site.yml", state)
+            else:
                 ansible(tree, inventory, "site.yml", state)
-        else:
-            ansible(tree, inventory, "site.yml", state)
+        except Failure as err:
+            # A new NVIDIA driver stops a local play (nvidia_driver: "reboot by hand, then run
+            # the playbook again"): that is what this unit does, not a failed node.
+            if not reboot_pending() or (state["reboots"] or 0) >= MAX_REBOOTS:
+                raise
+            log(f"{err.message}: a reboot is pending, the play resumes after it")
         why = reboot_pending()
         if why and (state["reboots"] or 0) < MAX_REBOOTS:
             state.update(reboots=(state["reboots"] or 0) + 1, reboot_reason=why)

@@ -106,6 +106,29 @@ def test_a_reboot_request_reboots_before_joining_and_is_bounded(node: dict[str, 
     assert done["state"] == "ready" and done["boots"] == 3 and node["plays"] == ["site.yml"] * 3
 
 
+def test_a_new_driver_that_stops_the_play_reboots_and_resumes(node: dict[str, Any]) -> None:
+    # The nvidia_driver role fails a local play once the driver is in but not loaded.
+    node["fail"] = {"site.yml": "nvidia_driver : refuse a local reboot"}
+    node["reboot"] = "the NVIDIA driver is installed but not loaded"
+    rebooted = boot(node)
+    assert rebooted["state"] == "running" and rebooted["stage"] == "reboot" and rebooted["reboots"] == 1
+    assert node["cloud"].calls == [] and ["systemctl", "reboot"] in node["systemctl"]
+    node["fail"], node["reboot"] = {}, None  # after the reboot the driver is loaded
+    done = boot(node)
+    assert done["state"] == "ready" and done["boots"] == 2 and node["plays"] == ["site.yml", "site.yml"]
+    assert node["cloud"].calls == [("torchfleet-launch", "CONTINUE", "i-1")]
+
+
+def test_a_failing_play_with_no_reboot_left_fails(node: dict[str, Any]) -> None:
+    node["fail"] = {"site.yml": "nvidia_driver : refuse a local reboot"}
+    node["reboot"] = "the NVIDIA driver is installed but not loaded"
+    for _ in range(agent.MAX_REBOOTS):
+        assert boot(node)["stage"] == "reboot"
+    done = boot(node)
+    assert done["state"] == "failed" and done["failed_task"] == "nvidia_driver : refuse a local reboot"
+    assert node["cloud"].calls == [("torchfleet-launch", "ABANDON", "i-1")]
+
+
 def test_warm_pool_node_waits_warmed_then_joins_from_the_baked_path(node: dict[str, Any]) -> None:
     node["cloud"].target = "Warmed:Stopped"
     warmed = boot(node)
