@@ -9,6 +9,13 @@ from infra.offline import FAKE_ALI_IMAGE, FAKE_AMI, OfflineMocks, RecordingMonit
 from infra.plan import STACKS
 
 # Cloud resources each example must register at least once (the mode decides which).
+BUNDLE = {
+    "aws": {"aws:s3/bucket:Bucket", "aws:s3/bucketObjectv2:BucketObjectv2",
+            "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
+            "aws:s3/bucketPolicy:BucketPolicy"},
+    "alicloud": {"alicloud:oss/bucket:Bucket", "alicloud:oss/bucketObject:BucketObject",
+                 "alicloud:oss/bucketAcl:BucketAcl", "alicloud:oss/bucketPolicy:BucketPolicy"},
+}
 EXPECTED = {
     "aws-dev": {"aws:ec2/vpc:Vpc", "aws:ec2/subnet:Subnet", "aws:ec2/routeTable:RouteTable",
                 "aws:ec2/securityGroup:SecurityGroup", "aws:ec2/launchTemplate:LaunchTemplate",
@@ -16,7 +23,8 @@ EXPECTED = {
                 "aws:scheduler/schedule:Schedule", "aws:budgets/budget:Budget"},
     "aws-prod": {"aws:autoscaling/group:Group", "aws:lb/loadBalancer:LoadBalancer",
                  "aws:lb/targetGroup:TargetGroup", "aws:lb/listener:Listener",
-                 "aws:ec2/launchTemplate:LaunchTemplate", "aws:budgets/budget:Budget"},
+                 "aws:ec2/launchTemplate:LaunchTemplate", "aws:budgets/budget:Budget",
+                 "aws:autoscaling/lifecycleHook:LifecycleHook", "aws:autoscaling/policy:Policy"},
     "alicloud-dev": {"alicloud:vpc/network:Network", "alicloud:vpc/switch:Switch",
                      "alicloud:ecs/securityGroupRule:SecurityGroupRule",
                      "alicloud:ecs/instance:Instance", "alicloud:ram/role:Role",
@@ -24,18 +32,21 @@ EXPECTED = {
     "alicloud-prod": {"alicloud:ess/scalingGroup:ScalingGroup",
                       "alicloud:ess/scalingConfiguration:ScalingConfiguration",
                       "alicloud:slb/applicationLoadBalancer:ApplicationLoadBalancer",
-                      "alicloud:slb/listener:Listener"},
+                      "alicloud:slb/listener:Listener", "alicloud:ess/lifecycleHook:LifecycleHook",
+                      "alicloud:ess/scalingRule:ScalingRule", "alicloud:ess/alarm:Alarm",
+                      "alicloud:cms/monitorGroup:MonitorGroup"},
 }
 
 
 def test_registers_a_real_fleet(run):
     custom = run.custom()
     assert len(custom) >= 14, f"{run.stack}: only {len(custom)} cloud resources"
-    missing = EXPECTED[run.stack] - {r.type for r in custom}
+    expected = EXPECTED[run.stack] | BUNDLE[run.stack.split("-")[0]]
+    missing = expected - {r.type for r in custom}
     assert not missing, f"{run.stack} registered no {sorted(missing)}"
     # one component per concept
     components = {r.type.rsplit(":", 1)[1] for r in run.resources if r.type.startswith("torchfleet:")}
-    assert components == {"Network", "Fleet", "Teardown"}
+    assert components == {"Network", "Bundle", "Fleet", "Teardown"}
 
 
 def test_every_cloud_resource_sits_in_a_component(run):
@@ -45,7 +56,12 @@ def test_every_cloud_resource_sits_in_a_component(run):
 
 
 def test_image_auto_resolved_through_an_invoke(run):
-    assert len(run.calls) == 1
+    images = [c for c in run.calls if c in ("aws:ec2/getAmi:getAmi",
+                                            "alicloud:ecs/getImages:getImages")]
+    assert len(images) == 1
+    # AWS also asks who it is: the node's lifecycle grant names the account's group ARN
+    assert sorted(set(run.calls) - set(images)) == (
+        ["aws:index/getCallerIdentity:getCallerIdentity"] if run.stack.startswith("aws") else [])
     image = FAKE_AMI if run.stack.startswith("aws") else FAKE_ALI_IMAGE
     users = [r for r in run.custom() if r.inputs.get("imageId")]
     assert users and all(r.inputs["imageId"] == image for r in users)
