@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STACK ?= aws-dev
 
-.PHONY: setup demo test lint pytest molecule bench plan lock clean
+.PHONY: setup demo test lint pytest molecule bench plan bake lock clean
 
 setup:
 	@scripts/setup.sh
@@ -31,6 +31,13 @@ bench: setup
 
 plan: setup
 	@$(PY) -m infra.plan $(STACK)
+
+# Bake the stack's bundle into an image (AWS: EC2 Image Builder during `pulumi up`) that the
+# group then launches: the offline plan of it first, then the real run (Pulumi CLI needed).
+bake: setup
+	@$(PY) -m infra.plan $(STACK) --boot bake
+	@command -v pulumi >/dev/null || { echo "make bake: no Pulumi CLI here; the plan above is 	what 'pulumi up --stack $(STACK) --config torchfleet:boot=bake' registers"; exit 1; }
+	pulumi up --stack $(STACK) --config torchfleet:boot=bake
 
 # Re-pin every transitive dependency after changing requirements/*.txt.
 lock: setup

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from infra.config import ConfigError
+from infra.config import BOOT_MODES, ConfigError
 from infra.matrix import REPO_ROOT
 from infra.offline import OfflineRun, Registered, run_offline
 
@@ -211,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, help="stack file (default: Pulumi.<STACK>.yaml)")
     parser.add_argument("--all", action="store_true", help="every example stack")
     parser.add_argument("--json", action="store_true", help="outputs and resources as JSON")
+    parser.add_argument("--boot", choices=BOOT_MODES,
+                        help="plan with torchfleet:boot set to this (what `make bake` shows)")
     args = parser.parse_args(argv)
     stacks = list(STACKS) if args.all else args.stacks
     if not stacks:
@@ -221,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     costs: dict[str, dict[str, Any]] = {}
     for stack in stacks:
         try:
-            run = run_offline(stack, load_stack_config(stack, args.config))
+            values = load_stack_config(stack, args.config)
+            if args.boot:
+                values = {**values, "torchfleet:boot": args.boot}
+            run = run_offline(stack, values)
         except (ConfigError, FileNotFoundError) as err:
             print(f"{TITLE}: stack {stack}: {err}", file=sys.stderr)
             return 2

@@ -130,10 +130,13 @@ class AwsFleet(pulumi.ComponentResource):
             self.deployment = Deployment(
                 nodes=[], endpoint=alb.dns_name.apply(lambda d: f"http://{d}/"),
                 login_user=image.login_user,
+                # running by tag; `group_name` lets an inventory keep the InService ones (a
+                # node still in its launch hook is running but bootstrapping itself)
                 discovery={"cloud": "aws", "region": cfg.region,
                            "filters": {f"tag:{NODE_ROLE_TAG[0]}": NODE_ROLE_TAG[1],
                                        "tag:stack": cfg.stack,
-                                       "instance-state-name": "running"}})
+                                       "instance-state-name": "running"},
+                           "group_name": group_name(cfg)})
         self.register_outputs({"launch_template_id": self.template.id})
 
     def _spot_options(self) -> aws.ec2.LaunchTemplateInstanceMarketOptionsArgs:

@@ -44,6 +44,17 @@ def test_plan_prints_tree_and_costs_for_every_stack():
     table = text.split("COST ESTIMATE", 1)[1]
     for stack in ("aws-dev", "aws-prod", "alicloud-dev", "alicloud-prod"):
         assert f"\n{stack} " in table
+    # the prod stacks' hooks and load policies, and the cost at the scaling bounds
+    for needle in ("hook torchfleet-launch: autoscaling:EC2_INSTANCE_LAUNCHING, ABANDON",
+                   "hook torchfleet-terminate: SCALE_IN, CONTINUE",
+                   "target tracking ALBRequestCountPerTarget = 1200",
+                   "target tracking torchfleet/QueueDepth (Average)",
+                   "RequestRate >= 20.0", "RequestRate < ", " && QueueDepth < ",
+                   "health LOAD_BALANCER", "bundle_url: s3://", "bundle_url: oss://"):
+        assert needle in text, needle
+    bounds = table.split("at the scaling bounds", 1)[1]
+    row = next(line for line in bounds.splitlines() if line.startswith("aws-prod "))
+    assert row.split()[1:3] == ["2", "8"]  # min and max nodes, each with its monthly cost
 
 
 def test_plan_refuses_bad_config(tmp_path):
@@ -154,3 +165,18 @@ def test_inventory_script_rejects_foreign_outputs(tmp_path):
              "--out-dir", str(tmp_path))
     assert out.returncode == 1 and "no `inventory`" in out.stderr
     assert not (tmp_path / "aws-dev").exists()
+
+
+def test_plan_of_a_bake(capsys, runs):
+    """What `make bake STACK=...` shows before it runs `pulumi up` (in-process: the entry
+    point itself is covered above)."""
+    from infra.plan import main
+
+    assert main(["aws-prod", "--boot", "bake"]) == 0
+    text = capsys.readouterr().out
+    for needle in ("torchfleet:aws:Bake", "aws:imagebuilder/image:Image",
+                   "policyArn=arn:aws:iam::aws:policy/EC2InstanceProfileForImageBuilder",
+                   "imageId=ami-0fedcba9876543210"):  # the group launches the baked AMI
+        assert needle in text, needle
+    assert main(["alicloud-prod", "--boot", "bake"]) == 2
+    assert "torchfleet:boot = 'bake'" in capsys.readouterr().err

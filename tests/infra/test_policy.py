@@ -293,3 +293,32 @@ def test_least_privilege_roles(runs):
             assert att.inputs["policyArn"].endswith("AmazonSSMManagedInstanceCore")
             checked += 1
     assert checked >= 6
+
+
+def test_dev_ttl_cancels_persistent_spot_requests_before_terminating(runs):
+    """aws-dev's spot node is a persistent request (a schedule stops and starts it): terminated
+    alone, the request re-opens and launches a replacement after the TTL."""
+    import json
+    from datetime import datetime
+
+    run = runs["aws-dev"]
+    (template,) = run.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    spot = template.inputs["instanceMarketOptions"]["spotOptions"]
+    assert spot["spotInstanceType"] == "persistent"
+    schedules = {r.inputs["target"]["arn"].rsplit(":", 1)[1]: r.inputs
+                 for r in run.of_type("aws:scheduler/schedule:Schedule")}
+    cancel, terminate = schedules["cancelSpotInstanceRequests"], schedules["terminateInstances"]
+
+    def at(expression: str) -> datetime:
+        return datetime.fromisoformat(expression.removeprefix("at(").removesuffix(")"))
+
+    assert at(cancel["scheduleExpression"]) < at(terminate["scheduleExpression"])
+    instances = run.of_type("aws:ec2/instance:Instance")
+    requests = json.loads(cancel["target"]["input"])["SpotInstanceRequestIds"]
+    assert len(requests) == len(instances) >= 1 and all(r.startswith("sir-") for r in requests)
+    (policy,) = [p for p in run.of_type("aws:iam/rolePolicy:RolePolicy")
+                 if p.name.endswith("-scheduler")]
+    grants = {a: s["Resource"] for s in json.loads(policy.inputs["policy"])["Statement"]
+              for a in s["Action"]}
+    assert sorted(r.rsplit("/", 1)[1] for r in grants["ec2:CancelSpotInstanceRequests"]) == \
+        sorted(requests)

@@ -102,6 +102,17 @@ def test_cost_output(run, settings):
     assert cost["nodes"] == cost["on_demand_nodes"] + cost["spot_nodes"] > 0
     assert cost["spot_cap_usd_per_hour"] <= cost["on_demand_usd_per_hour"] * 1.3
     assert cost["monthly_typical_usd"] <= cost["monthly_worst_case_usd"]
+    # the scaling bounds: instances mode runs a fixed count
+    assert cost["spot_cap_usd_per_hour_at_min"] <= cost["spot_cap_usd_per_hour"] \
+        <= cost["spot_cap_usd_per_hour_at_max"]
+    assert cost["monthly_worst_at_min_usd"] <= cost["monthly_worst_case_usd"] \
+        <= cost["monthly_worst_at_max_usd"]
+    nodes = settings(run.stack)["nodes"]
+    if "max" in nodes:
+        assert (cost["min_nodes"], cost["max_nodes"]) == (nodes["min"], nodes["max"])
+        assert cost["spot_cap_usd_per_hour_at_max"] > cost["spot_cap_usd_per_hour_at_min"]
+    else:
+        assert cost["min_nodes"] == cost["max_nodes"] == nodes["count"]
     if settings(run.stack).get("schedule"):
         assert cost["hours_per_month"] < 730
         assert cost["monthly_worst_case_usd"] < cost["monthly_on_demand_24x7_usd"]
@@ -142,3 +153,17 @@ def test_bad_config_registers_nothing(stack, with_overrides):
     # the same monitor sees resources when the config is good: the check above can fail
     run_offline(stack, with_overrides(stack), monitor=monitor)
     assert [t for _, t, *_ in monitor.registrations if not t.startswith("pulumi:")]
+
+
+def test_too_many_zones_fail_before_any_resource(with_overrides):
+    """The address plan has 16 blocks; a 17th zone used to crash after the VPC was registered."""
+    from infra.config import ConfigError
+
+    zones = [f"eu-central-1{chr(ord('a') + i)}" for i in range(17)]
+    monitor = RecordingMonitor(OfflineMocks())
+    with pytest.raises(ConfigError, match="torchfleet:zones"):
+        run_offline("aws-dev", with_overrides("aws-dev", zones=zones), monitor=monitor)
+    assert [t for _, t, *_ in monitor.registrations if not t.startswith("pulumi:")] == []
+    # the same monitor registers the stack once the zones fit (test_config: sixteen load)
+    run_offline("aws-dev", with_overrides("aws-dev", zones=zones[:2]), monitor=monitor)
+    assert [t for _, t, *_ in monitor.registrations if t == "aws:ec2/subnet:Subnet"]
