@@ -36,7 +36,7 @@ from infra.schedule import iso_utc
 # action, keep it alive while it works.
 ESS_NODE_ACTIONS = ["ess:CompleteLifecycleAction", "ess:RecordLifecycleActionHeartbeat",
                     "ess:DescribeLifecycleHooks", "ess:DescribeLifecycleActions",
-                    "ess:DescribeScalingActivities"]
+                    "ess:DescribeScalingActivities", "ess:DescribeScalingInstances"]
 
 HEALTH_PATH = "/readyz"
 LB_PORT = 80
@@ -53,6 +53,9 @@ def _lifecycle_policy(cfg: StackConfig):
         return json.dumps({"Version": "1", "Statement": [
             {"Effect": "Allow", "Action": ESS_NODE_ACTIONS,
              "Resource": [f"acs:ess:{cfg.region}:*:scalinggroup/{group_id}"]},
+            # The agent finds its group by name (a read-only lookup in the region).
+            {"Effect": "Allow", "Action": ["ess:DescribeScalingGroups"],
+             "Resource": [f"acs:ess:{cfg.region}:*:scalinggroup/*"]},
             # CloudMonitor has no resource-level permission for custom metrics.
             {"Effect": "Allow", "Action": ["cms:PutCustomMetric"], "Resource": ["*"]}]})
     return document

@@ -87,6 +87,7 @@ class M(pulumi.runtime.Mocks):
     def new_resource(self, args):
         out = dict(args.inputs)
         out.update(publicIp='203.0.113.5', privateIp='10.42.0.5', latestVersion=1)
+        out.setdefault('bucket', args.name + '-bucket')  # a bucket named by prefix
         return args.name + '-id', out
     def call(self, args):
         return {{'id': 'ami-0123456789abcdef0', 'accountId': '123456789012'}}
