@@ -22,6 +22,7 @@ from infra import catalog
 from infra.addressing import MAX_ZONES
 from infra.catalog import InstanceType
 from infra.matrix import Matrix, load_matrix
+from infra.readiness import LAUNCH_TIMEOUT_DEFAULT_S
 from infra.schedule import DAYS, Schedule
 
 NAMESPACE = "torchfleet"
@@ -496,8 +497,6 @@ def _scaling(r: _Reader, mode: str | None) -> Scaling | None:
                          "a number > 0 of requests waiting per node (Average over the group)")
     scale_in = r.boolean("scaling.scale_in", raw.get("scale_in", True))
     protect = r.boolean("scaling.protect_from_scale_in", raw.get("protect_from_scale_in", False))
-    from infra.readiness import LAUNCH_TIMEOUT_DEFAULT_S
-
     lo, hi = LAUNCH_TIMEOUT_RANGE
     timeout = r.number("scaling.launch_timeout_s", raw.get("launch_timeout_s",
                                                            LAUNCH_TIMEOUT_DEFAULT_S),
