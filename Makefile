@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STACK ?= aws-dev
 
-.PHONY: setup demo demo-clean up down status test lint pytest molecule e2e bench bench-peers plan bundle image lock clean
+.PHONY: setup demo demo-clean up down status test lint pytest molecule e2e bench bench-peers plan bundle bake image lock clean
 
 setup:
 	@scripts/setup.sh
@@ -65,6 +65,13 @@ image: setup
 	@$(PY) scripts/build_runtime_image.py $(if $(PROFILE),--profile '$(PROFILE)') $(if $(BASE),--base '$(BASE)') \
 	  $(if $(WHEELHOUSE),--wheelhouse '$(WHEELHOUSE)') $(if $(TAG),--tag '$(TAG)') $(if $(MODEL),--model '$(MODEL)') \
 	  $(if $(CA_CERTS),--extra-ca-certs $(CA_CERTS)) $(if $(INDEX_URL),--index-url '$(INDEX_URL)') >/dev/null
+
+# Bake the stack's bundle into an image (AWS: EC2 Image Builder during `pulumi up`) that the
+# group then launches: the offline plan of it first, then the real run (Pulumi CLI needed).
+bake: setup
+	@$(PY) -m infra.plan $(STACK) --boot bake
+	@command -v pulumi >/dev/null || { echo "make bake: no Pulumi CLI here; the plan above is what 'pulumi up --stack $(STACK) --config torchfleet:boot=bake' registers"; exit 1; }
+	pulumi up --stack $(STACK) --config torchfleet:boot=bake
 
 # Re-pin every transitive dependency after changing requirements/*.txt.
 lock: setup

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 
+ZONE_PREFIX_DIFF = 4  # each zone gets 1/16 of the VPC (a /20 of a /16)
+MAX_ZONES = 2**ZONE_PREFIX_DIFF  # the config refuses more zones than the plan has blocks
+
 
 def split_cidrs(cidrs: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """(IPv4, IPv6): the clouds take the two families in different fields."""
@@ -13,6 +16,8 @@ def split_cidrs(cidrs: tuple[str, ...]) -> tuple[list[str], list[str]]:
 
 
 def zone_subnets(vpc_cidr: str, count: int) -> list[str]:
-    """One block per zone, each 1/16 of the VPC (a /20 of a /16): room for 16 zones."""
+    """One block per zone, each 1/16 of the VPC (a /20 of a /16): room for MAX_ZONES zones."""
+    if count > MAX_ZONES:
+        raise ValueError(f"{count} zones but the address plan has {MAX_ZONES} blocks")
     net = ipaddress.ip_network(vpc_cidr)
-    return [str(s) for s in list(net.subnets(prefixlen_diff=4))[:count]]
+    return [str(s) for s in list(net.subnets(prefixlen_diff=ZONE_PREFIX_DIFF))[:count]]

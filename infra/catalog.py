@@ -27,6 +27,9 @@ PRICE_SOURCES = {
     "(approximate reference figures)",
 }
 REFERENCE_REGION = {"aws": "us-east-1", "alicloud": "ap-southeast-1"}
+# A stopped instance costs its volumes only: gp3 USD per GiB-month, us-east-1 price list,
+# 2024-06 (reference figure), for the warm pool's share of the estimate.
+EBS_GP3_USD_PER_GB_MONTH = 0.08
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,10 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from infra import catalog
+from infra.addressing import MAX_ZONES
 from infra.catalog import InstanceType
 from infra.matrix import Matrix, load_matrix
+from infra.readiness import LAUNCH_TIMEOUT_DEFAULT_S
 from infra.schedule import DAYS, Schedule
 
 NAMESPACE = "torchfleet"
@@ -35,6 +37,10 @@ RESERVED_TAGS = ("project", "stack", "env", "owner", "ttl-expiry", "torchfleet-r
 SSH_KEY_PREFIXES = ("ssh-ed25519 ", "ssh-rsa ", "ecdsa-sha2-nistp256 ", "ecdsa-sha2-nistp384 ",
                     "ecdsa-sha2-nistp521 ", "sk-ssh-ed25519@openssh.com ")
 MIN_CIDR_PREFIX = 8  # anything wider is "the internet" for our purposes
+BOOT_MODES = ("cold", "bake", "baked")
+# The launching hook's heartbeat timeout bounds: AWS accepts 30..7200 s, ESS 30..21600 s; below
+# 300 s not even a baked node can be ready (image boot + model fetch + warm-up).
+LAUNCH_TIMEOUT_RANGE = (300, 7200)
 _REGION_RE = {
     "aws": re.compile(r"^[a-z]{2}(-gov|-iso[a-z]*)?-[a-z]+-\d$"),
     "alicloud": re.compile(r"^[a-z]{2}-[a-z0-9]+(-[a-z0-9]+)?$"),
@@ -47,7 +53,7 @@ KEYS = (
     "cloud", "env", "region", "zones", "mode", "instance_type", "gpu", "extra_instance_types",
     "nodes", "spot", "schedule", "ttl_hours", "admin_cidrs", "client_cidrs", "service_port",
     "ssh_public_key", "image", "image_distro", "cuda_profile", "disk_gb", "vpc_cidr", "owner",
-    "tags", "budget", "model_bucket",
+    "tags", "budget", "model_bucket", "scaling", "boot", "warm_pool",
 )
 # Sub-keys of the structured values, for the same "unknown key" check one level down.
 SUBKEYS = {
@@ -57,6 +63,9 @@ SUBKEYS = {
              "interruption", "on_demand_prices"),
     "schedule": ("timezone", "start", "stop", "days"),
     "budget": ("monthly_usd", "alert_emails", "threshold_percent"),
+    "scaling": ("requests_per_node", "queue_depth_per_node", "scale_in", "protect_from_scale_in",
+                "launch_timeout_s"),
+    "warm_pool": ("enabled", "min_size", "max_prepared"),
 }
 
 
@@ -94,6 +103,23 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class Scaling:
+    """Scaling on load (group mode): the per-node targets the policies track."""
+
+    requests_per_node: float  # requests per node per minute (ALBRequestCountPerTarget's unit)
+    queue_depth_per_node: float | None  # None: derived from the request target (infra.readiness)
+    scale_in: bool  # False: the load policies only ever add nodes
+    protect_from_scale_in: bool  # new nodes are protected; only schedules/operators remove them
+    launch_timeout_s: int  # the launching hook's heartbeat timeout
+
+
+@dataclass(frozen=True)
+class WarmPool:
+    min_size: int
+    max_prepared: int | None  # None: AWS keeps max_size - desired warm
+
+
+@dataclass(frozen=True)
 class StackConfig:
     stack: str
     cloud: str
@@ -120,6 +146,14 @@ class StackConfig:
     tags: Mapping[str, str]
     budget: Budget | None
     model_bucket: str | None
+    scaling: Scaling | None = None  # group mode only
+    boot: str = "cold"  # cold: full site.yml at boot | bake: build an image first | baked: `image` is one
+    warm_pool: WarmPool | None = None  # AWS group mode only
+
+    @property
+    def bootstrap_mode(self) -> str:
+        """The node's bootstrap mode (infra.bootstrap.BootstrapSpec.mode) for this boot path."""
+        return "cold" if self.boot == "cold" else "baked"
 
     @property
     def name(self) -> str:
@@ -183,7 +217,10 @@ class _Reader:
             number = kind(value)
             if kind is int and float(value) != number:
                 raise ValueError
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
+            self.fail(key, value, what)
+            return None
+        if not math.isfinite(number):  # NaN passes every comparison below; inf is no quantity
             self.fail(key, value, what)
             return None
         if (lo is not None and number < lo) or (hi is not None and number > hi):
@@ -250,9 +287,12 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
 
     mode = r.choice("mode", r.get("mode", "group" if env == "prod" else "instances"), MODES)
     itype = _instance_type(r, cloud)
-    itypes = _extra_types(r, cloud, itype, mode)
+    warm_pool = _warm_pool(r, cloud, mode)
+    itypes = _extra_types(r, cloud, itype, mode, single=warm_pool is not None)
     nodes = _nodes(r, mode)
     spot = _spot(r, cloud, mode, itypes)
+    scaling = _scaling(r, mode)
+    boot = _boot(r, cloud)
     schedule = _schedule(r)
     ttl = _ttl(r, env, mode)
 
@@ -290,6 +330,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
         bucket = None
 
     _cross_checks(r, cloud, env, mode, zones, nodes, spot, schedule, client)
+    _fleet_checks(r, image, boot, nodes, spot, warm_pool)
     if r.problems:
         raise ConfigError(r.problems)
     assert env and mode and itype and nodes and spot and port and distro and profile and disk
@@ -299,7 +340,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
         ttl_hours=ttl, admin_cidrs=admin, client_cidrs=client, service_port=port,
         ssh_public_key=key.strip(), image=image, image_distro=distro, cuda_profile=profile,
         disk_gb=disk, vpc_cidr=vpc_cidr, owner=owner, tags=tags, budget=budget,
-        model_bucket=bucket,
+        model_bucket=bucket, scaling=scaling, boot=boot or "cold", warm_pool=warm_pool,
     )
 
 
@@ -320,6 +361,10 @@ def _zones(r: _Reader, cloud: str, region: str | None) -> tuple[str, ...]:
             out.append(z)
     if len(set(out)) != len(out):
         r.fail("zones", zones, "distinct zones")
+    if len(zones) > MAX_ZONES:
+        r.fail("zones", zones, f"at most {MAX_ZONES} zones (the address plan gives each zone "
+               f"1/{MAX_ZONES} of vpc_cidr)")
+        return tuple(out[:MAX_ZONES])
     return tuple(out)
 
 
@@ -356,14 +401,18 @@ def _instance_type(r: _Reader, cloud: str) -> InstanceType | None:
 
 
 def _extra_types(r: _Reader, cloud: str, base: InstanceType | None,
-                 mode: str | None) -> tuple[InstanceType, ...]:
+                 mode: str | None, single: bool) -> tuple[InstanceType, ...]:
     if base is None:
         return ()
     extra = r.structured("extra_instance_types", list)
     if extra is None:
-        return tuple(catalog.same_class(base)) if mode == "group" else (base,)
+        return tuple(catalog.same_class(base)) if mode == "group" and not single else (base,)
     if mode != "group":
         r.fail("extra_instance_types", extra, "only in mode: group (instances mode uses one type)")
+        return (base,)
+    if single:
+        r.fail("extra_instance_types", extra, "unset with warm_pool (AWS warm pools refuse "
+               "groups with a mixed instances policy: the group launches one type)")
         return (base,)
     out = [base]
     for name in extra:
@@ -426,6 +475,71 @@ def _spot(r: _Reader, cloud: str, mode: str | None, itypes: tuple[InstanceType, 
     return Spot(enabled=enabled, max_price_ratio=ratio, on_demand_base=base,
                 on_demand_percentage=pct, interruption=interruption,
                 on_demand_prices={k: float(v) for k, v in prices.items()})
+
+
+def _scaling(r: _Reader, mode: str | None) -> Scaling | None:
+    raw = r.structured("scaling", dict)
+    if mode != "group":
+        if raw is not None:
+            r.fail("scaling", raw, "unset in mode: instances (only a group scales on load)")
+        return None
+    raw = raw or {}
+    what = "requests per node per minute the request policy holds the group at (> 0): 0.7 x " \
+           "the sustained req/s `torchfleet-runtime bench` measured on one node, x 60"
+    requests = raw.get("requests_per_node")
+    if requests is None:
+        r.fail("scaling.requests_per_node", None, what)
+    else:
+        requests = r.number("scaling.requests_per_node", requests, float, 0.001, 1e7, what)
+    queue = raw.get("queue_depth_per_node")
+    if queue is not None:
+        queue = r.number("scaling.queue_depth_per_node", queue, float, 0.01, 1e5,
+                         "a number > 0 of requests waiting per node (Average over the group)")
+    scale_in = r.boolean("scaling.scale_in", raw.get("scale_in", True))
+    protect = r.boolean("scaling.protect_from_scale_in", raw.get("protect_from_scale_in", False))
+    lo, hi = LAUNCH_TIMEOUT_RANGE
+    timeout = r.number("scaling.launch_timeout_s", raw.get("launch_timeout_s",
+                                                           LAUNCH_TIMEOUT_DEFAULT_S),
+                       int, lo, hi, f"an integer number of seconds in {lo}..{hi} (the launching "
+                       "lifecycle hook's heartbeat timeout; AWS allows at most 7200)")
+    if None in (requests, scale_in, protect, timeout):
+        return None
+    return Scaling(requests_per_node=requests, queue_depth_per_node=queue, scale_in=scale_in,
+                   protect_from_scale_in=protect, launch_timeout_s=timeout)
+
+
+def _boot(r: _Reader, cloud: str) -> str | None:
+    boot = r.choice("boot", r.get("boot", "cold"), BOOT_MODES)
+    if boot == "bake" and cloud == "alicloud":
+        # pulumi_alicloud 4.0.0: ecs.EcsImagePipeline's build instance takes no RAM role, so it
+        # cannot read the private bundle; ecs.Image from a builder instance is captured when the
+        # instance is created, before the bake has run. See README (Deploy, Alibaba Cloud).
+        r.fail("boot", boot, "cold | baked on alicloud (no image build under `pulumi up` "
+               "here: bake on a builder node and set `image` to the captured image with "
+               "boot: baked)")
+        return None
+    return boot
+
+
+def _warm_pool(r: _Reader, cloud: str, mode: str | None) -> WarmPool | None:
+    raw = r.structured("warm_pool", dict)
+    if raw is None:
+        return None
+    enabled = r.boolean("warm_pool.enabled", raw.get("enabled", True))
+    if not enabled:
+        return None
+    if cloud != "aws" or mode != "group":
+        r.fail("warm_pool", raw, "unset except on aws in mode: group (an Auto Scaling warm pool; "
+               "ESS has no equivalent that keeps configured nodes stopped)")
+        return None
+    lo = r.number("warm_pool.min_size", raw.get("min_size", 0), int, 0, 100, "an integer 0..100")
+    hi = raw.get("max_prepared")
+    if hi is not None:
+        hi = r.number("warm_pool.max_prepared", hi, int, 1, 100,
+                      "an integer 1..100: nodes in the group and the pool together")
+    if lo is None or (raw.get("max_prepared") is not None and hi is None):
+        return None
+    return WarmPool(min_size=lo, max_prepared=hi)
 
 
 def _parse_days(r: _Reader, value: Any) -> tuple[str, ...]:
@@ -579,6 +693,25 @@ def _cross_checks(r: _Reader, cloud: str, env: str | None, mode: str | None,
     if mode == "group" and nodes is not None and spot is not None and spot.enabled \
             and spot.on_demand_base > nodes.max:
         r.fail("spot.on_demand_base", spot.on_demand_base, f"at most nodes.max ({nodes.max})")
+
+
+def _fleet_checks(r: _Reader, image: Any, boot: str | None, nodes: Nodes | None,
+                  spot: Spot | None, warm_pool: WarmPool | None) -> None:
+    if boot == "baked" and image == "auto":
+        r.fail("boot", boot, "cold | bake with image: auto (baked needs `image` set to an image "
+               "a bake produced)")
+    if warm_pool is None:
+        return
+    if spot is not None and spot.enabled:
+        r.fail("warm_pool", "enabled", "unset with spot.enabled (AWS warm pools take no spot "
+               "instances)")
+    if nodes is not None and warm_pool.min_size > nodes.max:
+        r.fail("warm_pool.min_size", warm_pool.min_size, f"at most nodes.max ({nodes.max})")
+    if nodes is not None and warm_pool.max_prepared is not None \
+            and warm_pool.max_prepared < max(nodes.desired, warm_pool.min_size):
+        r.fail("warm_pool.max_prepared", warm_pool.max_prepared,
+               f"at least nodes.desired and warm_pool.min_size "
+               f"({max(nodes.desired, warm_pool.min_size)})")
 
 
 def raw_from_pulumi_config(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,13 @@
 """Cost estimate of a stack from the catalog: per hour and per month, on-demand vs spot, with
-and without the working-hours schedule. Pure arithmetic on reference prices (see catalog)."""
+and without the working-hours schedule, at the steady size and (groups) at the scaling bounds,
+plus a warm pool's stopped volumes. Pure arithmetic on reference prices (see catalog)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
 
-from infra.catalog import PRICE_SOURCES
+from infra.catalog import EBS_GP3_USD_PER_GB_MONTH, PRICE_SOURCES
 from infra.config import StackConfig
 
 HOURS_PER_MONTH = 730.0  # 365 * 24 / 12
@@ -27,18 +28,26 @@ class CostEstimate:
     monthly_worst_case_usd: float  # schedule applied, spot at the cap
     monthly_typical_usd: float  # schedule applied, typical spot prices
     price_source: str
+    # The scaling bounds (instances mode: both are the node count), worst case (spot at cap).
+    min_nodes: int = 0
+    max_nodes: int = 0
+    spot_cap_usd_per_hour_at_min: float = 0.0
+    spot_cap_usd_per_hour_at_max: float = 0.0
+    monthly_worst_at_min_usd: float = 0.0
+    monthly_worst_at_max_usd: float = 0.0
+    warm_pool_usd_per_month: float = 0.0  # stopped instances' root volumes, largest pool
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def split_nodes(cfg: StackConfig) -> tuple[int, int, int]:
-    """(nodes, on-demand, spot) at the steady size: instances mode runs `nodes.count`, a group
-    runs `nodes.desired` split like the group's instances distribution."""
+def split_nodes(cfg: StackConfig, size: int | None = None) -> tuple[int, int, int]:
+    """(nodes, on-demand, spot) at `size` (default: the steady size): instances mode runs
+    `nodes.count`, a group runs `nodes.desired` split like the group's instances distribution."""
     if cfg.mode == "instances":
         total = cfg.nodes.count
         return (total, 0, total) if cfg.spot.enabled else (total, total, 0)
-    total = cfg.nodes.desired
+    total = cfg.nodes.desired if size is None else size
     if not cfg.spot.enabled:
         return total, total, 0
     base = min(total, cfg.spot.on_demand_base)
@@ -47,14 +56,34 @@ def split_nodes(cfg: StackConfig) -> tuple[int, int, int]:
     return total, on_demand, total - on_demand
 
 
+def bounds(cfg: StackConfig) -> tuple[int, int]:
+    return ((cfg.nodes.count, cfg.nodes.count) if cfg.mode == "instances"
+            else (cfg.nodes.min, cfg.nodes.max))
+
+
+def warm_pool_size(cfg: StackConfig) -> int:
+    """The most stopped nodes the pool holds: with the group at its minimum, AWS keeps
+    (max_prepared or max_size) - group size warm, and never fewer than min_size."""
+    if cfg.warm_pool is None:
+        return 0
+    prepared = cfg.warm_pool.max_prepared or cfg.nodes.max
+    return max(cfg.warm_pool.min_size, prepared - cfg.nodes.min)
+
+
 def estimate(cfg: StackConfig) -> CostEstimate:
     itype = cfg.instance_type
     price = cfg.on_demand_price(itype)
     nodes, od, spot = split_nodes(cfg)
     hours = (cfg.schedule.hours_per_week() * WEEKS_PER_MONTH if cfg.schedule
              else HOURS_PER_MONTH)
-    cap = od * price + spot * cfg.spot_cap(itype)
+
+    def worst(on_demand: int, spots: int) -> float:
+        return on_demand * price + spots * cfg.spot_cap(itype)
+
+    cap = worst(od, spot)
     typical = od * price + spot * price * itype.typical_spot_ratio
+    lo, hi = bounds(cfg)
+    at_min, at_max = worst(*split_nodes(cfg, lo)[1:]), worst(*split_nodes(cfg, hi)[1:])
     return CostEstimate(
         instance_type=itype.name,
         nodes=nodes,
@@ -70,4 +99,12 @@ def estimate(cfg: StackConfig) -> CostEstimate:
         price_source=PRICE_SOURCES[cfg.cloud]
         + ("; overridden by spot.on_demand_prices" if itype.name in cfg.spot.on_demand_prices
            else ""),
+        min_nodes=lo,
+        max_nodes=hi,
+        spot_cap_usd_per_hour_at_min=round(at_min, 4),
+        spot_cap_usd_per_hour_at_max=round(at_max, 4),
+        monthly_worst_at_min_usd=round(at_min * hours, 2),
+        monthly_worst_at_max_usd=round(at_max * hours, 2),
+        warm_pool_usd_per_month=round(warm_pool_size(cfg) * cfg.disk_gb
+                                      * EBS_GP3_USD_PER_GB_MONTH, 2),
     )

@@ -20,6 +20,8 @@ from pulumi.runtime.sync_await import _sync_await
 PROJECT = "torchfleet"
 FAKE_AMI = "ami-0123456789abcdef0"
 FAKE_ALI_IMAGE = "ubuntu_22_04_x64_20G_alibase_20240130.vhd"
+FAKE_ACCOUNT = "123456789012"
+FAKE_BAKED_AMI = "ami-0fedcba9876543210"
 
 
 class UnexpectedInvoke(RuntimeError):
@@ -34,6 +36,9 @@ class Registered:
     parent: str
     custom: bool
     inputs: dict[str, Any] = field(default_factory=dict)
+    # Resource options as the engine saw them: URNs depended on, replace-on-changes properties.
+    dependencies: tuple[str, ...] = ()
+    replace_on_changes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -70,8 +75,24 @@ class OfflineMocks(pulumi.runtime.Mocks):
         n = _octet(args.name)
         if args.typ in ("aws:ec2/instance:Instance", "alicloud:ecs/instance:Instance"):
             out.update(publicIp=f"203.0.113.{n}", privateIp=f"10.42.0.{n}")
+            if args.typ.startswith("aws:"):
+                out["spotInstanceRequestId"] = f"sir-{n:08x}"
         elif args.typ == "aws:lb/loadBalancer:LoadBalancer":
             out["dnsName"] = f"{args.name}.elb.example.internal"
+            out["arnSuffix"] = f"app/{args.name}/{n:016x}"
+        elif args.typ == "aws:lb/targetGroup:TargetGroup":
+            out["arnSuffix"] = f"targetgroup/{args.name}/{n:016x}"
+        elif args.typ in ("aws:s3/bucket:Bucket", "alicloud:oss/bucket:Bucket"):
+            out.setdefault("bucket", f"{args.inputs.get('bucketPrefix', 'torchfleet-')}offline{n}")
+            rid = out["bucket"]
+            if args.typ.startswith("aws:"):
+                out["arn"] = f"arn:aws:s3:::{rid}"
+        elif args.typ == "aws:imagebuilder/image:Image":
+            out["outputResources"] = [{"amis": [{"image": FAKE_BAKED_AMI}]}]
+        elif args.typ == "alicloud:ess/scalingRule:ScalingRule":
+            out["ari"] = f"ari:acs:ess:offline:123456789012:scalingrule/{rid}"
+        elif args.typ == "alicloud:cms/monitorGroup:MonitorGroup":
+            rid = str(1000 + n)  # CloudMonitor application group ids are numbers
         elif args.typ == "alicloud:slb/applicationLoadBalancer:ApplicationLoadBalancer":
             out["address"] = f"198.51.100.{n}"
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
@@ -87,6 +108,9 @@ class OfflineMocks(pulumi.runtime.Mocks):
         self.calls.append(args.token)
         if args.token == "aws:ec2/getAmi:getAmi":
             return {"id": FAKE_AMI, "imageId": FAKE_AMI, "name": "offline-plan-image"}
+        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
+            return {"accountId": FAKE_ACCOUNT, "arn": f"arn:aws:iam::{FAKE_ACCOUNT}:user/offline",
+                    "id": FAKE_ACCOUNT, "userId": "OFFLINE"}
         if args.token == "alicloud:ecs/getImages:getImages":
             return {"id": "images", "ids": [FAKE_ALI_IMAGE],
                     "images": [{"id": FAKE_ALI_IMAGE, "name": FAKE_ALI_IMAGE}]}
@@ -99,11 +123,14 @@ class RecordingMonitor(MockMonitor):
     def __init__(self, mocks: OfflineMocks) -> None:
         super().__init__(mocks)
         self.registrations: list[tuple[str, str, str, str, bool]] = []
+        self.options: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
     def RegisterResource(self, request):  # the gRPC method it overrides
         response = super().RegisterResource(request)
         self.registrations.append(
             (response.urn, request.type, request.name, request.parent, bool(request.custom)))
+        self.options[response.urn] = (tuple(request.dependencies),
+                                      tuple(request.replaceOnChanges))
         return response
 
 
@@ -133,7 +160,8 @@ def run_offline(stack: str, config_values: dict[str, Any],
     _sync_await(run_pulumi_func(
         lambda: _sync_await(pulumi.Output.from_input(body()).future())))
     resources = [
-        Registered(urn, typ, name, parent, custom, mocks.inputs.get((typ, name), {}))
+        Registered(urn, typ, name, parent, custom, mocks.inputs.get((typ, name), {}),
+                   *monitor.options.get(urn, ((), ())))
         for urn, typ, name, parent, custom in monitor.registrations]
     if not [r for r in resources if r.custom and not r.type.startswith("pulumi:")]:
         raise RuntimeError(f"stack {stack}: the program registered no cloud resource")

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from infra.config import ConfigError
+from infra.config import BOOT_MODES, ConfigError
 from infra.matrix import REPO_ROOT
 from infra.offline import OfflineRun, Registered, run_offline
 
@@ -36,6 +36,12 @@ KEY_PROPERTIES = {
     "addressType", "frontendPort", "backendPort", "limitAmount", "policyArn", "type", "arn",
     "entry",
     "region",
+    # bootstrap, bundle, hooks and scaling
+    "key", "bucketPrefix", "sseAlgorithm", "status", "objectOwnership", "blockPublicAcls",
+    "blockPublicAccess", "acl", "tlsVersions", "healthCheckGracePeriod", "defaultInstanceWarmup",
+    "healthCheckType", "healthCheckTypes", "protectFromScaleIn", "strategy", "version",
+    "minHealthyPercentage", "autoRollback", "poolState", "reuseOnScaleIn",
+    "maxGroupPreparedCapacity", "scalingConfigurationName", "parentImage",
 }
 
 
@@ -127,6 +133,76 @@ def cost_rows(costs: dict[str, dict[str, Any]]) -> list[str]:
     return rows
 
 
+def scaling_lines(run: OfflineRun) -> list[str]:
+    """The hooks and load-based policies a group stack registers, one line each, grouped by
+    kind (registration order is asynchronous; the plan must not be)."""
+    lines: list[str] = []
+    for r in run.of_type("aws:autoscaling/group:Group"):
+        i = r.inputs
+        refresh = i.get("instanceRefresh", {})
+        warm = i.get("warmPool")
+        lines.append(f"group {i['name']}: {int(i['minSize'])}..{int(i['maxSize'])} nodes, "
+                     f"health {i['healthCheckType']} (grace {int(i['healthCheckGracePeriod'])} s), "
+                     f"warm-up {int(i['defaultInstanceWarmup'])} s, instance refresh "
+                     f"{refresh.get('strategy')} on a new launch template version"
+                     + (f", warm pool {warm['poolState']} (min {int(warm.get('minSize', 0))})"
+                        if warm else ""))
+    for r in run.of_type("aws:autoscaling/lifecycleHook:LifecycleHook"):
+        i = r.inputs
+        lines.append(f"hook {i['name']}: {i['lifecycleTransition']}, {i['defaultResult']} after "
+                     f"{int(i['heartbeatTimeout'])} s without a heartbeat")
+    for r in run.of_type("aws:autoscaling/policy:Policy"):
+        tt = r.inputs["targetTrackingConfiguration"]
+        metric = (tt.get("predefinedMetricSpecification", {}).get("predefinedMetricType")
+                  or "{namespace}/{metricName} ({statistic})".format(
+                      **tt["customizedMetricSpecification"]))
+        lines.append(f"policy {r.inputs['name']}: target tracking {metric} = {tt['targetValue']:g}"
+                     + (" (scale-out only)" if tt.get("disableScaleIn") else ""))
+    for r in run.of_type("alicloud:ess/scalingGroup:ScalingGroup"):
+        i = r.inputs
+        lines.append(f"group {i['scalingGroupName']}: {int(i['minSize'])}..{int(i['maxSize'])} "
+                     f"nodes, health {'+'.join(i.get('healthCheckTypes', ['ECS']))}, removal "
+                     f"{', '.join(i['removalPolicies'])}")
+    for r in run.of_type("alicloud:ess/lifecycleHook:LifecycleHook"):
+        i = r.inputs
+        lines.append(f"hook {i['name']}: {i['lifecycleTransition']}, {i['defaultResult']} after "
+                     f"{int(i['heartbeatTimeout'])} s without a heartbeat")
+    rules = {f"{r.name}-id": r for r in run.of_type("alicloud:ess/scalingRule:ScalingRule")}
+    for r in run.of_type("alicloud:ess/alarm:Alarm"):
+        i = r.inputs
+        conds = i.get("expressions") or [{"metricName": i["metricName"],
+                                          "comparisonOperator": i["comparisonOperator"],
+                                          "threshold": i["threshold"], "period": i["period"]}]
+        when = f" {i.get('expressionsLogicOperator', '')} ".join(
+            f"{c['metricName']} {c['comparisonOperator']} {c['threshold']}" for c in conds)
+        steps = [f"{int(a['scalingAdjustment']):+d}" for rid, rule in rules.items()
+                 if any(rid in action for action in i["alarmActions"])
+                 for a in rule.inputs["stepAdjustments"]]
+        lines.append(f"alarm {i['name']}: {when} (Average, {int(i['evaluationCount'])} x "
+                     f"{int(conds[0]['period'])} s) -> step rule {'/'.join(steps)} nodes")
+    order = ("group", "hook", "policy", "alarm")
+    return sorted(lines, key=lambda line: (order.index(line.split(" ", 1)[0]), line))
+
+
+def estimate_lines() -> list[str]:
+    from infra.readiness import estimates
+
+    return [f"{path:<9} {e.summary()}" for path, e in estimates().items()]
+
+
+def bounds_rows(costs: dict[str, dict[str, Any]]) -> list[str]:
+    head = (f"{'stack':<14} {'min':>4} {'max':>4} {'$/h cap @min':>12} {'$/h cap @max':>12} "
+            f"{'$/mo worst @min':>15} {'$/mo worst @max':>15} {'$/mo warm pool':>14}")
+    rows = [head, "-" * len(head)]
+    for stack, c in costs.items():
+        rows.append(f"{stack:<14} {c['min_nodes']:>4} {c['max_nodes']:>4} "
+                    f"{c['spot_cap_usd_per_hour_at_min']:>12.3f} "
+                    f"{c['spot_cap_usd_per_hour_at_max']:>12.3f} "
+                    f"{c['monthly_worst_at_min_usd']:>15.2f} {c['monthly_worst_at_max_usd']:>15.2f} "
+                    f"{c['warm_pool_usd_per_month']:>14.2f}")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, help="stack file (default: Pulumi.<STACK>.yaml)")
     parser.add_argument("--all", action="store_true", help="every example stack")
     parser.add_argument("--json", action="store_true", help="outputs and resources as JSON")
+    parser.add_argument("--boot", choices=BOOT_MODES,
+                        help="plan with torchfleet:boot set to this (what `make bake` shows)")
     args = parser.parse_args(argv)
     stacks = list(STACKS) if args.all else args.stacks
     if not stacks:
@@ -145,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     costs: dict[str, dict[str, Any]] = {}
     for stack in stacks:
         try:
-            run = run_offline(stack, load_stack_config(stack, args.config))
+            values = load_stack_config(stack, args.config)
+            if args.boot:
+                values = {**values, "torchfleet:boot": args.boot}
+            run = run_offline(stack, values)
         except (ConfigError, FileNotFoundError) as err:
             print(f"{TITLE}: stack {stack}: {err}", file=sys.stderr)
             return 2
@@ -161,16 +242,27 @@ def main(argv: list[str] | None = None) -> int:
         print("=" * 100)
         print("\n".join(render_tree(run)))
         print("\noutputs:")
-        for key in ("endpoint", "ttl_expiry", "ssh_tunnel", "discovery"):
+        for key in ("endpoint", "ttl_expiry", "ssh_tunnel", "discovery", "bundle_url",
+                    "bundle_version"):
             if run.outputs.get(key) is not None:
                 print(f"  {key}: {run.outputs[key]}")
         hosts = run.outputs["inventory"]["all"]["children"]["gpu_nodes"].get("hosts") or {}
         print(f"  inventory: {len(hosts)} host(s) in group gpu_nodes"
               + ("" if hosts else " (group mode: nodes are found by tag, see discovery)"))
+        scaling = scaling_lines(run)
+        if scaling:
+            print("\nscaling (join when ready, leave when drained, scale on load):")
+            print("\n".join("  " + line for line in scaling))
         print()
     if not args.json:
         print(f"COST ESTIMATE ({TITLE})")
         print("\n".join(cost_rows(costs)))
+        print("\nat the scaling bounds (spot at its cap, schedule applied; warm pool: stopped "
+              "root volumes only)")
+        print("\n".join(bounds_rows(costs)))
+        print("\nlaunch -> ready per boot path (infra/readiness.py: measured parts only, the "
+              "rest named)")
+        print("\n".join("  " + line for line in estimate_lines()))
     return 0
 
 

@@ -1,6 +1,7 @@
-"""Alibaba Cloud: VPC and vSwitches, GPU fleet (ECS spot instances with a real price cap, or an
-ESS scaling group behind a CLB health-checking /readyz) and teardown (OOS / ESS schedules and
-the instances' own auto-release time as the TTL)."""
+"""Alibaba Cloud: VPC and vSwitches, the node bundle's OSS bucket, GPU fleet (ECS spot
+instances with a real price cap, or an ESS scaling group behind a CLB health-checking /readyz
+that scales on load) and teardown (OOS / ESS schedules and the instances' own auto-release time
+as the TTL)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pulumi
 import pulumi_alicloud as alicloud
 
 from infra import images
+from infra.alicloud.bundle_store import AlicloudBundleStore
 from infra.alicloud.fleet import AlicloudFleet
 from infra.alicloud.network import AlicloudNetwork
 from infra.alicloud.teardown import AlicloudTeardown
@@ -39,6 +41,9 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
     opts = pulumi.ResourceOptions(provider=provider)
     image_id = resolve_image(cfg, pulumi.InvokeOptions(provider=provider))
     network = AlicloudNetwork("net", cfg, tags, opts=opts)
-    fleet = AlicloudFleet("fleet", cfg, tags, network, image_id, expiry, opts=opts)
+    store = AlicloudBundleStore("bundle", cfg, tags, opts=opts)
+    fleet = AlicloudFleet("fleet", cfg, tags, network, store, image_id, expiry, opts=opts)
     AlicloudTeardown("teardown", cfg, tags, fleet, expiry, opts=opts)
-    return fleet.deployment
+    deployment = fleet.deployment
+    deployment.extra_outputs.update(store.outputs)
+    return deployment

@@ -1,7 +1,19 @@
 """GPU nodes on Alibaba Cloud: ECS spot instances with SpotWithPriceLimit and a computed cap
 (PostPaid, encrypted ESSD, hardened metadata, RAM role, auto-release as the dev TTL), or an ESS
 scaling group (per-type spot caps, on-demand base, spot remedy, on-demand compensation) behind
-a CLB that health-checks /readyz."""
+a CLB that health-checks /readyz, whose nodes join through a lifecycle hook once ready, leave
+through one once drained, are replaced when the CLB finds them unhealthy, and scale on load
+(infra.alicloud.scaling). Every node carries the bootstrap user-data.
+
+Rolling on a new bundle: ESS has no instance refresh for this group. pulumi_alicloud 4.0.0's
+ess.InstanceRefresh targets an image or a launch template only (no scaling configuration), and
+the StartInstanceRefresh API serves groups with the priority policy only, not COST_OPTIMIZED
+(the one that keeps an on-demand base under spot). So a new bundle creates a new scaling
+configuration (named by the bundle, replacing the old one, active at once): every node ESS
+starts from then on (scale-out, spot remedy, health replacement) runs the new bundle, and
+`OldestScalingConfiguration` first in the removal policy retires old-bundle nodes first on
+scale-in. Nodes already running keep their bundle until they leave; replace them by moving the
+desired size up and back, or one by one (`ess` RemoveInstances with the drain hook)."""
 
 from __future__ import annotations
 
@@ -12,10 +24,19 @@ import pulumi
 import pulumi_alicloud as alicloud
 
 from infra import images
+from infra.alicloud import scaling
+from infra.alicloud.bundle_store import AlicloudBundleStore
 from infra.alicloud.network import AlicloudNetwork
 from infra.config import StackConfig
 from infra.interface import NODE_ROLE_TAG, Deployment, Node
+from infra.nodeboot import group_name, user_data
 from infra.schedule import iso_utc
+
+# What a node may call on its own group (CONTRACT-fleet.md): find and complete its lifecycle
+# action, keep it alive while it works.
+ESS_NODE_ACTIONS = ["ess:CompleteLifecycleAction", "ess:RecordLifecycleActionHeartbeat",
+                    "ess:DescribeLifecycleHooks", "ess:DescribeLifecycleActions",
+                    "ess:DescribeScalingActivities", "ess:DescribeScalingInstances"]
 
 HEALTH_PATH = "/readyz"
 LB_PORT = 80
@@ -27,13 +48,26 @@ def _role_policy(service: str) -> str:
         "Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": [service]}}]})
 
 
+def _lifecycle_policy(cfg: StackConfig):
+    def document(group_id: str) -> str:
+        return json.dumps({"Version": "1", "Statement": [
+            {"Effect": "Allow", "Action": ESS_NODE_ACTIONS,
+             "Resource": [f"acs:ess:{cfg.region}:*:scalinggroup/{group_id}"]},
+            # The agent finds its group by name (a read-only lookup in the region).
+            {"Effect": "Allow", "Action": ["ess:DescribeScalingGroups"],
+             "Resource": [f"acs:ess:{cfg.region}:*:scalinggroup/*"]},
+            # CloudMonitor has no resource-level permission for custom metrics.
+            {"Effect": "Allow", "Action": ["cms:PutCustomMetric"], "Resource": ["*"]}]})
+    return document
+
+
 class AlicloudFleet(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str],
-                 network: AlicloudNetwork, image_id: pulumi.Input[str], expiry: datetime | None,
-                 opts: pulumi.ResourceOptions | None = None):
+                 network: AlicloudNetwork, store: AlicloudBundleStore, image_id: pulumi.Input[str],
+                 expiry: datetime | None, opts: pulumi.ResourceOptions | None = None):
         super().__init__("torchfleet:alicloud:Fleet", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.cfg, self.name, self.child = cfg, name, child
+        self.cfg, self.name, self.child, self.store = cfg, name, child, store
         self.node_tags = {**tags, NODE_ROLE_TAG[0]: NODE_ROLE_TAG[1]}
         image = images.query("alicloud", cfg.image_distro)
 
@@ -45,18 +79,15 @@ class AlicloudFleet(pulumi.ComponentResource):
             assume_role_policy_document=_role_policy("ecs.aliyuncs.com"),
             description=f"torchfleet {cfg.stack} GPU nodes", force=True, tags=tags, opts=child)
         if cfg.model_bucket:
-            policy = alicloud.ram.Policy(
-                f"{name}-node-models", policy_name=f"{cfg.name}-models",
-                description="read the model bucket",
-                policy_document=json.dumps({"Version": "1", "Statement": [
-                    {"Effect": "Allow", "Action": ["oss:ListObjects"],
-                     "Resource": [f"acs:oss:*:*:{cfg.model_bucket}"]},
-                    {"Effect": "Allow", "Action": ["oss:GetObject"],
-                     "Resource": [f"acs:oss:*:*:{cfg.model_bucket}/*"]}]}),
-                force=True, tags=tags, opts=child)
-            alicloud.ram.RolePolicyAttachment(
-                f"{name}-node-models", policy_name=policy.policy_name, policy_type="Custom",
-                role_name=self.role.role_name, opts=child)
+            self._grant("models", "read the model bucket", json.dumps({"Version": "1", "Statement": [
+                {"Effect": "Allow", "Action": ["oss:ListObjects"],
+                 "Resource": [f"acs:oss:*:*:{cfg.model_bucket}"]},
+                {"Effect": "Allow", "Action": ["oss:GetObject"],
+                 "Resource": [f"acs:oss:*:*:{cfg.model_bucket}/*"]}]}))
+        # The bootstrap reads its stack's bundle prefix and nothing else of the bucket.
+        self.grants = [self._grant("bundle", "read this stack's node bundle", store.read_arn.apply(
+            lambda arn: json.dumps({"Version": "1", "Statement": [
+                {"Effect": "Allow", "Action": ["oss:GetObject"], "Resource": [arn]}]})))]
 
         if cfg.mode == "instances":
             self.instances = self._instances(network, image_id, expiry)
@@ -78,8 +109,18 @@ class AlicloudFleet(pulumi.ComponentResource):
                 login_user=image.login_user,
                 discovery={"cloud": "alicloud", "region": cfg.region,
                            "tags": {NODE_ROLE_TAG[0]: NODE_ROLE_TAG[1], "stack": cfg.stack},
-                           "scaling_group_name": f"{cfg.name}-group"})
+                           "scaling_group_name": group_name(cfg)})
         self.register_outputs({})
+
+    def _grant(self, suffix: str, why: str, document: pulumi.Input[str]
+               ) -> alicloud.ram.RolePolicyAttachment:
+        cfg, name, child = self.cfg, self.name, self.child
+        policy = alicloud.ram.Policy(
+            f"{name}-node-{suffix}", policy_name=f"{cfg.name}-{suffix}", description=why,
+            policy_document=document, force=True, tags=self.node_tags, opts=child)
+        return alicloud.ram.RolePolicyAttachment(
+            f"{name}-node-{suffix}", policy_name=policy.policy_name, policy_type="Custom",
+            role_name=self.role.role_name, opts=child)
 
     def _spot_args(self) -> dict:
         cfg = self.cfg
@@ -113,8 +154,12 @@ class AlicloudFleet(pulumi.ComponentResource):
                 internet_charge_type="PayByTraffic",
                 internet_max_bandwidth_out=PUBLIC_BANDWIDTH_MBPS,
                 http_endpoint="enabled", http_tokens="required",
+                # Updated in place on a new bundle; ECS then reboots the instance.
+                user_data=user_data(cfg, self.store.bucket.bucket, mode=cfg.bootstrap_mode,
+                                    group=False),
                 tags=self.node_tags, volume_tags=self.node_tags,
-                opts=self.child))
+                opts=pulumi.ResourceOptions.merge(self.child, pulumi.ResourceOptions(
+                    depends_on=[self.store.object, *self.grants]))))
         return out
 
     def _group(self, network: AlicloudNetwork, image_id: pulumi.Input[str]
@@ -144,11 +189,16 @@ class AlicloudFleet(pulumi.ComponentResource):
             health_check_interval=5, health_check_timeout=5, healthy_threshold=2,
             unhealthy_threshold=3, **acl_args, opts=child)
 
+        assert cfg.scaling is not None
         group = alicloud.ess.ScalingGroup(
-            f"{name}-group", scaling_group_name=f"{cfg.name}-group",
+            f"{name}-group", scaling_group_name=group_name(cfg),
             min_size=cfg.nodes.min, max_size=cfg.nodes.max, desired_capacity=cfg.nodes.desired,
             vswitch_ids=[s.id for s in network.switches],
             loadbalancer_ids=[clb.id],
+            # The CLB's /readyz check decides health: a node that stops being ready is
+            # replaced (the ECS default only notices a stopped instance). A node joins the CLB
+            # when it enters service, i.e. after its launch hook, so no grace period is needed.
+            health_check_types=["LOAD_BALANCER"],
             # COST_OPTIMIZED is the policy that honours the on-demand base / percentage and
             # spot remedies; with vSwitches in two zones it still spreads over both.
             multi_az_policy="COST_OPTIMIZED",
@@ -158,18 +208,29 @@ class AlicloudFleet(pulumi.ComponentResource):
             spot_instance_pools=len(cfg.instance_types) if cfg.spot.enabled else None,
             spot_instance_remedy=cfg.spot.enabled,  # replace spot before it is reclaimed
             compensate_with_on_demand=cfg.spot.enabled,  # on-demand when spot is short
+            # Old-bundle nodes go first (see the module docstring on rolling).
             removal_policies=["OldestScalingConfiguration", "OldestInstance"],
             default_cooldown=300, tags=self.node_tags,
-            # Scheduled tasks move the desired size; a deploy must not move it back.
+            # Scaling rules and scheduled tasks move the desired size; a deploy must not move it
+            # back.
             opts=pulumi.ResourceOptions.merge(
                 child, pulumi.ResourceOptions(ignore_changes=["desiredCapacity"])))
+        metrics = alicloud.cms.MonitorGroup(
+            f"{name}-metrics", monitor_group_name=f"{cfg.name}-metrics", tags=self.node_tags,
+            opts=child)
+        self.grants.append(self._grant("lifecycle", "complete own lifecycle actions, publish "
+                                       "load metrics", group.id.apply(_lifecycle_policy(cfg))))
+        hooks = scaling.lifecycle_hooks(name, cfg, group, child)
+        self.rules = scaling.register(name, cfg, group, metrics, child)
         spot_limits = None
         if cfg.spot.enabled:
             spot_limits = [alicloud.ess.ScalingConfigurationSpotPriceLimitArgs(
                 instance_type=t.name, price_limit=cfg.spot_cap(t)) for t in cfg.instance_types]
+        bundle = self.store.bundle
         alicloud.ess.ScalingConfiguration(
             f"{name}-config", scaling_group_id=group.id,
-            scaling_configuration_name=f"{cfg.name}-config",
+            # One configuration per bundle (see the module docstring on rolling).
+            scaling_configuration_name=f"{cfg.name}-{bundle.sha256[:12]}",
             image_id=image_id, instance_types=[t.name for t in cfg.instance_types],
             instance_name=f"{cfg.stack}-gpu", security_group_ids=[network.sg.id],
             key_name=self.key.key_pair_name, role_name=self.role.role_name,
@@ -178,5 +239,13 @@ class AlicloudFleet(pulumi.ComponentResource):
             system_disk_encrypted=True,
             internet_charge_type="PayByTraffic", internet_max_bandwidth_out=PUBLIC_BANDWIDTH_MBPS,
             http_endpoint="enabled",
-            tags=self.node_tags, active=True, enable=True, force_delete=True, opts=child)
+            user_data=user_data(cfg, self.store.bucket.bucket, mode=cfg.bootstrap_mode,
+                                group=True, extra={"group_id": group.id,
+                                                   "metrics_group_id": metrics.id}),
+            tags=self.node_tags, active=True, enable=True, force_delete=True,
+            # This configuration enables the group: its first nodes need the bundle, the
+            # grants and the hooks in place.
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+                replace_on_changes=["userData", "imageId"],
+                depends_on=[self.store.object, *self.grants, *hooks])))
         return group, clb

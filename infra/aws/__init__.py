@@ -1,5 +1,6 @@
-"""AWS: VPC network, GPU fleet (instances or a mixed-instances Auto Scaling group behind an
-ALB) and teardown (working-hours schedules, TTL, budget)."""
+"""AWS: VPC network, the node bundle's bucket, an optional baked image (Image Builder), the GPU
+fleet (instances or an Auto Scaling group behind an ALB that scales on load) and teardown
+(working-hours schedules, TTL, budget)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pulumi
 import pulumi_aws as aws
 
 from infra import images
+from infra.aws.bake import AwsBake
+from infra.aws.bundle_store import AwsBundleStore
 from infra.aws.fleet import AwsFleet
 from infra.aws.network import AwsNetwork
 from infra.aws.teardown import AwsTeardown
@@ -45,8 +48,18 @@ def resolve_image(cfg: StackConfig, opts: pulumi.InvokeOptions) -> pulumi.Output
 def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> Deployment:
     provider = aws.Provider("aws", region=cfg.region)
     opts = pulumi.ResourceOptions(provider=provider)
-    image_id = resolve_image(cfg, pulumi.InvokeOptions(provider=provider))
+    invoke = pulumi.InvokeOptions(provider=provider)
+    arn_partition = partition(cfg.region)
+    image_id = resolve_image(cfg, invoke)
+    account = aws.get_caller_identity_output(opts=invoke).account_id
     network = AwsNetwork("net", cfg, tags, opts=opts)
-    fleet = AwsFleet("fleet", cfg, tags, network, image_id, partition(cfg.region), opts=opts)
-    AwsTeardown("teardown", cfg, tags, fleet, expiry, partition(cfg.region), opts=opts)
-    return fleet.deployment
+    store = AwsBundleStore("bundle", cfg, tags, opts=opts)
+    if cfg.boot == "bake":
+        image_id = AwsBake("bake", cfg, tags, network, store, image_id, arn_partition,
+                           opts=opts).image_id
+    fleet = AwsFleet("fleet", cfg, tags, network, store, image_id, account, arn_partition,
+                     opts=opts)
+    AwsTeardown("teardown", cfg, tags, fleet, expiry, arn_partition, account, opts=opts)
+    deployment = fleet.deployment
+    deployment.extra_outputs.update(store.outputs)
+    return deployment

@@ -1,6 +1,8 @@
 """GPU nodes on AWS: a hardened launch template (IMDSv2 only, encrypted gp3 root, least-privilege
-instance profile, spot with a price cap), then either plain instances (dev) or a
-mixed-instances Auto Scaling group behind an ALB that health-checks /readyz (prod)."""
+instance profile, spot with a price cap, the bootstrap user-data), then either plain instances
+(dev) or an Auto Scaling group behind an ALB that health-checks /readyz (prod): nodes join only
+once ready (launching hook), leave only once drained (terminating hook), roll when the launch
+template changes (instance refresh) and scale on load (infra.aws.scaling)."""
 
 from __future__ import annotations
 
@@ -10,27 +12,33 @@ import pulumi
 import pulumi_aws as aws
 
 from infra import images
+from infra.aws import scaling
+from infra.aws.bundle_store import AwsBundleStore
+from infra.aws.iam import assume_role, bundle_read_policy, group_arn, lifecycle_policy
 from infra.aws.network import LB_PORT, AwsNetwork
 from infra.config import StackConfig
 from infra.interface import NODE_ROLE_TAG, Deployment, Node
+from infra.nodeboot import group_name, user_data
+from infra.readiness import (
+    DEREGISTRATION_DELAY_S,
+    HEALTH_GRACE_S,
+    INSTANCE_WARMUP_S,
+    LB_HEALTH_INTERVAL_S,
+    LB_HEALTH_PATH,
+    LB_HEALTH_TIMEOUT_S,
+    LB_HEALTHY_THRESHOLD,
+    LB_UNHEALTHY_THRESHOLD,
+)
 from infra.tags import with_name
 
-HEALTH_PATH = "/readyz"  # 200 only once the model is warmed and the node is not draining
-# Warm-up (driver init, model load, warm-up passes) takes minutes on a cold node; the group must
-# not replace a node that is still warming.
-HEALTH_GRACE_S = 900
-DEREGISTRATION_DELAY_S = 30  # the runtime drains within its drain_timeout_s (30 s by default)
-
-
-def _assume(service: str) -> str:
-    return json.dumps({"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]})
+# An instance refresh keeps at least this share of the desired nodes serving.
+REFRESH_MIN_HEALTHY_PERCENT = 50
 
 
 class AwsFleet(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str], network: AwsNetwork,
-                 image_id: pulumi.Input[str], arn_partition: str,
-                 opts: pulumi.ResourceOptions | None = None):
+                 store: AwsBundleStore, image_id: pulumi.Input[str], account: pulumi.Input[str],
+                 arn_partition: str, opts: pulumi.ResourceOptions | None = None):
         super().__init__("torchfleet:aws:Fleet", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.cfg = cfg
@@ -40,7 +48,7 @@ class AwsFleet(pulumi.ComponentResource):
         key = aws.ec2.KeyPair(f"{name}-key", key_name_prefix=f"{cfg.name}-",
                               public_key=cfg.ssh_public_key, tags=tags, opts=child)
         role = aws.iam.Role(
-            f"{name}-node-role", assume_role_policy=_assume("ec2.amazonaws.com"),
+            f"{name}-node-role", assume_role_policy=assume_role("ec2.amazonaws.com"),
             description=f"torchfleet {cfg.stack} GPU nodes", tags=tags, opts=child)
         # Session Manager access (an SSH alternative that needs no open port) and nothing else.
         aws.iam.RolePolicyAttachment(
@@ -54,9 +62,21 @@ class AwsFleet(pulumi.ComponentResource):
                     {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [bucket]},
                     {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"{bucket}/*"]},
                 ]}), opts=child)
+        # What the bootstrap needs before anything runs: these grants exist before any node.
+        self.grants = [aws.iam.RolePolicy(
+            f"{name}-node-bundle", role=role.id, policy=store.read_arn.apply(bundle_read_policy),
+            opts=child)]
+        if cfg.mode == "group":
+            arn = pulumi.Output.from_input(account).apply(
+                lambda a: group_arn(arn_partition, cfg.region, a, group_name(cfg)))
+            self.grants.append(aws.iam.RolePolicy(
+                f"{name}-node-lifecycle", role=role.id, policy=arn.apply(lifecycle_policy),
+                opts=child))
         profile = aws.iam.InstanceProfile(f"{name}-node", role=role.name, tags=tags, opts=child)
 
         spot_instances = cfg.mode == "instances" and cfg.spot.enabled
+        # Only a persistent request can be stopped (by a schedule) and restarted.
+        self.persistent_spot = spot_instances and cfg.spot.interruption in ("stop", "hibernate")
         self.template = aws.ec2.LaunchTemplate(
             f"{name}-lt",
             name_prefix=f"{cfg.name}-",
@@ -79,14 +99,20 @@ class AwsFleet(pulumi.ComponentResource):
                                  if spot_instances and cfg.spot.interruption == "hibernate"
                                  else None),
             monitoring=aws.ec2.LaunchTemplateMonitoringArgs(enabled=True),
+            # The bundle's sha256 is inside: a new bundle is a new template version.
+            user_data=user_data(cfg, store.bucket.bucket, mode=cfg.bootstrap_mode,
+                                group=cfg.mode == "group"),
             tag_specifications=[
                 aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=node_tags)
                 for kind in ("instance", "volume", "network-interface")],
             update_default_version=True,
             tags=tags, opts=child)
 
+        # A node fetches the bundle at boot: the object and the grants come first.
+        needs = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+            depends_on=[store.object, *self.grants]))
         if cfg.mode == "instances":
-            self.instances = self._instances(name, node_tags, network, child)
+            self.instances = self._instances(name, node_tags, network, needs)
             first = self.instances[0]
             endpoint = first.private_ip.apply(lambda ip: f"http://{ip}:{cfg.service_port}")
             nodes = [Node(name=f"{cfg.stack}-gpu-{i}", instance_type=cfg.instance_type,
@@ -99,20 +125,23 @@ class AwsFleet(pulumi.ComponentResource):
                                .apply(lambda ips: f"ssh -N -L {cfg.service_port}:{ips[1]}:"
                                                   f"{cfg.service_port} {image.login_user}@{ips[0]}")})
         else:
-            self.group, alb = self._group(name, tags, node_tags, network, child)
+            self.group, alb, target = self._group(name, tags, node_tags, network, child, needs)
+            self.policies = scaling.register(name, cfg, self.group, alb, target, child)
             self.deployment = Deployment(
                 nodes=[], endpoint=alb.dns_name.apply(lambda d: f"http://{d}/"),
                 login_user=image.login_user,
+                # running by tag; `group_name` lets an inventory keep the InService ones (a
+                # node still in its launch hook is running but bootstrapping itself)
                 discovery={"cloud": "aws", "region": cfg.region,
                            "filters": {f"tag:{NODE_ROLE_TAG[0]}": NODE_ROLE_TAG[1],
                                        "tag:stack": cfg.stack,
-                                       "instance-state-name": "running"}})
+                                       "instance-state-name": "running"},
+                           "group_name": group_name(cfg)})
         self.register_outputs({"launch_template_id": self.template.id})
 
     def _spot_options(self) -> aws.ec2.LaunchTemplateInstanceMarketOptionsArgs:
         cfg = self.cfg
-        # Only a persistent request can be stopped (by a schedule) and restarted.
-        persistent = cfg.spot.interruption in ("stop", "hibernate")
+        persistent = self.persistent_spot
         return aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(
             market_type="spot",
             spot_options=aws.ec2.LaunchTemplateInstanceMarketOptionsSpotOptionsArgs(
@@ -137,18 +166,18 @@ class AwsFleet(pulumi.ComponentResource):
         return out
 
     def _group(self, name: str, tags: dict[str, str], node_tags: dict[str, str],
-               network: AwsNetwork, child: pulumi.ResourceOptions
-               ) -> tuple[aws.autoscaling.Group, aws.lb.LoadBalancer]:
+               network: AwsNetwork, child: pulumi.ResourceOptions, needs: pulumi.ResourceOptions
+               ) -> tuple[aws.autoscaling.Group, aws.lb.LoadBalancer, aws.lb.TargetGroup]:
         cfg = self.cfg
-        assert network.lb_sg is not None
+        assert network.lb_sg is not None and cfg.scaling is not None
         subnet_ids = [s.id for s in network.subnets]
         target = aws.lb.TargetGroup(
             f"{name}-tg", port=cfg.service_port, protocol="HTTP", vpc_id=network.vpc.id,
             target_type="instance", deregistration_delay=DEREGISTRATION_DELAY_S,
             health_check=aws.lb.TargetGroupHealthCheckArgs(
-                enabled=True, path=HEALTH_PATH, matcher="200", protocol="HTTP",
-                port="traffic-port", interval=15, timeout=5, healthy_threshold=2,
-                unhealthy_threshold=3),
+                enabled=True, path=LB_HEALTH_PATH, matcher="200", protocol="HTTP",
+                port="traffic-port", interval=LB_HEALTH_INTERVAL_S, timeout=LB_HEALTH_TIMEOUT_S,
+                healthy_threshold=LB_HEALTHY_THRESHOLD, unhealthy_threshold=LB_UNHEALTHY_THRESHOLD),
             tags=tags, opts=child)
         alb = aws.lb.LoadBalancer(
             f"{name}-alb", load_balancer_type="application", internal=not cfg.client_cidrs,
@@ -160,6 +189,62 @@ class AwsFleet(pulumi.ComponentResource):
                 type="forward", target_group_arn=target.arn)],
             tags=tags, opts=child)
 
+        # A pinned version, not "$Latest": only a changed version number in the group's launch
+        # template makes the provider start an instance refresh (a new bundle -> new user-data
+        # -> new version -> rolling replacement). `triggers` would name further group arguments
+        # (e.g. "tag"); the roll needs none.
+        version = self.template.latest_version.apply(str)
+        warm = cfg.warm_pool
+        protect = cfg.scaling.protect_from_scale_in
+        group = aws.autoscaling.Group(
+            f"{name}-asg",
+            name=group_name(cfg),  # fixed: the user-data and the node's grants name it
+            min_size=cfg.nodes.min, max_size=cfg.nodes.max, desired_capacity=cfg.nodes.desired,
+            vpc_zone_identifiers=subnet_ids,
+            capacity_rebalance=cfg.spot.enabled,
+            # The launching hook keeps a node out of service until /readyz is 200, so the grace
+            # and the warm-up cover only the ALB's view and one metric period (infra.readiness).
+            health_check_type="ELB", health_check_grace_period=HEALTH_GRACE_S,
+            default_instance_warmup=INSTANCE_WARMUP_S,
+            target_group_arns=[target.arn],
+            protect_from_scale_in=protect,
+            # Creation waits for min_size nodes to pass their launch hook: a broken bootstrap
+            # fails `pulumi up` instead of looping quietly.
+            wait_for_capacity_timeout=f"{cfg.scaling.launch_timeout_s + HEALTH_GRACE_S}s",
+            # Hooks that exist before the first node launches (a separate LifecycleHook comes
+            # after the group, too late for its first nodes); infra.aws.scaling keeps them
+            # up to date afterwards.
+            initial_lifecycle_hooks=[aws.autoscaling.GroupInitialLifecycleHookArgs(**hook)
+                                     for hook in scaling.hooks(cfg)],
+            launch_template=(aws.autoscaling.GroupLaunchTemplateArgs(
+                id=self.template.id, version=version) if warm else None),
+            mixed_instances_policy=None if warm else self._mixed(version),
+            # Stopped, already-bootstrapped nodes: a scale-out starts one instead of launching
+            # and converging a new one; scale-in returns nodes to the pool.
+            warm_pool=aws.autoscaling.GroupWarmPoolArgs(
+                pool_state="Stopped", min_size=warm.min_size,
+                max_group_prepared_capacity=warm.max_prepared,
+                instance_reuse_policy=aws.autoscaling.GroupWarmPoolInstanceReusePolicyArgs(
+                    reuse_on_scale_in=True)) if warm else None,
+            instance_refresh=aws.autoscaling.GroupInstanceRefreshArgs(
+                strategy="Rolling",
+                preferences=aws.autoscaling.GroupInstanceRefreshPreferencesArgs(
+                    min_healthy_percentage=REFRESH_MIN_HEALTHY_PERCENT,
+                    instance_warmup=str(INSTANCE_WARMUP_S),
+                    skip_matching=True,
+                    # A bundle whose nodes never get ready rolls back, not the whole fleet down.
+                    auto_rollback=True,
+                    scale_in_protected_instances="Refresh" if protect else None)),
+            tags=[aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=True)
+                  for k, v in node_tags.items()],
+            # Scaling policies and schedules move the desired size; a deploy must not move it
+            # back.
+            opts=pulumi.ResourceOptions.merge(
+                needs, pulumi.ResourceOptions(ignore_changes=["desiredCapacity"])))
+        return group, alb, target
+
+    def _mixed(self, version: pulumi.Output[str]) -> aws.autoscaling.GroupMixedInstancesPolicyArgs:
+        cfg = self.cfg
         # One cap for every type of the group: the lowest per-type cap, so no type is ever
         # bought above ratio x its own on-demand price (larger types then win only when cheap).
         cap = min(cfg.spot_cap(t) for t in cfg.instance_types)
@@ -169,30 +254,11 @@ class AwsFleet(pulumi.ComponentResource):
                 cfg.spot.on_demand_percentage if cfg.spot.enabled else 100),
             spot_allocation_strategy="price-capacity-optimized",
             spot_max_price=f"{cap:.4f}" if cfg.spot.enabled else None)
-        group = aws.autoscaling.Group(
-            f"{name}-asg",
-            name_prefix=f"{cfg.name}-",
-            min_size=cfg.nodes.min, max_size=cfg.nodes.max, desired_capacity=cfg.nodes.desired,
-            vpc_zone_identifiers=subnet_ids,
-            capacity_rebalance=cfg.spot.enabled,
-            health_check_type="ELB", health_check_grace_period=HEALTH_GRACE_S,
-            default_instance_warmup=HEALTH_GRACE_S,
-            target_group_arns=[target.arn],
-            mixed_instances_policy=aws.autoscaling.GroupMixedInstancesPolicyArgs(
-                launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
-                    launch_template_specification=aws.autoscaling
-                    .GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
-                        launch_template_id=self.template.id, version="$Latest"),
-                    overrides=[aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(
-                        instance_type=t.name) for t in cfg.instance_types]),
-                instances_distribution=distribution),
-            instance_refresh=aws.autoscaling.GroupInstanceRefreshArgs(
-                strategy="Rolling",
-                preferences=aws.autoscaling.GroupInstanceRefreshPreferencesArgs(
-                    min_healthy_percentage=50)),
-            tags=[aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=True)
-                  for k, v in node_tags.items()],
-            # Scheduled actions move the desired size; a deploy must not move it back.
-            opts=pulumi.ResourceOptions.merge(
-                child, pulumi.ResourceOptions(ignore_changes=["desiredCapacity"])))
-        return group, alb
+        return aws.autoscaling.GroupMixedInstancesPolicyArgs(
+            launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
+                launch_template_specification=aws.autoscaling
+                .GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
+                    launch_template_id=self.template.id, version=version),
+                overrides=[aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(
+                    instance_type=t.name) for t in cfg.instance_types]),
+            instances_distribution=distribution)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pulumi
 import pulumi_aws as aws
@@ -22,18 +22,27 @@ EC2_ACTIONS = {
     "start": "arn:aws:scheduler:::aws-sdk:ec2:startInstances",
     "stop": "arn:aws:scheduler:::aws-sdk:ec2:stopInstances",
     "terminate": "arn:aws:scheduler:::aws-sdk:ec2:terminateInstances",
+    "cancel": "arn:aws:scheduler:::aws-sdk:ec2:cancelSpotInstanceRequests",
 }
+# A persistent spot request outlives its instance: terminated alone, the request re-opens and
+# launches a replacement. The TTL cancels the requests first (cancelling leaves the instances
+# running) and terminates the instances this long after.
+TTL_TERMINATE_AFTER = timedelta(minutes=5)
+
+
+def _at(when: datetime) -> str:
+    return f"at({when.strftime('%Y-%m-%dT%H:%M:%S')})"
 
 
 class AwsTeardown(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str], fleet: AwsFleet,
-                 expiry: datetime | None, arn_partition: str,
+                 expiry: datetime | None, arn_partition: str, account: pulumi.Input[str],
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("torchfleet:aws:Teardown", name, None, opts)
         self.child = pulumi.ResourceOptions(parent=self)
         self.cfg, self.tags, self.name = cfg, tags, name
         if cfg.mode == "instances" and (cfg.schedule or expiry):
-            self._instance_schedules(fleet, expiry, arn_partition)
+            self._instance_schedules(fleet, expiry, arn_partition, account)
         if cfg.mode == "group":
             self._group_schedules(fleet, expiry)
         if cfg.budget:
@@ -41,36 +50,49 @@ class AwsTeardown(pulumi.ComponentResource):
         self.register_outputs({})
 
     def _instance_schedules(self, fleet: AwsFleet, expiry: datetime | None,
-                            arn_partition: str) -> None:
+                            arn_partition: str, account: pulumi.Input[str]) -> None:
         cfg, name, child = self.cfg, self.name, self.child
         ids = pulumi.Output.all(*[i.id for i in fleet.instances])
         arns = pulumi.Output.all(*[i.arn for i in fleet.instances])
+        persistent = fleet.persistent_spot
+        requests = pulumi.Output.all(*[i.spot_instance_request_id for i in fleet.instances])
+        request_arns = pulumi.Output.all(account, requests).apply(lambda v: [
+            f"arn:{arn_partition}:ec2:{cfg.region}:{v[0]}:spot-instances-request/{r}"
+            for r in v[1]])
         role = aws.iam.Role(
             f"{name}-scheduler", description=f"torchfleet {cfg.stack}: start/stop/expire nodes",
             assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [{
                 "Effect": "Allow", "Principal": {"Service": "scheduler.amazonaws.com"},
                 "Action": "sts:AssumeRole"}]}),
             tags=self.tags, opts=child)
-        aws.iam.RolePolicy(
-            f"{name}-scheduler", role=role.id,
-            policy=arns.apply(lambda a: json.dumps({"Version": "2012-10-17", "Statement": [{
+        def grants(values: list) -> str:
+            statements = [{
                 "Effect": "Allow",
                 "Action": ["ec2:StartInstances", "ec2:StopInstances", "ec2:TerminateInstances"],
-                "Resource": list(a)}]})),
-            opts=child)
+                "Resource": list(values[0])}]
+            if persistent and expiry:
+                statements.append({"Effect": "Allow", "Action": ["ec2:CancelSpotInstanceRequests"],
+                                   "Resource": list(values[1])})
+            return json.dumps({"Version": "2012-10-17", "Statement": statements})
+
+        aws.iam.RolePolicy(f"{name}-scheduler", role=role.id,
+                           policy=pulumi.Output.all(arns, request_arns).apply(grants), opts=child)
         group = aws.scheduler.ScheduleGroup(f"{name}-group", name_prefix=f"{cfg.name}-",
                                             tags=self.tags, opts=child)
         end = iso_utc(expiry) if expiry else None
 
-        def schedule(suffix: str, expression: str, tz: str, action: str, **extra) -> None:
+        def schedule(suffix: str, expression: str, tz: str, action: str,
+                     target_input: pulumi.Output[str] | None = None, **extra) -> None:
+            what = "the GPU nodes' spot requests" if action == "cancel" else "the GPU nodes"
             aws.scheduler.Schedule(
-                f"{name}-{suffix}", group_name=group.name, description=f"torchfleet {cfg.stack}: "
-                f"{action} the GPU nodes", schedule_expression=expression,
-                schedule_expression_timezone=tz,
+                f"{name}-{suffix}", group_name=group.name,
+                description=f"torchfleet {cfg.stack}: {action} {what}",
+                schedule_expression=expression, schedule_expression_timezone=tz,
                 flexible_time_window=aws.scheduler.ScheduleFlexibleTimeWindowArgs(mode="OFF"),
                 target=aws.scheduler.ScheduleTargetArgs(
                     arn=EC2_ACTIONS[action], role_arn=role.arn,
-                    input=ids.apply(lambda i: json.dumps({"InstanceIds": list(i)}))),
+                    input=target_input or ids.apply(
+                        lambda i: json.dumps({"InstanceIds": list(i)}))),
                 opts=child, **extra)
 
         if cfg.schedule:
@@ -79,7 +101,14 @@ class AwsTeardown(pulumi.ComponentResource):
             schedule("stop", eventbridge_cron(s.stop, s.stop_days), s.timezone, "stop",
                      end_date=end)
         if expiry:
-            schedule("ttl", f"at({expiry.strftime('%Y-%m-%dT%H:%M:%S')})", "UTC", "terminate",
+            terminate_at = expiry
+            if persistent:
+                schedule("ttl-spot", _at(expiry), "UTC", "cancel",
+                         target_input=requests.apply(
+                             lambda r: json.dumps({"SpotInstanceRequestIds": list(r)})),
+                         action_after_completion="DELETE")
+                terminate_at = expiry + TTL_TERMINATE_AFTER
+            schedule("ttl", _at(terminate_at), "UTC", "terminate",
                      action_after_completion="DELETE")
 
     def _group_schedules(self, fleet: AwsFleet, expiry: datetime | None) -> None:
@@ -106,8 +135,10 @@ class AwsTeardown(pulumi.ComponentResource):
     def _budget(self) -> None:
         cfg = self.cfg
         assert cfg.budget is not None
+        # auto: the worst case at the largest size scaling may reach, plus 10 %.
+        cost = estimate(cfg)
         limit = cfg.budget.monthly_usd or max(
-            1.0, math.ceil(estimate(cfg).monthly_worst_case_usd * 1.1))
+            1.0, math.ceil((cost.monthly_worst_at_max_usd + cost.warm_pool_usd_per_month) * 1.1))
         notify = [
             aws.budgets.BudgetNotificationArgs(
                 comparison_operator="GREATER_THAN", threshold=cfg.budget.threshold_percent,

@@ -22,8 +22,18 @@ def sh(*args: str, cwd: Path = REPO, stdin: str | None = None) -> subprocess.Com
                           timeout=300)
 
 
+# `python -m infra.plan ARGS`, with fleet-node's modules stood in until this branch has them.
+STANDIN = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+           "import standin_node; standin_node.install()")
+
+
+def plan(*args: str) -> subprocess.CompletedProcess:
+    return sh(sys.executable, "-c", STANDIN + "; import runpy; sys.argv[0] = 'infra.plan'; "
+              "runpy.run_module('infra.plan', run_name='__main__')", *args)
+
+
 def test_plan_prints_tree_and_costs_for_every_stack():
-    out = sh(sys.executable, "-m", "infra.plan", "--all")
+    out = plan("--all")
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert text.count("OFFLINE PLAN (mock engine, no cloud calls) — stack") == 4
@@ -34,6 +44,17 @@ def test_plan_prints_tree_and_costs_for_every_stack():
     table = text.split("COST ESTIMATE", 1)[1]
     for stack in ("aws-dev", "aws-prod", "alicloud-dev", "alicloud-prod"):
         assert f"\n{stack} " in table
+    # the prod stacks' hooks and load policies, and the cost at the scaling bounds
+    for needle in ("hook torchfleet-launch: autoscaling:EC2_INSTANCE_LAUNCHING, ABANDON",
+                   "hook torchfleet-terminate: SCALE_IN, CONTINUE",
+                   "target tracking ALBRequestCountPerTarget = 1200",
+                   "target tracking torchfleet/QueueDepth (Average)",
+                   "RequestRate >= 20.0", "RequestRate < ", " && QueueDepth < ",
+                   "health LOAD_BALANCER", "bundle_url: s3://", "bundle_url: oss://"):
+        assert needle in text, needle
+    bounds = table.split("at the scaling bounds", 1)[1]
+    row = next(line for line in bounds.splitlines() if line.startswith("aws-prod "))
+    assert row.split()[1:3] == ["2", "8"]  # min and max nodes, each with its monthly cost
 
 
 def test_plan_refuses_bad_config(tmp_path):
@@ -42,7 +63,7 @@ def test_plan_refuses_bad_config(tmp_path):
     bad["config"]["torchfleet:admin_cidrs"] = ["0.0.0.0/0"]
     path = tmp_path / "Pulumi.aws-dev.yaml"
     path.write_text(yaml.safe_dump(bad))
-    out = sh(sys.executable, "-m", "infra.plan", "aws-dev", "--config", str(path))
+    out = plan("aws-dev", "--config", str(path))
     assert out.returncode == 2
     assert "torchfleet:cuda_profile = 'cu116'" in out.stderr
     assert "torchfleet:admin_cidrs = '0.0.0.0/0'" in out.stderr
@@ -50,7 +71,7 @@ def test_plan_refuses_bad_config(tmp_path):
 
 
 def test_plan_json_lists_resources():
-    out = sh(sys.executable, "-m", "infra.plan", "alicloud-dev", "--json")
+    out = plan("alicloud-dev", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     types = [r["type"] for r in data["resources"] if r["custom"]]
@@ -60,14 +81,16 @@ def test_plan_json_lists_resources():
 PULUMI_STYLE = """
 import runpy, sys, pulumi
 sys.path[:] = [p for p in sys.path if p not in ('', {repo!r})]
+{standin}
 from pulumi.runtime.mocks import MockMonitor
 class M(pulumi.runtime.Mocks):
     def new_resource(self, args):
         out = dict(args.inputs)
         out.update(publicIp='203.0.113.5', privateIp='10.42.0.5', latestVersion=1)
+        out.setdefault('bucket', args.name + '-bucket')  # a bucket named by prefix
         return args.name + '-id', out
     def call(self, args):
-        return {{'id': 'ami-0123456789abcdef0'}}
+        return {{'id': 'ami-0123456789abcdef0', 'accountId': '123456789012'}}
 mon = MockMonitor(M())
 pulumi.runtime.set_mocks(M(), project='torchfleet', stack='aws-dev', preview=False, monitor=mon)
 pulumi.runtime.set_all_config({config!r})
@@ -82,7 +105,7 @@ def test_pulumi_runs_the_directory_program(tmp_path):
     values = yaml.safe_load((REPO / "Pulumi.aws-dev.yaml").read_text())["config"]
     config = {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
     script = tmp_path / "pulumi_style.py"
-    script.write_text(PULUMI_STYLE.format(repo=str(REPO), config=config))
+    script.write_text(PULUMI_STYLE.format(repo=str(REPO), config=config, standin=STANDIN))
     env = {k: v for k, v in ENV.items() if k != "PYTHONPATH"}  # as Pulumi would: no repo path
     out = subprocess.run([sys.executable, str(script)], cwd=REPO / "infra", env=env,
                          capture_output=True, text=True, timeout=300)
@@ -143,3 +166,18 @@ def test_inventory_script_rejects_foreign_outputs(tmp_path):
              "--out-dir", str(tmp_path))
     assert out.returncode == 1 and "no `inventory`" in out.stderr
     assert not (tmp_path / "aws-dev").exists()
+
+
+def test_plan_of_a_bake(capsys, runs):
+    """What `make bake STACK=...` shows before it runs `pulumi up` (in-process: the entry
+    point itself is covered above)."""
+    from infra.plan import main
+
+    assert main(["aws-prod", "--boot", "bake"]) == 0
+    text = capsys.readouterr().out
+    for needle in ("torchfleet:aws:Bake", "aws:imagebuilder/image:Image",
+                   "policyArn=arn:aws:iam::aws:policy/EC2InstanceProfileForImageBuilder",
+                   "imageId=ami-0fedcba9876543210"):  # the group launches the baked AMI
+        assert needle in text, needle
+    assert main(["alicloud-prod", "--boot", "bake"]) == 2
+    assert "torchfleet:boot = 'bake'" in capsys.readouterr().err

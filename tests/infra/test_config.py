@@ -142,3 +142,90 @@ def test_on_demand_price_override_moves_the_cap(settings):
                                "on_demand_prices": {"g6.xlarge": 2.0}})
     cfg = load(raw, "aws-dev")
     assert cfg.spot_cap(cfg.instance_type) == 1.0
+
+
+# -- issue 8: review fixes (each failed before the fix) -----------------------------------------
+
+
+@pytest.mark.parametrize("value", [float("nan"), "nan", "NaN", float("inf"), "-inf"])
+def test_nan_and_inf_price_ratio_refused(settings, value):
+    msg = problems(base(settings, spot={"enabled": True, "max_price_ratio": value,
+                                        "interruption": "stop"}))
+    assert "torchfleet:spot.max_price_ratio" in msg and "<= 1.3" in msg
+
+
+@pytest.mark.parametrize("value", [float("nan"), "nan", float("inf"), "inf"])
+def test_nan_and_inf_ttl_refused(settings, value):
+    msg = problems(base(settings, ttl_hours=value))
+    assert "torchfleet:ttl_hours" in msg and "1..720" in msg
+
+
+def test_more_zones_than_the_address_plan_refused(settings):
+    from infra.addressing import MAX_ZONES
+
+    zones = [f"eu-central-1{chr(ord('a') + i)}" for i in range(MAX_ZONES + 1)]
+    msg = problems(base(settings, zones=zones))
+    assert "torchfleet:zones" in msg and f"at most {MAX_ZONES} zones" in msg
+    assert load(base(settings, zones=zones[:MAX_ZONES]), "aws-dev").zones == tuple(
+        zones[:MAX_ZONES])
+
+
+# -- issue 8: scaling, boot path, warm pool -----------------------------------------------------
+
+
+def test_group_mode_needs_a_request_target(settings):
+    msg = problems(base(settings, "aws-prod", scaling=None), "aws-prod")
+    assert "torchfleet:scaling.requests_per_node = None" in msg and "torchfleet-runtime bench" in msg
+    msg = problems(base(settings, "alicloud-prod", scaling={"requests_per_node": 0}),
+                   "alicloud-prod")
+    assert "torchfleet:scaling.requests_per_node = 0" in msg
+
+
+def test_scaling_values(settings):
+    cfg = load(base(settings, "aws-prod"), "aws-prod")
+    assert cfg.scaling.requests_per_node == 1200 and cfg.scaling.scale_in is True
+    assert cfg.scaling.queue_depth_per_node is None and cfg.scaling.launch_timeout_s == 3600
+    msg = problems(base(settings, "aws-prod", scaling={
+        "requests_per_node": 600, "launch_timeout_s": 9000, "scale_in": "maybe",
+        "queue_depth_per_node": -1, "cooldown": 5}), "aws-prod")
+    for fragment in ("torchfleet:scaling.launch_timeout_s = 9000", "300..7200",
+                     "torchfleet:scaling.scale_in = 'maybe'", "true | false",
+                     "torchfleet:scaling.queue_depth_per_node = -1",
+                     "torchfleet:scaling.cooldown", "requests_per_node"):
+        assert fragment in msg, fragment
+    assert "torchfleet:scaling =" in problems(base(settings, scaling={"requests_per_node": 60}))
+
+
+def test_boot_paths(settings):
+    assert load(base(settings, "aws-prod", boot="bake"), "aws-prod").bootstrap_mode == "baked"
+    assert "torchfleet:boot = 'warm'" in problems(base(settings, boot="warm"))
+    msg = problems(base(settings, "alicloud-prod", boot="bake"), "alicloud-prod")
+    assert "torchfleet:boot = 'bake'" in msg and "cold | baked on alicloud" in msg
+    msg = problems(base(settings, boot="baked"))
+    assert "torchfleet:boot = 'baked'" in msg and "needs `image`" in msg
+    cfg = load(base(settings, boot="baked", image="ami-0123456789abcdef0"), "aws-dev")
+    assert cfg.bootstrap_mode == "baked"
+
+
+def test_warm_pool_rules(settings):
+    on_demand = {"enabled": False}
+    cfg = load(base(settings, "aws-prod", spot=on_demand, extra_instance_types=None,
+                    warm_pool={"min_size": 1}), "aws-prod")
+    assert cfg.warm_pool.min_size == 1 and [t.name for t in cfg.instance_types] == ["g5.xlarge"]
+    msg = problems(base(settings, "aws-prod", warm_pool={"enabled": True}), "aws-prod")
+    assert "torchfleet:warm_pool = 'enabled'" in msg and "spot.enabled" in msg
+    assert "torchfleet:extra_instance_types" in msg and "mixed instances policy" in msg
+    msg = problems(base(settings, "alicloud-prod", warm_pool={"enabled": True}), "alicloud-prod")
+    assert "torchfleet:warm_pool" in msg and "except on aws in mode: group" in msg
+    msg = problems(base(settings, "aws-prod", spot=on_demand, extra_instance_types=None,
+                        warm_pool={"min_size": 20, "max_prepared": 1}), "aws-prod")
+    assert "torchfleet:warm_pool.min_size = 20" in msg
+    assert "torchfleet:warm_pool.max_prepared = 1" in msg
+
+
+def test_new_keys_join_the_one_pass_report(settings):
+    err = problems(base(settings, "aws-prod", admin_cidrs=["0.0.0.0/0"], boot="fast",
+                        scaling={"requests_per_node": "lots"}, warm_pool={"min_size": -1},
+                        zones=["us-east-1a"] * 2), "aws-prod")
+    for key in ("admin_cidrs", "boot", "scaling.requests_per_node", "warm_pool", "zones"):
+        assert f"torchfleet:{key}" in err, key

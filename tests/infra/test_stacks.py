@@ -9,6 +9,13 @@ from infra.offline import FAKE_ALI_IMAGE, FAKE_AMI, OfflineMocks, RecordingMonit
 from infra.plan import STACKS
 
 # Cloud resources each example must register at least once (the mode decides which).
+BUNDLE = {
+    "aws": {"aws:s3/bucket:Bucket", "aws:s3/bucketObjectv2:BucketObjectv2",
+            "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
+            "aws:s3/bucketPolicy:BucketPolicy"},
+    "alicloud": {"alicloud:oss/bucket:Bucket", "alicloud:oss/bucketObject:BucketObject",
+                 "alicloud:oss/bucketAcl:BucketAcl", "alicloud:oss/bucketPolicy:BucketPolicy"},
+}
 EXPECTED = {
     "aws-dev": {"aws:ec2/vpc:Vpc", "aws:ec2/subnet:Subnet", "aws:ec2/routeTable:RouteTable",
                 "aws:ec2/securityGroup:SecurityGroup", "aws:ec2/launchTemplate:LaunchTemplate",
@@ -16,7 +23,8 @@ EXPECTED = {
                 "aws:scheduler/schedule:Schedule", "aws:budgets/budget:Budget"},
     "aws-prod": {"aws:autoscaling/group:Group", "aws:lb/loadBalancer:LoadBalancer",
                  "aws:lb/targetGroup:TargetGroup", "aws:lb/listener:Listener",
-                 "aws:ec2/launchTemplate:LaunchTemplate", "aws:budgets/budget:Budget"},
+                 "aws:ec2/launchTemplate:LaunchTemplate", "aws:budgets/budget:Budget",
+                 "aws:autoscaling/lifecycleHook:LifecycleHook", "aws:autoscaling/policy:Policy"},
     "alicloud-dev": {"alicloud:vpc/network:Network", "alicloud:vpc/switch:Switch",
                      "alicloud:ecs/securityGroupRule:SecurityGroupRule",
                      "alicloud:ecs/instance:Instance", "alicloud:ram/role:Role",
@@ -24,18 +32,21 @@ EXPECTED = {
     "alicloud-prod": {"alicloud:ess/scalingGroup:ScalingGroup",
                       "alicloud:ess/scalingConfiguration:ScalingConfiguration",
                       "alicloud:slb/applicationLoadBalancer:ApplicationLoadBalancer",
-                      "alicloud:slb/listener:Listener"},
+                      "alicloud:slb/listener:Listener", "alicloud:ess/lifecycleHook:LifecycleHook",
+                      "alicloud:ess/scalingRule:ScalingRule", "alicloud:ess/alarm:Alarm",
+                      "alicloud:cms/monitorGroup:MonitorGroup"},
 }
 
 
 def test_registers_a_real_fleet(run):
     custom = run.custom()
     assert len(custom) >= 14, f"{run.stack}: only {len(custom)} cloud resources"
-    missing = EXPECTED[run.stack] - {r.type for r in custom}
+    expected = EXPECTED[run.stack] | BUNDLE[run.stack.split("-")[0]]
+    missing = expected - {r.type for r in custom}
     assert not missing, f"{run.stack} registered no {sorted(missing)}"
     # one component per concept
     components = {r.type.rsplit(":", 1)[1] for r in run.resources if r.type.startswith("torchfleet:")}
-    assert components == {"Network", "Fleet", "Teardown"}
+    assert components == {"Network", "Bundle", "Fleet", "Teardown"}
 
 
 def test_every_cloud_resource_sits_in_a_component(run):
@@ -45,7 +56,12 @@ def test_every_cloud_resource_sits_in_a_component(run):
 
 
 def test_image_auto_resolved_through_an_invoke(run):
-    assert len(run.calls) == 1
+    images = [c for c in run.calls if c in ("aws:ec2/getAmi:getAmi",
+                                            "alicloud:ecs/getImages:getImages")]
+    assert len(images) == 1
+    # AWS also asks who it is: the node's lifecycle grant names the account's group ARN
+    assert sorted(set(run.calls) - set(images)) == (
+        ["aws:index/getCallerIdentity:getCallerIdentity"] if run.stack.startswith("aws") else [])
     image = FAKE_AMI if run.stack.startswith("aws") else FAKE_ALI_IMAGE
     users = [r for r in run.custom() if r.inputs.get("imageId")]
     assert users and all(r.inputs["imageId"] == image for r in users)
@@ -86,6 +102,17 @@ def test_cost_output(run, settings):
     assert cost["nodes"] == cost["on_demand_nodes"] + cost["spot_nodes"] > 0
     assert cost["spot_cap_usd_per_hour"] <= cost["on_demand_usd_per_hour"] * 1.3
     assert cost["monthly_typical_usd"] <= cost["monthly_worst_case_usd"]
+    # the scaling bounds: instances mode runs a fixed count
+    assert cost["spot_cap_usd_per_hour_at_min"] <= cost["spot_cap_usd_per_hour"] \
+        <= cost["spot_cap_usd_per_hour_at_max"]
+    assert cost["monthly_worst_at_min_usd"] <= cost["monthly_worst_case_usd"] \
+        <= cost["monthly_worst_at_max_usd"]
+    nodes = settings(run.stack)["nodes"]
+    if "max" in nodes:
+        assert (cost["min_nodes"], cost["max_nodes"]) == (nodes["min"], nodes["max"])
+        assert cost["spot_cap_usd_per_hour_at_max"] > cost["spot_cap_usd_per_hour_at_min"]
+    else:
+        assert cost["min_nodes"] == cost["max_nodes"] == nodes["count"]
     if settings(run.stack).get("schedule"):
         assert cost["hours_per_month"] < 730
         assert cost["monthly_worst_case_usd"] < cost["monthly_on_demand_24x7_usd"]
@@ -126,3 +153,17 @@ def test_bad_config_registers_nothing(stack, with_overrides):
     # the same monitor sees resources when the config is good: the check above can fail
     run_offline(stack, with_overrides(stack), monitor=monitor)
     assert [t for _, t, *_ in monitor.registrations if not t.startswith("pulumi:")]
+
+
+def test_too_many_zones_fail_before_any_resource(with_overrides):
+    """The address plan has 16 blocks; a 17th zone used to crash after the VPC was registered."""
+    from infra.config import ConfigError
+
+    zones = [f"eu-central-1{chr(ord('a') + i)}" for i in range(17)]
+    monitor = RecordingMonitor(OfflineMocks())
+    with pytest.raises(ConfigError, match="torchfleet:zones"):
+        run_offline("aws-dev", with_overrides("aws-dev", zones=zones), monitor=monitor)
+    assert [t for _, t, *_ in monitor.registrations if not t.startswith("pulumi:")] == []
+    # the same monitor registers the stack once the zones fit (test_config: sixteen load)
+    run_offline("aws-dev", with_overrides("aws-dev", zones=zones[:2]), monitor=monitor)
+    assert [t for _, t, *_ in monitor.registrations if t == "aws:ec2/subnet:Subnet"]

@@ -1,0 +1,70 @@
+"""What a node the cloud starts is handed: the bundle (built once per stack and run) and the
+user-data that fetches, verifies and runs it (fleet-node's `infra.bundle` and
+`infra.bootstrap`, called here and nowhere else in infra/).
+
+Contract: `stack_bundle(cfg)` builds the stack's bundle once per process (the program runs once;
+the offline plan and the tests run many stacks); `user_data(...)` renders the one cloud-init
+template for a BootstrapSpec whose bucket name may still be an Output and returns it base64
+encoded, the form every launch spec here takes (AWS launch templates require it; the Alibaba
+provider passes base64 through unchanged). The group and hook names are fixed so user-data can
+name them before the group exists.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+import pulumi
+
+from infra.config import StackConfig
+
+LAUNCH_HOOK = "torchfleet-launch"
+TERMINATE_HOOK = "torchfleet-terminate"
+METRICS_NAMESPACE = "torchfleet"
+QUEUE_METRIC = "QueueDepth"  # requests waiting in the runtime's batch queue, per node
+REQUEST_METRIC = "RequestRate"  # Alibaba only: requests/s answered per node (AWS: the ALB's)
+NONCURRENT_DAYS = 30  # old bundle versions stay in the bucket this long (rollback), then expire
+
+
+def group_name(cfg: StackConfig) -> str:
+    return f"{cfg.name}-asg" if cfg.cloud == "aws" else f"{cfg.name}-ess"
+
+
+@cache
+def stack_bundle(stack: str) -> Any:
+    """infra.bundle.build(stack): reproducible and content-cached on disk by fleet-node; cached
+    here per process as well so one run never packs the same tree twice."""
+    from infra import bundle
+
+    return bundle.build(stack)
+
+
+def bundle_url(cfg: StackConfig, bucket: str, key: str) -> str:
+    return f"{'s3' if cfg.cloud == 'aws' else 'oss'}://{bucket}/{key}"
+
+
+def user_data(cfg: StackConfig, bucket: pulumi.Input[str], *, mode: str,
+              group: bool, extra: Mapping[str, pulumi.Input[Any]] | None = None
+              ) -> pulumi.Output[str]:
+    """Base64 of the rendered #cloud-config for this stack's nodes. `extra` holds further
+    BootstrapSpec fields, Outputs allowed (Alibaba's group and metric group ids)."""
+    from infra.bootstrap import BootstrapSpec, render_user_data
+
+    bundle = stack_bundle(cfg.stack)
+    names = list((extra or {}).keys())
+
+    def render(values: list[Any]) -> str:
+        spec = BootstrapSpec(
+            cloud=cfg.cloud, region=cfg.region, stack=cfg.stack, bundle_bucket=values[0],
+            bundle_key=bundle.key, bundle_sha256=bundle.sha256, mode=mode,
+            group_name=group_name(cfg) if group else None,
+            launch_hook=LAUNCH_HOOK if group else None,
+            terminate_hook=TERMINATE_HOOK if group else None,
+            service_port=cfg.service_port, metrics_namespace=METRICS_NAMESPACE,
+            **dict(zip(names, values[1:], strict=True)))
+        return base64.b64encode(render_user_data(spec).encode()).decode()
+
+    return pulumi.Output.all(bucket, *[(extra or {})[n] for n in names]).apply(render)

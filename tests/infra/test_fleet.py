@@ -1,0 +1,339 @@
+"""Policies of the self-configuring fleet (issue 8) over every registered resource of the example
+stacks and of the bake / warm pool variants: user-data with the bundle checksum on every launch
+spec, hooks and load-based policies on every group, a private, encrypted, versioned, TLS-only
+bundle bucket, a node grant scoped to the bundle prefix, and a roll when the bundle changes.
+
+Each test counts what it checked and fails when it checked nothing."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+import yaml
+
+from infra.offline import FAKE_BAKED_AMI, _octet, run_offline
+from infra.readiness import DEREGISTRATION_DELAY_S, HEALTH_GRACE_S, drain_timeout_s
+
+LT = "aws:ec2/launchTemplate:LaunchTemplate"
+ASG = "aws:autoscaling/group:Group"
+ESS = "alicloud:ess/scalingGroup:ScalingGroup"
+ESS_CONFIG = "alicloud:ess/scalingConfiguration:ScalingConfiguration"
+GROUPS = ("aws-prod", "alicloud-prod")
+
+
+def cloud_config(encoded: str) -> tuple[str, dict]:
+    """The user-data as the node's cloud-init reads it: base64 -> '#cloud-config' YAML."""
+    text = base64.b64decode(encoded, validate=True).decode()
+    assert text.startswith("#cloud-config\n"), text[:80]
+    doc = yaml.safe_load(text)
+    assert isinstance(doc, dict) and doc, "an empty cloud-config configures nothing"
+    assert len(text.encode()) <= 16 * 1024  # the EC2 user-data limit
+    return text, doc
+
+
+def launch_specs(run):
+    """(resource, base64 user-data) of everything that starts a node."""
+    templates = {f"{lt.name}-id": lt for lt in run.of_type(LT)}
+    for lt in templates.values():
+        yield lt, lt.inputs.get("userData")
+    for inst in run.of_type("aws:ec2/instance:Instance"):
+        # instances take their user-data from the launch template they name
+        template = templates.get(inst.inputs.get("launchTemplate", {}).get("id"))
+        assert template is not None or inst.inputs.get("userData"), inst.name
+        yield inst, inst.inputs.get("userData") or template.inputs.get("userData")
+    for kind in ("alicloud:ecs/instance:Instance", ESS_CONFIG):
+        for r in run.of_type(kind):
+            yield r, r.inputs.get("userData")
+    for recipe in run.of_type("aws:imagebuilder/imageRecipe:ImageRecipe"):
+        yield recipe, recipe.inputs.get("userDataBase64")
+
+
+def test_every_launch_spec_bootstraps_the_stack_bundle(run):
+    sha = run.outputs["bundle_sha256"]
+    checked = 0
+    for resource, encoded in launch_specs(run):
+        assert encoded, f"{resource.type} {resource.name} starts nodes without user-data"
+        text, _ = cloud_config(encoded)
+        assert sha in text, f"{resource.name}: the user-data does not carry the bundle sha256"
+        assert f"bundles/{run.stack}/{sha}.tar.gz" in text
+        if run.stack in GROUPS:
+            group = f"torchfleet-{run.stack}-{'asg' if run.stack.startswith('aws') else 'ess'}"
+            for name in (group, "torchfleet-launch", "torchfleet-terminate"):
+                assert name in text, f"{resource.name}: the node cannot name {name}"
+        checked += 1
+    nodes = len(run.of_type("aws:ec2/instance:Instance") + run.of_type(
+        "alicloud:ecs/instance:Instance"))
+    templates = len(run.of_type(LT) + run.of_type(ESS_CONFIG))
+    assert checked == nodes + templates >= 1, checked
+
+
+def test_bundle_outputs(run):
+    sha = run.outputs["bundle_sha256"]
+    assert len(sha) == 64 and int(sha, 16) >= 0
+    scheme = "s3" if run.stack.startswith("aws") else "oss"
+    assert run.outputs["bundle_url"].startswith(f"{scheme}://")
+    assert run.outputs["bundle_url"].endswith(f"/bundles/{run.stack}/{sha}.tar.gz")
+    assert sha[:12] in run.outputs["bundle_version"]
+
+
+def _by_bucket(run, type_: str) -> dict[str, dict]:
+    return {r.inputs["bucket"]: r.inputs for r in run.of_type(type_)}
+
+
+def test_bundle_bucket_private_encrypted_versioned_tls_only(run):
+    checked = 0
+    for _ in run.of_type("aws:s3/bucket:Bucket"):
+        name = run.outputs["bundle_url"].split("/")[2]  # the bucket's name is its id
+        block = _by_bucket(run, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")[name]
+        assert all(block[k] is True for k in ("blockPublicAcls", "blockPublicPolicy",
+                                               "ignorePublicAcls", "restrictPublicBuckets"))
+        sse = _by_bucket(run, "aws:s3/bucketServerSideEncryptionConfiguration:"
+                              "BucketServerSideEncryptionConfiguration")[name]
+        assert sse["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] in (
+            "AES256", "aws:kms")
+        versioning = _by_bucket(run, "aws:s3/bucketVersioning:BucketVersioning")[name]
+        assert versioning["versioningConfiguration"]["status"] == "Enabled"
+        ownership = _by_bucket(run, "aws:s3/bucketOwnershipControls:BucketOwnershipControls")
+        assert ownership[name]["rule"]["objectOwnership"] == "BucketOwnerEnforced"
+        (deny,) = json.loads(_by_bucket(run, "aws:s3/bucketPolicy:BucketPolicy")[name]
+                             ["policy"])["Statement"]
+        assert deny["Effect"] == "Deny" and deny["Principal"] == "*" and deny["Action"] == "s3:*"
+        assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+        arn = f"arn:aws:s3:::{name}"
+        assert sorted(deny["Resource"]) == [arn, f"{arn}/*"]
+        (obj,) = run.of_type("aws:s3/bucketObjectv2:BucketObjectv2")
+        assert obj.inputs["bucket"] == name and obj.inputs["key"] == run.outputs["bundle_url"] \
+            .split(f"{name}/", 1)[1]
+        checked += 1
+    for _ in run.of_type("alicloud:oss/bucket:Bucket"):
+        name = run.outputs["bundle_url"].split("/")[2]
+        assert _by_bucket(run, "alicloud:oss/bucketAcl:BucketAcl")[name]["acl"] == "private"
+        assert _by_bucket(run, "alicloud:oss/bucketPublicAccessBlock:BucketPublicAccessBlock"
+                          )[name]["blockPublicAccess"] is True
+        assert _by_bucket(run, "alicloud:oss/bucketServerSideEncryption:"
+                               "BucketServerSideEncryption")[name]["sseAlgorithm"] in ("AES256",
+                                                                                         "KMS")
+        assert _by_bucket(run, "alicloud:oss/bucketVersioning:BucketVersioning"
+                          )[name]["status"] == "Enabled"
+        tls = _by_bucket(run, "alicloud:oss/bucketHttpsConfig:BucketHttpsConfig")[name]
+        assert tls["enable"] is True and set(tls["tlsVersions"]) <= {"TLSv1.2", "TLSv1.3"}
+        (deny,) = json.loads(_by_bucket(run, "alicloud:oss/bucketPolicy:BucketPolicy")[name]
+                             ["policy"])["Statement"]
+        assert deny["Effect"] == "Deny" and deny["Principal"] == ["*"]
+        assert deny["Condition"] == {"Bool": {"acs:SecureTransport": ["false"]}}
+        assert sorted(deny["Resource"]) == [f"acs:oss:*:*:{name}", f"acs:oss:*:*:{name}/*"]
+        (obj,) = run.of_type("alicloud:oss/bucketObject:BucketObject")
+        assert obj.inputs["bucket"] == name and obj.inputs["serverSideEncryption"] == "AES256"
+        checked += 1
+    assert checked == 1
+
+
+def _statements(doc: str) -> list[dict]:
+    return json.loads(doc)["Statement"]
+
+
+def test_node_reads_only_its_bundle_prefix(run):
+    bucket = run.outputs["bundle_url"].split("/")[2]
+    prefix = f"bundles/{run.stack}/*"
+    grants = []  # every statement that touches the bundle bucket
+    if run.stack.startswith("aws"):
+        docs = [p.inputs["policy"] for p in run.of_type("aws:iam/rolePolicy:RolePolicy")]
+        resource = f"arn:aws:s3:::{bucket}/{prefix}"
+    else:
+        docs = [p.inputs["policyDocument"] for p in run.of_type("alicloud:ram/policy:Policy")]
+        resource = f"acs:oss:*:*:{bucket}/{prefix}"
+    for doc in docs:
+        for statement in _statements(doc):
+            resources = statement["Resource"]
+            resources = [resources] if isinstance(resources, str) else resources
+            if any(bucket in r for r in resources):
+                grants.append(statement)
+    assert grants, "the node role has no read grant on the bundle"
+    for statement in grants:
+        assert statement["Effect"] == "Allow"
+        assert statement["Action"] in (["s3:GetObject"], ["oss:GetObject"]), statement
+        assert statement["Resource"] == [resource], statement
+
+
+@pytest.mark.parametrize("stack", GROUPS)
+def test_groups_join_when_ready_and_leave_when_drained(runs, settings, stack):
+    run, cfg = runs[stack], settings(stack)
+    drain = drain_timeout_s(stack)
+    groups = run.of_type(ASG) + run.of_type(ESS)
+    assert len(groups) == 1
+    if stack.startswith("aws"):
+        kinds = {"autoscaling:EC2_INSTANCE_LAUNCHING": "ABANDON",
+                 "autoscaling:EC2_INSTANCE_TERMINATING": "CONTINUE"}
+        hooks = run.of_type("aws:autoscaling/lifecycleHook:LifecycleHook")
+        (group,) = groups
+        # the same hooks are on the group before its first node launches
+        initial = {h["lifecycleTransition"]: h for h in group.inputs["initialLifecycleHooks"]}
+        assert set(initial) == set(kinds)
+        assert all(h.inputs["autoscalingGroupName"] == group.inputs["name"] for h in hooks)
+        assert group.inputs["healthCheckType"] == "ELB"
+        assert group.inputs["healthCheckGracePeriod"] == HEALTH_GRACE_S
+    else:
+        kinds = {"SCALE_OUT": "ABANDON", "SCALE_IN": "CONTINUE"}
+        hooks = run.of_type("alicloud:ess/lifecycleHook:LifecycleHook")
+        (group,) = groups
+        assert {h.inputs["scalingGroupId"] for h in hooks} == {f"{group.name}-id"}
+        # a node failing /readyz behind the CLB is replaced
+        assert group.inputs["healthCheckTypes"] == ["LOAD_BALANCER"]
+        # the configuration that enables the group waits for the hooks
+        (config,) = run.of_type(ESS_CONFIG)
+        assert {h.urn for h in hooks} <= set(config.dependencies)
+    by_kind = {h.inputs["lifecycleTransition"]: h.inputs for h in hooks}
+    assert set(by_kind) == set(kinds)
+    for kind, result in kinds.items():
+        assert by_kind[kind]["defaultResult"] == result
+    launch, terminate = (by_kind[k] for k in kinds)
+    timeout = (cfg.get("scaling") or {}).get("launch_timeout_s", 3600)
+    assert launch["heartbeatTimeout"] == timeout and launch["name"] == "torchfleet-launch"
+    assert terminate["heartbeatTimeout"] >= DEREGISTRATION_DELAY_S + drain + 15
+    assert terminate["name"] == "torchfleet-terminate"
+
+
+def test_every_group_scales_on_load(runs, with_overrides):
+    checked = 0
+    for stack in GROUPS:
+        run = runs[stack]
+        requests = run.of_type("aws:autoscaling/policy:Policy")
+        for group in run.of_type(ASG):
+            mine = [p for p in requests if p.inputs["autoscalingGroupName"] == group.inputs["name"]]
+            metrics = {}
+            for policy in mine:
+                assert policy.inputs["policyType"] == "TargetTrackingScaling"
+                tt = policy.inputs["targetTrackingConfiguration"]
+                assert tt["targetValue"] > 0 and not tt.get("disableScaleIn")
+                if "predefinedMetricSpecification" in tt:
+                    spec = tt["predefinedMetricSpecification"]
+                    metrics[spec["predefinedMetricType"]] = spec
+                else:
+                    spec = tt["customizedMetricSpecification"]
+                    metrics[spec["metricName"]] = spec
+            # <ALB arn suffix>/<target group arn suffix>, as the offline mocks make them
+            (alb,) = run.of_type("aws:lb/loadBalancer:LoadBalancer")
+            (tg,) = run.of_type("aws:lb/targetGroup:TargetGroup")
+            assert metrics["ALBRequestCountPerTarget"]["resourceLabel"] == (
+                f"app/{alb.name}/{_octet(alb.name):016x}/"
+                f"targetgroup/{tg.name}/{_octet(tg.name):016x}")
+            queue = metrics["QueueDepth"]
+            assert queue["namespace"] == "torchfleet" and queue["statistic"] == "Average"
+            assert queue["metricDimensions"] == [{"name": "AutoScalingGroupName",
+                                                  "value": group.inputs["name"]}]
+            checked += 1
+        rules = {f"{r.name}-id": r for r in run.of_type("alicloud:ess/scalingRule:ScalingRule")}
+        (monitor,) = run.of_type("alicloud:cms/monitorGroup:MonitorGroup") or [None]
+        for group in run.of_type(ESS):
+            alarms = [a.inputs for a in run.of_type("alicloud:ess/alarm:Alarm")
+                      if a.inputs["scalingGroupId"] == f"{group.name}-id"]
+            signals = {}
+            for alarm in alarms:
+                assert alarm["metricType"] == "custom"
+                # the application group the node agent publishes to (numeric id)
+                assert alarm["cloudMonitorGroupId"] == 1000 + _octet(monitor.name)
+                (action,) = alarm["alarmActions"]
+                rule = next(r for rid, r in rules.items() if action.endswith(rid))
+                assert rule.inputs["scalingRuleType"] == "StepScalingRule"
+                step = sum(a["scalingAdjustment"] for a in rule.inputs["stepAdjustments"])
+                names = [e["metricName"] for e in alarm.get("expressions", [])] or \
+                    [alarm["metricName"]]
+                signals.setdefault("out" if step > 0 else "in", set()).update(names)
+            assert signals["out"] == {"QueueDepth", "RequestRate"}
+            assert signals["in"] == {"QueueDepth", "RequestRate"}  # both must agree
+            checked += 1
+    assert checked == 2
+    # scale_in: false keeps every policy from removing nodes
+    run = run_offline("aws-prod", with_overrides(
+        "aws-prod", scaling={"requests_per_node": 600, "scale_in": False}))
+    assert all(p.inputs["targetTrackingConfiguration"]["disableScaleIn"] is True
+               for p in run.of_type("aws:autoscaling/policy:Policy"))
+    run = run_offline("alicloud-prod", with_overrides(
+        "alicloud-prod", scaling={"requests_per_node": 600, "scale_in": False}))
+    assert len(run.of_type("alicloud:ess/alarm:Alarm")) == 2  # the two scale-out alarms
+
+
+def test_a_new_bundle_rolls_the_fleet(runs, with_overrides, monkeypatch):
+    """The group pins the template's latest version (a new version -> instance refresh); the
+    ESS configuration is named by the bundle and replaced when its user-data changes."""
+    (asg,) = runs["aws-prod"].of_type(ASG)
+    refresh = asg.inputs["instanceRefresh"]
+    assert refresh["strategy"] == "Rolling"
+    assert refresh["preferences"]["autoRollback"] is True
+    spec = asg.inputs["mixedInstancesPolicy"]["launchTemplate"]["launchTemplateSpecification"]
+    assert spec["version"] == "1"  # the mocked latestVersion, never "$Latest"
+    (config,) = runs["alicloud-prod"].of_type(ESS_CONFIG)
+    assert runs["alicloud-prod"].outputs["bundle_sha256"][:12] in \
+        config.inputs["scalingConfigurationName"]
+    assert {"userData", "imageId"} <= set(config.replace_on_changes)
+    assert config.inputs["active"] is True
+
+    from infra import bundle, nodeboot
+
+    real = bundle.build
+
+    def other(stack, dest=None):  # the same stack after a change to a role
+        made = real(stack, dest)
+        sha = "f" * 64
+        return type(made)(path=made.path, sha256=sha, key=f"bundles/{stack}/{sha}.tar.gz",
+                          version=f"changed-{sha[:12]}")
+
+    nodeboot.stack_bundle.cache_clear()
+    monkeypatch.setattr(bundle, "build", other)
+    try:
+        changed = {s: run_offline(s, with_overrides(s)) for s in GROUPS}
+    finally:
+        nodeboot.stack_bundle.cache_clear()
+    before = runs["aws-prod"].of_type(LT)[0].inputs["userData"]
+    after = changed["aws-prod"].of_type(LT)[0].inputs["userData"]
+    assert before != after and "f" * 64 in cloud_config(after)[0]
+    (new_config,) = changed["alicloud-prod"].of_type(ESS_CONFIG)
+    assert new_config.inputs["userData"] != config.inputs["userData"]
+    assert new_config.inputs["scalingConfigurationName"] != config.inputs["scalingConfigurationName"]
+
+
+def test_nodes_start_only_once_the_bundle_and_grants_exist(run):
+    deps_needed = {r.urn for r in run.custom() if r.type in (
+        "aws:s3/bucketObjectv2:BucketObjectv2", "alicloud:oss/bucketObject:BucketObject")}
+    assert len(deps_needed) == 1
+    checked = 0
+    for kind in (ASG, "aws:ec2/instance:Instance", "alicloud:ecs/instance:Instance", ESS_CONFIG):
+        for r in run.of_type(kind):
+            assert deps_needed <= set(r.dependencies), (r.type, r.name)
+            checked += 1
+    assert checked >= 1
+
+
+def test_warm_pool_and_baked_image(with_overrides):
+    """aws-prod on-demand with a warm pool and an image baked by Image Builder."""
+    run = run_offline("aws-prod", with_overrides(
+        "aws-prod", spot={"enabled": False}, extra_instance_types=None, boot="bake",
+        warm_pool={"enabled": True, "min_size": 1}))
+    (asg,) = run.of_type(ASG)
+    warm = asg.inputs["warmPool"]
+    assert warm["poolState"] == "Stopped" and warm["minSize"] == 1
+    assert warm["instanceReusePolicy"]["reuseOnScaleIn"] is True
+    # warm pools refuse mixed instances policies: one type, the template pinned directly
+    assert "mixedInstancesPolicy" not in asg.inputs and asg.inputs["launchTemplate"]["version"] == "1"
+    (lt,) = run.of_type(LT)
+    assert lt.inputs["imageId"] == FAKE_BAKED_AMI  # the group launches the baked AMI
+    text, _ = cloud_config(lt.inputs["userData"])
+    assert "baked" in text  # the node only checks pins, fetches the model and warms up
+    (recipe,) = run.of_type("aws:imagebuilder/imageRecipe:ImageRecipe")
+    assert recipe.inputs["parentImage"] == "ami-0123456789abcdef0"
+    assert run.outputs["bundle_sha256"][:12] in recipe.inputs["name"]
+    bake_text, _ = cloud_config(recipe.inputs["userDataBase64"])
+    assert run.outputs["bundle_sha256"] in bake_text and "bake" in bake_text
+    assert recipe.inputs["blockDeviceMappings"][0]["ebs"]["encrypted"] == "true"
+    (infra,) = run.of_type("aws:imagebuilder/infrastructureConfiguration:"
+                           "InfrastructureConfiguration")
+    assert infra.inputs["instanceMetadataOptions"]["httpTokens"] == "required"
+    assert infra.inputs["terminateInstanceOnFailure"] is True
+    (component,) = run.of_type("aws:imagebuilder/component:Component")
+    doc = yaml.safe_load(component.inputs["data"])
+    (step,) = doc["phases"][0]["steps"]
+    assert step["action"] == "ExecuteBash" and "bootstrap.json" in step["inputs"]["commands"][0]
+    assert run.of_type("aws:imagebuilder/image:Image")
+    assert run.outputs["cost"]["warm_pool_usd_per_month"] > 0
