@@ -20,13 +20,16 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from infra import catalog
 from infra.catalog import InstanceType
+from infra.k8s import settings as k8s_settings
+from infra.k8s.settings import KubernetesSettings
 from infra.matrix import Matrix, load_matrix
 from infra.schedule import DAYS, Schedule
 
 NAMESPACE = "torchfleet"
 CLOUDS = ("aws", "alicloud")
 ENVS = ("dev", "prod")
-MODES = ("instances", "group")
+MODES = ("instances", "group", "kubernetes")
+POOL_MODES = ("group", "kubernetes")  # modes whose nodes come from a pool of instance types
 INTERRUPTION = {"aws": ("terminate", "stop", "hibernate"), "alicloud": ("terminate", "stop")}
 MAX_PRICE_RATIO = 1.3  # spot cap ceiling: paying more than 1.3x on-demand is never worth it
 MAX_TTL_HOURS = 24 * 30
@@ -47,7 +50,7 @@ KEYS = (
     "cloud", "env", "region", "zones", "mode", "instance_type", "gpu", "extra_instance_types",
     "nodes", "spot", "schedule", "ttl_hours", "admin_cidrs", "client_cidrs", "service_port",
     "ssh_public_key", "image", "image_distro", "cuda_profile", "disk_gb", "vpc_cidr", "owner",
-    "tags", "budget", "model_bucket",
+    "tags", "budget", "model_bucket", "kubernetes",
 )
 # Sub-keys of the structured values, for the same "unknown key" check one level down.
 SUBKEYS = {
@@ -57,6 +60,7 @@ SUBKEYS = {
              "interruption", "on_demand_prices"),
     "schedule": ("timezone", "start", "stop", "days"),
     "budget": ("monthly_usd", "alert_emails", "threshold_percent"),
+    "kubernetes": k8s_settings.SUBKEYS,
 }
 
 
@@ -120,6 +124,7 @@ class StackConfig:
     tags: Mapping[str, str]
     budget: Budget | None
     model_bucket: str | None
+    kubernetes: KubernetesSettings | None = None  # mode: kubernetes only
 
     @property
     def name(self) -> str:
@@ -290,6 +295,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
         bucket = None
 
     _cross_checks(r, cloud, env, mode, zones, nodes, spot, schedule, client)
+    kubernetes = _kubernetes(r, cloud, mode, zones, itypes, nodes, spot, image, bucket)
     if r.problems:
         raise ConfigError(r.problems)
     assert env and mode and itype and nodes and spot and port and distro and profile and disk
@@ -299,7 +305,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
         ttl_hours=ttl, admin_cidrs=admin, client_cidrs=client, service_port=port,
         ssh_public_key=key.strip(), image=image, image_distro=distro, cuda_profile=profile,
         disk_gb=disk, vpc_cidr=vpc_cidr, owner=owner, tags=tags, budget=budget,
-        model_bucket=bucket,
+        model_bucket=bucket, kubernetes=kubernetes,
     )
 
 
@@ -361,9 +367,10 @@ def _extra_types(r: _Reader, cloud: str, base: InstanceType | None,
         return ()
     extra = r.structured("extra_instance_types", list)
     if extra is None:
-        return tuple(catalog.same_class(base)) if mode == "group" else (base,)
-    if mode != "group":
-        r.fail("extra_instance_types", extra, "only in mode: group (instances mode uses one type)")
+        return tuple(catalog.same_class(base)) if mode in POOL_MODES else (base,)
+    if mode not in POOL_MODES:
+        r.fail("extra_instance_types", extra, "only in mode: group | kubernetes (instances mode "
+               "uses one type)")
         return (base,)
     out = [base]
     for name in extra:
@@ -389,7 +396,7 @@ def _nodes(r: _Reader, mode: str | None) -> Nodes | None:
                        "an integer 0..100")
     if None in (count, lo, hi, desired):
         return None
-    if mode == "group" and not lo <= desired <= hi:
+    if mode in POOL_MODES and not lo <= desired <= hi:
         r.fail("nodes", raw, f"min <= desired <= max (got {lo} <= {desired} <= {hi})")
     return Nodes(count=count, min=lo, max=hi, desired=desired)
 
@@ -576,9 +583,29 @@ def _cross_checks(r: _Reader, cloud: str, env: str | None, mode: str | None,
             and spot.enabled and spot.interruption == "terminate"):
         r.fail("spot.interruption", spot.interruption, "stop | hibernate when a schedule stops "
                "spot instances (AWS stops only persistent spot requests that stop on interruption)")
-    if mode == "group" and nodes is not None and spot is not None and spot.enabled \
+    if mode in POOL_MODES and nodes is not None and spot is not None and spot.enabled \
             and spot.on_demand_base > nodes.max:
         r.fail("spot.on_demand_base", spot.on_demand_base, f"at most nodes.max ({nodes.max})")
+
+
+# -- mode: kubernetes ----------------------------------------------------------------------------
+
+
+def _kubernetes(r: _Reader, cloud: str, mode: str | None, zones: tuple[str, ...],
+                itypes: tuple[InstanceType, ...], nodes: Nodes | None, spot: Spot | None,
+                image: Any, bucket: str | None) -> KubernetesSettings | None:
+    """The `kubernetes` block (infra/k8s/settings.py holds its rules), only in that mode."""
+    raw = r.structured("kubernetes", dict)
+    if mode != "kubernetes":
+        if raw is not None:
+            r.fail("kubernetes", raw, "unset unless mode: kubernetes")
+        return None
+    return k8s_settings.parse(
+        r, raw, cloud=cloud, zones=zones,
+        gpus_per_node=itypes[0].gpu_count if itypes else None,
+        nodes_max=nodes.max if nodes else None, node_image=image,
+        spot_enabled=bool(spot and spot.enabled), spot_ratio=spot.max_price_ratio if spot else None,
+        spot_percentage=spot.on_demand_percentage if spot else None, model_bucket=bucket)
 
 
 def raw_from_pulumi_config(values: Mapping[str, Any]) -> dict[str, Any]:

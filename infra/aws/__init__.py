@@ -45,6 +45,15 @@ def resolve_image(cfg: StackConfig, opts: pulumi.InvokeOptions) -> pulumi.Output
 def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> Deployment:
     provider = aws.Provider("aws", region=cfg.region)
     opts = pulumi.ResourceOptions(provider=provider)
+    if cfg.mode == "kubernetes":  # an EKS cluster instead of a fleet (infra/aws/cluster.py)
+        from infra.aws.cluster import deploy_kubernetes
+        from infra.k8s.cost import cluster_cost
+
+        network = AwsNetwork("net", cfg, tags, opts=opts)
+        cluster, deployment = deploy_kubernetes(cfg, tags, network, partition(cfg.region), opts)
+        AwsTeardown("teardown", cfg, tags, cluster, expiry, partition(cfg.region), opts=opts,
+                    monthly_estimate_usd=cluster_cost(cfg).monthly_max_usd)
+        return deployment
     image_id = resolve_image(cfg, pulumi.InvokeOptions(provider=provider))
     network = AwsNetwork("net", cfg, tags, opts=opts)
     fleet = AwsFleet("fleet", cfg, tags, network, image_id, partition(cfg.region), opts=opts)

@@ -26,14 +26,16 @@ def test_plan_prints_tree_and_costs_for_every_stack():
     out = sh(sys.executable, "-m", "infra.plan", "--all")
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert text.count("OFFLINE PLAN (mock engine, no cloud calls) — stack") == 4
+    assert text.count("OFFLINE PLAN (mock engine, no cloud calls) — stack") == 6  # 2 k8s
     for needle in ("aws:ec2/launchTemplate:LaunchTemplate", "metadataOptions.httpTokens=required",
                    "spotPriceLimits[0].priceLimit=", "healthCheckUri=/readyz",
                    "COST ESTIMATE"):
         assert needle in text
     table = text.split("COST ESTIMATE", 1)[1]
-    for stack in ("aws-dev", "aws-prod", "alicloud-dev", "alicloud-prod"):
+    for stack in ("aws-dev", "aws-prod", "alicloud-dev", "alicloud-prod", "aws-k8s",
+                  "alicloud-k8s"):
         assert f"\n{stack} " in table
+    assert "CLUSTER COST" in table
 
 
 def test_plan_refuses_bad_config(tmp_path):
