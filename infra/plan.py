@@ -198,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {key}: {run.outputs[key]}")
         if run.outputs.get("cluster"):
             print("  kubeconfig: a secret output (`pulumi stack output --show-secrets kubeconfig`)")
+            print()
+            continue  # mode: kubernetes has pods, not an Ansible inventory
         hosts = run.outputs["inventory"]["all"]["children"]["gpu_nodes"].get("hosts") or {}
         print(f"  inventory: {len(hosts)} host(s) in group gpu_nodes"
               + ("" if hosts else " (group mode: nodes are found by tag, see discovery)"))
