@@ -54,7 +54,9 @@ SYSTEM_DISK_GB = 40
 PUBLIC_BANDWIDTH_MBPS = 100  # nodes pull images through their own address, as the fleet does
 LOG_COMPONENTS = ["apiserver", "kcm", "scheduler", "ccm", "controlplane-events"]
 LOG_TTL_DAYS = {"dev": "14", "prod": "90"}
-ADDONS = ("flannel", "csi-plugin", "csi-provisioner", "ack-node-problem-detector")
+# node-lifecycle-controller and ack-node-problem-detector: what the pools' auto repair needs.
+ADDONS = ("flannel", "csi-plugin", "csi-provisioner", "ack-node-problem-detector",
+          "node-lifecycle-controller")
 OSS_FUSE_SERVICE_ACCOUNT = "system:serviceaccount:ack-csi-fuse:csi-fuse-ossfs"
 CREDENTIAL_MINUTES = 240  # the kubeconfig Pulumi uses: temporary, re-read on every deploy
 LB_ANNOTATION = "service.beta.kubernetes.io/alibaba-cloud-loadbalancer-"

@@ -107,6 +107,8 @@ class KubernetesSettings:
 
 
 class Reader(Protocol):
+    problems: list[str]
+
     def fail(self, key: str, value: Any, allowed: str) -> None: ...
 
     def number(self, key: str, value: Any, kind: Any, lo: float | None, hi: float | None,
@@ -124,7 +126,7 @@ def parse(r: Reader, raw: dict[str, Any] | None, *, cloud: str, zones: tuple[str
                "least `image`: the runtime image built by `make image`, pushed where the "
                "cluster pulls from)")
         return None
-    bad = len(getattr(r, "problems", []))
+    before = len(r.problems)
     version = str(raw.get("version", DEFAULT_VERSION))
     if version not in KUBERNETES_VERSIONS:
         r.fail(f"{key}.version", raw.get("version"), " | ".join(KUBERNETES_VERSIONS))
@@ -163,7 +165,7 @@ def parse(r: Reader, raw: dict[str, Any] | None, *, cloud: str, zones: tuple[str
                "node groups take no spot max price (EKS refuses launch templates with instance "
                "market options); EC2 caps every spot instance at its on-demand price, which is "
                "ratio 1.0. For a lower cap use mode: group")
-    if len(getattr(r, "problems", [])) > bad or image is None or replicas is None \
+    if len(r.problems) > before or image is None or replicas is None \
             or target is None or system is None:
         return None
     return KubernetesSettings(
