@@ -21,6 +21,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from infra import catalog
 from infra.addressing import MAX_ZONES
 from infra.catalog import InstanceType
+from infra.k8s import settings as k8s_settings
+from infra.k8s.settings import KubernetesSettings
 from infra.matrix import Matrix, load_matrix
 from infra.readiness import LAUNCH_TIMEOUT_DEFAULT_S
 from infra.schedule import DAYS, Schedule
@@ -28,7 +30,8 @@ from infra.schedule import DAYS, Schedule
 NAMESPACE = "torchfleet"
 CLOUDS = ("aws", "alicloud")
 ENVS = ("dev", "prod")
-MODES = ("instances", "group")
+MODES = ("instances", "group", "kubernetes")
+POOL_MODES = ("group", "kubernetes")  # modes whose nodes come from a pool of instance types
 INTERRUPTION = {"aws": ("terminate", "stop", "hibernate"), "alicloud": ("terminate", "stop")}
 MAX_PRICE_RATIO = 1.3  # spot cap ceiling: paying more than 1.3x on-demand is never worth it
 MAX_TTL_HOURS = 24 * 30
@@ -53,7 +56,7 @@ KEYS = (
     "cloud", "env", "region", "zones", "mode", "instance_type", "gpu", "extra_instance_types",
     "nodes", "spot", "schedule", "ttl_hours", "admin_cidrs", "client_cidrs", "service_port",
     "ssh_public_key", "image", "image_distro", "cuda_profile", "disk_gb", "vpc_cidr", "owner",
-    "tags", "budget", "model_bucket", "scaling", "boot", "warm_pool",
+    "tags", "budget", "model_bucket", "scaling", "boot", "warm_pool", "kubernetes",
 )
 # Sub-keys of the structured values, for the same "unknown key" check one level down.
 SUBKEYS = {
@@ -66,6 +69,7 @@ SUBKEYS = {
     "scaling": ("requests_per_node", "queue_depth_per_node", "scale_in", "protect_from_scale_in",
                 "launch_timeout_s"),
     "warm_pool": ("enabled", "min_size", "max_prepared"),
+    "kubernetes": k8s_settings.SUBKEYS,
 }
 
 
@@ -149,6 +153,8 @@ class StackConfig:
     scaling: Scaling | None = None  # group mode only
     boot: str = "cold"  # cold: full site.yml at boot | bake: build an image first | baked: `image` is one
     warm_pool: WarmPool | None = None  # AWS group mode only
+
+    kubernetes: KubernetesSettings | None = None  # mode: kubernetes only
 
     @property
     def bootstrap_mode(self) -> str:
@@ -331,6 +337,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
 
     _cross_checks(r, cloud, env, mode, zones, nodes, spot, schedule, client)
     _fleet_checks(r, image, boot, nodes, spot, warm_pool)
+    kubernetes = _kubernetes(r, cloud, mode, zones, itypes, nodes, spot, image, bucket)
     if r.problems:
         raise ConfigError(r.problems)
     assert env and mode and itype and nodes and spot and port and distro and profile and disk
@@ -341,6 +348,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
         ssh_public_key=key.strip(), image=image, image_distro=distro, cuda_profile=profile,
         disk_gb=disk, vpc_cidr=vpc_cidr, owner=owner, tags=tags, budget=budget,
         model_bucket=bucket, scaling=scaling, boot=boot or "cold", warm_pool=warm_pool,
+        kubernetes=kubernetes,
     )
 
 
@@ -406,9 +414,10 @@ def _extra_types(r: _Reader, cloud: str, base: InstanceType | None,
         return ()
     extra = r.structured("extra_instance_types", list)
     if extra is None:
-        return tuple(catalog.same_class(base)) if mode == "group" and not single else (base,)
-    if mode != "group":
-        r.fail("extra_instance_types", extra, "only in mode: group (instances mode uses one type)")
+        return tuple(catalog.same_class(base)) if mode in POOL_MODES and not single else (base,)
+    if mode not in POOL_MODES:
+        r.fail("extra_instance_types", extra, "only in mode: group | kubernetes (instances mode "
+               "uses one type)")
         return (base,)
     if single:
         r.fail("extra_instance_types", extra, "unset with warm_pool (AWS warm pools refuse "
@@ -438,7 +447,7 @@ def _nodes(r: _Reader, mode: str | None) -> Nodes | None:
                        "an integer 0..100")
     if None in (count, lo, hi, desired):
         return None
-    if mode == "group" and not lo <= desired <= hi:
+    if mode in POOL_MODES and not lo <= desired <= hi:
         r.fail("nodes", raw, f"min <= desired <= max (got {lo} <= {desired} <= {hi})")
     return Nodes(count=count, min=lo, max=hi, desired=desired)
 
@@ -690,7 +699,7 @@ def _cross_checks(r: _Reader, cloud: str, env: str | None, mode: str | None,
             and spot.enabled and spot.interruption == "terminate"):
         r.fail("spot.interruption", spot.interruption, "stop | hibernate when a schedule stops "
                "spot instances (AWS stops only persistent spot requests that stop on interruption)")
-    if mode == "group" and nodes is not None and spot is not None and spot.enabled \
+    if mode in POOL_MODES and nodes is not None and spot is not None and spot.enabled \
             and spot.on_demand_base > nodes.max:
         r.fail("spot.on_demand_base", spot.on_demand_base, f"at most nodes.max ({nodes.max})")
 
@@ -712,6 +721,26 @@ def _fleet_checks(r: _Reader, image: Any, boot: str | None, nodes: Nodes | None,
         r.fail("warm_pool.max_prepared", warm_pool.max_prepared,
                f"at least nodes.desired and warm_pool.min_size "
                f"({max(nodes.desired, warm_pool.min_size)})")
+
+
+# -- mode: kubernetes ----------------------------------------------------------------------------
+
+
+def _kubernetes(r: _Reader, cloud: str, mode: str | None, zones: tuple[str, ...],
+                itypes: tuple[InstanceType, ...], nodes: Nodes | None, spot: Spot | None,
+                image: Any, bucket: str | None) -> KubernetesSettings | None:
+    """The `kubernetes` block (infra/k8s/settings.py holds its rules), only in that mode."""
+    raw = r.structured("kubernetes", dict)
+    if mode != "kubernetes":
+        if raw is not None:
+            r.fail("kubernetes", raw, "unset unless mode: kubernetes")
+        return None
+    return k8s_settings.parse(
+        r, raw, cloud=cloud, zones=zones,
+        gpus_per_node=itypes[0].gpu_count if itypes else None,
+        nodes_max=nodes.max if nodes else None, node_image=image,
+        spot_enabled=bool(spot and spot.enabled), spot_ratio=spot.max_price_ratio if spot else None,
+        spot_percentage=spot.on_demand_percentage if spot else None, model_bucket=bucket)
 
 
 def raw_from_pulumi_config(values: Mapping[str, Any]) -> dict[str, Any]:

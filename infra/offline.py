@@ -97,6 +97,7 @@ class OfflineMocks(pulumi.runtime.Mocks):
             out["address"] = f"198.51.100.{n}"
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             out["latestVersion"] = 1
+        out.update(_kubernetes_mode_outputs(args.typ, args.name, n))
         if args.typ.startswith("aws:"):
             out.setdefault("arn", f"arn:aws:{args.typ.split(':')[1].split('/')[0]}:::{rid}")
             out.setdefault("name", args.inputs.get("name") or f"{args.name}-name")
@@ -114,7 +115,46 @@ class OfflineMocks(pulumi.runtime.Mocks):
         if args.token == "alicloud:ecs/getImages:getImages":
             return {"id": "images", "ids": [FAKE_ALI_IMAGE],
                     "images": [{"id": FAKE_ALI_IMAGE, "name": FAKE_ALI_IMAGE}]}
+        if args.token in KUBERNETES_MODE_INVOKES:
+            return KUBERNETES_MODE_INVOKES[args.token](args.args)
         raise UnexpectedInvoke(f"the offline mocks do not answer {args.token!r}")
+
+
+# -- mode: kubernetes: what the clusters hand back ---------------------------------------------
+
+FAKE_KUBECONFIG = ('{"apiVersion": "v1", "kind": "Config", "clusters": [], "contexts": [], '
+                   '"users": []}')
+# The newest ACK patch release per minor the offline plan pretends the region offers.
+FAKE_ACK_VERSIONS = ("1.33.3-aliyun.1", "1.34.2-aliyun.1", "1.35.1-aliyun.1")
+
+
+def _kubernetes_mode_outputs(typ: str, name: str, n: int) -> dict[str, Any]:
+    if typ == "aws:eks/cluster:Cluster":
+        return {"endpoint": f"https://{n:02X}EXAMPLE.gr7.eks.example.internal",
+                "certificateAuthority": {"data": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0t"},
+                "identities": [{"oidcs": [{
+                    "issuer": f"https://oidc.eks.example.internal/id/{n:02X}EXAMPLE"}]}],
+                "vpcConfig": {"clusterSecurityGroupId": f"sg-0{n:016x}"}}
+    if typ == "aws:eks/nodeGroup:NodeGroup":
+        return {"resources": [{"autoscalingGroups": [{"name": f"eks-{name}-asg"}]}]}
+    if typ == "alicloud:cs/managedKubernetes:ManagedKubernetes":
+        return {"slbId": f"lb-{name}", "rrsaMetadata": {
+            "enabled": True, "rrsaOidcIssuerUrl": f"https://oidc-ack.example.internal/{name}",
+            "ramOidcProviderName": f"ack-rrsa-{name}",
+            "ramOidcProviderArn": f"acs:ram::123456789:oidc-provider/ack-rrsa-{name}"}}
+    if typ == "alicloud:cs/nodePool:NodePool":
+        return {"scalingGroupId": f"asg-{name}", "nodePoolId": f"np-{name}"}
+    return {}
+
+
+KUBERNETES_MODE_INVOKES = {
+    "alicloud:cs/getClusterCredential:getClusterCredential": lambda args: {
+        "id": "credential", "clusterId": args.get("clusterId"), "kubeConfig": FAKE_KUBECONFIG,
+        "certificateAuthorities": [], "expiration": "2026-03-03T10:17:00Z"},
+    "alicloud:cs/getKubernetesVersion:getKubernetesVersion": lambda args: {
+        "id": "versions", "clusterType": args.get("clusterType"),
+        "metadatas": [{"version": v, "runtimes": []} for v in FAKE_ACK_VERSIONS]},
+}
 
 
 class RecordingMonitor(MockMonitor):

@@ -21,6 +21,8 @@ from infra.offline import OfflineRun, Registered, run_offline
 
 TITLE = "OFFLINE PLAN (mock engine, no cloud calls)"
 STACKS = ("aws-dev", "aws-prod", "alicloud-dev", "alicloud-prod")
+KUBERNETES_STACKS = ("aws-k8s", "alicloud-k8s")  # mode: kubernetes (EKS, ACK)
+ALL_STACKS = STACKS + KUBERNETES_STACKS
 # Input properties worth a glance, by their (camelCase) name at any depth.
 KEY_PROPERTIES = {
     "cidrBlock", "availabilityZone", "zoneId", "instanceType", "instanceTypes", "imageId",
@@ -42,13 +44,18 @@ KEY_PROPERTIES = {
     "healthCheckType", "healthCheckTypes", "protectFromScaleIn", "strategy", "version",
     "minHealthyPercentage", "autoRollback", "poolState", "reuseOnScaleIn",
     "maxGroupPreparedCapacity", "scalingConfigurationName", "parentImage",
+    # mode: kubernetes
+    "amiType", "capacityType", "endpointPublicAccess", "publicAccessCidrs", "clusterSpec",
+    "chart", "spotPriceLimits", "loadBalancerSourceRanges", "minReplicas",
+    "maxReplicas", "terminationGracePeriodSeconds", "maxUnavailable", "averageValue",
+    "slbInternetEnabled", "nvidia.com/gpu", "image",
 }
 
 
 def load_stack_config(stack: str, path: Path | None = None) -> dict[str, Any]:
     path = path or REPO_ROOT / f"Pulumi.{stack}.yaml"
     if not path.exists():
-        raise FileNotFoundError(f"no stack file {path} (stacks: {', '.join(STACKS)})")
+        raise FileNotFoundError(f"no stack file {path} (stacks: {', '.join(ALL_STACKS)})")
     data = yaml.safe_load(path.read_text()) or {}
     values = data.get("config") or {}
     for key, value in values.items():
@@ -203,24 +210,47 @@ def bounds_rows(costs: dict[str, dict[str, Any]]) -> list[str]:
     return rows
 
 
+def cluster_rows(clusters: dict[str, dict[str, Any]]) -> list[str]:
+    """Kubernetes stacks: the fixed part (control plane, system nodes) and the GPU pool at its
+    min and max, beside the steady-size estimate above."""
+    head = (f"{'stack':<14} {'$/h control':>11} {'system':>6} {'$/h system':>10} "
+            f"{'$/h fixed':>9} {'GPU min-max':>11} {'$/h GPU min':>11} {'$/h GPU max':>11} "
+            f"{'GPU h/mo':>8} {'$/mo fixed':>10} {'$/mo at min':>11} {'$/mo at max':>11}")
+    rows = [head, "-" * len(head)]
+    for stack, c in clusters.items():
+        rows.append(
+            f"{stack:<14} {c['control_plane_usd_per_hour']:>11.3f} {c['system_nodes']:>6} "
+            f"{c['system_usd_per_hour']:>10.3f} {c['fixed_usd_per_hour']:>9.3f} "
+            f"{str(c['gpu_nodes_min']) + '-' + str(c['gpu_nodes_max']):>11} "
+            f"{c['gpu_min_usd_per_hour']:>11.3f} {c['gpu_max_usd_per_hour']:>11.3f} "
+            f"{c['gpu_hours_per_month']:>8.1f} {c['monthly_fixed_usd']:>10.2f} "
+            f"{c['monthly_min_usd']:>11.2f} {c['monthly_max_usd']:>11.2f}")
+    sources = sorted({c["price_source"] for c in clusters.values()})
+    rows += ["", "fixed = control plane + system nodes, 730 h/month (a schedule or the TTL empties "
+             "only the GPU pool; the cluster bills until `pulumi destroy`); GPU spot nodes at "
+             "their cap.", *("control plane: " + s for s in sources)]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stacks", nargs="*", default=[], metavar="STACK",
-                        help=f"stack name(s): {', '.join(STACKS)}")
+                        help=f"stack name(s): {', '.join(ALL_STACKS)}")
     parser.add_argument("--config", type=Path, help="stack file (default: Pulumi.<STACK>.yaml)")
     parser.add_argument("--all", action="store_true", help="every example stack")
     parser.add_argument("--json", action="store_true", help="outputs and resources as JSON")
     parser.add_argument("--boot", choices=BOOT_MODES,
                         help="plan with torchfleet:boot set to this (what `make bake` shows)")
     args = parser.parse_args(argv)
-    stacks = list(STACKS) if args.all else args.stacks
+    stacks = list(ALL_STACKS) if args.all else args.stacks
     if not stacks:
         parser.error("name a stack (or --all)")
     if args.config and len(stacks) != 1:
         parser.error("--config takes exactly one stack")
 
     costs: dict[str, dict[str, Any]] = {}
+    clusters: dict[str, dict[str, Any]] = {}
     for stack in stacks:
         try:
             values = load_stack_config(stack, args.config)
@@ -231,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{TITLE}: stack {stack}: {err}", file=sys.stderr)
             return 2
         costs[stack] = run.outputs["cost"]
+        if run.outputs.get("cluster_cost"):
+            clusters[stack] = run.outputs["cluster_cost"]
         if args.json:
             print(json.dumps({"stack": stack, "outputs": run.outputs, "resources": [
                 {"type": r.type, "name": r.name, "custom": r.custom, "inputs": r.inputs}
@@ -242,10 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         print("=" * 100)
         print("\n".join(render_tree(run)))
         print("\noutputs:")
-        for key in ("endpoint", "ttl_expiry", "ssh_tunnel", "discovery", "bundle_url",
-                    "bundle_version"):
+        for key in ("endpoint", "ttl_expiry", "ssh_tunnel", "discovery", "cluster",
+                    "bundle_url", "bundle_version"):
             if run.outputs.get(key) is not None:
                 print(f"  {key}: {run.outputs[key]}")
+        if run.outputs.get("cluster"):
+            print("  kubeconfig: a secret output (`pulumi stack output --show-secrets kubeconfig`)")
+            print()
+            continue  # mode: kubernetes has pods, not an Ansible inventory
         hosts = run.outputs["inventory"]["all"]["children"]["gpu_nodes"].get("hosts") or {}
         print(f"  inventory: {len(hosts)} host(s) in group gpu_nodes"
               + ("" if hosts else " (group mode: nodes are found by tag, see discovery)"))
@@ -263,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\nlaunch -> ready per boot path (infra/readiness.py: measured parts only, the "
               "rest named)")
         print("\n".join("  " + line for line in estimate_lines()))
+        if clusters:
+            print(f"\nCLUSTER COST (mode: kubernetes; {TITLE})")
+            print("\n".join(cluster_rows(clusters)))
     return 0
 
 

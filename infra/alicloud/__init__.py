@@ -39,6 +39,14 @@ def resolve_image(cfg: StackConfig, opts: pulumi.InvokeOptions) -> pulumi.Output
 def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> Deployment:
     provider = alicloud.Provider("alicloud", region=cfg.region)
     opts = pulumi.ResourceOptions(provider=provider)
+    if cfg.mode == "kubernetes":  # an ACK cluster instead of a fleet (infra/alicloud/cluster.py)
+        from infra.alicloud.cluster import deploy_kubernetes
+
+        network = AlicloudNetwork("net", cfg, tags, opts=opts)
+        cluster, deployment = deploy_kubernetes(cfg, tags, network, opts,
+                                                pulumi.InvokeOptions(provider=provider))
+        AlicloudTeardown("teardown", cfg, tags, cluster, expiry, opts=opts)
+        return deployment
     image_id = resolve_image(cfg, pulumi.InvokeOptions(provider=provider))
     network = AlicloudNetwork("net", cfg, tags, opts=opts)
     store = AlicloudBundleStore("bundle", cfg, tags, opts=opts)

@@ -37,6 +37,11 @@ class AlicloudTeardown(pulumi.ComponentResource):
             self._oos_schedules(fleet)
         if cfg.mode == "group":
             self._ess_schedules(fleet, now, expiry)
+        if cfg.mode == "kubernetes":
+            # `fleet` is the ACK cluster: its GPU node pool's ESS scaling group.
+            for pool in fleet.scaled_pools:
+                self._group_tasks(f"{name}-{pool.name}", f"{cfg.name}-{pool.name}",
+                                  pool.group_name, pool.min, pool.max, pool.desired, now, expiry)
         self.register_outputs({})
 
     def _oos_schedules(self, fleet: AlicloudFleet) -> None:
@@ -76,27 +81,34 @@ class AlicloudTeardown(pulumi.ComponentResource):
 
     def _ess_schedules(self, fleet: AlicloudFleet, now: datetime,
                        expiry: datetime | None) -> None:
-        cfg, name, child = self.cfg, self.name, self.child
+        cfg = self.cfg
+        self._group_tasks(self.name, cfg.name, fleet.group.id, cfg.nodes.min, cfg.nodes.max,
+                          cfg.nodes.desired, now, expiry)
+
+    def _group_tasks(self, name: str, task_prefix: str, group_id: pulumi.Input[str], lo: int,
+                     hi: int, desired: int, now: datetime, expiry: datetime | None) -> None:
+        """Working hours at lo/hi/desired, zero outside them and from the TTL on."""
+        cfg, child = self.cfg, self.child
         # ESS wants the first launch within 90 days; later deploys must not churn it.
         keep = pulumi.ResourceOptions.merge(
             child, pulumi.ResourceOptions(ignore_changes=["launchTime", "recurrenceEndTime"]))
         if cfg.schedule:
             s = cfg.schedule
-            plan = (("start", s.start, s.days, cfg.nodes.min, cfg.nodes.max, cfg.nodes.desired),
+            plan = (("start", s.start, s.days, lo, hi, desired),
                     ("stop", s.stop, s.stop_days, 0, 0, 0))
-            for action, at, days, lo, hi, desired in plan:
+            for action, at, days, lo_, hi_, desired_ in plan:
                 rec = ess_recurrence(s, at, days, now)
                 alicloud.ess.ScheduledTask(
-                    f"{name}-{action}", scheduled_task_name=f"{cfg.name}-{action}",
+                    f"{name}-{action}", scheduled_task_name=f"{task_prefix}-{action}",
                     description=f"working hours: {action} ({s.timezone} {at:%H:%M})",
-                    scaling_group_id=fleet.group.id, launch_time=rec.launch_time,
+                    scaling_group_id=group_id, launch_time=rec.launch_time,
                     recurrence_type="Weekly", recurrence_value=rec.weekdays,
                     recurrence_end_time=iso_utc(self.end),
-                    min_value=lo, max_value=hi, desired_capacity=desired, task_enabled=True,
+                    min_value=lo_, max_value=hi_, desired_capacity=desired_, task_enabled=True,
                     opts=keep)
         if expiry:
             alicloud.ess.ScheduledTask(
-                f"{name}-ttl", scheduled_task_name=f"{cfg.name}-ttl",
-                description="TTL: empty the group", scaling_group_id=fleet.group.id,
+                f"{name}-ttl", scheduled_task_name=f"{task_prefix}-ttl",
+                description="TTL: empty the group", scaling_group_id=group_id,
                 launch_time=iso_utc(expiry, seconds=False), min_value=0, max_value=0,
                 desired_capacity=0, task_enabled=True, opts=child)

@@ -50,8 +50,17 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
     opts = pulumi.ResourceOptions(provider=provider)
     invoke = pulumi.InvokeOptions(provider=provider)
     arn_partition = partition(cfg.region)
-    image_id = resolve_image(cfg, invoke)
     account = aws.get_caller_identity_output(opts=invoke).account_id
+    if cfg.mode == "kubernetes":  # an EKS cluster instead of a fleet (infra/aws/cluster.py)
+        from infra.aws.cluster import deploy_kubernetes
+        from infra.k8s.cost import cluster_cost
+
+        network = AwsNetwork("net", cfg, tags, opts=opts)
+        cluster, deployment = deploy_kubernetes(cfg, tags, network, arn_partition, opts)
+        AwsTeardown("teardown", cfg, tags, cluster, expiry, arn_partition, account, opts=opts,
+                    monthly_estimate_usd=cluster_cost(cfg).monthly_max_usd)
+        return deployment
+    image_id = resolve_image(cfg, invoke)
     network = AwsNetwork("net", cfg, tags, opts=opts)
     store = AwsBundleStore("bundle", cfg, tags, opts=opts)
     if cfg.boot == "bake":

@@ -37,7 +37,10 @@ def _at(when: datetime) -> str:
 class AwsTeardown(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str], fleet: AwsFleet,
                  expiry: datetime | None, arn_partition: str, account: pulumi.Input[str],
-                 opts: pulumi.ResourceOptions | None = None):
+                 opts: pulumi.ResourceOptions | None = None, *,
+                 monthly_estimate_usd: float | None = None):
+        """`monthly_estimate_usd`: the worst-case month the auto budget covers, when the
+        fleet's cost is more than infra/cost.py prices (mode: kubernetes adds its cluster)."""
         super().__init__("torchfleet:aws:Teardown", name, None, opts)
         self.child = pulumi.ResourceOptions(parent=self)
         self.cfg, self.tags, self.name = cfg, tags, name
@@ -45,8 +48,13 @@ class AwsTeardown(pulumi.ComponentResource):
             self._instance_schedules(fleet, expiry, arn_partition, account)
         if cfg.mode == "group":
             self._group_schedules(fleet, expiry)
+        if cfg.mode == "kubernetes":
+            # `fleet` is the EKS cluster: its GPU node groups' Auto Scaling groups.
+            for pool in fleet.scaled_pools:
+                self._asg_schedules(f"{name}-{pool.name}", pool.group_name, pool.min,
+                                    pool.max, pool.desired, expiry)
         if cfg.budget:
-            self._budget()
+            self._budget(monthly_estimate_usd)
         self.register_outputs({})
 
     def _instance_schedules(self, fleet: AwsFleet, expiry: datetime | None,
@@ -112,16 +120,21 @@ class AwsTeardown(pulumi.ComponentResource):
                      action_after_completion="DELETE")
 
     def _group_schedules(self, fleet: AwsFleet, expiry: datetime | None) -> None:
-        cfg, name, child = self.cfg, self.name, self.child
-        group = fleet.group.name
+        cfg = self.cfg
+        self._asg_schedules(self.name, fleet.group.name, cfg.nodes.min, cfg.nodes.max,
+                            cfg.nodes.desired, expiry)
+
+    def _asg_schedules(self, name: str, group: pulumi.Input[str], lo: int, hi: int,
+                       desired: int, expiry: datetime | None) -> None:
+        """Working hours at lo/hi/desired, zero outside them and from the TTL on."""
+        cfg, child = self.cfg, self.child
         end = iso_utc(expiry) if expiry else None
         if cfg.schedule:
             s = cfg.schedule
             aws.autoscaling.Schedule(
                 f"{name}-start", autoscaling_group_name=group, scheduled_action_name="work-start",
                 recurrence=unix_cron(s.start, s.days), time_zone=s.timezone,
-                min_size=cfg.nodes.min, max_size=cfg.nodes.max,
-                desired_capacity=cfg.nodes.desired, end_time=end, opts=child)
+                min_size=lo, max_size=hi, desired_capacity=desired, end_time=end, opts=child)
             aws.autoscaling.Schedule(
                 f"{name}-stop", autoscaling_group_name=group, scheduled_action_name="work-stop",
                 recurrence=unix_cron(s.stop, s.stop_days), time_zone=s.timezone,
@@ -132,13 +145,14 @@ class AwsTeardown(pulumi.ComponentResource):
                 start_time=iso_utc(expiry), min_size=0, max_size=0, desired_capacity=0,
                 opts=child)
 
-    def _budget(self) -> None:
+    def _budget(self, monthly_estimate_usd: float | None = None) -> None:
         cfg = self.cfg
         assert cfg.budget is not None
         # auto: the worst case at the largest size scaling may reach, plus 10 %.
-        cost = estimate(cfg)
-        limit = cfg.budget.monthly_usd or max(
-            1.0, math.ceil((cost.monthly_worst_at_max_usd + cost.warm_pool_usd_per_month) * 1.1))
+        if monthly_estimate_usd is None:
+            cost = estimate(cfg)
+            monthly_estimate_usd = cost.monthly_worst_at_max_usd + cost.warm_pool_usd_per_month
+        limit = cfg.budget.monthly_usd or max(1.0, math.ceil(monthly_estimate_usd * 1.1))
         notify = [
             aws.budgets.BudgetNotificationArgs(
                 comparison_operator="GREATER_THAN", threshold=cfg.budget.threshold_percent,

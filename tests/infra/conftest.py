@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,6 @@ from infra.plan import STACKS
 REPO = Path(__file__).resolve().parents[2]
 PINNED_NOW = "2026-03-02T10:17:00Z"  # a Monday
 os.environ["TORCHFLEET_NOW"] = PINNED_NOW  # the program reads the clock when it runs
-sys.path.insert(0, str(Path(__file__).parent))
-import standin_node  # noqa: E402  (fleet-node's modules, until this branch carries them)
-
-standin_node.install()
 
 
 def stack_values(stack: str) -> dict[str, Any]:

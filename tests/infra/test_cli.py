@@ -22,27 +22,22 @@ def sh(*args: str, cwd: Path = REPO, stdin: str | None = None) -> subprocess.Com
                           timeout=300)
 
 
-# `python -m infra.plan ARGS`, with fleet-node's modules stood in until this branch has them.
-STANDIN = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-           "import standin_node; standin_node.install()")
-
-
 def plan(*args: str) -> subprocess.CompletedProcess:
-    return sh(sys.executable, "-c", STANDIN + "; import runpy; sys.argv[0] = 'infra.plan'; "
-              "runpy.run_module('infra.plan', run_name='__main__')", *args)
+    return sh(sys.executable, "-m", "infra.plan", *args)
 
 
 def test_plan_prints_tree_and_costs_for_every_stack():
     out = plan("--all")
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert text.count("OFFLINE PLAN (mock engine, no cloud calls) — stack") == 4
+    assert text.count("OFFLINE PLAN (mock engine, no cloud calls) — stack") == 6  # 2 k8s
     for needle in ("aws:ec2/launchTemplate:LaunchTemplate", "metadataOptions.httpTokens=required",
                    "spotPriceLimits[0].priceLimit=", "healthCheckUri=/readyz",
                    "COST ESTIMATE"):
         assert needle in text
     table = text.split("COST ESTIMATE", 1)[1]
-    for stack in ("aws-dev", "aws-prod", "alicloud-dev", "alicloud-prod"):
+    for stack in ("aws-dev", "aws-prod", "alicloud-dev", "alicloud-prod", "aws-k8s",
+                  "alicloud-k8s"):
         assert f"\n{stack} " in table
     # the prod stacks' hooks and load policies, and the cost at the scaling bounds
     for needle in ("hook torchfleet-launch: autoscaling:EC2_INSTANCE_LAUNCHING, ABANDON",
@@ -55,6 +50,7 @@ def test_plan_prints_tree_and_costs_for_every_stack():
     bounds = table.split("at the scaling bounds", 1)[1]
     row = next(line for line in bounds.splitlines() if line.startswith("aws-prod "))
     assert row.split()[1:3] == ["2", "8"]  # min and max nodes, each with its monthly cost
+    assert "CLUSTER COST" in table
 
 
 def test_plan_refuses_bad_config(tmp_path):
@@ -81,7 +77,6 @@ def test_plan_json_lists_resources():
 PULUMI_STYLE = """
 import runpy, sys, pulumi
 sys.path[:] = [p for p in sys.path if p not in ('', {repo!r})]
-{standin}
 from pulumi.runtime.mocks import MockMonitor
 class M(pulumi.runtime.Mocks):
     def new_resource(self, args):
@@ -105,7 +100,7 @@ def test_pulumi_runs_the_directory_program(tmp_path):
     values = yaml.safe_load((REPO / "Pulumi.aws-dev.yaml").read_text())["config"]
     config = {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
     script = tmp_path / "pulumi_style.py"
-    script.write_text(PULUMI_STYLE.format(repo=str(REPO), config=config, standin=STANDIN))
+    script.write_text(PULUMI_STYLE.format(repo=str(REPO), config=config))
     env = {k: v for k, v in ENV.items() if k != "PYTHONPATH"}  # as Pulumi would: no repo path
     out = subprocess.run([sys.executable, str(script)], cwd=REPO / "infra", env=env,
                          capture_output=True, text=True, timeout=300)

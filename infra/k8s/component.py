@@ -1,0 +1,118 @@
+"""The component that puts the runtime on a cluster: Helm releases first, then the runtime's
+manifests (workload.py), all through one pulumi_kubernetes provider built from the cluster's
+kubeconfig.
+
+Order: the add-on namespace, the Helm releases (each in the namespace its chart expects), the
+runtime namespace, its service account and model volume, the Deployment (after the device
+plugin: without it no node offers nvidia.com/gpu), its Service and PDB, and the HPA (after the
+Prometheus adapter that serves its metric). A Deployment may take minutes to warm, so the
+provider waits for it longer than its default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.config import StackConfig
+from infra.k8s import addons, workload
+from infra.k8s.addons import Release
+from infra.k8s.workload import Placement
+
+# pulumi_kubernetes class per (apiVersion, kind) of the manifests this mode registers.
+KINDS = {
+    ("v1", "Namespace"): k8s.core.v1.Namespace,
+    ("v1", "ServiceAccount"): k8s.core.v1.ServiceAccount,
+    ("v1", "PersistentVolume"): k8s.core.v1.PersistentVolume,
+    ("v1", "PersistentVolumeClaim"): k8s.core.v1.PersistentVolumeClaim,
+    ("v1", "Service"): k8s.core.v1.Service,
+    ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
+    ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): k8s.autoscaling.v2.HorizontalPodAutoscaler,
+}
+# The rollout waits for warm-up: the startup budget plus image pull and scheduling.
+DEPLOYMENT_TIMEOUT_S = workload.STARTUP_BUDGET_S + 600
+RELEASE_TIMEOUT_S = 900
+_ARGS = {"metadata": "metadata", "spec": "spec",
+         "automountServiceAccountToken": "automount_service_account_token"}
+
+
+def register(name: str, manifest: dict[str, Any], opts: pulumi.ResourceOptions) -> Any:
+    """One manifest as its pulumi_kubernetes resource, fields passed through unchanged."""
+    cls = KINDS[(manifest["apiVersion"], manifest["kind"])]
+    args = {_ARGS[k]: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
+    return cls(name, **args, opts=opts)
+
+
+def addon_namespace() -> dict[str, Any]:
+    # Third-party charts do not all meet `restricted`; `baseline` still refuses host access.
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": addons.ADDON_NAMESPACE, "labels": {
+            "app.kubernetes.io/part-of": "torchfleet",
+            "pod-security.kubernetes.io/enforce": "baseline",
+            "pod-security.kubernetes.io/warn": "restricted"}}}
+
+
+class KubernetesApp(pulumi.ComponentResource):
+    def __init__(self, name: str, cfg: StackConfig, kubeconfig: pulumi.Input[str],
+                 placement: Placement, releases: Sequence[Release],
+                 volumes: Sequence[dict[str, Any]] = (),
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("torchfleet:k8s:App", name, None, opts)
+        assert cfg.kubernetes
+        self.provider = k8s.Provider(
+            f"{name}-provider", kubeconfig=kubeconfig, enable_server_side_apply=True,
+            opts=pulumi.ResourceOptions(parent=self))
+        child = pulumi.ResourceOptions(parent=self, provider=self.provider)
+
+        def after(*deps: pulumi.Resource) -> pulumi.ResourceOptions:
+            return pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+                depends_on=[d for d in deps if d is not None]))
+
+        system_ns = register(f"{name}-ns-system", addon_namespace(), child)
+        self.releases: dict[str, k8s.helm.v3.Release] = {}
+        for spec in releases:
+            self.releases[spec.key] = self._release(name, spec, after(system_ns))
+
+        ns = register(f"{name}-ns", workload.namespace(cfg), child)
+        account = register(f"{name}-sa", workload.service_account(cfg, placement), after(ns))
+        claims = []
+        for i, volume in enumerate(volumes):
+            claims.append(register(f"{name}-model-pv-{i}", volume, child))
+        if placement.model_claim:
+            claims.append(register(f"{name}-model-pvc", workload.model_claim(
+                cfg, volumes[0]["metadata"]["name"]), after(ns, *claims)))
+
+        manifest = workload.deployment(cfg, placement)
+        manifest["metadata"]["annotations"] = {"pulumi.com/timeoutSeconds":
+                                               str(DEPLOYMENT_TIMEOUT_S)}
+        self.deployment = register(f"{name}-deployment", manifest, after(
+            ns, account, *claims, self.releases.get("device_plugin")))
+        self.service = register(f"{name}-service", workload.service(cfg, placement), after(ns))
+        register(f"{name}-pdb", workload.disruption_budget(cfg), after(ns))
+        register(f"{name}-hpa", workload.autoscaler(cfg), after(
+            self.deployment, self.releases.get("prometheus_adapter")))
+        self.register_outputs({})
+
+    def _release(self, name: str, spec: Release, opts: pulumi.ResourceOptions
+                 ) -> k8s.helm.v3.Release:
+        chart = spec.chart
+        repo = None if chart.oci else k8s.helm.v3.RepositoryOptsArgs(repo=chart.repo)
+        return k8s.helm.v3.Release(
+            f"{name}-{spec.key.replace('_', '-')}",
+            name=chart.name, chart=f"{chart.repo}/{chart.name}" if chart.oci else chart.name,
+            version=chart.version, repository_opts=repo, namespace=spec.namespace,
+            values=spec.values, atomic=True, cleanup_on_fail=True, max_history=5,
+            timeout=RELEASE_TIMEOUT_S, opts=opts)
+
+
+def lb_endpoint(status: Any) -> str:
+    """The Service's load-balancer address once the cloud has assigned one."""
+    try:
+        ingress = status.load_balancer.ingress[0]
+        return f"http://{ingress.hostname or ingress.ip}/"
+    except (AttributeError, IndexError, TypeError):
+        return "pending (the load balancer gets its address when the Service is created)"
