@@ -18,6 +18,8 @@ from datetime import time
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from torchfleet_runtime import matrix as compat
+
 from infra import catalog
 from infra.addressing import MAX_ZONES
 from infra.catalog import InstanceType
@@ -318,7 +320,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
         r.fail("image", image, "auto | an image id" + (" (ami-...)" if cloud == "aws" else ""))
     distro = r.choice("image_distro", r.get("image_distro", "ubuntu-22.04"), tuple(matrix.distros))
 
-    profile = _cuda_profile(r, matrix, itype)
+    profile = _cuda_profile(r, matrix, itype, distro if mode != "kubernetes" else None)
     min_disk = matrix.min_free_disk_gb + MIN_DISK_OVERHEAD_GB
     disk = r.number("disk_gb", r.get("disk_gb", 100), int, min_disk, 16384,
                     f"an integer number of GiB in {min_disk}..16384 (the matrix asks for "
@@ -618,23 +620,36 @@ def _ttl(r: _Reader, env: str | None, mode: str | None) -> float | None:
                     "30 minutes ahead)")
 
 
-def _cuda_profile(r: _Reader, matrix: Matrix, itype: InstanceType | None) -> str | None:
-    profile = r.get("cuda_profile", matrix.default_profile)
-    if profile not in matrix.profiles:
-        r.fail("cuda_profile", profile, "a profile of compat/matrix.yml: "
+def _cuda_profile(r: _Reader, matrix: Matrix, itype: InstanceType | None,
+                  distro: str | None) -> str | None:
+    """The profile, judged by the matrix's own rules (torchfleet_runtime.matrix, as preflight and
+    `check` judge a node): it must drive the instance type's GPU and, where the stack names the
+    node's distro (not in mode: kubernetes, whose nodes run the runtime image), support that
+    distro's Python."""
+    try:
+        profile = matrix.profile(r.get("cuda_profile"), "cuda_profile")
+    except compat.MatrixError:
+        r.fail("cuda_profile", r.get("cuda_profile"), "a profile of compat/matrix.yml: "
                + ", ".join(matrix.profiles))
         return None
-    if itype is None:
-        return profile
-    cc = itype.compute_capability
-    if not matrix.can_drive(profile, cc):
-        good = matrix.profiles_for(cc)
-        reach = matrix.profiles[profile].get("max_compute_capability") or "no GPU"
-        r.fail("cuda_profile", profile,
-               f"a profile that drives {itype.gpu_model} on {itype.name} (compute capability "
-               f"{cc}, {itype.gpu.arch}; {profile} reaches {reach}): " + ", ".join(good))
-        return None
-    return profile
+    ok = True
+    if distro is not None:
+        verdict = compat.python_verdict(matrix, profile, matrix.distros[distro].python)
+        if not verdict.ok:
+            ok = False
+            r.fail("cuda_profile", profile.name,
+                   f"a profile for {distro}'s Python {matrix.distros[distro].python} "
+                   f"({verdict.reason}): {', '.join(verdict.profiles)}; or an image_distro "
+                   f"{profile.name} supports: {', '.join(verdict.distros) or 'none'}")
+    if itype is not None:
+        gpu = compat.resolve_gpu(matrix, declared_model=itype.gpu_model)
+        verdict = compat.gpu_verdict(matrix, profile, gpu)
+        if not verdict.ok:
+            ok = False
+            r.fail("cuda_profile", profile.name,
+                   f"a profile that drives the {itype.gpu_model} of {itype.name} ({itype.gpu.arch}; "
+                   f"{verdict.reason}): {', '.join(verdict.profiles)}")
+    return profile.name if ok else None
 
 
 def _vpc_cidr(r: _Reader, zones: int) -> str:

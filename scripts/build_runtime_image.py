@@ -44,7 +44,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from infra.matrix import Matrix, load_matrix, matrix_path  # noqa: E402
+from infra.matrix import Matrix, MatrixError, load_matrix, matrix_path  # noqa: E402
 
 CONTAINERFILE = REPO / "runtime" / "Containerfile"
 CONTAINER_FILES = REPO / "runtime" / "container"
@@ -63,18 +63,21 @@ class BuildError(Exception):
 
 
 def default_base(matrix: Matrix, profile: str) -> str:
-    prof = matrix.profiles[profile]
-    pythons = {str(p) for p in prof.get("pythons") or []}
-    if prof.get("toolkit_version"):
-        repos = set(prof.get("toolkit_repos") or [])
-        for name, distro in matrix.distros.items():
-            if name.startswith("ubuntu-") and distro["cuda_repo"] in repos and str(distro["python"]) in pythons:
-                return CUDA_IMAGE.format(toolkit=prof["toolkit_version"], release=name.split("-", 1)[1])
+    """The base image a node of this profile would be: an NVIDIA CUDA image of an Ubuntu whose
+    repository has the profile's toolkit and whose Python the profile's torch supports (the
+    matrix's own rules), or a slim Debian for a CPU profile."""
+    prof = matrix.profile(profile)
+    hosts = [matrix.distros[name] for name in matrix.distros_for(prof)]
+    pythons = ", ".join(prof.pythons)
+    if prof.toolkit_version:
+        for distro in hosts:
+            if distro.name.startswith("ubuntu-") and matrix.toolkit_from_repo(prof, distro.name):
+                return CUDA_IMAGE.format(toolkit=prof.toolkit_version, release=distro.name.split("-", 1)[1])
         raise BuildError(f"profile {profile}: no Ubuntu in compat/matrix.yml has its toolkit packages "
-                         f"and one of its Pythons ({', '.join(sorted(pythons))}); pass --base")
-    for name, distro in matrix.distros.items():
-        if name.startswith("debian-") and str(distro["python"]) in pythons:
-            return CPU_IMAGE.format(release=name.split("-", 1)[1])
+                         f"and one of its Pythons ({pythons}); pass --base")
+    for distro in hosts:
+        if distro.name.startswith("debian-"):
+            return CPU_IMAGE.format(release=distro.name.split("-", 1)[1])
     raise BuildError(f"profile {profile}: no Debian in compat/matrix.yml has one of its Pythons; pass --base")
 
 
@@ -99,11 +102,12 @@ def pytorch_pins(profile: dict[str, Any], torch: str | None = None, torchvision:
 
 
 def build_args(opts: argparse.Namespace, matrix: Matrix) -> dict[str, str]:
-    profile = opts.profile or matrix.default_profile
-    if profile not in matrix.profiles:
-        raise BuildError(f"--profile {profile!r} is not in {matrix_path()}; allowed: {', '.join(matrix.profiles)}")
+    try:
+        profile = matrix.profile(opts.profile, "--profile").name
+    except MatrixError as err:
+        raise BuildError(str(err)) from err
     args = {"BASE": opts.base or default_base(matrix, profile), "CUDA_PROFILE": profile}
-    args.update(pytorch_pins(matrix.profiles[profile], opts.torch, opts.torchvision))
+    args.update(pytorch_pins(matrix.profiles[profile].as_dict(), opts.torch, opts.torchvision))
     if opts.wheel_index is not None:
         args["WHEEL_INDEX"] = opts.wheel_index
     args["INDEX_URL"] = opts.index_url or ""

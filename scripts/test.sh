@@ -10,8 +10,8 @@ part=${1:-all}
 run_lint() {
   echo "== ruff"
   ruff check .
-  echo "== runtime/ parses as Python 3.8"
-  python scripts/check_py38.py runtime/src
+  echo "== runtime/ and the preflight probe (node code) parse as Python 3.8"
+  python scripts/check_py38.py runtime/src roles/preflight/library
   if [ -d roles ] && compgen -G "roles/*/tasks" >/dev/null; then
     echo "== ansible-lint (production profile)"
     ansible-lint --profile production playbooks roles

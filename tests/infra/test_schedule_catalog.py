@@ -88,4 +88,4 @@ def test_profiles_for_each_architecture():
     m = load_matrix()
     assert "cu116" in m.profiles_for("8.6") and "cu116" not in m.profiles_for("8.9")
     assert m.profiles_for("9.0") == ["cu118", "cu121"]
-    assert not m.can_drive("cpu", "7.5")
+    assert "cpu" not in m.profiles_for("7.5")

@@ -1,8 +1,9 @@
-"""The preflight probe and the GPU textfile exporter, run as real processes on fake trees.
+"""The preflight probe (an Ansible module) and the GPU textfile exporter, run for real on fake trees.
 
-Both scripts ship to nodes (roles/preflight/files, roles/gpu_monitoring/files); these tests
-run them with this interpreter against a fake sysfs/dev/proc/apt tree and a fake nvidia-smi,
-the GPU states a CI box without a GPU cannot show.
+Both ship to nodes (roles/preflight/library + module_utils, roles/gpu_monitoring/files); these
+tests run them against a fake sysfs/dev/proc/apt tree and a fake nvidia-smi/lspci, the GPU
+states a CI box without a GPU cannot show. The probe runs through `ansible -m torchfleet_probe`
+with the role's library and module_utils, the way the role ships it to a node.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
-PROBE = ROOT / "roles/preflight/files/torchfleet_probe.py"
+ROLE = ROOT / "roles/preflight"
 EXPORTER = ROOT / "roles/gpu_monitoring/files/torchfleet_gpu_textfile.py"
-MODELS = "V100,T4,A100,A100-80G,A10G,A10,L4,L40S,H100,H200"
+MATRIX = yaml.safe_load((ROOT / "compat/matrix.yml").read_text())
+KERNEL = "6.1.0-18-cloud-amd64"
 
 
 def fake_pci(root: Path, address: str, vendor: str, klass: str, device: str) -> None:
@@ -35,35 +39,49 @@ def fake_bin(bindir: Path, name: str, script: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def run_probe(root: Path, bindir: Path | None = None) -> dict:
-    env = {"PATH": f"{bindir}:/usr/bin:/bin" if bindir else "/nonexistent"}
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(PROBE),
-            "--models",
-            MODELS,
-            "--install-root",
-            str(root / "opt/x"),
-            "--sysfs-root",
-            str(root / "sys"),
-            "--dev-root",
-            str(root / "dev"),
-            "--proc-root",
-            str(root / "proc"),
-            "--modules-root",
-            str(root / "lib/modules"),
-            "--apt-root",
-            str(root / "etc/apt"),
-            "--kernel",
-            "6.1.0-18-cloud-amd64",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-    ).stdout
-    return json.loads(out)
+def run_probe(root: Path, bindir: Path | None = None, **params) -> dict:
+    """The module's result for a node that is the fake tree under `root`."""
+    args = {
+        "matrix": MATRIX,
+        "min_free_disk_gb": 0,  # this box's free disk is not the subject (the rule is tested in runtime)
+        "install_root": str(root / "opt/x"),
+        "roots": {
+            "sysfs": str(root / "sys"),
+            "dev": str(root / "dev"),
+            "proc": str(root / "proc"),
+            "modules": str(root / "lib/modules"),
+            "apt": str(root / "etc/apt"),
+            "apt_lists": str(root / "var/lib/apt/lists"),
+            "os_release": str(root / "etc/os-release"),
+            "kernel": KERNEL,
+        },
+        **params,
+    }
+    os_release = root / "etc/os-release"
+    if not os_release.exists():
+        os_release.parent.mkdir(parents=True, exist_ok=True)
+        os_release.write_text('ID=debian\nVERSION_ID="12"\n')
+    path = f"{bindir}:" if bindir else ""
+    env = {
+        "PATH": f"{path}{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": str(root),
+        "ANSIBLE_LIBRARY": str(ROLE / "library"),
+        "ANSIBLE_MODULE_UTILS": str(ROLE / "module_utils"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "json",
+        "ANSIBLE_LOCAL_TEMP": str(root / ".ansible-tmp"),
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-i",
+         "localhost,", "-e", f"ansible_python_interpreter={sys.executable}",
+         "-m", "torchfleet_probe", "-a", json.dumps(args)],
+        capture_output=True, text=True, check=False, env=env, cwd=root,
+    )
+    try:
+        result = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    except (ValueError, KeyError, IndexError):
+        raise AssertionError(f"ansible failed ({done.returncode}):\n{done.stdout}\n{done.stderr}") from None
+    return result
 
 
 def test_probe_without_gpu_reports_none_and_reads_mirror(tmp_path: Path) -> None:
@@ -75,17 +93,27 @@ def test_probe_without_gpu_reports_none_and_reads_mirror(tmp_path: Path) -> None
     (tmp_path / "etc/apt/sources.list.d/debian.sources").write_text(
         "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\nComponents: main\n"
     )
-    report = run_probe(tmp_path)
+    result = run_probe(tmp_path, profile="cpu")
+    report = result["probe"]
+    assert result["changed"] is False and result["problems"] == []
     assert report["gpu"]["present"] is False
     assert report["gpu"]["pci"] == []
-    assert report["apt_mirror"] == "http://mirror.example/debian"
     assert report["kernel"]["headers_present"] is False
     # /opt/x does not exist: free disk is measured on its nearest existing parent.
     assert report["disk"]["checked_path"] == str(tmp_path / "opt")
     assert report["disk"]["free_bytes"] > 0
+    facts = result["facts"]
+    # the contract facts later roles read (nvidia_driver takes the mirror from here)
+    assert facts["torchfleet_apt_mirror"] == "http://mirror.example/debian"
+    assert facts["torchfleet_distro"] == "debian-12"
+    assert facts["torchfleet_cuda_repo"] == "debian12"
+    assert facts["torchfleet_python_version"] == "{}.{}".format(*sys.version_info[:2])
+    assert facts["torchfleet_gpu_present"] is False
+    assert facts["torchfleet_profile"] == {k: v for k, v in MATRIX["profiles"]["cpu"].items()}
+    assert result["packages"] == {"pciutils": False, "refresh_lists": False, "cache_valid_time": 0}
 
 
-def test_probe_names_gpu_with_lspci_and_reads_loaded_driver(tmp_path: Path) -> None:
+def test_probe_names_gpu_with_lspci_and_refuses_a_profile_that_cannot_drive_it(tmp_path: Path) -> None:
     fake_pci(tmp_path, "0000:00:1e.0", "0x10de", "0x030200", "0x2330")
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev/nvidia0").write_text("")
@@ -94,23 +122,32 @@ def test_probe_names_gpu_with_lspci_and_reads_loaded_driver(tmp_path: Path) -> N
     (tmp_path / "proc/driver/nvidia/version").write_text(
         "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  535.104.05  Release Build\n"
     )
-    (tmp_path / "lib/modules/6.1.0-18-cloud-amd64/build").mkdir(parents=True)
+    (tmp_path / "lib/modules" / KERNEL / "build").mkdir(parents=True)
     bindir = tmp_path / "bin"
     fake_bin(
         bindir,
         "lspci",
-        'echo \'00:1e.0 "3D controller" "NVIDIA Corporation" '
-        '"GH100 [H100 SXM5 80GB HBM3]" -ra1 "NVIDIA Corporation" "Device 16c1"\'\n',
+        "echo '00:1e.0 \"3D controller\" \"NVIDIA Corporation\" "
+        "\"GH100 [H100 SXM5 80GB HBM3]\" -ra1 \"NVIDIA Corporation\" \"Device 16c1\"'\n",
     )
-    report = run_probe(tmp_path, bindir)
-    gpu = report["gpu"]
+    # this interpreter's Python is not the subject here
+    result = run_probe(tmp_path, bindir, profile="cu116", check_python=False)
+    gpu = result["probe"]["gpu"]
     assert gpu["present"] is True
     assert gpu["device_files"] == ["/dev/nvidia0"]
     assert gpu["driver_loaded_version"] == "535.104.05"
     assert [(g["device_id"], g["name"], g["model"]) for g in gpu["pci"]] == [
         ("0x2330", "GH100 [H100 SXM5 80GB HBM3]", "H100")
     ]
-    assert report["kernel"]["headers_present"] is True
+    assert result["probe"]["kernel"]["headers_present"] is True
+    assert result["facts"]["torchfleet_gpu_model"] == "H100"
+    assert result["facts"]["torchfleet_compute_capability"] == "9.0"
+    assert result["rules"]["gpu"] is False
+    assert result["problems"] == [
+        "cu116 cannot drive H100 (compute 9.0 > 8.7): set torchfleet_cuda_profile to cu118 or cu121"
+    ]
+    # the same node under a profile that drives Hopper passes
+    assert run_probe(tmp_path, bindir, profile="cu121", check_python=False)["problems"] == []
 
 
 def test_probe_prefers_nvidia_smi_and_falls_back_without_compute_cap(tmp_path: Path) -> None:
@@ -123,31 +160,53 @@ def test_probe_prefers_nvidia_smi_and_falls_back_without_compute_cap(tmp_path: P
         'case "$1" in *compute_cap*) exit 2;; esac\n'
         'echo "NVIDIA A100-SXM4-80GB, 470.82.01, 81920, 00000000:00:1E.0"\n',
     )
-    report = run_probe(tmp_path, bindir)
-    (smi,) = report["gpu"]["nvidia_smi"]
+    result = run_probe(tmp_path, bindir, profile="cu116", gpu_model="T4",
+                       check_kernel_headers=False, check_python=False)
+    (smi,) = result["probe"]["gpu"]["nvidia_smi"]
     assert smi["model"] == "A100-80G"
     assert smi["compute_capability"] is None
     assert smi["driver_version"] == "470.82.01"
+    # no lspci on this node: the role is asked to install pciutils
+    assert result["packages"]["pciutils"] is True
+    assert result["problems"] == [
+        "the inventory declares torchfleet_gpu_model=T4 but this node has A100-80G (nvidia-smi): "
+        "fix the inventory (or infra's instance type), or set preflight_check_gpu_model_match=false"
+    ]
 
 
-def test_model_matching_respects_token_boundaries() -> None:
-    sys.path.insert(0, str(PROBE.parent))
-    try:
-        import torchfleet_probe as probe
-    finally:
-        sys.path.pop(0)
-    models = MODELS.split(",")
-    cases = {
-        "NVIDIA A10G": "A10G",
-        "GA102GL [A10]": "A10",
-        "NVIDIA L40S": "L40S",
-        "NVIDIA L4": "L4",
-        "TU104GL [Tesla T4]": "T4",
-        "GA100 [A100 SXM4 40GB]": "A100",
-        "NVIDIA H200": "H200",
-        "Device 2330": None,
-    }
-    assert {name: probe.match_model(name, models) for name in cases} == cases
+def test_probe_reports_every_bad_input_at_once(tmp_path: Path) -> None:
+    result = run_probe(tmp_path, profile="cu999", gpu_model="K80", compute_capability="eight",
+                       min_free_disk_gb=-1)
+    assert result["failed"] is True
+    msg = result["msg"]
+    for part in ("(1) torchfleet_cuda_profile=cu999 is not a profile of compat/matrix.yml; "
+                 "allowed: cu116, cu118, cu121, cpu",
+                 "(2) torchfleet_gpu_model=K80 is not in the matrix gpus; allowed: V100,",
+                 "(3) torchfleet_compute_capability=eight is not a compute capability",
+                 "(4) preflight_min_free_disk_gb=-1.0 is invalid"):
+        assert part in msg
+
+
+def test_probe_refuses_a_matrix_that_breaks_the_schema(tmp_path: Path) -> None:
+    broken = json.loads(json.dumps(MATRIX))
+    broken["profiles"]["cu116"]["pythons"] = [3.1]  # YAML's reading of an unquoted 3.10
+    del broken["gpus"]["T4"]["arch"]
+    result = run_probe(tmp_path, matrix=broken)
+    assert result["failed"] is True
+    assert "profiles.cu116.pythons[0] = 3.1 is invalid" in result["msg"]
+    assert "in quotes" in result["msg"]
+    assert "gpus.T4.arch = '(missing)'" in result["msg"]
+
+
+def test_the_role_ships_the_runtime_matrix_module_itself() -> None:
+    # One source: the module_utils file is a link to the runtime's module, not a copy.
+    shipped = ROLE / "module_utils/torchfleet_matrix.py"
+    assert shipped.is_symlink()
+    assert shipped.resolve() == (ROOT / "runtime/src/torchfleet_runtime/matrix.py").resolve()
+    # the node bundle walks roles/ and stores the link's content (a node gets the file)
+    from infra.bundle import _files
+
+    assert shipped in set(_files(ROOT / "roles"))
 
 
 def run_exporter(tmp_path: Path, smi_script: str) -> tuple[int, str]:

@@ -14,19 +14,21 @@ from pathlib import Path
 import pytest
 import yaml
 from torchfleet_runtime import envcheck
+from torchfleet_runtime import matrix as compat
 from torchfleet_runtime.envcheck import (
-    FAIL,
-    OK,
     SKIP,
-    WARN,
     CheckError,
     Gpu,
     HostFacts,
     Options,
-    arch_coverage,
     evaluate,
     format_cudnn,
-    min_driver_for,
+)
+from torchfleet_runtime.matrix import (
+    FAIL,
+    OK,
+    WARN,
+    arch_coverage,
     parse_version,
     python_in,
     torch_matches,
@@ -36,37 +38,53 @@ from torchfleet_runtime.envcheck import (
 REPO = Path(__file__).resolve().parents[2]
 
 # A small matrix of the same shape as compat/matrix.yml, so tests do not depend on its values.
-MATRIX = {
+NO_TOOLKIT = {"toolkit_version": None, "torchvision": None, "runfile": None, "toolkit_repos": [],
+              "toolkit_package": None}
+MATRIX_DATA = {
     "default_profile": "cu116",
     "min_free_disk_gb": 20,
     "profiles": {
         "cu116": {
+            **NO_TOOLKIT,
             "cuda": "11.6",
             "min_driver": "510.47.03",
             "torch": "1.12.1+cu116",
+            "wheel_index": "https://download.pytorch.org/whl/cu116",
             "pythons": ["3.8", "3.9", "3.10"],
             "compute_capabilities": ["7.0", "7.5", "8.0", "8.6"],
             "max_compute_capability": "8.7",
         },
         "cu121": {
+            **NO_TOOLKIT,
             "cuda": "12.1",
             "min_driver": "530.30.02",
             "torch": "2.3.1+cu121",
+            "wheel_index": "https://download.pytorch.org/whl/cu121",
             "pythons": ["3.8", "3.9", "3.10", "3.11"],
             "compute_capabilities": ["7.0", "7.5", "8.0", "8.6", "9.0"],
             "max_compute_capability": "9.0",
         },
         "cpu": {
+            **NO_TOOLKIT,
             "cuda": None,
             "min_driver": None,
             "torch": "2.13.0",
+            "wheel_index": None,
             "pythons": ["3.10", "3.11"],
             "compute_capabilities": [],
             "max_compute_capability": None,
         },
     },
-    "gpus": {"A10G": {"compute_capability": "8.6"}, "H100": {"compute_capability": "9.0"}},
+    "gpus": {
+        "A10G": {"compute_capability": "8.6", "arch": "ampere", "memory_gib": 24},
+        "H100": {"compute_capability": "9.0", "arch": "hopper", "memory_gib": 80},
+    },
+    "distros": {
+        "debian-11": {"python": "3.9", "cuda_repo": "debian11", "driver_source": "cuda_repo"},
+        "debian-12": {"python": "3.11", "cuda_repo": "debian12", "driver_source": "distro"},
+    },
 }
+MATRIX = compat.parse(MATRIX_DATA, "test-matrix.yml")
 
 CU116_ARCHES = ["sm_37", "sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86"]
 
@@ -83,6 +101,7 @@ def gpu_facts(**changes) -> HostFacts:
         driver_version="535.104.05",
         driver_source="nvidia-smi",
         gpus=[Gpu(0, "NVIDIA A10G", "8.6")],
+        distro="debian-11",
         disk_path="/",
         disk_free_bytes=100 * 10**9,
         mem_total_bytes=32 << 30,
@@ -175,10 +194,10 @@ def test_arch_coverage(cap, arches, status):
 
 
 def test_min_driver_exact_and_lower_bound():
-    assert min_driver_for("11.6", MATRIX) == ("510.47.03", True)
+    assert compat.min_driver_for(MATRIX, "11.6") == ("510.47.03", True)
     # CUDA 12.4 is not in the matrix: 12.1's minimum is only a lower bound
-    assert min_driver_for("12.4", MATRIX) == ("530.30.02", False)
-    assert min_driver_for("10.2", MATRIX) == (None, False)
+    assert compat.min_driver_for(MATRIX, "12.4") == ("530.30.02", False)
+    assert compat.min_driver_for(MATRIX, "10.2") == (None, False)
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -344,7 +363,7 @@ def run_cli(*args, env=None):
 @pytest.fixture
 def matrix_file(tmp_path):
     path = tmp_path / "matrix.yml"
-    path.write_text(yaml.safe_dump(MATRIX))
+    path.write_text(yaml.safe_dump(MATRIX_DATA))
     return path
 
 

@@ -1,15 +1,18 @@
 """`torchfleet-runtime check`: is this node able to serve a model on its GPU?
 
-The checklist a person runs by hand on a fresh GPU node, as one command: Python and torch
-against the CUDA profile of compat/matrix.yml, the NVIDIA driver against the minimum for
-torch's CUDA, the GPU's compute capability against the wheel's arch list, cuDNN, free disk and
-memory. Output is a table (or `--json`); the exit status is 1 when any check fails.
+The checklist a person runs by hand on a fresh GPU node, as one command: the distro, Python and
+torch against the CUDA profile of compat/matrix.yml, the NVIDIA driver against the minimum for
+torch's CUDA, the GPU against the profile, cuDNN, free disk and memory. Output is a table (or
+`--json`); the exit status is 1 when any check fails.
 
-The module has three parts, so that the logic can be tested without a GPU:
-- pure comparisons (`parse_version`, `version_at_least`, `torch_matches`, `arch_coverage`, ...);
+Every compatibility rule comes from `torchfleet_runtime.matrix`, the module infra and the
+preflight role judge with too; this module adds what only an installed node can show (which
+torch imports, the wheel's arch list, the loaded driver, cuDNN, memory). Three parts, so that
+the logic can be tested without a GPU:
 - `gather_facts()`: the only code that probes the host (torch, NVML / nvidia-smi / procfs,
-  statvfs, /proc/meminfo), returning a plain `HostFacts`;
-- `evaluate(facts, matrix, options)`: facts + matrix -> a list of `Check` rows.
+  /etc/os-release, statvfs, /proc/meminfo), returning a plain `HostFacts`;
+- `evaluate(facts, matrix, options)`: facts + matrix -> a list of `Check` rows;
+- the report: a table or JSON, and the CLI.
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+from torchfleet_runtime import matrix as compat
+from torchfleet_runtime.matrix import FAIL, OK, WARN, Matrix, Profile
+
+SKIP = "skip"
 STATUSES = (OK, WARN, FAIL, SKIP)
 
 # torchfleet_runtime itself needs these; below them the runtime cannot run at all.
@@ -42,115 +48,6 @@ ETC_MATRIX = "/etc/torchfleet/matrix.yml"
 
 class CheckError(Exception):
     """A usage problem (no matrix, bad profile): reported as one line, exit status 2."""
-
-
-# --------------------------------------------------------------------------- pure logic
-
-
-def parse_version(text: str) -> tuple[int, ...]:
-    """'535.104.05' -> (535, 104, 5); '1.12.1+cu116' -> (1, 12, 1); '2.1.0a0' -> (2, 1, 0).
-
-    Only the leading dotted numbers count: local tags (+cu116) and pre-release suffixes are
-    compared separately where they matter.
-    """
-    base = text.strip().split("+", 1)[0]
-    parts = []
-    for piece in base.split("."):
-        match = re.match(r"\d+", piece)
-        if not match:
-            break
-        parts.append(int(match.group()))
-        if match.end() != len(piece):  # '0a0', '0rc1': stop after the number
-            break
-    if not parts:
-        raise ValueError(f"not a version: {text!r}")
-    return tuple(parts)
-
-
-def _padded(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    width = max(len(a), len(b))
-    return a + (0,) * (width - len(a)), b + (0,) * (width - len(b))
-
-
-def version_at_least(actual: str, minimum: str) -> bool:
-    """Numeric comparison, so '535.54.03' >= '510.47.03' and '10.1' > '9.2'."""
-    a, b = _padded(parse_version(actual), parse_version(minimum))
-    return a >= b
-
-
-def local_tag(version: str) -> str:
-    """'1.12.1+cu116' -> 'cu116'; '2.13.0' -> ''."""
-    return version.split("+", 1)[1] if "+" in version else ""
-
-
-def torch_matches(installed: str, pinned: str) -> bool:
-    """Same release, and the same build tag when the pin names one.
-
-    The `cpu` profile pins '2.13.0' without a tag: both PyPI's '2.13.0' and the CPU index's
-    '2.13.0+cpu' satisfy it. 'cu116' pins '1.12.1+cu116': a '+cu113' build does not.
-    """
-    a, b = _padded(parse_version(installed), parse_version(pinned))
-    if a != b:
-        return False
-    return not local_tag(pinned) or local_tag(pinned) == local_tag(installed)
-
-
-def python_in(version: str, allowed: Sequence[str]) -> bool:
-    """'3.11.7' is in ['3.10', '3.11']: compare major.minor only."""
-    return parse_version(version)[:2] in {parse_version(v)[:2] for v in allowed}
-
-
-def format_cudnn(raw: int) -> str:
-    """torch.backends.cudnn.version(): 8302 -> '8.3.2' (cuDNN 8), 90100 -> '9.1.0' (cuDNN 9+)."""
-    if raw >= 10000:  # cuDNN 9 changed the encoding to major*10000 + minor*100 + patch
-        return f"{raw // 10000}.{(raw % 10000) // 100}.{raw % 100}"
-    return f"{raw // 1000}.{(raw % 1000) // 100}.{raw % 100}"
-
-
-_ARCH_RE = re.compile(r"^(sm|compute)_(\d+)(\d)([a-z]?)$")
-
-
-def arch_coverage(capability: str, arch_list: Sequence[str]) -> tuple[str, str]:
-    """Does a wheel built for `arch_list` (torch.cuda.get_arch_list()) run on a GPU of
-    compute capability `capability` ('8.6')? Returns (status, reason).
-
-    ok:   an exact cubin (sm_86 / sm_86a), or PTX (compute_XY) of the same major at or below
-          the GPU's minor, which the driver JIT-compiles on first use;
-    warn: only a lower same-major cubin (sm_80 on an 8.6 GPU): NVIDIA's binary compatibility
-          runs it, but kernels are not built for this GPU and the matrix does not vouch for it;
-    fail: nothing of the GPU's major at or below its minor (e.g. only sm_86 for a 9.0 GPU).
-    Arch-specific cubins (sm_90a) run on exactly that capability and never forward.
-    """
-    major, minor = parse_version(capability)[:2]
-    exact, ptx, lower_cubin = [], [], []
-    for entry in arch_list:
-        match = _ARCH_RE.match(entry.strip())
-        if not match:
-            continue
-        kind, e_major, e_minor, suffix = (
-            match.group(1),
-            int(match.group(2)),
-            int(match.group(3)),
-            match.group(4),
-        )
-        if e_major != major or e_minor > minor:
-            continue
-        if e_minor == minor and kind == "sm":
-            exact.append(entry)
-        elif kind == "compute" and not suffix:
-            ptx.append(entry)
-        elif kind == "sm" and not suffix:
-            lower_cubin.append(entry)
-    if exact:
-        return OK, f"{exact[0]} in the wheel's arch list"
-    if ptx:
-        return OK, f"PTX {max(ptx)} is JIT-compiled for sm_{major}{minor} on first use"
-    if lower_cubin:
-        return (
-            WARN,
-            f"only {max(lower_cubin)} (runs by binary compatibility, not built for sm_{major}{minor})",
-        )
-    return FAIL, f"no sm_{major}x or compute_{major}x entry at or below sm_{major}{minor}"
 
 
 # --------------------------------------------------------------------------- matrix
@@ -182,20 +79,11 @@ def find_matrix(explicit: str | None, env: dict[str, str] | None = None) -> Path
     )
 
 
-def load_matrix(path: Path) -> dict[str, Any]:
-    import yaml  # a runtime dependency; imported here so `--help` stays fast
-
+def load_matrix(path: Path) -> Matrix:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise CheckError(f"cannot read matrix {path}: {exc}") from exc
-    if (
-        not isinstance(data, dict)
-        or not isinstance(data.get("profiles"), dict)
-        or not data["profiles"]
-    ):
-        raise CheckError(f"matrix {path}: expected a mapping with a non-empty 'profiles' mapping")
-    return data
+        return compat.read(str(path))
+    except compat.MatrixError as exc:
+        raise CheckError(str(exc)) from exc
 
 
 # --------------------------------------------------------------------------- facts
@@ -224,6 +112,7 @@ class HostFacts:
     disk_free_bytes: int | None = None
     mem_total_bytes: int | None = None
     mem_available_bytes: int | None = None
+    distro: str = ""  # the matrix's name for it (debian-12); '' without /etc/os-release
 
     @property
     def gpu_present(self) -> bool:
@@ -327,6 +216,13 @@ def _probe_procfs(facts: HostFacts, path: str = "/proc/driver/nvidia/version") -
     return True
 
 
+def format_cudnn(raw: int) -> str:
+    """torch.backends.cudnn.version(): 8302 -> '8.3.2' (cuDNN 8), 90100 -> '9.1.0' (cuDNN 9+)."""
+    if raw >= 10000:  # cuDNN 9 changed the encoding to major*10000 + minor*100 + patch
+        return f"{raw // 10000}.{(raw % 10000) // 100}.{raw % 100}"
+    return f"{raw // 1000}.{(raw % 1000) // 100}.{raw % 100}"
+
+
 def read_meminfo(path: str = "/proc/meminfo") -> tuple[int | None, int | None]:
     """(MemTotal, MemAvailable) in bytes; (None, None) where procfs has no meminfo."""
     values: dict[str, int] = {}
@@ -357,6 +253,7 @@ def gather_facts(disk_path: str) -> HostFacts:
     facts.disk_path = str(where)
     facts.disk_free_bytes = shutil.disk_usage(str(where)).free
     facts.mem_total_bytes, facts.mem_available_bytes = read_meminfo()
+    facts.distro = compat.read_os_release()
     return facts
 
 
@@ -379,75 +276,77 @@ class Options:
     require_gpu: bool = False
 
 
-def choose_profile(
-    facts: HostFacts, matrix: dict[str, Any], requested: str | None
-) -> tuple[str, str]:
+def choose_profile(facts: HostFacts, matrix: Matrix, requested: str | None) -> tuple[str, str]:
     """(profile name, why). An explicit name must exist; otherwise the profile whose torch pin
     the installed torch satisfies, then the one with torch's CUDA, then default_profile."""
-    profiles = matrix["profiles"]
     if requested:
-        if requested not in profiles:
-            raise CheckError(
-                "--profile {!r} is not in the matrix; allowed: {}".format(
-                    requested, ", ".join(profiles)
-                )
-            )
-        return requested, "--profile"
+        try:
+            return matrix.profile(requested, "--profile").name, "--profile"
+        except compat.MatrixError as exc:
+            raise CheckError(str(exc)) from exc
     if facts.torch_version:
-        for name, prof in profiles.items():
-            if prof.get("torch") and torch_matches(facts.torch_version, str(prof["torch"])):
-                return name, f"matches torch {facts.torch_version}"
-        for name, prof in profiles.items():
-            if (prof.get("cuda") or None) == facts.torch_cuda:
-                return name, "matches torch's CUDA {}".format(
+        for prof in matrix.profiles.values():
+            if compat.torch_matches(facts.torch_version, prof.torch):
+                return prof.name, f"matches torch {facts.torch_version}"
+        for prof in matrix.profiles.values():
+            if prof.cuda == facts.torch_cuda:
+                return prof.name, "matches torch's CUDA {}".format(
                     facts.torch_cuda or "(none: CPU build)"
                 )
-    default = matrix.get("default_profile")
-    if default not in profiles:
-        raise CheckError(
-            "matrix default_profile {!r} is not one of: {}".format(default, ", ".join(profiles))
-        )
-    return default, "matrix default_profile"
+    return matrix.default_profile, "matrix default_profile"
 
 
 def _gib(n: float) -> str:
     return f"{n / (1 << 30):.1f} GiB"
 
 
-def _check_python(facts: HostFacts, prof: dict[str, Any], name: str) -> Check:
-    pythons = [str(p) for p in prof.get("pythons") or []]
-    expected = "one of " + ", ".join(pythons) if pythons else "any"
-    if parse_version(facts.python_version)[:2] < MIN_PYTHON:
+def _fits(what: str, names: Sequence[str]) -> str:
+    return f"use {what} {' or '.join(names)}" if names else f"no {what} of the matrix fits"
+
+
+def _check_distro(facts: HostFacts, matrix: Matrix) -> Check:
+    if not facts.distro:
+        return Check("distro", SKIP, "no /etc/os-release", "")
+    verdict = compat.distro_verdict(matrix, facts.distro)
+    if verdict.ok:
+        return Check("distro", OK, facts.distro, "a distro of the matrix")
+    # torch imports or not whatever the distro: a warning, the roles are what need the matrix
+    return Check("distro", WARN, facts.distro, "a distro of the matrix", verdict.reason)
+
+
+def _check_python(facts: HostFacts, matrix: Matrix, prof: Profile) -> Check:
+    expected = "one of " + ", ".join(prof.pythons)
+    if compat.parse_version(facts.python_version)[:2] < MIN_PYTHON:
         return Check(
             "python", FAIL, facts.python_version, ">= 3.8", "torchfleet-runtime needs Python 3.8+"
         )
-    if pythons and not python_in(facts.python_version, pythons):
+    verdict = compat.python_verdict(matrix, prof, facts.python_version)
+    if not verdict.ok:
+        # a warning here: the torch that imports (checked next) is the better witness
         return Check(
             "python",
             WARN,
             facts.python_version,
             expected,
-            "profile {} publishes wheels for Python {} only".format(name, ", ".join(pythons)),
+            f"{verdict.reason}: {_fits('profile', verdict.profiles)}",
         )
     return Check("python", OK, facts.python_version, expected)
 
 
-def _check_torch(
-    facts: HostFacts, prof: dict[str, Any], name: str, require_gpu: bool
-) -> list[Check]:
-    pinned = str(prof.get("torch") or "")
+def _check_torch(facts: HostFacts, prof: Profile, require_gpu: bool) -> list[Check]:
+    pinned, name = prof.torch, prof.name
     if facts.torch_version is None:
         return [
             Check(
                 "torch",
                 FAIL,
                 "not importable",
-                pinned or ">= " + MIN_TORCH,
+                pinned,
                 facts.torch_error or "install torch (the pytorch role pins it)",
             )
         ]
     checks = []
-    if not version_at_least(facts.torch_version, MIN_TORCH):
+    if not compat.version_at_least(facts.torch_version, MIN_TORCH):
         checks.append(
             Check(
                 "torch",
@@ -457,7 +356,7 @@ def _check_torch(
                 "torchfleet-runtime supports torch 1.12 and newer",
             )
         )
-    elif pinned and not torch_matches(facts.torch_version, pinned):
+    elif not compat.torch_matches(facts.torch_version, pinned):
         checks.append(
             Check(
                 "torch",
@@ -468,21 +367,12 @@ def _check_torch(
             )
         )
     else:
-        checks.append(Check("torch", OK, facts.torch_version, pinned or "any"))
+        checks.append(Check("torch", OK, facts.torch_version, pinned))
 
-    want_cuda = prof.get("cuda")
     have = facts.torch_cuda or "none (CPU build)"
-    if want_cuda is None:
-        status = OK if facts.torch_cuda is None or not facts.gpu_present else WARN
-        checks.append(
-            Check(
-                "torch CUDA",
-                status,
-                have,
-                "none (CPU profile)",
-                "" if status == OK else "a GPU is present but the CPU profile is selected",
-            )
-        )
+    if prof.cuda is None:
+        # a GPU under the CPU profile is the gpu rule's verdict (below), not torch's
+        checks.append(Check("torch CUDA", OK, have, "none (CPU profile)"))
     elif facts.torch_cuda is None:
         status = FAIL if (facts.gpu_present or require_gpu) else WARN
         checks.append(
@@ -490,24 +380,22 @@ def _check_torch(
                 "torch CUDA",
                 status,
                 have,
-                str(want_cuda),
-                "this torch cannot use a GPU; install {} from {}".format(
-                    pinned, prof.get("wheel_index")
-                ),
+                prof.cuda,
+                f"this torch cannot use a GPU; install {pinned} from {prof.wheel_index}",
             )
         )
-    elif parse_version(facts.torch_cuda)[:2] != parse_version(str(want_cuda))[:2]:
+    elif compat.parse_version(facts.torch_cuda)[:2] != compat.parse_version(prof.cuda)[:2]:
         checks.append(
             Check(
                 "torch CUDA",
                 WARN,
                 have,
-                str(want_cuda),
-                f"torch was built for CUDA {facts.torch_cuda}, profile {name} expects {want_cuda}",
+                prof.cuda,
+                f"torch was built for CUDA {facts.torch_cuda}, profile {name} expects {prof.cuda}",
             )
         )
     else:
-        checks.append(Check("torch CUDA", OK, have, str(want_cuda)))
+        checks.append(Check("torch CUDA", OK, have, prof.cuda))
     if facts.torch_error and facts.torch_version:
         checks.append(
             Check(
@@ -521,35 +409,14 @@ def _check_torch(
     return checks
 
 
-def min_driver_for(cuda: str, matrix: dict[str, Any]) -> tuple[str | None, bool]:
-    """(minimum driver, exact) for a CUDA version, from the matrix's profiles only.
-
-    exact: a profile has this CUDA major.minor, so its min_driver is the documented minimum.
-    Otherwise the highest min_driver among profiles of an older CUDA is a lower bound (a
-    driver below it is certainly too old) but not a sufficient one.
-    """
-    want = parse_version(cuda)[:2]
-    bound: str | None = None
-    for prof in matrix["profiles"].values():
-        if not prof.get("cuda") or not prof.get("min_driver"):
-            continue
-        have = parse_version(str(prof["cuda"]))[:2]
-        if have == want:
-            return str(prof["min_driver"]), True
-        if have < want and (bound is None or version_at_least(str(prof["min_driver"]), bound)):
-            bound = str(prof["min_driver"])
-    return bound, False
-
-
-def _check_driver(facts: HostFacts, prof: dict[str, Any], matrix: dict[str, Any]) -> Check:
+def _check_driver(facts: HostFacts, prof: Profile, matrix: Matrix) -> Check:
     value = f"{facts.driver_version} (via {facts.driver_source})"
     # torch's own CUDA decides what the driver must support; the profile's when torch has none
-    cuda = facts.torch_cuda or prof.get("cuda")
+    cuda = facts.torch_cuda or prof.cuda
     if not cuda:
         return Check("nvidia driver", OK, value, "not needed (CPU build)")
-    cuda = str(cuda)
-    minimum, exact = min_driver_for(cuda, matrix)
     if facts.driver_version is None:
+        minimum, _ = compat.min_driver_for(matrix, cuda)
         return Check(
             "nvidia driver",
             FAIL,
@@ -557,40 +424,27 @@ def _check_driver(facts: HostFacts, prof: dict[str, Any], matrix: dict[str, Any]
             f">= {minimum}" if minimum else "a driver",
             "a GPU is listed but no driver version could be read",
         )
-    if minimum and not version_at_least(facts.driver_version, minimum):
-        return Check(
-            "nvidia driver",
-            FAIL,
-            value,
-            f">= {minimum} (CUDA {cuda})",
-            f"CUDA {cuda} needs driver >= {minimum} (min_driver in the matrix); upgrade the "
-            "driver (nvidia_driver role) or pick an older CUDA profile",
-        )
-    if not exact:
-        return Check(
-            "nvidia driver",
-            WARN,
-            value,
-            f"a driver for CUDA {cuda}",
-            f"compat/matrix.yml has no profile for CUDA {cuda}, so its minimum driver is not "
-            "verified: add the profile with its min_driver",
-        )
-    return Check("nvidia driver", OK, value, f">= {minimum} (CUDA {cuda})")
+    status, reason, minimum = compat.driver_verdict(matrix, cuda, facts.driver_version)
+    expected = f">= {minimum} (CUDA {cuda})" if minimum else f"a driver for CUDA {cuda}"
+    if status == FAIL:
+        reason += ": upgrade the driver (nvidia_driver role) or pick an older CUDA profile"
+    elif status == WARN:
+        reason += ": add the profile with its min_driver"
+    return Check("nvidia driver", status, value, expected, "" if status == OK else reason)
 
 
-def _gpu_capability(gpu: Gpu, matrix: dict[str, Any]) -> str | None:
-    """The probe's capability, else the matrix's entry for a GPU whose name contains it."""
-    if gpu.compute_capability:
-        return gpu.compute_capability
-    for model, info in sorted((matrix.get("gpus") or {}).items(), key=lambda kv: -len(kv[0])):
-        if re.search(rf"\b{re.escape(model)}\b", gpu.name):
-            return str(info.get("compute_capability"))
-    return None
+def _describes_wheel(facts: HostFacts, prof: Profile) -> bool:
+    """Is the installed torch (or, without a CUDA torch, the one to be installed) the build the
+    profile describes? Then the matrix's rule judges the GPU; otherwise the wheel's own arch
+    list is the witness."""
+    if not facts.arch_list:
+        return True
+    return bool(prof.cuda and facts.torch_cuda) and compat.parse_version(prof.cuda)[
+        :2
+    ] == compat.parse_version(str(facts.torch_cuda))[:2]
 
 
-def _check_gpus(
-    facts: HostFacts, prof: dict[str, Any], name: str, matrix: dict[str, Any]
-) -> list[Check]:
+def _check_gpus(facts: HostFacts, prof: Profile, matrix: Matrix) -> list[Check]:
     if not facts.gpus:
         return [
             Check(
@@ -601,61 +455,36 @@ def _check_gpus(
                 "nvidia-smi lists no device: check `dmesg | grep -i nvrm`",
             )
         ]
-    checks = []
-    names = ", ".join(f"{g.index}: {g.name}" for g in facts.gpus)
-    checks.append(Check("gpu", OK, names, "a GPU"))
-    if not facts.arch_list and not prof.get("cuda"):
-        # CPU torch under the CPU profile: "torch CUDA" already says the GPU goes unused
-        checks.append(Check("gpu arch", SKIP, f"profile {name} has no CUDA", ""))
-        return checks
-    if facts.arch_list:
-        arch_list, source = facts.arch_list, "torch.cuda.get_arch_list()"
-    else:  # a CPU build of torch, or no torch: judge the wheel the profile would install
-        arch_list = [
-            "sm_" + str(c).replace(".", "") for c in prof.get("compute_capabilities") or []
-        ]
-        source = f"profile {name} compute_capabilities"
-    describes_wheel = not facts.arch_list or (
-        bool(prof.get("cuda"))
-        and bool(facts.torch_cuda)
-        and parse_version(str(prof["cuda"]))[:2] == parse_version(str(facts.torch_cuda))[:2]
-    )
+    checks = [Check("gpu", OK, ", ".join(f"{g.index}: {g.name}" for g in facts.gpus), "a GPU")]
+    matrix_rule = _describes_wheel(facts, prof)
+    expected = f"driven by profile {prof.name}" if matrix_rule else "in torch.cuda.get_arch_list()"
     seen = set()
     for gpu in facts.gpus:
-        cap = _gpu_capability(gpu, matrix)
-        if cap in seen:
+        who = compat.resolve_gpu(matrix, name=gpu.name, reported_cc=gpu.compute_capability)
+        if who.compute_capability in seen:
             continue
-        seen.add(cap)
+        seen.add(who.compute_capability)
         label = f"gpu arch ({gpu.name})"
-        if cap is None:
-            checks.append(
-                Check(
-                    label,
-                    WARN,
-                    "unknown compute capability",
-                    source,
-                    "add this GPU model to the matrix's gpus",
-                )
+        cc = who.compute_capability
+        if matrix_rule:
+            verdict = compat.gpu_verdict(matrix, prof, who)
+            status = OK if verdict.ok else (WARN if not cc else FAIL)
+            value = ("sm_{}: ".format(cc.replace(".", "")) if cc else "") + verdict.reason
+            if verdict.ok and facts.arch_list:  # the wheel's list can still prove it wrong
+                covered, why = compat.arch_coverage(cc, facts.arch_list)
+                if covered == FAIL:
+                    status, value = FAIL, f"{value}, but the wheel has {why}"
+            hint = "" if status == OK else (
+                "add this GPU model to the matrix's gpus" if not cc
+                else f"{verdict.reason}: {_fits('profile', verdict.profiles)}"
             )
-            continue
-        status, reason = arch_coverage(cap, arch_list)
-        value = "sm_{} ({})".format(cap.replace(".", ""), reason)
-        hint = ""
-        max_cc = prof.get("max_compute_capability")
-        # The matrix's ceiling speaks for the profile's wheel; when torch is some other build,
-        # its own arch list (judged above) is the better witness.
-        if describes_wheel and max_cc and not version_at_least(str(max_cc), cap):
-            status, value = FAIL, f"sm_{cap.replace('.', '')} (above profile {name}'s {max_cc})"
-        if status != OK:
-            fits = [
-                p
-                for p, d in matrix["profiles"].items()
-                if cap in [str(c) for c in d.get("compute_capabilities") or []]
-            ]
-            hint = "profile {} reaches {}; use {}".format(
-                name, max_cc or "no GPU", " or ".join(fits) if fits else "a newer CUDA profile"
-            )
-        checks.append(Check(label, status, value, "covered by " + source, hint))
+        elif not cc:
+            status, value, hint = WARN, "unknown compute capability", "add this GPU model to the matrix's gpus"
+        else:
+            status, why = compat.arch_coverage(cc, facts.arch_list)
+            value = "sm_{} ({})".format(cc.replace(".", ""), why)
+            hint = "" if status == OK else _fits("profile", matrix.profiles_for(cc))
+        checks.append(Check(label, status, value, expected, hint))
     return checks
 
 
@@ -673,18 +502,12 @@ def _check_cudnn(facts: HostFacts) -> Check:
     return Check("cudnn", OK, format_cudnn(facts.cudnn_version), "available")
 
 
-def _check_disk(facts: HostFacts, minimum_gb: float) -> Check:
-    free = facts.disk_free_bytes or 0
-    value = f"{free / 1e9:.1f} GB free at {facts.disk_path}"
-    expected = f">= {minimum_gb:g} GB"
-    if free < minimum_gb * 1e9:
-        return Check(
-            "disk",
-            FAIL,
-            value,
-            expected,
-            f"driver, toolkit, wheels and models need {minimum_gb:g} GB: grow the volume",
-        )
+def _check_disk(facts: HostFacts, matrix: Matrix, override: float | None) -> Check:
+    verdict = compat.disk_verdict(matrix, facts.disk_free_bytes or 0, override)
+    value = f"{(facts.disk_free_bytes or 0) / 1e9:.1f} GB free at {facts.disk_path}"
+    expected = f">= {compat.min_free_disk(matrix, override):g} GB"
+    if not verdict.ok:
+        return Check("disk", FAIL, value, expected, verdict.reason + ": grow the volume")
     return Check("disk", OK, value, expected)
 
 
@@ -708,26 +531,24 @@ def _check_memory(facts: HostFacts) -> Check:
     return Check("memory", OK, value, ">= 1.0 GiB available")
 
 
-def evaluate(facts: HostFacts, matrix: dict[str, Any], options: Options) -> tuple[str, list[Check]]:
+def evaluate(facts: HostFacts, matrix: Matrix, options: Options) -> tuple[str, list[Check]]:
     """Pure: (chosen profile, checks) for these facts under this matrix."""
     name, why = choose_profile(facts, matrix, options.profile)
-    prof = matrix["profiles"][name]
+    prof = matrix.profiles[name]
     checks = [Check("profile", OK, f"{name} ({why})", "a profile of the matrix")]
-    checks.append(_check_python(facts, prof, name))
-    checks.extend(_check_torch(facts, prof, name, options.require_gpu))
+    checks.append(_check_distro(facts, matrix))
+    checks.append(_check_python(facts, matrix, prof))
+    checks.extend(_check_torch(facts, prof, options.require_gpu))
     if facts.gpu_present:
         checks.append(_check_driver(facts, prof, matrix))
-        checks.extend(_check_gpus(facts, prof, name, matrix))
+        checks.extend(_check_gpus(facts, prof, matrix))
         checks.append(_check_cudnn(facts))
     else:
         status = FAIL if options.require_gpu else SKIP
         hint = "--require-gpu: no NVIDIA driver or device found" if options.require_gpu else ""
         for label in ("nvidia driver", "gpu", "cudnn"):
             checks.append(Check(label, status, "no NVIDIA GPU", "", hint))
-    minimum = options.min_free_disk_gb
-    if minimum is None:
-        minimum = float(matrix.get("min_free_disk_gb", 20))
-    checks.append(_check_disk(facts, minimum))
+    checks.append(_check_disk(facts, matrix, options.min_free_disk_gb))
     checks.append(_check_memory(facts))
     return name, checks
 

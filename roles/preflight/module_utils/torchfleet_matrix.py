@@ -1,0 +1,1 @@
+../../../runtime/src/torchfleet_runtime/matrix.py

@@ -1,0 +1,241 @@
+"""Every cell of compat/matrix.yml judged through all three entry points, which must agree.
+
+The compatibility rules live in one module (runtime/src/torchfleet_runtime/matrix.py). Three
+layers judge a node with it, each from what it can see:
+- infra (`infra.config.load`): a stack's instance type (its GPU model), cuda_profile and
+  image_distro, before any resource exists;
+- the preflight probe (roles/preflight/library/torchfleet_probe.py, with the role's
+  module_utils link to the same module): a bare node's lspci name, Python and distro;
+- `torchfleet-runtime check` (envcheck.evaluate): an installed node's nvidia-smi name (no
+  compute capability, so the name must be matched), torch and arch list.
+
+For every (GPU, profile, distro, Python) cell, the verdict of each rule (distro, python, gpu)
+must be the same in every layer that can see the cell, and equal to the rule computed here
+straight from the YAML (so a shared bug in the module fails too). infra sees only the cells
+whose Python is the distro's own (a stack picks the image, hence its Python) and the GPUs of
+its catalog; the runtime needs Python 3.8+, so older Pythons are out of the table.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from torchfleet_runtime import envcheck
+from torchfleet_runtime.envcheck import FAIL, OK, Gpu, HostFacts, Options
+
+from infra import catalog
+from infra.config import ConfigError, load
+from infra.matrix import load_matrix
+
+ROOT = Path(__file__).resolve().parents[2]
+RAW = yaml.safe_load((ROOT / "compat/matrix.yml").read_text())
+ROLE = ROOT / "roles/preflight"
+
+# What each GPU calls itself: lspci's pci.ids name (a bare node) and nvidia-smi's name (a node
+# with a driver). Each must resolve to its matrix key.
+NAMES = {
+    "V100": ("GV100GL [Tesla V100 SXM2 16GB]", "Tesla V100-SXM2-16GB"),
+    "T4": ("TU104GL [Tesla T4]", "Tesla T4"),
+    "A100": ("GA100 [A100 SXM4 40GB]", "NVIDIA A100-SXM4-40GB"),
+    "A100-80G": ("GA100 [A100 SXM4 80GB]", "NVIDIA A100-SXM4-80GB"),
+    "A10G": ("GA102GL [A10G]", "NVIDIA A10G"),
+    "A10": ("GA102GL [A10]", "NVIDIA A10"),
+    "L4": ("AD104GL [L4]", "NVIDIA L4"),
+    "L40S": ("AD102GL [L40S]", "NVIDIA L40S"),
+    "H100": ("GH100 [H100 SXM5 80GB HBM3]", "NVIDIA H100 80GB HBM3"),
+    "H200": ("GH100 [H200 SXM 141GB]", "NVIDIA H200"),
+}
+NO_GPU = "none"
+UNLISTED_DISTRO = "debian-10"
+
+
+def _minor(v: str) -> tuple[int, int]:
+    major, minor = v.split(".")[:2]
+    return int(major), int(minor)
+
+
+PYTHONS = sorted(
+    {p for prof in RAW["profiles"].values() for p in prof["pythons"]}
+    | {d["python"] for d in RAW["distros"].values()}
+    | {"3.14"},  # a Python no profile has
+    key=_minor,
+)
+PYTHONS = [p for p in PYTHONS if _minor(p) >= (3, 8)]
+GPUS = [*RAW["gpus"], NO_GPU]
+DISTROS = [*RAW["distros"], UNLISTED_DISTRO]
+
+
+def expected(gpu: str, profile: str, distro: str, python: str) -> dict[str, bool]:
+    """The rules, written out from the YAML (not through the module)."""
+    prof = RAW["profiles"][profile]
+    out = {"distro": distro in RAW["distros"], "python": python in prof["pythons"]}
+    if gpu != NO_GPU:
+        cc = _minor(RAW["gpus"][gpu]["compute_capability"])
+        out["gpu"] = bool(prof["cuda"]) and min(map(_minor, prof["compute_capabilities"])) <= cc \
+            <= _minor(prof["max_compute_capability"])
+    return out
+
+
+# --------------------------------------------------------------------------- the probe
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def probe():
+    """The role's module as Ansible runs it: `ansible.module_utils.torchfleet_matrix` is the
+    role's module_utils file (the link), not the runtime package."""
+    saved = {k: sys.modules.get(k) for k in ("ansible.module_utils.torchfleet_matrix", "torchfleet_probe_under_test")}
+    shipped = _load("ansible.module_utils.torchfleet_matrix", ROLE / "module_utils/torchfleet_matrix.py")
+    module = _load("torchfleet_probe_under_test", ROLE / "library/torchfleet_probe.py")
+    yield module, shipped.parse(RAW, "compat/matrix.yml")
+    for k, v in saved.items():
+        if v is None:
+            sys.modules.pop(k, None)
+        else:
+            sys.modules[k] = v
+
+
+def via_probe(probe, gpu: str, profile: str, distro: str, python: str) -> dict[str, bool]:
+    module, matrix = probe
+    pci = []
+    if gpu != NO_GPU:
+        name = NAMES[gpu][0]
+        pci = [{"address": "0000:00:1e.0", "device_id": "0x0000", "class": "0x030200",
+                "name": name, "model": module.match_gpu(name, list(matrix.gpus))}]
+    facts = {
+        "python": {"version": python, "full_version": python + ".1", "executable": "/usr/bin/python3"},
+        "distro": distro,
+        "kernel": {"release": "6.1.0", "headers_dir": "/x", "headers_present": True, "headers_offered": None},
+        "disk": {"path": "/opt", "checked_path": "/opt", "free_bytes": 10**12, "free_gb": 1000.0},
+        "apt_mirror": None,
+        "apt_lists_present": True,
+        "gpu": {"present": bool(pci), "pci": pci, "device_files": [], "driver_loaded_version": None,
+                "nvidia_smi": [], "lspci_available": True},
+    }
+    params = {k: v.get("default") for k, v in module.ARGUMENTS.items()}
+    params.update(profile=profile, min_free_disk_gb=None)
+    result = module.judge(matrix, facts, params)
+    if gpu != NO_GPU:
+        assert result["facts"]["torchfleet_gpu_model"] == gpu
+    rules = result["rules"]
+    # the role prints the module's reasons; a refused rule is in the problems, a passed one not
+    assert len(result["problems"]) == sum(not ok for ok in rules.values())
+    return rules
+
+
+# --------------------------------------------------------------------------- check
+
+
+def via_check(gpu: str, profile: str, distro: str, python: str) -> dict[str, bool]:
+    matrix = load_matrix()
+    prof = matrix.profiles[profile]
+    has_gpu = gpu != NO_GPU
+    facts = HostFacts(
+        python_version=python + ".1",
+        torch_version=prof.torch,
+        torch_cuda=prof.cuda,
+        cuda_available=has_gpu and prof.cuda is not None,
+        arch_list=["sm_" + c.replace(".", "") for c in prof.compute_capabilities],
+        cudnn_version=8902 if prof.cuda else None,
+        driver_version="580.65.06" if has_gpu else None,
+        driver_source="nvidia-smi" if has_gpu else None,
+        # nvidia-smi's name only: check must match it to the matrix for the capability
+        gpus=[Gpu(0, NAMES[gpu][1], None)] if has_gpu else [],
+        distro=distro,
+        disk_free_bytes=10**12,
+        mem_total_bytes=64 << 30,
+        mem_available_bytes=60 << 30,
+    )
+    _, checks = envcheck.evaluate(facts, matrix, Options(profile=profile))
+    by_name = {c.name: c for c in checks}
+    out = {"distro": by_name["distro"].status == OK, "python": by_name["python"].status == OK}
+    if has_gpu:
+        arch = [c for c in checks if c.name.startswith("gpu arch")]
+        assert len(arch) == 1, checks
+        out["gpu"] = arch[0].status != FAIL
+    return out
+
+
+# --------------------------------------------------------------------------- infra
+
+
+def _stack_for(gpu: str) -> tuple[str, int] | None:
+    """(stack, GPU count) of an instance type carrying this GPU, in either cloud's catalog."""
+    for stack, cloud in (("aws-dev", "aws"), ("alicloud-dev", "alicloud")):
+        counts = [t.gpu_count for t in catalog.instance_types(cloud).values() if t.gpu_model == gpu]
+        if counts:
+            return stack, min(counts)
+    return None
+
+
+def via_infra(settings, gpu: str, profile: str, distro: str) -> dict[str, bool]:
+    stack, count = _stack_for(gpu)
+    raw = dict(settings(stack))
+    raw.pop("instance_type", None)
+    raw.update(gpu={"model": gpu, "count": count}, cuda_profile=profile, image_distro=distro)
+    try:
+        load(raw, stack)
+    except ConfigError as err:
+        lines = [line for line in str(err).splitlines() if "torchfleet:" in line]
+        # nothing but the profile is wrong in these stacks
+        assert lines and all("torchfleet:cuda_profile" in line for line in lines), str(err)
+        text = str(err)
+        return {"distro": True, "python": f"a profile for {distro}'s Python" not in text,
+                "gpu": "a profile that drives the" not in text}
+    return {"distro": True, "python": True, "gpu": True}
+
+
+CELLS = list(itertools.product(GPUS, RAW["profiles"], DISTROS, PYTHONS))
+
+
+def test_the_table_covers_the_whole_matrix():
+    assert {c[0] for c in CELLS} == set(RAW["gpus"]) | {NO_GPU}
+    assert {c[1] for c in CELLS} == set(RAW["profiles"])
+    assert set(RAW["distros"]) < {c[2] for c in CELLS}
+    # every distro's own Python is a row, so infra's cells are all in the table
+    assert {d["python"] for d in RAW["distros"].values()} <= set(PYTHONS)
+    # and the table has both verdicts for every rule (a table of passes proves nothing)
+    for rule in ("distro", "python", "gpu"):
+        assert {expected(*c).get(rule) for c in CELLS} >= {True, False}
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_probe_and_check_agree_with_the_matrix(probe, gpu):
+    disagreements = []
+    for _, profile, distro, python in (c for c in CELLS if c[0] == gpu):
+        want = expected(gpu, profile, distro, python)
+        got = {"probe": via_probe(probe, gpu, profile, distro, python),
+               "check": via_check(gpu, profile, distro, python)}
+        for layer, rules in got.items():
+            if rules != want:
+                disagreements.append(f"{layer} {gpu}/{profile}/{distro}/py{python}: {rules} != {want}")
+    assert not disagreements, "\n".join(disagreements)
+
+
+def test_infra_agrees_with_the_matrix(settings):
+    covered, disagreements = set(), []
+    for gpu, profile, distro in itertools.product(RAW["gpus"], RAW["profiles"], RAW["distros"]):
+        if _stack_for(gpu) is None:
+            continue  # no instance type of either cloud carries it
+        covered.add(gpu)
+        python = RAW["distros"][distro]["python"]
+        want = expected(gpu, profile, distro, python)
+        got = via_infra(settings, gpu, profile, distro)
+        if got != want:
+            disagreements.append(f"infra {gpu}/{profile}/{distro}: {got} != {want}")
+    assert not disagreements, "\n".join(disagreements)
+    # every GPU either catalog sells is judged (the others are the matrix's own, for nodes
+    # brought by hand)
+    assert covered == set(catalog.gpu_models("aws")) | set(catalog.gpu_models("alicloud"))

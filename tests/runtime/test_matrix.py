@@ -1,0 +1,155 @@
+"""The compatibility module itself: its schema, GPU names, distro names and that it needs
+nothing but the standard library (it runs on a bare Python 3.8 node as an Ansible module_utils)."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from torchfleet_runtime import matrix as compat
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = ROOT / "runtime/src/torchfleet_runtime/matrix.py"
+RAW = yaml.safe_load((ROOT / "compat/matrix.yml").read_text())
+
+
+def problems(data) -> list[str]:
+    with pytest.raises(compat.MatrixError) as err:
+        compat.parse(data, "m.yml")
+    return err.value.problems
+
+
+def test_the_repository_matrix_parses():
+    m = compat.read(str(ROOT / "compat/matrix.yml"))
+    assert m.default_profile in m.profiles
+    assert m.profiles["cu116"].capability_range == ("3.7", "8.7")
+    assert m.profiles["cpu"].capability_range is None
+    assert m.profiles["cu116"].as_dict() == RAW["profiles"]["cu116"]
+
+
+def test_every_schema_problem_is_reported_at_once_with_file_key_value_and_allowed():
+    data = copy.deepcopy(RAW)
+    data["profiles"]["cu116"]["pythons"] = ["3.8", 3.1]  # YAML's reading of an unquoted 3.10
+    data["profiles"]["cu118"]["max_compute_capability"] = "8.6"  # below its own arch list
+    data["profiles"]["cpu"]["min_driver"] = "510.47.03"  # a driver for a CPU profile
+    data["gpus"]["T4"]["arch"] = "kepler"
+    del data["gpus"]["L4"]["memory_gib"]
+    data["distros"]["debian-12"]["driver_source"] = "vendor"
+    data["distros"]["centos-7"] = dict(data["distros"]["debian-12"], driver_source="distro")
+    data["default_profile"] = "cu999"
+    data["extra"] = 1
+    got = problems(data)
+    want = [
+        "m.yml: profiles.cu116.pythons[1] = 3.1 is invalid; allowed: Python versions such as "
+        '"3.10" in quotes (YAML reads 3.10 as the number 3.1)',
+        "m.yml: profiles.cu118.max_compute_capability = '8.6' is invalid; allowed: at least the "
+        "highest of compute_capabilities (9.0)",
+        "m.yml: profiles.cpu.min_driver = '510.47.03' is invalid; allowed: set when cuda is set, "
+        "empty/null when it is not (cuda = None)",
+        "m.yml: gpus.T4.arch = 'kepler' is invalid; allowed: volta | turing | ampere | ada | "
+        "hopper | blackwell",
+        "m.yml: gpus.L4.memory_gib = '(missing)' is invalid; allowed: a value: each entry has the "
+        "keys compute_capability, arch, memory_gib",
+        "m.yml: distros.debian-12.driver_source = 'vendor' is invalid; allowed: distro | cuda_repo",
+        "m.yml: distros = 'centos-7' is invalid; allowed: names such as debian-12 or ubuntu-22.04 "
+        "(see distro_name)",
+        "m.yml: default_profile = 'cu999' is invalid; allowed: a key of profiles: cu116, cu118, "
+        "cu121, cpu",
+    ]
+    for line in want:
+        assert line in got
+    assert any(p.startswith("m.yml: extra = 1 is invalid; allowed: the keys ") for p in got)
+    assert len(got) == len(want) + 1
+
+
+def test_a_file_that_is_not_a_matrix_names_the_file(tmp_path):
+    bad = tmp_path / "m.yml"
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(compat.MatrixError, match=r"m.yml: \(the file\) = .* is invalid; allowed: "
+                                                 r"a mapping with the keys default_profile"):
+        compat.read(str(bad))
+    with pytest.raises(compat.MatrixError, match="cannot read the version matrix"):
+        compat.read(str(tmp_path / "missing.yml"))
+
+
+def test_a_profile_name_outside_the_matrix_names_the_setting_and_the_choices():
+    m = compat.parse(RAW)
+    with pytest.raises(compat.MatrixError, match=r"--profile = 'cu999' is not a profile of "
+                                                 r"compat/matrix.yml; allowed: cu116, cu118, cu121, cpu"):
+        m.profile("cu999", "--profile")
+    assert m.profile("").name == m.default_profile
+
+
+@pytest.mark.parametrize(
+    ("name", "model"),
+    [
+        ("NVIDIA A10G", "A10G"),
+        ("GA102GL [A10]", "A10"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA L4", "L4"),
+        ("TU104GL [Tesla T4]", "T4"),
+        ("GA100 [A100 SXM4 40GB]", "A100"),
+        ("NVIDIA A100-SXM4-80GB", "A100-80G"),  # envcheck's old \b match said A100
+        ("NVIDIA H200", "H200"),
+        ("Device 2330", None),
+        ("", None),
+    ],
+)
+def test_gpu_names_match_whole_tokens_and_the_longest_key_wins(name, model):
+    assert compat.match_gpu(name, RAW["gpus"]) == model
+
+
+def test_resolve_gpu_prefers_what_the_driver_reports():
+    m = compat.parse(RAW)
+    assert compat.resolve_gpu(m, name="NVIDIA L4").compute_capability == "8.9"
+    assert compat.resolve_gpu(m, name="NVIDIA L4", reported_cc="9.0").compute_capability == "9.0"
+    assert compat.resolve_gpu(m, declared_model="T4").compute_capability == "7.5"
+    unknown = compat.resolve_gpu(m, name="Device 2330", declared_cc="8.6")
+    assert (unknown.model, unknown.compute_capability) == ("", "8.6")
+
+
+@pytest.mark.parametrize(
+    ("os_id", "version", "name"),
+    [("debian", "12", "debian-12"), ("debian", "11.9", "debian-11"),
+     ("ubuntu", "22.04", "ubuntu-22.04"), ("Ubuntu", "20.04", "ubuntu-20.04"), ("arch", "", "arch")],
+)
+def test_distro_names(os_id, version, name):
+    assert compat.distro_name(os_id, version) == name
+
+
+def test_read_os_release(tmp_path):
+    path = tmp_path / "os-release"
+    path.write_text('PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n')
+    assert compat.read_os_release(str(path)) == "debian-12"
+    assert compat.read_os_release(str(tmp_path / "none")) == ""
+
+
+def test_python_versions_compare_as_numbers():
+    assert compat.python_in("3.10.4", ["3.10"]) and not compat.python_in("3.1", ["3.10"])
+    assert compat.minor("3.11.7") == "3.11"
+
+
+def test_the_module_needs_only_the_standard_library():
+    tree = ast.parse(MODULE.read_text())
+    imported = {
+        (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    # yaml only inside read(), for a .yml path (the probe is handed the parsed matrix)
+    assert imported - set(sys.stdlib_module_names) == {"yaml"}
+    # and it imports with nothing else on the path (isolated mode, no site-packages)
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c",
+         f"import importlib.util as u, sys; s = u.spec_from_file_location('m', {str(MODULE)!r}); "
+         "m = sys.modules['m'] = u.module_from_spec(s); s.loader.exec_module(m); "
+         "print(m.match_gpu('NVIDIA L4', ['L4']))"],
+        capture_output=True, text=True, check=True,
+    )
+    assert done.stdout.strip() == "L4"
