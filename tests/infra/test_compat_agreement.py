@@ -6,7 +6,7 @@ layers judge a node with it, each from what it can see:
   image_distro, before any resource exists;
 - the preflight probe (roles/preflight/library/torchfleet_probe.py, with the role's
   module_utils link to the same module): a bare node's lspci name, Python and distro;
-- `torchfleet-runtime check` (envcheck.evaluate): an installed node's nvidia-smi name (no
+- `torchfleet-runtime check` (nodechecks.evaluate): an installed node's nvidia-smi name (no
   compute capability, so the name must be matched), torch and arch list.
 
 For every (GPU, profile, distro, Python) cell, the verdict of each rule (distro, python, gpu)
@@ -25,8 +25,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from torchfleet_runtime import envcheck
-from torchfleet_runtime.envcheck import FAIL, OK, Gpu, HostFacts, Options
+from torchfleet_runtime.matrix import FAIL, OK
+from torchfleet_runtime.nodechecks import Options, evaluate
+from torchfleet_runtime.nodefacts import Gpu, HostFacts
 
 from infra import catalog
 from infra.config import ConfigError, load
@@ -158,7 +159,7 @@ def via_check(gpu: str, profile: str, distro: str, python: str) -> dict[str, boo
         mem_total_bytes=64 << 30,
         mem_available_bytes=60 << 30,
     )
-    _, checks = envcheck.evaluate(facts, matrix, Options(profile=profile))
+    _, checks = evaluate(facts, matrix, Options(profile=profile))
     by_name = {c.name: c for c in checks}
     out = {"distro": by_name["distro"].status == OK, "python": by_name["python"].status == OK}
     if has_gpu:

@@ -13,17 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from torchfleet_runtime import envcheck
+from torchfleet_runtime import envcheck, nodefacts
 from torchfleet_runtime import matrix as compat
-from torchfleet_runtime.envcheck import (
-    SKIP,
-    CheckError,
-    Gpu,
-    HostFacts,
-    Options,
-    evaluate,
-    format_cudnn,
-)
 from torchfleet_runtime.matrix import (
     FAIL,
     OK,
@@ -34,6 +25,8 @@ from torchfleet_runtime.matrix import (
     torch_matches,
     version_at_least,
 )
+from torchfleet_runtime.nodechecks import SKIP, CheckError, Options, evaluate
+from torchfleet_runtime.nodefacts import Gpu, HostFacts, format_cudnn
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -287,7 +280,7 @@ def test_python_and_torch_outside_profile_warn():
 
 
 def test_real_statvfs_against_thresholds(tmp_path):
-    facts = envcheck.gather_facts(str(tmp_path / "models" / "not-yet"))
+    facts = nodefacts.gather_facts(str(tmp_path / "models" / "not-yet"))
     assert facts.disk_path == str(tmp_path)  # the nearest existing ancestor
     free_gb = shutil.disk_usage(tmp_path).free / 1e9
     _, checks = evaluate(facts, MATRIX, Options(min_free_disk_gb=free_gb / 1000))
@@ -300,8 +293,8 @@ def test_real_statvfs_against_thresholds(tmp_path):
 def test_read_meminfo(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       16384 kB\nMemFree: 1 kB\nMemAvailable:    8192 kB\n")
-    assert envcheck.read_meminfo(str(meminfo)) == (16384 * 1024, 8192 * 1024)
-    assert envcheck.read_meminfo(str(tmp_path / "missing")) == (None, None)
+    assert nodefacts.read_meminfo(str(meminfo)) == (16384 * 1024, 8192 * 1024)
+    assert nodefacts.read_meminfo(str(tmp_path / "missing")) == (None, None)
 
 
 def test_procfs_driver_version(tmp_path):
@@ -311,7 +304,7 @@ def test_procfs_driver_version(tmp_path):
         "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
     )
     facts = HostFacts(python_version="3.11.0")
-    assert envcheck._probe_procfs(facts, str(version))
+    assert nodefacts._probe_procfs(facts, str(version))
     assert (facts.driver_version, facts.driver_source) == ("535.104.05", "procfs")
 
 
