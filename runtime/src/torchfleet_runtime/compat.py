@@ -12,21 +12,6 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-
-def _version_tuple(version: str) -> tuple[int, int]:
-    """'1.12.1+cu116' -> (1, 12); tolerant of local suffixes and dev builds."""
-    parts = version.split("+")[0].split(".")
-    nums = []
-    for p in parts[:2]:
-        digits = "".join(ch for ch in p if ch.isdigit())
-        nums.append(int(digits or 0))
-    while len(nums) < 2:
-        nums.append(0)
-    return nums[0], nums[1]
-
-
-TORCH_VERSION = _version_tuple(torch.__version__)
-
 # torch.inference_mode: 1.9+. Older torch falls back to no_grad (same numerics, a bit slower).
 inference_mode: Callable[[], ContextManager[Any]] = getattr(torch, "inference_mode", torch.no_grad)
 
