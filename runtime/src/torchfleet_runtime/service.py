@@ -17,14 +17,14 @@ States: loading -> warming -> ready -> draining -> stopped (or failed). /readyz 
 - Drain (SIGTERM, SIGINT, a spot notice): /readyz and new predictions 503 with Connection:
   close at once; those 503s are not in-flight work. `drain()` returns as soon as every admitted
   prediction has been answered, or after `drain_timeout_s`.
-Threads: torch gets `torch_threads` intra-op threads (auto: one per CPU this process may use)
-and `torch_interop_threads` (auto: 1), set once before the first model loads.
+Threads: torch gets `torch_threads` intra-op threads (auto: one per CPU this process may use:
+the affinity mask and the cgroup CPU quota, see cpus.py) and `torch_interop_threads` (auto: 1),
+set once before the first model loads.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,6 +35,7 @@ import torch
 from . import __version__, codec, compat
 from .batcher import Batcher, BatchInfo, OutOfMemory, QueueFull, Request, Stopped, TooLarge
 from .config import Config, ConfigError
+from .cpus import usable_cpus
 from .errors import ApiError
 from .logs import BatchSummary
 from .metrics import Metrics
@@ -65,11 +66,7 @@ class Slot:
 def configure_threads(config: Config) -> tuple[int, int]:
     """Intra- and inter-op thread counts for torch, set once per process (inter-op can only be
     set before any parallel work; a second runtime in one process keeps the first setting)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cpus = os.cpu_count() or 1
-    intra = config.torch_threads or cpus
+    intra = config.torch_threads or usable_cpus()  # auto: the affinity mask and the cgroup CPU quota
     interop = config.torch_interop_threads or 1
     torch.set_num_threads(intra)
     try:
