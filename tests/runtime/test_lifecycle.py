@@ -1,5 +1,5 @@
-"""Start-up, drain and spot interruption: a real `torchfleet-runtime serve` process receives
-SIGTERM with requests in flight; a fake metadata server on loopback posts spot notices."""
+"""Start-up, drain and reload: a real `torchfleet-runtime serve` process receives SIGTERM with
+requests in flight, SIGHUP, and a bad model path. Spot notices: test_spot.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ import rt_models
 import torch
 from conftest import Client, metric_value
 from test_batching import in_thread, wait_until
-from torchfleet_runtime.interruption import SpotWatcher
 
 # A hang (a batch that never closes, a drain that never ends) fails fast instead of at 10 min.
 pytestmark = pytest.mark.timeout(120)
@@ -127,96 +125,6 @@ def test_a_bad_model_path_fails_start_up_with_a_clear_message(tmp_path):
                            "--input-shape", "4"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "config key 'model'" in proc.stderr and "missing.pt" in proc.stderr and "Traceback" not in proc.stderr
-
-
-class FakeMetadata(BaseHTTPRequestHandler):
-    """AWS IMDSv2 (token PUT, then token-authenticated GETs) and Alibaba's metadata paths."""
-
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def _reply(self, status: int, body: str = "") -> None:
-        data = body.encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_PUT(self) -> None:
-        s = self.server
-        if self.path == "/latest/api/token" and s.aws and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
-            s.tokens_issued += 1
-            self._reply(200, "TOKEN-1")
-        else:
-            self._reply(404 if not s.aws else 400)
-
-    def do_GET(self) -> None:
-        s = self.server
-        if self.path == "/latest/meta-data/spot/instance-action" and s.aws:
-            if self.headers.get("X-aws-ec2-metadata-token") != "TOKEN-1":
-                self._reply(401)
-            else:
-                s.aws_polls += 1
-                self._reply(200, s.aws_notice) if s.aws_notice else self._reply(404)
-        elif self.path == "/latest/meta-data/instance/spot/termination-time" and s.ali:
-            s.ali_polls += 1
-            self._reply(200, s.ali_notice) if s.ali_notice else self._reply(404)
-        elif self.path == "/latest/meta-data/instance-id" and s.ali:
-            self._reply(200, "i-fake")
-        else:
-            self._reply(404)
-
-
-@pytest.fixture
-def metadata_server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), FakeMetadata)
-    srv.daemon_threads = True
-    srv.aws, srv.ali = True, True
-    srv.aws_notice = srv.ali_notice = ""
-    srv.tokens_issued = srv.aws_polls = srv.ali_polls = 0
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv, f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
-
-
-@pytest.mark.parametrize("cloud", ["aws", "alicloud"])
-def test_a_spot_notice_drains_the_runtime(cloud, metadata_server, start_runtime, client_for):
-    srv, url = metadata_server
-    rt = start_runtime(rt_models.tiny(), max_batch_size=2, spot_watch=cloud, aws_metadata_url=url,
-                       alicloud_metadata_url=url, spot_poll_interval_s=0.02)
-    c = client_for(rt)
-    wait_until(lambda: (srv.aws_polls if cloud == "aws" else srv.ali_polls) >= 2, "the watcher to poll")
-    assert c.call("GET", "/readyz")[0] == 200 and c.predict([1.0, 2.0, 3.0, 4.0])[0] == 200
-    if cloud == "aws":
-        srv.aws_notice = json.dumps({"action": "terminate", "time": "2026-11-30T20:00:00Z"})
-    else:
-        srv.ali_notice = "2026-11-30T20:00:00Z"
-    assert rt.runtime.stop_requested.wait(20)
-    assert rt.runtime.state == "draining" and "spot" in rt.runtime.stop_reason
-    assert c.call("GET", "/readyz")[0] == 503
-    assert c.predict([1.0, 2.0, 3.0, 4.0])[0] == 503
-    assert rt.runtime.drain(5)
-    if cloud == "aws":
-        assert srv.tokens_issued == 1  # the IMDSv2 token is reused, not fetched per poll
-
-
-def test_auto_detects_the_cloud_or_turns_itself_off(metadata_server):
-    srv, url = metadata_server
-    # a closed port for the cloud that is "not here": connection refused, like a missing service
-    with ThreadingHTTPServer(("127.0.0.1", 0), FakeMetadata) as closed:
-        nowhere = f"http://127.0.0.1:{closed.server_address[1]}"
-
-    def detect(aws: str, ali: str) -> str:
-        return SpotWatcher("auto", aws, ali, 1.0, lambda _: None, timeout_s=2)._detect()
-
-    assert detect(url, nowhere) == "aws"
-    assert detect(nowhere, url) == "alicloud"
-    srv.aws = False
-    assert detect(url, url) == "alicloud"
-    assert detect(nowhere, nowhere) == "off"
 
 
 def test_sighup_reloads_the_model_in_the_same_process(tmp_path):
