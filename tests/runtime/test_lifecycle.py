@@ -1,5 +1,5 @@
 """Start-up, drain and reload: a real `torchfleet-runtime serve` process receives SIGTERM with
-requests in flight, SIGHUP, and a bad model path. Spot notices: test_spot.py."""
+requests in flight, SIGHUP, and bad model paths. Spot notices: test_spot.py."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import rt_models
 import torch
 from conftest import Client, metric_value
 from test_batching import in_thread, wait_until
+from torchfleet_runtime import model
 
 # A hang (a batch that never closes, a drain that never ends) fails fast instead of at 10 min.
 pytestmark = pytest.mark.timeout(120)
@@ -120,11 +121,44 @@ def test_drain_gives_up_after_the_timeout_and_still_exits_0(gated_server):
     assert any("drain timeout: 1 request(s) still in flight" in line for line in p.log)
 
 
-def test_a_bad_model_path_fails_start_up_with_a_clear_message(tmp_path):
-    proc = subprocess.run([CLI, "serve", "--model", str(tmp_path / "missing.pt"), "--port", "0", "--spot-watch", "off",
-                           "--input-shape", "4"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1
-    assert "config key 'model'" in proc.stderr and "missing.pt" in proc.stderr and "Traceback" not in proc.stderr
+def test_a_model_that_was_never_mounted_fails_start_up_naming_the_path_and_the_way_out(tmp_path):
+    """The container's default config reads /models/model.pt; without the mount the sidecar is
+    missing too, and the error must be about the model file (not the input shape), one line, no
+    traceback, exit 1."""
+    models = tmp_path / "models"
+    models.mkdir()
+    config = tmp_path / "runtime.yml"
+    config.write_text(f"model: {models / 'model.pt'}\n")
+    proc = subprocess.run([CLI, "serve", "--config", str(config), "--port", "0", "--spot-watch", "off",
+                           "--log-format", "text"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "container": "podman"})
+    err = proc.stderr
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err and "input shape is unknown" not in err, err
+    assert f"config key 'model': model file not found: {models / 'model.pt'}" in err
+    assert f"{models} holds no model file" in err and "TORCHFLEET_MODEL" in err
+    assert f"mount the model's directory at {models}" in err and f"-v DIR:{models}:ro" in err
+
+
+def test_a_bad_model_path_is_explained_by_what_is_there(tmp_path, monkeypatch):
+    monkeypatch.delenv("container", raising=False)
+    monkeypatch.setattr(model, "_in_container", lambda: False)
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "resnet50.onnx").write_bytes(b"x")  # mounted, but the file has another name
+
+    def error(path: Path) -> str:
+        with pytest.raises(model.ModelError) as info:
+            model.check_model_file(str(path))
+        return str(info.value)
+
+    err = error(models / "model.pt")
+    assert f"{models} holds resnet50.onnx" in err and f"TORCHFLEET_MODEL={models / 'resnet50.onnx'}" in err
+    assert "mount" not in err  # not in a container: no podman advice
+    assert f"{tmp_path / 'nowhere'} does not exist" in error(tmp_path / "nowhere" / "model.pt")
+    err = error(models)
+    assert f"config key 'model': {models} is a directory" in err and "resnet50.onnx" in err
+    model.check_model_file(str(models / "resnet50.onnx"))  # a readable file passes
 
 
 def test_sighup_reloads_the_model_in_the_same_process(tmp_path):
