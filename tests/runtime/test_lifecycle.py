@@ -1,9 +1,9 @@
 """Start-up, drain and reload: a real `torchfleet-runtime serve` process receives SIGTERM with
-requests in flight, SIGHUP, and bad model paths. Spot notices: test_spot.py."""
+requests in flight (a Python-gated model and a real TorchScript one), SIGHUP, and bad model paths.
+Spot notices: test_spot.py."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
@@ -19,7 +19,7 @@ import rt_models
 import torch
 from conftest import Client, metric_value
 from test_batching import in_thread, wait_until
-from torchfleet_runtime import model
+from torchfleet_runtime import demo, model
 
 # A hang (a batch that never closes, a drain that never ends) fails fast instead of at 10 min.
 pytestmark = pytest.mark.timeout(120)
@@ -103,22 +103,73 @@ def test_drain_gives_up_after_the_timeout_and_still_exits_0(gated_server):
     start, _ = gated_server
     p = start("--drain-timeout-s", "0.5")
     c = Client(p.port)
-
-    def stuck() -> str:
-        try:
-            Client(p.port).predict([rt_models.GATE_VALUE, 0.0, 0.0, 0.0])
-        except (http.client.HTTPException, ConnectionError):
-            return "cut off"
-        return "answered"
-
-    t, out = in_thread(stuck)
+    t, out = in_thread(lambda: Client(p.port).predict([rt_models.GATE_VALUE, 0.0, 0.0, 0.0]))
     wait_until(lambda: metric_value(c.call("GET", "/metrics")[2].decode(), "torchfleet_inflight_requests") == 1,
                "a stuck request")
     p.proc.send_signal(signal.SIGTERM)
     assert p.wait(30) == 0  # the gate never opens: the drain timeout ends it
     t.join(10)
-    assert out == ["cut off"]
+    status, headers, doc = out[0]  # cut off with an answer it can act on, not a reset
+    assert status == 503 and doc["error"]["type"] == "not_ready" and "drain" in doc["error"]["message"]
+    assert headers["Connection"] == "close" and headers["Retry-After"]
     assert any("drain timeout: 1 request(s) still in flight" in line for line in p.log)
+
+
+@pytest.fixture(scope="module")
+def demo_model(tmp_path_factory):
+    """The real TorchScript demo model, written once (the serve processes only read it)."""
+    model_path, _ = demo.write_demo_model(tmp_path_factory.mktemp("demo"))
+    return str(model_path)
+
+
+def _no_abort(p: ServeProcess) -> None:
+    text = "".join(p.log)
+    assert "terminate called" not in text and "Traceback" not in text, text[-3000:]
+
+
+def test_a_torchscript_batch_running_past_the_drain_timeout_exits_0(demo_model):
+    """The batcher is inside TorchScript when the drain gives up: interpreter shutdown would stop
+    that thread inside torch's C++ frames and abort (exit 134); the process must exit 0."""
+    p = ServeProcess(["--model", demo_model, "--max-batch-size", "4", "--max-queue", "1024", "--torch-threads", "1",
+                      "--drain-timeout-s", "0.3", "--log-level", "info", "--log-format", "text"], {})
+    try:
+        c = Client(p.port)
+        wait_until(lambda: c.call("GET", "/readyz")[0] == 200, "the server to be ready", 60)
+        n = 512  # 128 batches of 4: seconds of model work, far past the drain timeout
+        body = bytes(n * 3 * 64 * 64 * 4)
+        headers = {"Content-Type": "application/octet-stream", "X-Shape": f"{n},3,64,64", "X-Dtype": "float32"}
+        t, out = in_thread(lambda: Client(p.port).call("POST", "/v1/predict", body, headers))
+
+        def batches_run() -> float:
+            return metric_value(c.call("GET", "/metrics")[2].decode(), "torchfleet_batch_size_count")
+
+        wait_until(lambda: batches_run() >= 2, "the batcher to be busy with the big request", 60)
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+        t.join(10)
+        status, answer_headers, data = out[0]
+        assert status == 503 and json.loads(data)["error"]["type"] == "not_ready"
+        assert answer_headers["Connection"] == "close"
+    finally:
+        p.kill()
+    _no_abort(p)
+    assert any("1 request(s) were cut off with 503" in line for line in p.log)
+
+
+def test_sigterm_during_a_torchscript_warm_up_exits_0_at_once(demo_model):
+    p = ServeProcess(["--model", demo_model, "--max-batch-size", "8", "--warmup-iterations", "500", "--torch-threads",
+                      "1", "--log-level", "info", "--log-format", "text"], {})
+    try:
+        wait_until(lambda: any("loaded torchscript model" in line for line in p.log), "the model to load", 60)
+        time.sleep(0.2)  # inside the warm-up runs now (500 per bucket: many seconds)
+        assert Client(p.port).call("GET", "/readyz")[0] == 503
+        started = time.monotonic()
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+        assert time.monotonic() - started < 5
+    finally:
+        p.kill()
+    _no_abort(p)
 
 
 def test_a_model_that_was_never_mounted_fails_start_up_naming_the_path_and_the_way_out(tmp_path):

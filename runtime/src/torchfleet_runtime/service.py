@@ -16,7 +16,8 @@ States: loading -> warming -> ready -> draining -> stopped (or failed). /readyz 
   an error log line, `torchfleet_reloads_total{result="failed"}`. One reload at a time (409).
 - Drain (SIGTERM, SIGINT, a spot notice): /readyz and new predictions 503 with Connection:
   close at once; those 503s are not in-flight work. `drain()` returns as soon as every admitted
-  prediction has been answered, or after `drain_timeout_s`.
+  prediction has been answered, or after `drain_timeout_s`; then `cut_off()` answers what is
+  left 503 and drops the queue (the batch running then may go on inside torch: see app).
 Threads: torch gets `torch_threads` intra-op threads (auto: one per CPU this process may use:
 the affinity mask and the cgroup CPU quota, see cpus.py) and `torch_interop_threads` (auto: 1),
 set once before the first model loads.
@@ -345,6 +346,18 @@ class Runtime:
                     return False
                 self._admitted_cond.wait(left)
         return True
+
+    def cut_off(self, waited_s: float) -> int:
+        """After a drain that timed out: answer every prediction still admitted 503 not_ready
+        with Connection: close at once (a client can retry elsewhere instead of reading a
+        reset), drop the batcher's queue and stop its worker after the batch it is running.
+        Returns how many requests were cut off."""
+        slot = self._slot
+        if slot is None:
+            return 0
+        return slot.batcher.abort(ApiError(
+            503, "not_ready", f"the runtime stopped: the drain ended after {waited_s:.1f} s (drain_timeout_s) "
+            "before this prediction was answered; retry it", 5, close=True))
 
     def close(self, worker_timeout_s: float = 5.0) -> None:
         if self._slot is not None:
