@@ -86,7 +86,7 @@ def metadata_server():
     srv.polls = {"aws": 0, "alicloud": 0}
     srv.notice = {"aws": "", "alicloud": ""}
     srv.log = []
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()  # quick shutdown
     yield srv, f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
     srv.server_close()
