@@ -13,8 +13,8 @@ import json
 import pytest
 import yaml
 
+from infra.lifecycle import HEALTH_GRACE_S, LAUNCH_TIMEOUT_DEFAULT_S, drain_timeout_s
 from infra.offline import FAKE_BAKED_AMI, _octet, run_offline
-from infra.readiness import DEREGISTRATION_DELAY_S, HEALTH_GRACE_S, drain_timeout_s
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 ASG = "aws:autoscaling/group:Group"
@@ -38,14 +38,15 @@ def launch_specs(run):
     templates = {f"{lt.name}-id": lt for lt in run.of_type(LT)}
     for lt in templates.values():
         yield lt, lt.inputs.get("userData")
-    for inst in run.of_type("aws:ec2/instance:Instance"):
-        # instances take their user-data from the launch template they name
+    for inst in run.tagged("aws:ec2/instance:Instance", "gpu-node"):
+        # the template's user-data, and the instance's own copy of it (a new bundle replaces
+        # the instance, see test_instances_are_replaced_on_a_new_bundle)
         template = templates.get(inst.inputs.get("launchTemplate", {}).get("id"))
-        assert template is not None or inst.inputs.get("userData"), inst.name
-        yield inst, inst.inputs.get("userData") or template.inputs.get("userData")
-    for kind in ("alicloud:ecs/instance:Instance", ESS_CONFIG):
-        for r in run.of_type(kind):
-            yield r, r.inputs.get("userData")
+        assert template is not None, inst.name
+        assert inst.inputs["userDataBase64"] == template.inputs["userData"], inst.name
+        yield inst, inst.inputs["userDataBase64"]
+    for r in run.tagged("alicloud:ecs/instance:Instance", "gpu-node") + run.of_type(ESS_CONFIG):
+        yield r, r.inputs.get("userData")
     for recipe in run.of_type("aws:imagebuilder/imageRecipe:ImageRecipe"):
         yield recipe, recipe.inputs.get("userDataBase64")
 
@@ -63,8 +64,8 @@ def test_every_launch_spec_bootstraps_the_stack_bundle(run):
             for name in (group, "torchfleet-launch", "torchfleet-terminate"):
                 assert name in text, f"{resource.name}: the node cannot name {name}"
         checked += 1
-    nodes = len(run.of_type("aws:ec2/instance:Instance") + run.of_type(
-        "alicloud:ecs/instance:Instance"))
+    nodes = len(run.tagged("aws:ec2/instance:Instance", "gpu-node") + run.tagged(
+        "alicloud:ecs/instance:Instance", "gpu-node"))
     templates = len(run.of_type(LT) + run.of_type(ESS_CONFIG))
     assert checked == nodes + templates >= 1, checked
 
@@ -189,9 +190,10 @@ def test_groups_join_when_ready_and_leave_when_drained(runs, settings, stack):
     for kind, result in kinds.items():
         assert by_kind[kind]["defaultResult"] == result
     launch, terminate = (by_kind[k] for k in kinds)
-    timeout = (cfg.get("scaling") or {}).get("launch_timeout_s", 3600)
+    timeout = (cfg.get("scaling") or {}).get("launch_timeout_s", LAUNCH_TIMEOUT_DEFAULT_S)
     assert launch["heartbeatTimeout"] == timeout and launch["name"] == "torchfleet-launch"
-    assert terminate["heartbeatTimeout"] >= DEREGISTRATION_DELAY_S + drain + 15
+    # CONTRACT-fleet.md 6: at least drain + systemd's 15 s + the watcher's poll and call
+    assert terminate["heartbeatTimeout"] >= drain + 15 + 15
     assert terminate["name"] == "torchfleet-terminate"
 
 
@@ -274,18 +276,18 @@ def test_a_new_bundle_rolls_the_fleet(runs, with_overrides, monkeypatch):
 
     real = bundle.build
 
-    def other(stack, dest=None):  # the same stack after a change to a role
-        made = real(stack, dest)
+    def other(stack, dest=None, **kwargs):  # the same stack after a change to a role
+        made = real(stack, dest, **kwargs)
         sha = "f" * 64
         return type(made)(path=made.path, sha256=sha, key=f"bundles/{stack}/{sha}.tar.gz",
                           version=f"changed-{sha[:12]}")
 
-    nodeboot.stack_bundle.cache_clear()
+    nodeboot.clear_bundle_cache()
     monkeypatch.setattr(bundle, "build", other)
     try:
         changed = {s: run_offline(s, with_overrides(s)) for s in GROUPS}
     finally:
-        nodeboot.stack_bundle.cache_clear()
+        nodeboot.clear_bundle_cache()
     before = runs["aws-prod"].of_type(LT)[0].inputs["userData"]
     after = changed["aws-prod"].of_type(LT)[0].inputs["userData"]
     assert before != after and "f" * 64 in cloud_config(after)[0]
@@ -299,10 +301,10 @@ def test_nodes_start_only_once_the_bundle_and_grants_exist(run):
         "aws:s3/bucketObjectv2:BucketObjectv2", "alicloud:oss/bucketObject:BucketObject")}
     assert len(deps_needed) == 1
     checked = 0
-    for kind in (ASG, "aws:ec2/instance:Instance", "alicloud:ecs/instance:Instance", ESS_CONFIG):
-        for r in run.of_type(kind):
-            assert deps_needed <= set(r.dependencies), (r.type, r.name)
-            checked += 1
+    for r in (run.of_type(ASG) + run.tagged("aws:ec2/instance:Instance", "gpu-node")
+              + run.tagged("alicloud:ecs/instance:Instance", "gpu-node") + run.of_type(ESS_CONFIG)):
+        assert deps_needed <= set(r.dependencies), (r.type, r.name)
+        checked += 1
     assert checked >= 1
 
 
