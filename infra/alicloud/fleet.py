@@ -53,9 +53,8 @@ def _lifecycle_policy(cfg: StackConfig):
         return json.dumps({"Version": "1", "Statement": [
             {"Effect": "Allow", "Action": ESS_NODE_ACTIONS,
              "Resource": [f"acs:ess:{cfg.region}:*:scalinggroup/{group_id}"]},
-            # The agent finds its group by name (a read-only lookup in the region).
-            {"Effect": "Allow", "Action": ["ess:DescribeScalingGroups"],
-             "Resource": [f"acs:ess:{cfg.region}:*:scalinggroup/*"]},
+            # No DescribeScalingGroups: the user-data hands the agent its group id
+            # (CONTRACT-fleet.md, fleet-node 1.7).
             # CloudMonitor has no resource-level permission for custom metrics.
             {"Effect": "Allow", "Action": ["cms:PutCustomMetric"], "Resource": ["*"]}]})
     return document

@@ -334,6 +334,13 @@ def test_least_privilege_roles(runs):
                 if "*" in statement["Resource"]:
                     assert statement["Resource"] == ["*"] and set(actions) <= \
                         RAM_NO_RESOURCE_LEVEL, statement
+                if any(a.startswith("ess:") for a in actions):
+                    # the node's own group only: the user-data hands the agent its id, so no
+                    # region-wide lookup (scalinggroup/*) is needed
+                    groups = [f"{g.name}-id" for g in
+                              runs[stack].of_type("alicloud:ess/scalingGroup:ScalingGroup")]
+                    assert [r.rsplit("/", 1)[1] for r in statement["Resource"]] == groups, \
+                        statement
                 checked += 1
     assert checked >= 10
 
