@@ -236,7 +236,9 @@ def monitoring_lines(run: OfflineRun) -> list[str]:
 def estimate_lines() -> list[str]:
     from infra.lifecycle import estimates
 
-    return [f"{path:<9} {e.summary()}" for path, e in estimates().items()]
+    found = estimates()
+    width = max(map(len, found))
+    return [f"{path:<{width}} {e.summary()}" for path, e in found.items()]
 
 
 def bounds_rows(costs: dict[str, dict[str, Any]]) -> list[str]:
