@@ -9,6 +9,7 @@ its own, so a rule cannot hide a CIDR behind a group."""
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 
 import pytest
@@ -179,6 +180,41 @@ def test_inventory_and_bundle_name_the_monitoring_host(runs, stack):
         facts = json.load(tar.extractfile("node.json"))
     assert facts["group_vars"]["monitoring_logs_server"] == host["private_ip"]
     assert bundle.build(stack, config=cfg).sha256 == made.sha256  # reproducible
+
+
+@pytest.mark.parametrize("stack", PROD)
+def test_ansible_sees_the_monitoring_host_from_the_stack_output(runs, settings, tmp_path,
+                                                                stack):
+    """The stack's inventory output, written as `torchfleet up` writes it (stack.yml beside the
+    committed hosts.yml and group_vars), read by real `ansible-inventory`: the committed, empty
+    `monitoring` group gains the host, and the nodes' group carries the receiver. The cloud
+    discovery sources are left out (they need the cloud API; tests/inventory runs them)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from infra.deploy.inventory import write
+    from infra.matrix import REPO_ROOT
+
+    inv_dir = tmp_path / "inventories" / stack
+    inv_dir.mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "inventories" / stack / "hosts.yml", inv_dir)
+    shutil.copytree(REPO_ROOT / "inventories" / stack / "group_vars", inv_dir / "group_vars")
+    write(stack, runs[stack].outputs["inventory"], tmp_path / "inventories")
+    (inv_dir / "aws_ec2.yml").unlink(missing_ok=True)
+    listed = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inv_dir), "--list",
+         "--export"],
+        capture_output=True, text=True, check=False, timeout=120,
+        env={**os.environ, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "true"})
+    assert listed.returncode == 0, listed.stderr
+    found = json.loads(listed.stdout)
+    assert found["monitoring"]["hosts"] == [f"{stack}-monitoring"]
+    host = found["_meta"]["hostvars"][f"{stack}-monitoring"]
+    assert host["ansible_host"] == host["private_ip"] == "10.42.240.10"
+    assert host["monitoring_runtime_port"] == settings(stack)["service_port"]
+    assert found["gpu_nodes"]["vars"]["monitoring_logs_server"] == host["private_ip"]
 
 
 @pytest.mark.parametrize("stack", PROD)
