@@ -30,6 +30,37 @@ REFERENCE_REGION = {"aws": "us-east-1", "alicloud": "ap-southeast-1"}
 # A stopped instance costs its volumes only: gp3 USD per GiB-month, us-east-1 price list,
 # 2024-06 (reference figure), for the warm pool's share of the estimate.
 EBS_GP3_USD_PER_GB_MONTH = 0.08
+# The monitoring host's disk (AWS gp3; Alibaba ESSD PL1, approximate), same sources and dates.
+DISK_USD_PER_GB_MONTH = {"aws": EBS_GP3_USD_PER_GB_MONTH, "alicloud": 0.07}
+# The NAT gateway its private subnet reaches the package archive and the cloud APIs through,
+# with its public address, per hour before traffic (AWS NAT gateway 0.045 + public IPv4 0.005;
+# Alibaba enhanced Internet NAT gateway instance fee + EIP, approximate), same sources and dates.
+NAT_USD_PER_HOUR = {"aws": 0.05, "alicloud": 0.05}
+
+
+@dataclass(frozen=True)
+class HostType:
+    """A general-purpose type for the stack's monitoring host (no GPU)."""
+
+    cloud: str
+    name: str
+    vcpu: int
+    ram_gib: float
+    usd_per_hour: float
+
+
+# roles/monitoring/README.md sizes the host: 2 vCPU and 4 GiB hold tens of nodes at 15 s
+# scrapes; the larger ones are for bigger fleets or Grafana beside Prometheus. Prices as above.
+HOST_TYPES: dict[str, dict[str, HostType]] = {
+    cloud: {name: HostType(cloud, name, vcpu, ram, price) for name, vcpu, ram, price in rows}
+    for cloud, rows in {
+        "aws": [("t3.medium", 2, 4, 0.0416), ("t3.large", 2, 8, 0.0832),
+                ("m6i.large", 2, 8, 0.096), ("m6i.xlarge", 4, 16, 0.192)],
+        "alicloud": [("ecs.c7.large", 2, 4, 0.088), ("ecs.g7.large", 2, 8, 0.109),
+                     ("ecs.g7.xlarge", 4, 16, 0.218)],
+    }.items()
+}
+DEFAULT_HOST_TYPE = {"aws": "t3.medium", "alicloud": "ecs.g7.large"}
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from torchfleet_runtime import matrix as compat
 
 from infra import catalog
-from infra.addressing import MAX_ZONES
+from infra.addressing import BLOCKS, MAX_ZONES
 from infra.catalog import InstanceType
 from infra.k8s import settings as k8s_settings
 from infra.k8s.settings import KubernetesSettings
+from infra.lifecycle import LAUNCH_TIMEOUT_DEFAULT_S
 from infra.matrix import Matrix, load_matrix
-from infra.readiness import LAUNCH_TIMEOUT_DEFAULT_S
 from infra.schedule import DAYS, Schedule
 
 NAMESPACE = "torchfleet"
@@ -58,7 +58,7 @@ KEYS = (
     "cloud", "env", "region", "zones", "mode", "instance_type", "gpu", "extra_instance_types",
     "nodes", "spot", "schedule", "ttl_hours", "admin_cidrs", "client_cidrs", "service_port",
     "ssh_public_key", "image", "image_distro", "cuda_profile", "disk_gb", "vpc_cidr", "owner",
-    "tags", "budget", "model_bucket", "scaling", "boot", "warm_pool", "kubernetes",
+    "tags", "budget", "model_bucket", "scaling", "boot", "warm_pool", "kubernetes", "monitoring",
 )
 # Sub-keys of the structured values, for the same "unknown key" check one level down.
 SUBKEYS = {
@@ -72,7 +72,12 @@ SUBKEYS = {
                 "launch_timeout_s"),
     "warm_pool": ("enabled", "min_size", "max_prepared"),
     "kubernetes": k8s_settings.SUBKEYS,
+    "monitoring": ("enabled", "instance_type", "disk_gb"),
 }
+# The monitoring host's disk: 30 days of samples plus the nodes' journals (roles/monitoring:
+# monitoring_logs_max_use 20G); its README sizes 50 GiB.
+MONITORING_DISK_GB = (30, 16384)
+MONITORING_DISK_DEFAULT_GB = 50
 
 
 class ConfigError(ValueError):
@@ -113,7 +118,7 @@ class Scaling:
     """Scaling on load (group mode): the per-node targets the policies track."""
 
     requests_per_node: float  # requests per node per minute (ALBRequestCountPerTarget's unit)
-    queue_depth_per_node: float | None  # None: derived from the request target (infra.readiness)
+    queue_depth_per_node: float | None  # None: derived from the request target (infra.lifecycle)
     scale_in: bool  # False: the load policies only ever add nodes
     protect_from_scale_in: bool  # new nodes are protected; only schedules/operators remove them
     launch_timeout_s: int  # the launching hook's heartbeat timeout
@@ -123,6 +128,15 @@ class Scaling:
 class WarmPool:
     min_size: int
     max_prepared: int | None  # None: AWS keeps max_size - desired warm
+
+
+@dataclass(frozen=True)
+class Monitoring:
+    """The stack's monitoring host (roles/monitoring): Prometheus, Alertmanager and the
+    journal receiver, in a private subnet of the stack's VPC."""
+
+    instance_type: catalog.HostType
+    disk_gb: int
 
 
 @dataclass(frozen=True)
@@ -157,6 +171,7 @@ class StackConfig:
     warm_pool: WarmPool | None = None  # AWS group mode only
 
     kubernetes: KubernetesSettings | None = None  # mode: kubernetes only
+    monitoring: Monitoring | None = None  # None: no monitoring host
 
     @property
     def bootstrap_mode(self) -> str:
@@ -340,6 +355,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
     _cross_checks(r, cloud, env, mode, zones, nodes, spot, schedule, client)
     _fleet_checks(r, image, boot, nodes, spot, warm_pool)
     kubernetes = _kubernetes(r, cloud, mode, zones, itypes, nodes, spot, image, bucket)
+    monitoring = _monitoring(r, cloud, mode)
     if r.problems:
         raise ConfigError(r.problems)
     assert env and mode and itype and nodes and spot and port and distro and profile and disk
@@ -350,7 +366,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
         ssh_public_key=key.strip(), image=image, image_distro=distro, cuda_profile=profile,
         disk_gb=disk, vpc_cidr=vpc_cidr, owner=owner, tags=tags, budget=budget,
         model_bucket=bucket, scaling=scaling, boot=boot or "cold", warm_pool=warm_pool,
-        kubernetes=kubernetes,
+        kubernetes=kubernetes, monitoring=monitoring,
     )
 
 
@@ -373,7 +389,7 @@ def _zones(r: _Reader, cloud: str, region: str | None) -> tuple[str, ...]:
         r.fail("zones", zones, "distinct zones")
     if len(zones) > MAX_ZONES:
         r.fail("zones", zones, f"at most {MAX_ZONES} zones (the address plan gives each zone "
-               f"1/{MAX_ZONES} of vpc_cidr)")
+               f"1/{BLOCKS} of vpc_cidr and keeps the last block for the services subnet)")
         return tuple(out[:MAX_ZONES])
     return tuple(out)
 
@@ -517,6 +533,38 @@ def _scaling(r: _Reader, mode: str | None) -> Scaling | None:
         return None
     return Scaling(requests_per_node=requests, queue_depth_per_node=queue, scale_in=scale_in,
                    protect_from_scale_in=protect, launch_timeout_s=timeout)
+
+
+def _monitoring(r: _Reader, cloud: str, mode: str | None) -> Monitoring | None:
+    """The `monitoring` block; every sub-key is checked even while `enabled` is false."""
+    raw = r.structured("monitoring", dict)
+    if raw is None:
+        return None
+    enabled = r.boolean("monitoring.enabled", raw.get("enabled", False))
+    types = catalog.HOST_TYPES[cloud]
+    name = raw.get("instance_type", catalog.DEFAULT_HOST_TYPE[cloud])
+    itype = types.get(name) if isinstance(name, str) else None
+    if itype is None:
+        r.fail("monitoring.instance_type", name, f"a general-purpose {cloud} type: "
+               + ", ".join(types))
+    lo, hi = MONITORING_DISK_GB
+    disk = r.number("monitoring.disk_gb", raw.get("disk_gb", MONITORING_DISK_DEFAULT_GB), int,
+                    lo, hi, f"an integer number of GiB in {lo}..{hi} (30 days of samples plus "
+                    "the nodes' journals)")
+    if not enabled:
+        return None
+    if mode == "kubernetes":
+        r.fail("monitoring.enabled", True, "false in mode: kubernetes (the cluster's own "
+               "Prometheus scrapes the pods)")
+        return None
+    if r.get("ttl_hours") is not None:
+        # The TTL and the working-hours schedules act on the GPU nodes only.
+        r.fail("monitoring.enabled", True, "false while ttl_hours is set (the TTL releases the "
+               "GPU nodes only; a monitoring host would outlive it)")
+        return None
+    if itype is None or disk is None:
+        return None
+    return Monitoring(instance_type=itype, disk_gb=disk)
 
 
 def _boot(r: _Reader, cloud: str) -> str | None:

@@ -25,6 +25,16 @@ class Node:
 
 
 @dataclass
+class MonitoringHost:
+    """The stack's monitoring host (roles/monitoring), as the inventory's `monitoring` group
+    needs it: reached on its private address (it has no public one)."""
+
+    name: str
+    private_ip: pulumi.Output[str]
+    login_user: str
+
+
+@dataclass
 class Deployment:
     nodes: list[Node]  # empty in group mode: the group owns its instances
     endpoint: pulumi.Output[str]
@@ -32,6 +42,7 @@ class Deployment:
     # group mode: how to enumerate the nodes (cloud, region, tag filter)
     discovery: dict[str, Any] | None = None
     extra_outputs: dict[str, Any] = field(default_factory=dict)
+    monitoring: MonitoringHost | None = None
 
 
 class Backend(Protocol):
@@ -41,3 +52,5 @@ class Backend(Protocol):
 
 
 NODE_ROLE_TAG = ("torchfleet-role", "gpu-node")
+# The monitoring host's role tag: not a GPU node, so EC2 discovery never scrapes it as one.
+MONITORING_ROLE_TAG = ("torchfleet-role", "monitoring")

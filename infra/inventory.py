@@ -1,5 +1,13 @@
 """The `inventory` stack output: an Ansible YAML inventory (the shape inventories/*/hosts.yml
-takes), with the per-host variables the roles read."""
+takes), with the per-host variables the roles read.
+
+Groups: `gpu_nodes` (instances mode: every node with its addresses; group mode: none, the
+discovery filter finds them) and, with `monitoring.enabled`, `monitoring` (the one monitoring
+host on its private address, with the ports its scrape configuration needs).
+
+`group_vars(cfg)` is also what the node bundle's node.json carries (infra.bundle), so a node
+that configures itself gets the same facts an operator's run does; it holds config facts only
+(no Output), which keeps the bundle a function of the config."""
 
 from __future__ import annotations
 
@@ -9,13 +17,15 @@ import pulumi
 
 from infra.config import StackConfig
 from infra.interface import Deployment
+from infra.monitoring import address as monitoring_address
 
 GROUP = "gpu_nodes"
+MONITORING_GROUP = "monitoring"
 
 
 def group_vars(cfg: StackConfig, login_user: str) -> dict[str, Any]:
     itype = cfg.instance_type
-    return {
+    shared = {
         "ansible_user": login_user,
         "torchfleet_cloud": cfg.cloud,
         "torchfleet_env": cfg.env,
@@ -27,14 +37,43 @@ def group_vars(cfg: StackConfig, login_user: str) -> dict[str, Any]:
         # the runtime's spot watcher only arms itself on spot nodes.
         "torchfleet_spot": cfg.spot.enabled,
     }
+    if cfg.monitoring:
+        # Where every node ships its journal (roles/monitoring, node entry point). The role's
+        # default finds it in the inventory's monitoring group, which a node configuring
+        # itself (cloud-init) does not have; the address is fixed by the address plan.
+        shared["monitoring_logs_server"] = monitoring_address(cfg)
+    return shared
+
+
+def _monitoring_group(cfg: StackConfig, deployment: Deployment
+                      ) -> pulumi.Output[dict[str, Any]] | None:
+    host = deployment.monitoring
+    if host is None:
+        return None
+
+    def group(ip: str) -> dict[str, Any]:
+        return {"hosts": {host.name: {
+            "ansible_host": ip, "private_ip": ip, "ansible_user": host.login_user,
+            # The runtime's port as this stack sets it (the role's default is 8080).
+            "monitoring_runtime_port": cfg.service_port}}}
+
+    return host.private_ip.apply(group)
 
 
 def build(cfg: StackConfig, deployment: Deployment) -> pulumi.Output[dict[str, Any]]:
     shared = group_vars(cfg, deployment.login_user)
+    monitoring = _monitoring_group(cfg, deployment)
+
+    def with_monitoring(inv: dict[str, Any], group: dict[str, Any] | None) -> dict[str, Any]:
+        if group is not None:
+            inv["all"]["children"][MONITORING_GROUP] = group
+        return inv
+
     if not deployment.nodes:
-        return pulumi.Output.from_input({"all": {
-            "vars": {"torchfleet_discovery": deployment.discovery},
-            "children": {GROUP: {"hosts": {}, "vars": shared}}}})
+        inv = {"all": {"vars": {"torchfleet_discovery": deployment.discovery},
+                       "children": {GROUP: {"hosts": {}, "vars": shared}}}}
+        return pulumi.Output.all(pulumi.Output.from_input(inv), monitoring).apply(
+            lambda v: with_monitoring(*v))
 
     def host(node, public_ip: str | None, private_ip: str) -> dict[str, Any]:
         return {**shared,
@@ -46,9 +85,10 @@ def build(cfg: StackConfig, deployment: Deployment) -> pulumi.Output[dict[str, A
 
     addresses = [pulumi.Output.all(n.public_ip, n.private_ip) for n in deployment.nodes]
 
-    def assemble(ips: list[list[str]]) -> dict[str, Any]:
+    def assemble(values: list[Any]) -> dict[str, Any]:
+        *ips, group = values
         hosts = {n.name: host(n, pub, priv) for n, (pub, priv) in zip(deployment.nodes, ips,
                                                                       strict=True)}
-        return {"all": {"children": {GROUP: {"hosts": hosts}}}}
+        return with_monitoring({"all": {"children": {GROUP: {"hosts": hosts}}}}, group)
 
-    return pulumi.Output.all(*addresses).apply(assemble)
+    return pulumi.Output.all(*addresses, monitoring).apply(assemble)

@@ -2,8 +2,8 @@
 user-data that fetches, verifies and runs it (fleet-node's `infra.bundle` and
 `infra.bootstrap`, called here and nowhere else in infra/).
 
-Contract: `stack_bundle(cfg)` builds the stack's bundle once per process (the program runs once;
-the offline plan and the tests run many stacks); `user_data(...)` renders the one cloud-init
+Contract: `stack_bundle(cfg)` builds the bundle of the program's validated config once per
+process (the program runs once; the offline plan and the tests run many stacks); `user_data(...)` renders the one cloud-init
 template for a BootstrapSpec whose bucket name may still be an Output and returns it base64
 encoded, the form every launch spec here takes (AWS launch templates require it; the Alibaba
 provider passes base64 through unchanged). The group and hook names are fixed so user-data can
@@ -13,8 +13,8 @@ name them before the group exists.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Mapping
-from functools import cache
 from typing import Any
 
 import pulumi
@@ -33,13 +33,25 @@ def group_name(cfg: StackConfig) -> str:
     return f"{cfg.name}-asg" if cfg.cloud == "aws" else f"{cfg.name}-ess"
 
 
-@cache
-def stack_bundle(stack: str) -> Any:
-    """infra.bundle.build(stack): reproducible and content-cached on disk by fleet-node; cached
-    here per process as well so one run never packs the same tree twice."""
+_BUNDLES: dict[tuple[str, str], Any] = {}
+
+
+def stack_bundle(cfg: StackConfig) -> Any:
+    """infra.bundle.build(stack, config=cfg): the program's validated config goes in, so the
+    bundle's node.json carries the config Pulumi really runs and the stack file (which may hold
+    Pulumi secrets) is not read a second time. Reproducible and content-cached on disk by
+    infra.bundle; cached here per process and per stack facts as well, so one run never packs
+    the same tree twice (the tests run one stack under several configs)."""
     from infra import bundle
 
-    return bundle.build(stack)
+    key = (cfg.stack, json.dumps(bundle.stack_facts(cfg.stack, cfg), sort_keys=True))
+    if key not in _BUNDLES:
+        _BUNDLES[key] = bundle.build(cfg.stack, config=cfg)
+    return _BUNDLES[key]
+
+
+def clear_bundle_cache() -> None:
+    _BUNDLES.clear()
 
 
 def bundle_url(cfg: StackConfig, bucket: str, key: str) -> str:
@@ -53,7 +65,7 @@ def user_data(cfg: StackConfig, bucket: pulumi.Input[str], *, mode: str,
     BootstrapSpec fields, Outputs allowed (Alibaba's group and metric group ids)."""
     from infra.bootstrap import BootstrapSpec, render_user_data
 
-    bundle = stack_bundle(cfg.stack)
+    bundle = stack_bundle(cfg)
     names = list((extra or {}).keys())
 
     def render(values: list[Any]) -> str:

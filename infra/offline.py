@@ -56,6 +56,11 @@ class OfflineRun:
     def of_type(self, type_: str) -> list[Registered]:
         return [r for r in self.resources if r.type == type_]
 
+    def tagged(self, type_: str, role: str) -> list[Registered]:
+        """Resources of `type_` whose `torchfleet-role` tag is `role` (gpu-node, monitoring)."""
+        return [r for r in self.of_type(type_)
+                if (r.inputs.get("tags") or {}).get("torchfleet-role") == role]
+
 
 def _octet(name: str) -> int:
     return int(hashlib.sha256(name.encode()).hexdigest()[:2], 16) % 200 + 10
@@ -74,7 +79,11 @@ class OfflineMocks(pulumi.runtime.Mocks):
         rid = f"{args.name}-id"
         n = _octet(args.name)
         if args.typ in ("aws:ec2/instance:Instance", "alicloud:ecs/instance:Instance"):
-            out.update(publicIp=f"203.0.113.{n}", privateIp=f"10.42.0.{n}")
+            # A private address the program fixed is kept; no public one where none is asked.
+            public = args.inputs.get("associatePublicIpAddress") is not False \
+                and args.inputs.get("internetMaxBandwidthOut", 1) != 0
+            out.update(publicIp=f"203.0.113.{n}" if public else "",
+                       privateIp=args.inputs.get("privateIp") or f"10.42.0.{n}")
             if args.typ.startswith("aws:"):
                 out["spotInstanceRequestId"] = f"sir-{n:08x}"
         elif args.typ == "aws:lb/loadBalancer:LoadBalancer":

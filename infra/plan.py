@@ -44,6 +44,9 @@ KEY_PROPERTIES = {
     "healthCheckType", "healthCheckTypes", "protectFromScaleIn", "strategy", "version",
     "minHealthyPercentage", "autoRollback", "poolState", "reuseOnScaleIn",
     "maxGroupPreparedCapacity", "scalingConfigurationName", "parentImage",
+    # monitoring host and its private subnet
+    "privateIp", "associatePublicIpAddress", "mapPublicIpOnLaunch", "internetMaxBandwidthOut",
+    "cidrIpv4", "cidrIpv6", "natType", "sourceVswitchId",
     # mode: kubernetes
     "amiType", "capacityType", "endpointPublicAccess", "publicAccessCidrs", "clusterSpec",
     "chart", "spotPriceLimits", "loadBalancerSourceRanges", "minReplicas",
@@ -191,22 +194,66 @@ def scaling_lines(run: OfflineRun) -> list[str]:
     return sorted(lines, key=lambda line: (order.index(line.split(" ", 1)[0]), line))
 
 
-def estimate_lines() -> list[str]:
-    from infra.readiness import estimates
+def monitoring_lines(run: OfflineRun) -> list[str]:
+    """The monitoring host and what its security groups admit, from what was registered."""
+    hosts = [r for r in run.of_type("aws:ec2/instance:Instance")
+             + run.of_type("alicloud:ecs/instance:Instance")
+             if (r.inputs.get("tags") or {}).get("torchfleet-role") == "monitoring"]
+    lines = []
+    for r in hosts:
+        i = r.inputs
+        disk = i.get("rootBlockDevice", {}).get("volumeSize") or i.get("systemDiskSize")
+        lines.append(f"host {r.name}: {i['instanceType']} at {i['privateIp']} (private, no "
+                     f"public address), {int(disk)} GiB encrypted disk, metadata tokens "
+                     f"{i.get('metadataOptions', {}).get('httpTokens') or i.get('httpTokens')}")
+    if not hosts:
+        return lines
+    groups = {f"{sg.name}-id": sg.name for sg in run.of_type("aws:ec2/securityGroup:SecurityGroup")
+              + run.of_type("alicloud:ecs/securityGroup:SecurityGroup")}
+    for sg in run.of_type("aws:ec2/securityGroup:SecurityGroup"):
+        for rule in sg.inputs.get("ingress", []):
+            sources = [groups.get(g, g) for g in rule.get("securityGroups", [])]
+            if any(src.endswith("-monitoring") for src in sources):
+                lines.append(f"{sg.name} admits tcp {int(rule['fromPort'])} from "
+                             f"{', '.join(sources)}")
+    for rule in run.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"):
+        i = rule.inputs
+        source = groups.get(i.get("referencedSecurityGroupId", ""), "") or i.get("cidrIpv4") \
+            or i.get("cidrIpv6")
+        lines.append(f"{groups.get(i['securityGroupId'])} admits {i['ipProtocol']} "
+                     f"{int(i['fromPort'])} from {source}")
+    for rule in run.of_type("alicloud:ecs/securityGroupRule:SecurityGroupRule"):
+        i = rule.inputs
+        source = groups.get(i.get("sourceSecurityGroupId", ""))
+        target = groups.get(i["securityGroupId"], "")
+        if i["type"] == "ingress" and (target.endswith("-monitoring")
+                                       or (source or "").endswith("-monitoring")):
+            lines.append(f"{target} admits {i['ipProtocol']} {i['portRange'].split('/')[0]} "
+                         f"from {source or i.get('cidrIp') or i.get('ipv6CidrIp')}")
+    return [lines[0], *sorted(lines[1:])]
 
-    return [f"{path:<9} {e.summary()}" for path, e in estimates().items()]
+
+def estimate_lines() -> list[str]:
+    from infra.lifecycle import estimates
+
+    found = estimates()
+    width = max(map(len, found))
+    return [f"{path:<{width}} {e.summary()}" for path, e in found.items()]
 
 
 def bounds_rows(costs: dict[str, dict[str, Any]]) -> list[str]:
     head = (f"{'stack':<14} {'min':>4} {'max':>4} {'$/h cap @min':>12} {'$/h cap @max':>12} "
-            f"{'$/mo worst @min':>15} {'$/mo worst @max':>15} {'$/mo warm pool':>14}")
+            f"{'$/mo worst @min':>15} {'$/mo worst @max':>15} {'$/mo warm pool':>14} "
+            f"{'monitoring':<12} {'$/mo monitoring':>15}")
     rows = [head, "-" * len(head)]
     for stack, c in costs.items():
         rows.append(f"{stack:<14} {c['min_nodes']:>4} {c['max_nodes']:>4} "
                     f"{c['spot_cap_usd_per_hour_at_min']:>12.3f} "
                     f"{c['spot_cap_usd_per_hour_at_max']:>12.3f} "
                     f"{c['monthly_worst_at_min_usd']:>15.2f} {c['monthly_worst_at_max_usd']:>15.2f} "
-                    f"{c['warm_pool_usd_per_month']:>14.2f}")
+                    f"{c['warm_pool_usd_per_month']:>14.2f} "
+                    f"{c.get('monitoring_instance_type') or '-':<12} "
+                    f"{c.get('monitoring_usd_per_month', 0.0):>15.2f}")
     return rows
 
 
@@ -283,8 +330,15 @@ def main(argv: list[str] | None = None) -> int:
             print()
             continue  # mode: kubernetes has pods, not an Ansible inventory
         hosts = run.outputs["inventory"]["all"]["children"]["gpu_nodes"].get("hosts") or {}
+        watcher = run.outputs["inventory"]["all"]["children"].get("monitoring", {}).get("hosts")
         print(f"  inventory: {len(hosts)} host(s) in group gpu_nodes"
-              + ("" if hosts else " (group mode: nodes are found by tag, see discovery)"))
+              + ("" if hosts else " (group mode: nodes are found by tag, see discovery)")
+              + (f"; {', '.join(watcher)} in group monitoring" if watcher else ""))
+        monitoring = monitoring_lines(run)
+        if monitoring:
+            print("\nmonitoring (Prometheus, Alertmanager, the nodes' journals; "
+                  "roles/monitoring):")
+            print("\n".join("  " + line for line in monitoring))
         scaling = scaling_lines(run)
         if scaling:
             print("\nscaling (join when ready, leave when drained, scale on load):")
@@ -294,9 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"COST ESTIMATE ({TITLE})")
         print("\n".join(cost_rows(costs)))
         print("\nat the scaling bounds (spot at its cap, schedule applied; warm pool: stopped "
-              "root volumes only)")
+              "root volumes only; every total includes the monitoring host: instance + NAT "
+              "gateway 730 h + disk, traffic not priced)")
         print("\n".join(bounds_rows(costs)))
-        print("\nlaunch -> ready per boot path (infra/readiness.py: measured parts only, the "
+        print("\nlaunch -> ready per boot path (infra/lifecycle.py: measured parts only, the "
               "rest named)")
         print("\n".join("  " + line for line in estimate_lines()))
         if clusters:

@@ -19,7 +19,7 @@ class AlicloudBundleStore(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("torchfleet:alicloud:Bundle", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.bundle = stack_bundle(cfg.stack)
+        self.bundle = stack_bundle(cfg)
         self.prefix = f"bundles/{cfg.stack}/"
         # No name: OSS names are global; the provider picks a unique one.
         self.bucket = alicloud.oss.Bucket(

@@ -53,9 +53,8 @@ def _lifecycle_policy(cfg: StackConfig):
         return json.dumps({"Version": "1", "Statement": [
             {"Effect": "Allow", "Action": ESS_NODE_ACTIONS,
              "Resource": [f"acs:ess:{cfg.region}:*:scalinggroup/{group_id}"]},
-            # The agent finds its group by name (a read-only lookup in the region).
-            {"Effect": "Allow", "Action": ["ess:DescribeScalingGroups"],
-             "Resource": [f"acs:ess:{cfg.region}:*:scalinggroup/*"]},
+            # No DescribeScalingGroups: the user-data hands the agent its group id
+            # (CONTRACT-fleet.md, fleet-node 1.7).
             # CloudMonitor has no resource-level permission for custom metrics.
             {"Effect": "Allow", "Action": ["cms:PutCustomMetric"], "Resource": ["*"]}]})
     return document
@@ -154,11 +153,14 @@ class AlicloudFleet(pulumi.ComponentResource):
                 internet_charge_type="PayByTraffic",
                 internet_max_bandwidth_out=PUBLIC_BANDWIDTH_MBPS,
                 http_endpoint="enabled", http_tokens="required",
-                # Updated in place on a new bundle; ECS then reboots the instance.
                 user_data=user_data(cfg, self.store.bucket.bucket, mode=cfg.bootstrap_mode,
                                     group=False),
                 tags=self.node_tags, volume_tags=self.node_tags,
                 opts=pulumi.ResourceOptions.merge(self.child, pulumi.ResourceOptions(
+                    # cloud-init configures a node once per instance: ECS would apply new
+                    # user-data in place (a reboot), leaving the node on its old bundle. A new
+                    # bundle is a new instance instead.
+                    replace_on_changes=["userData"],
                     depends_on=[self.store.object, *self.grants]))))
         return out
 

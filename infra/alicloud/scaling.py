@@ -21,8 +21,7 @@ import pulumi
 import pulumi_alicloud as alicloud
 
 from infra.config import StackConfig
-from infra.nodeboot import LAUNCH_HOOK, QUEUE_METRIC, REQUEST_METRIC, TERMINATE_HOOK
-from infra.readiness import (
+from infra.lifecycle import (
     INSTANCE_WARMUP_S,
     METRIC_PERIOD_S,
     SCALE_IN_PERIODS,
@@ -30,6 +29,7 @@ from infra.readiness import (
     queue_depth_target,
     terminate_timeout_s,
 )
+from infra.nodeboot import LAUNCH_HOOK, QUEUE_METRIC, REQUEST_METRIC, TERMINATE_HOOK
 
 
 def hooks(cfg: StackConfig) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """AWS: VPC network, the node bundle's bucket, an optional baked image (Image Builder), the GPU
-fleet (instances or an Auto Scaling group behind an ALB that scales on load) and teardown
-(working-hours schedules, TTL, budget)."""
+fleet (instances or an Auto Scaling group behind an ALB that scales on load), teardown
+(working-hours schedules, TTL, budget) and the optional monitoring host."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from infra import images
 from infra.aws.bake import AwsBake
 from infra.aws.bundle_store import AwsBundleStore
 from infra.aws.fleet import AwsFleet
+from infra.aws.monitoring import AwsMonitoring
 from infra.aws.network import AwsNetwork
 from infra.aws.teardown import AwsTeardown
 from infra.config import StackConfig
 from infra.interface import Deployment
+from infra.monitoring import DISTRO as MONITORING_DISTRO
 
 
 def partition(region: str) -> str:
@@ -28,10 +30,13 @@ def partition(region: str) -> str:
     return "aws"
 
 
-def resolve_image(cfg: StackConfig, opts: pulumi.InvokeOptions) -> pulumi.Output[str]:
-    if cfg.image != "auto":
+def resolve_image(cfg: StackConfig, opts: pulumi.InvokeOptions,
+                  distro: str | None = None) -> pulumi.Output[str]:
+    """The GPU nodes' image (`image`, or the newest of `image_distro`), or with `distro` the
+    newest official image of that distro (the monitoring host's)."""
+    if cfg.image != "auto" and distro is None:
         return pulumi.Output.from_input(cfg.image)
-    q = images.query("aws", cfg.image_distro)
+    q = images.query("aws", distro or cfg.image_distro)
     ami = aws.ec2.get_ami_output(
         most_recent=True,
         owners=[q.owner],
@@ -71,4 +76,8 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
     AwsTeardown("teardown", cfg, tags, fleet, expiry, arn_partition, account, opts=opts)
     deployment = fleet.deployment
     deployment.extra_outputs.update(store.outputs)
+    if cfg.monitoring:
+        deployment.monitoring = AwsMonitoring(
+            "monitoring", cfg, tags, network, fleet.key,
+            resolve_image(cfg, invoke, distro=MONITORING_DISTRO), opts=opts).host
     return deployment

@@ -20,8 +20,8 @@ from infra.aws.bundle_store import AwsBundleStore
 from infra.aws.iam import assume_role, bundle_read_policy
 from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
+from infra.lifecycle import COLD_BOOTSTRAP_BUDGET_S
 from infra.nodeboot import user_data
-from infra.readiness import LAUNCH_TIMEOUT_DEFAULT_S
 
 STATUS_FILE = "/var/lib/torchfleet/bootstrap.json"
 BOOTSTRAP_UNIT = "torchfleet-bootstrap.service"
@@ -70,7 +70,8 @@ class AwsBake(pulumi.ComponentResource):
         super().__init__("torchfleet:aws:Bake", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         sha = store.bundle.sha256[:12]
-        timeout = cfg.scaling.launch_timeout_s if cfg.scaling else LAUNCH_TIMEOUT_DEFAULT_S
+        # The bake is a whole cold converge on a GPU builder (not a heartbeat gap).
+        timeout = COLD_BOOTSTRAP_BUDGET_S
         role = aws.iam.Role(f"{name}-role", assume_role_policy=assume_role("ec2.amazonaws.com"),
                             description=f"torchfleet {cfg.stack} image builder instance",
                             tags=tags, opts=child)

@@ -25,7 +25,7 @@ class AwsBundleStore(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("torchfleet:aws:Bundle", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.bundle = stack_bundle(cfg.stack)
+        self.bundle = stack_bundle(cfg)
         self.prefix = f"bundles/{cfg.stack}/"
         # A reproducible build artefact: destroying the stack may delete it with the bucket.
         self.bucket = aws.s3.Bucket(f"{name}-bucket", bucket_prefix=f"{cfg.name}-bundles-",

@@ -18,8 +18,8 @@ from infra.aws.iam import assume_role, bundle_read_policy, group_arn, lifecycle_
 from infra.aws.network import LB_PORT, AwsNetwork
 from infra.config import StackConfig
 from infra.interface import NODE_ROLE_TAG, Deployment, Node
-from infra.nodeboot import group_name, user_data
-from infra.readiness import (
+from infra.lifecycle import (
+    COLD_BOOTSTRAP_BUDGET_S,
     DEREGISTRATION_DELAY_S,
     HEALTH_GRACE_S,
     INSTANCE_WARMUP_S,
@@ -29,6 +29,7 @@ from infra.readiness import (
     LB_HEALTHY_THRESHOLD,
     LB_UNHEALTHY_THRESHOLD,
 )
+from infra.nodeboot import group_name, user_data
 from infra.tags import with_name
 
 # An instance refresh keeps at least this share of the desired nodes serving.
@@ -45,8 +46,8 @@ class AwsFleet(pulumi.ComponentResource):
         node_tags = with_name(tags, f"{cfg.name}-node", **dict([NODE_ROLE_TAG]))
         image = images.query("aws", cfg.image_distro)
 
-        key = aws.ec2.KeyPair(f"{name}-key", key_name_prefix=f"{cfg.name}-",
-                              public_key=cfg.ssh_public_key, tags=tags, opts=child)
+        self.key = key = aws.ec2.KeyPair(f"{name}-key", key_name_prefix=f"{cfg.name}-",
+                                         public_key=cfg.ssh_public_key, tags=tags, opts=child)
         role = aws.iam.Role(
             f"{name}-node-role", assume_role_policy=assume_role("ec2.amazonaws.com"),
             description=f"torchfleet {cfg.stack} GPU nodes", tags=tags, opts=child)
@@ -74,6 +75,10 @@ class AwsFleet(pulumi.ComponentResource):
                 opts=child))
         profile = aws.iam.InstanceProfile(f"{name}-node", role=role.name, tags=tags, opts=child)
 
+        # The bundle's sha256 is inside: a new bundle is a new template version (group) and a
+        # new instance (instances mode, below).
+        self.user_data = user_data(cfg, store.bucket.bucket, mode=cfg.bootstrap_mode,
+                                   group=cfg.mode == "group")
         spot_instances = cfg.mode == "instances" and cfg.spot.enabled
         # Only a persistent request can be stopped (by a schedule) and restarted.
         self.persistent_spot = spot_instances and cfg.spot.interruption in ("stop", "hibernate")
@@ -99,9 +104,7 @@ class AwsFleet(pulumi.ComponentResource):
                                  if spot_instances and cfg.spot.interruption == "hibernate"
                                  else None),
             monitoring=aws.ec2.LaunchTemplateMonitoringArgs(enabled=True),
-            # The bundle's sha256 is inside: a new bundle is a new template version.
-            user_data=user_data(cfg, store.bucket.bucket, mode=cfg.bootstrap_mode,
-                                group=cfg.mode == "group"),
+            user_data=self.user_data,
             tag_specifications=[
                 aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=node_tags)
                 for kind in ("instance", "volume", "network-interface")],
@@ -160,6 +163,10 @@ class AwsFleet(pulumi.ComponentResource):
                 launch_template=aws.ec2.InstanceLaunchTemplateArgs(
                     id=self.template.id, version=self.template.latest_version.apply(str)),
                 subnet_id=subnet.id,
+                # cloud-init configures a node once per instance: user-data changed in place
+                # (a stop/start by default) would leave it on its old bundle. The instance's own
+                # copy of the template's user-data makes a new bundle a new instance.
+                user_data_base64=self.user_data, user_data_replace_on_change=True,
                 tags={**node_tags, "Name": f"{cfg.stack}-gpu-{i}"},
                 volume_tags={**node_tags, "Name": f"{cfg.stack}-gpu-{i}"},
                 opts=child))
@@ -203,14 +210,15 @@ class AwsFleet(pulumi.ComponentResource):
             vpc_zone_identifiers=subnet_ids,
             capacity_rebalance=cfg.spot.enabled,
             # The launching hook keeps a node out of service until /readyz is 200, so the grace
-            # and the warm-up cover only the ALB's view and one metric period (infra.readiness).
+            # and the warm-up cover only the ALB's view and one metric period (infra.lifecycle).
             health_check_type="ELB", health_check_grace_period=HEALTH_GRACE_S,
             default_instance_warmup=INSTANCE_WARMUP_S,
             target_group_arns=[target.arn],
             protect_from_scale_in=protect,
             # Creation waits for min_size nodes to pass their launch hook: a broken bootstrap
-            # fails `pulumi up` instead of looping quietly.
-            wait_for_capacity_timeout=f"{cfg.scaling.launch_timeout_s + HEALTH_GRACE_S}s",
+            # fails `pulumi up` instead of looping quietly. A whole cold bootstrap, not the
+            # hook's heartbeat timeout (infra.lifecycle.COLD_BOOTSTRAP_BUDGET_S).
+            wait_for_capacity_timeout=f"{COLD_BOOTSTRAP_BUDGET_S + HEALTH_GRACE_S}s",
             # Hooks that exist before the first node launches (a separate LifecycleHook comes
             # after the group, too late for its first nodes); infra.aws.scaling keeps them
             # up to date afterwards.

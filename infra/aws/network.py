@@ -1,13 +1,17 @@
 """VPC, one public subnet per zone, routing through an internet gateway, and the security
 groups: SSH only from the admin CIDRs, the service port only from the VPC (instances) or the
-load balancer (group), egress open."""
+load balancer (group), egress open. With `monitoring.enabled` also the private services subnet
+(egress through a NAT gateway) and the monitoring host's security group: the GPU nodes admit
+the scrape ports from it only, it admits the journal upload from the GPU nodes only and SSH
+from the admin CIDRs (infra.monitoring)."""
 
 from __future__ import annotations
 
 import pulumi
 import pulumi_aws as aws
 
-from infra.addressing import split_cidrs, zone_subnets
+from infra import monitoring
+from infra.addressing import services_subnet, split_cidrs, zone_subnets
 from infra.config import StackConfig
 from infra.tags import with_name
 
@@ -56,7 +60,26 @@ class AwsNetwork(pulumi.ComponentResource):
                     cidr_blocks=[cfg.vpc_cidr], description="to the nodes' service port")],
                 tags=with_name(tags, f"{cfg.name}-lb"), opts=child)
 
+        # Created before the nodes' group, which names it; its own rules come after it.
+        self.monitoring_sg: aws.ec2.SecurityGroup | None = None
+        self.services_subnet: aws.ec2.Subnet | None = None
+        if cfg.monitoring:
+            self.services_subnet = self._services_subnet(name, cfg, tags, child)
+            self.monitoring_sg = aws.ec2.SecurityGroup(
+                f"{name}-monitoring", vpc_id=self.vpc.id,
+                description=f"torchfleet {cfg.stack}: monitoring host",
+                # ingress: separate rules below (they name the nodes' group, created after)
+                egress=[aws.ec2.SecurityGroupEgressArgs(
+                    protocol="-1", from_port=0, to_port=0, cidr_blocks=["0.0.0.0/0"],
+                    description="packages, the EC2 API, the nodes' scrape ports")],
+                tags=with_name(tags, f"{cfg.name}-monitoring"), opts=child)
+
         admin_v4, admin_v6 = split_cidrs(cfg.admin_cidrs)
+        scrapes = [] if self.monitoring_sg is None else [
+            aws.ec2.SecurityGroupIngressArgs(
+                protocol="tcp", from_port=port, to_port=port,
+                security_groups=[self.monitoring_sg.id], description=f"{job} scrape from monitoring")
+            for job, port in monitoring.scrape_ports(cfg).items()]
         service = (
             aws.ec2.SecurityGroupIngressArgs(
                 protocol="tcp", from_port=cfg.service_port, to_port=cfg.service_port,
@@ -72,10 +95,52 @@ class AwsNetwork(pulumi.ComponentResource):
                     protocol="tcp", from_port=SSH_PORT, to_port=SSH_PORT, cidr_blocks=admin_v4,
                     ipv6_cidr_blocks=admin_v6, description="SSH from admin networks"),
                 service,
+                *scrapes,
             ],
             egress=[aws.ec2.SecurityGroupEgressArgs(
                 protocol="-1", from_port=0, to_port=0, cidr_blocks=["0.0.0.0/0"],
                 ipv6_cidr_blocks=["::/0"], description="packages, wheels, models")],
             tags=with_name(tags, f"{cfg.name}-nodes"), opts=child)
+        if self.monitoring_sg is not None:
+            self._monitoring_ingress(name, cfg, tags, child)
         self.register_outputs({"vpc_id": self.vpc.id,
                                "subnet_ids": [s.id for s in self.subnets]})
+
+    def _services_subnet(self, name: str, cfg: StackConfig, tags: dict[str, str],
+                         child: pulumi.ResourceOptions) -> aws.ec2.Subnet:
+        """The private subnet of the address plan's last block, in the first zone, whose
+        default route is a NAT gateway in that zone's public subnet."""
+        subnet = aws.ec2.Subnet(
+            f"{name}-services", vpc_id=self.vpc.id, cidr_block=services_subnet(cfg.vpc_cidr),
+            availability_zone=cfg.zones[0], map_public_ip_on_launch=False,
+            tags=with_name(tags, f"{cfg.name}-services"), opts=child)
+        eip = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags=with_name(tags, f"{cfg.name}-nat"),
+                          opts=child)
+        nat = aws.ec2.NatGateway(
+            f"{name}-nat", allocation_id=eip.allocation_id, subnet_id=self.subnets[0].id,
+            tags=with_name(tags, f"{cfg.name}-nat"), opts=child)
+        routes = aws.ec2.RouteTable(
+            f"{name}-private", vpc_id=self.vpc.id,
+            routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", nat_gateway_id=nat.id)],
+            tags=with_name(tags, f"{cfg.name}-private"), opts=child)
+        aws.ec2.RouteTableAssociation(
+            f"{name}-services-route", subnet_id=subnet.id, route_table_id=routes.id, opts=child)
+        return subnet
+
+    def _monitoring_ingress(self, name: str, cfg: StackConfig, tags: dict[str, str],
+                            child: pulumi.ResourceOptions) -> None:
+        """Everything the monitoring host admits: the nodes' journal upload, SSH from admins."""
+        assert self.monitoring_sg is not None
+        port = monitoring.journal_port(cfg)
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-monitoring-journal", security_group_id=self.monitoring_sg.id,
+            ip_protocol="tcp", from_port=port, to_port=port,
+            referenced_security_group_id=self.node_sg.id,
+            description="journal upload from the GPU nodes", tags=tags, opts=child)
+        for i, cidr in enumerate(cfg.admin_cidrs):
+            v6 = ":" in cidr
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-monitoring-ssh-{i}", security_group_id=self.monitoring_sg.id,
+                ip_protocol="tcp", from_port=SSH_PORT, to_port=SSH_PORT,
+                cidr_ipv4=None if v6 else cidr, cidr_ipv6=cidr if v6 else None,
+                description="SSH from admin networks", tags=tags, opts=child)

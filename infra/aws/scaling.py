@@ -17,8 +17,8 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.config import StackConfig
+from infra.lifecycle import queue_depth_target, terminate_timeout_s
 from infra.nodeboot import LAUNCH_HOOK, METRICS_NAMESPACE, QUEUE_METRIC, TERMINATE_HOOK, group_name
-from infra.readiness import queue_depth_target, terminate_timeout_s
 
 
 def hooks(cfg: StackConfig) -> list[dict[str, Any]]:

@@ -60,6 +60,11 @@ REBOOT_FLAG = "/run/reboot-required"
 METRICS_SAMPLE = "/run/torchfleet/metrics-sample.json"
 WATCHERS = ["torchfleet-lifecycle.service", "torchfleet-metrics.timer"]
 MAX_REBOOTS = 2
+# Seconds between launch-hook heartbeats, and between the terminating watcher's looks at the
+# lifecycle state (IMDS is local; ESS is an API call). infra/lifecycle.py derives the hooks'
+# timeouts from these.
+HEARTBEAT_S = 120
+WATCH_POLL_S = {"aws": 5, "alicloud": 15}
 # The bootstrap venv's pins by the Python that runs Ansible (the node is its own controller):
 # ansible-core 2.17 needs >= 3.10, 2.19 >= 3.11; the roles need ansible.builtin.systemd_service
 # (>= 2.14), so 3.9 gets 2.15 and 3.8 is no controller (controller() installs python3.9).
@@ -558,7 +563,7 @@ def wait_ready(cfg, timeout=900):
 
 def heartbeats(cfg, cloud, ident, stop):
     """Keep the launch action alive while a slow node configures itself."""
-    while not stop.wait(120):
+    while not stop.wait(HEARTBEAT_S):
         try:
             cloud.heartbeat(cfg["launch_hook"], ident["instance_id"])
         except Exception as err:  # a missed heartbeat is not a failed node
@@ -712,7 +717,7 @@ def lifecycle_watch(_argv):
                 state.update(state="ready", stage="ready", finished=now())
         except Exception as err:
             log(f"lifecycle watch: {err}")
-        time.sleep(5 if cfg["cloud"] == "aws" else 15)  # IMDS is local; ESS is an API call
+        time.sleep(WATCH_POLL_S[cfg["cloud"]])
 
 
 def scrape(text, previous=None, now_s=None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infra.config import ConfigError, load
+from infra.lifecycle import LAUNCH_TIMEOUT_DEFAULT_S
 
 
 def base(settings, stack="aws-dev", **overrides):
@@ -184,7 +185,8 @@ def test_group_mode_needs_a_request_target(settings):
 def test_scaling_values(settings):
     cfg = load(base(settings, "aws-prod"), "aws-prod")
     assert cfg.scaling.requests_per_node == 1200 and cfg.scaling.scale_in is True
-    assert cfg.scaling.queue_depth_per_node is None and cfg.scaling.launch_timeout_s == 3600
+    assert cfg.scaling.queue_depth_per_node is None
+    assert cfg.scaling.launch_timeout_s == LAUNCH_TIMEOUT_DEFAULT_S
     msg = problems(base(settings, "aws-prod", scaling={
         "requests_per_node": 600, "launch_timeout_s": 9000, "scale_in": "maybe",
         "queue_depth_per_node": -1, "cooldown": 5}), "aws-prod")

@@ -13,14 +13,16 @@ import json
 import pytest
 import yaml
 
+from infra.lifecycle import HEALTH_GRACE_S, LAUNCH_TIMEOUT_DEFAULT_S, drain_timeout_s
 from infra.offline import FAKE_BAKED_AMI, _octet, run_offline
-from infra.readiness import DEREGISTRATION_DELAY_S, HEALTH_GRACE_S, drain_timeout_s
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 ASG = "aws:autoscaling/group:Group"
 ESS = "alicloud:ess/scalingGroup:ScalingGroup"
 ESS_CONFIG = "alicloud:ess/scalingConfiguration:ScalingConfiguration"
 GROUPS = ("aws-prod", "alicloud-prod")
+INSTANCES = ("aws-dev", "alicloud-dev")
+ALI_INSTANCE = "alicloud:ecs/instance:Instance"
 
 
 def cloud_config(encoded: str) -> tuple[str, dict]:
@@ -38,14 +40,15 @@ def launch_specs(run):
     templates = {f"{lt.name}-id": lt for lt in run.of_type(LT)}
     for lt in templates.values():
         yield lt, lt.inputs.get("userData")
-    for inst in run.of_type("aws:ec2/instance:Instance"):
-        # instances take their user-data from the launch template they name
+    for inst in run.tagged("aws:ec2/instance:Instance", "gpu-node"):
+        # the template's user-data, and the instance's own copy of it (a new bundle replaces
+        # the instance, see test_instances_are_replaced_on_a_new_bundle)
         template = templates.get(inst.inputs.get("launchTemplate", {}).get("id"))
-        assert template is not None or inst.inputs.get("userData"), inst.name
-        yield inst, inst.inputs.get("userData") or template.inputs.get("userData")
-    for kind in ("alicloud:ecs/instance:Instance", ESS_CONFIG):
-        for r in run.of_type(kind):
-            yield r, r.inputs.get("userData")
+        assert template is not None, inst.name
+        assert inst.inputs["userDataBase64"] == template.inputs["userData"], inst.name
+        yield inst, inst.inputs["userDataBase64"]
+    for r in run.tagged("alicloud:ecs/instance:Instance", "gpu-node") + run.of_type(ESS_CONFIG):
+        yield r, r.inputs.get("userData")
     for recipe in run.of_type("aws:imagebuilder/imageRecipe:ImageRecipe"):
         yield recipe, recipe.inputs.get("userDataBase64")
 
@@ -63,8 +66,8 @@ def test_every_launch_spec_bootstraps_the_stack_bundle(run):
             for name in (group, "torchfleet-launch", "torchfleet-terminate"):
                 assert name in text, f"{resource.name}: the node cannot name {name}"
         checked += 1
-    nodes = len(run.of_type("aws:ec2/instance:Instance") + run.of_type(
-        "alicloud:ecs/instance:Instance"))
+    nodes = len(run.tagged("aws:ec2/instance:Instance", "gpu-node") + run.tagged(
+        "alicloud:ecs/instance:Instance", "gpu-node"))
     templates = len(run.of_type(LT) + run.of_type(ESS_CONFIG))
     assert checked == nodes + templates >= 1, checked
 
@@ -189,9 +192,10 @@ def test_groups_join_when_ready_and_leave_when_drained(runs, settings, stack):
     for kind, result in kinds.items():
         assert by_kind[kind]["defaultResult"] == result
     launch, terminate = (by_kind[k] for k in kinds)
-    timeout = (cfg.get("scaling") or {}).get("launch_timeout_s", 3600)
+    timeout = (cfg.get("scaling") or {}).get("launch_timeout_s", LAUNCH_TIMEOUT_DEFAULT_S)
     assert launch["heartbeatTimeout"] == timeout and launch["name"] == "torchfleet-launch"
-    assert terminate["heartbeatTimeout"] >= DEREGISTRATION_DELAY_S + drain + 15
+    # CONTRACT-fleet.md 6: at least drain + systemd's 15 s + the watcher's poll and call
+    assert terminate["heartbeatTimeout"] >= drain + 15 + 15
     assert terminate["name"] == "torchfleet-terminate"
 
 
@@ -257,7 +261,8 @@ def test_every_group_scales_on_load(runs, with_overrides):
 
 def test_a_new_bundle_rolls_the_fleet(runs, with_overrides, monkeypatch):
     """The group pins the template's latest version (a new version -> instance refresh); the
-    ESS configuration is named by the bundle and replaced when its user-data changes."""
+    ESS configuration is named by the bundle and replaced when its user-data changes; a plain
+    instance is replaced (cloud-init configures a node once per instance)."""
     (asg,) = runs["aws-prod"].of_type(ASG)
     refresh = asg.inputs["instanceRefresh"]
     assert refresh["strategy"] == "Rolling"
@@ -274,24 +279,72 @@ def test_a_new_bundle_rolls_the_fleet(runs, with_overrides, monkeypatch):
 
     real = bundle.build
 
-    def other(stack, dest=None):  # the same stack after a change to a role
-        made = real(stack, dest)
+    def other(stack, dest=None, **kwargs):  # the same stack after a change to a role
+        made = real(stack, dest, **kwargs)
         sha = "f" * 64
         return type(made)(path=made.path, sha256=sha, key=f"bundles/{stack}/{sha}.tar.gz",
                           version=f"changed-{sha[:12]}")
 
-    nodeboot.stack_bundle.cache_clear()
+    nodeboot.clear_bundle_cache()
     monkeypatch.setattr(bundle, "build", other)
     try:
-        changed = {s: run_offline(s, with_overrides(s)) for s in GROUPS}
+        changed = {s: run_offline(s, with_overrides(s)) for s in (*GROUPS, *INSTANCES)}
     finally:
-        nodeboot.stack_bundle.cache_clear()
+        nodeboot.clear_bundle_cache()
     before = runs["aws-prod"].of_type(LT)[0].inputs["userData"]
     after = changed["aws-prod"].of_type(LT)[0].inputs["userData"]
     assert before != after and "f" * 64 in cloud_config(after)[0]
     (new_config,) = changed["alicloud-prod"].of_type(ESS_CONFIG)
     assert new_config.inputs["userData"] != config.inputs["userData"]
     assert new_config.inputs["scalingConfigurationName"] != config.inputs["scalingConfigurationName"]
+    checked = 0
+    for stack in INSTANCES:
+        kind = "aws:ec2/instance:Instance" if stack.startswith("aws") else ALI_INSTANCE
+        field = "userDataBase64" if stack.startswith("aws") else "userData"
+        old_nodes, new_nodes = (r.tagged(kind, "gpu-node") for r in (runs[stack], changed[stack]))
+        for old_node, new_node in zip(old_nodes, new_nodes, strict=True):
+            assert old_node.inputs[field] != new_node.inputs[field], new_node.name
+            assert "f" * 64 in cloud_config(new_node.inputs[field])[0]
+            if stack.startswith("aws"):  # the provider replaces, not stop/start, on a change
+                assert new_node.inputs["userDataReplaceOnChange"] is True
+            else:  # ECS would apply it in place with a reboot
+                assert "userData" in new_node.replace_on_changes
+            checked += 1
+    assert checked == 3  # aws-dev's node and alicloud-dev's two
+
+
+def test_the_program_hands_the_bundle_its_validated_config(with_overrides, monkeypatch):
+    """The bundle's node.json comes from the config Pulumi runs, not from the stack file read
+    again (which may hold Pulumi secrets): the file is never opened here."""
+    import tarfile
+
+    from infra import bundle, nodeboot, plan
+
+    seen = []
+    real = bundle.build
+
+    def recording(stack, dest=None, **kwargs):
+        seen.append(kwargs.get("config"))
+        return real(stack, dest, **kwargs)
+
+    def no_file(*_args, **_kwargs):
+        raise AssertionError("the program read the stack file again")
+
+    nodeboot.clear_bundle_cache()
+    monkeypatch.setattr(bundle, "build", recording)
+    monkeypatch.setattr(plan, "load_stack_config", no_file)
+    try:
+        run = run_offline("aws-prod", with_overrides("aws-prod", spot={"enabled": False},
+                                                     extra_instance_types=None))
+    finally:
+        nodeboot.clear_bundle_cache()
+    assert len(seen) == 1 and seen[0] is not None and seen[0].spot.enabled is False
+    key = run.outputs["bundle_url"].split("/", 3)[3]
+    path = next(p for p in bundle.CACHE.glob("aws-prod/*.tar.gz")
+                if bundle._sha256(p.read_bytes()) in key)
+    with tarfile.open(path) as tar:
+        facts = json.load(tar.extractfile("node.json"))
+    assert facts["group_vars"]["torchfleet_spot"] is False  # the file says true
 
 
 def test_nodes_start_only_once_the_bundle_and_grants_exist(run):
@@ -299,10 +352,10 @@ def test_nodes_start_only_once_the_bundle_and_grants_exist(run):
         "aws:s3/bucketObjectv2:BucketObjectv2", "alicloud:oss/bucketObject:BucketObject")}
     assert len(deps_needed) == 1
     checked = 0
-    for kind in (ASG, "aws:ec2/instance:Instance", "alicloud:ecs/instance:Instance", ESS_CONFIG):
-        for r in run.of_type(kind):
-            assert deps_needed <= set(r.dependencies), (r.type, r.name)
-            checked += 1
+    for r in (run.of_type(ASG) + run.tagged("aws:ec2/instance:Instance", "gpu-node")
+              + run.tagged("alicloud:ecs/instance:Instance", "gpu-node") + run.of_type(ESS_CONFIG)):
+        assert deps_needed <= set(r.dependencies), (r.type, r.name)
+        checked += 1
     assert checked >= 1
 
 
@@ -337,3 +390,36 @@ def test_warm_pool_and_baked_image(with_overrides):
     assert step["action"] == "ExecuteBash" and "bootstrap.json" in step["inputs"]["commands"][0]
     assert run.of_type("aws:imagebuilder/image:Image")
     assert run.outputs["cost"]["warm_pool_usd_per_month"] > 0
+
+
+def test_hook_timeouts_come_from_the_measured_stages():
+    from infra import lifecycle
+    from infra.bootstrap import agent
+    from infra.config import LAUNCH_TIMEOUT_RANGE
+
+    # the longest silence between two heartbeats: around a reboot (infra/lifecycle.py)
+    silence = 2 * agent.HEARTBEAT_S + lifecycle.EC2_REBOOT_MAX_S \
+        + lifecycle.PRE_HEARTBEAT_STAGE_MAX_S
+    assert silence <= LAUNCH_TIMEOUT_DEFAULT_S < silence + 60
+    assert LAUNCH_TIMEOUT_DEFAULT_S % 60 == 0
+    assert LAUNCH_TIMEOUT_RANGE[0] <= LAUNCH_TIMEOUT_DEFAULT_S <= LAUNCH_TIMEOUT_RANGE[1]
+    # terminate: drain + systemd's margin + the slower watcher poll (ESS, 15 s)
+    assert lifecycle.terminate_timeout_s("aws-prod") == drain_timeout_s("aws-prod") + 15 + 15
+    # a whole cold bootstrap is not a heartbeat gap: the first-capacity wait is its own budget
+    assert lifecycle.COLD_BOOTSTRAP_BUDGET_S > LAUNCH_TIMEOUT_DEFAULT_S
+
+
+def test_launch_estimates_are_measured_parts_plus_named_ones():
+    from infra.lifecycle import LB_HEALTH_INTERVAL_S, LB_HEALTHY_THRESHOLD, estimates
+
+    lb = LB_HEALTHY_THRESHOLD * LB_HEALTH_INTERVAL_S
+    found = estimates()
+    assert set(found) == {"cold", "cold_debian11", "baked", "warm_pool"}
+    assert found["cold"].known_s == (98 + lb, 102 + lb)
+    assert found["baked"].known_s == (36 + lb, 41 + lb)
+    assert set(found["cold"].unmeasured) == {"launch", "gpu_driver", "cuda_toolkit",
+                                             "torch_cuda_download", "gpu_warmup"}
+    assert found["warm_pool"].unmeasured == ("start", "gpu_warmup")
+    for estimate in found.values():
+        assert [p for p in estimate.parts if p.seconds is not None], estimate.path
+        assert "cloud/GPU only: " in estimate.summary()  # no total without its named parts

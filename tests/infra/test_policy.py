@@ -84,20 +84,39 @@ def _aws_ingress(run):
             yield sg, rule
 
 
+def _aws_rule_resources(run):
+    """Standalone ingress rules (the monitoring group's), in the inline rules' shape."""
+    for r in run.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"):
+        i = r.inputs
+        yield i["securityGroupId"], {
+            "protocol": i["ipProtocol"], "fromPort": i["fromPort"], "toPort": i["toPort"],
+            "cidrBlocks": [i["cidrIpv4"]] if i.get("cidrIpv4") else [],
+            "ipv6CidrBlocks": [i["cidrIpv6"]] if i.get("cidrIpv6") else [],
+            "securityGroups": [i["referencedSecurityGroupId"]]
+            if i.get("referencedSecurityGroupId") else []}
+
+
+# Node exporter and the journal receiver (roles/monitoring) besides SSH and the service port.
+MONITORING_PORTS = {9100, 19532}
+
+
 def test_no_world_open_admin_or_service_port(run, settings):
     cfg = settings(run.stack)
-    sensitive = {22, cfg["service_port"]}
+    sensitive = {22, cfg["service_port"], *MONITORING_PORTS}
     checked = 0
-    for sg, rule in _aws_ingress(run):
+    rules = [(sg.name, rule) for sg, rule in _aws_ingress(run)] + list(_aws_rule_resources(run))
+    for where, rule in rules:
         ports = set(range(int(rule["fromPort"]), int(rule["toPort"]) + 1))
         if rule.get("protocol") == "-1":
             ports = sensitive
         if ports & sensitive:
             cidrs = rule.get("cidrBlocks", []) + rule.get("ipv6CidrBlocks", [])
-            assert cidrs or rule.get("securityGroups"), (sg.name, rule)
-            assert not [c for c in cidrs if _world_open(c)], (sg.name, rule)
+            assert cidrs or rule.get("securityGroups"), (where, rule)
+            assert not [c for c in cidrs if _world_open(c)], (where, rule)
             if 22 in ports:
-                assert set(cidrs) <= set(cfg["admin_cidrs"]), (sg.name, rule)
+                assert set(cidrs) <= set(cfg["admin_cidrs"]), (where, rule)
+            if ports & MONITORING_PORTS:
+                assert not cidrs, (where, rule)  # security groups only, never an address range
             checked += 1
     for rule in run.of_type("alicloud:ecs/securityGroupRule:SecurityGroupRule"):
         if rule.inputs["type"] != "ingress":
@@ -106,9 +125,12 @@ def test_no_world_open_admin_or_service_port(run, settings):
         ports = sensitive if lo == -1 else set(range(lo, hi + 1))
         if ports & sensitive:
             cidr = rule.inputs.get("cidrIp") or rule.inputs.get("ipv6CidrIp")
-            assert not _world_open(cidr), rule.inputs
+            assert bool(cidr) != bool(rule.inputs.get("sourceSecurityGroupId")), rule.inputs
+            assert cidr is None or not _world_open(cidr), rule.inputs
             if 22 in ports:
                 assert cidr in cfg["admin_cidrs"]
+            if ports & MONITORING_PORTS:
+                assert cidr is None, rule.inputs
             checked += 1
     assert checked >= 2  # SSH and the service port, at least
 
@@ -157,7 +179,11 @@ def test_disks_encrypted(run):
             assert bdm["ebs"]["encrypted"] == "true", lt.name
             checked += 1
     for inst in run.of_type("aws:ec2/instance:Instance"):
-        assert "rootBlockDevice" not in inst.inputs  # the template's encrypted root applies
+        if "launchTemplate" in inst.inputs:  # GPU nodes: the template's encrypted root applies
+            assert "rootBlockDevice" not in inst.inputs, inst.name
+        else:  # the monitoring host
+            assert inst.inputs["rootBlockDevice"]["encrypted"] is True, inst.name
+            checked += 1
     for kind in ("alicloud:ecs/instance:Instance",
                  "alicloud:ess/scalingConfiguration:ScalingConfiguration"):
         for r in run.of_type(kind):
@@ -193,7 +219,7 @@ def test_spot_cap_within_ratio_of_on_demand(run, settings):
             checked += 1
         assert policy["instancesDistribution"]["spotAllocationStrategy"] == \
             "price-capacity-optimized"
-    for inst in run.of_type("alicloud:ecs/instance:Instance"):
+    for inst in run.tagged("alicloud:ecs/instance:Instance", "gpu-node"):
         assert inst.inputs["spotStrategy"] == "SpotWithPriceLimit"
         assert inst.inputs["instanceChargeType"] == "PostPaid"
         assert 0 < inst.inputs["spotPriceLimit"] <= _cap(ratio, cloud, inst.inputs["instanceType"])
@@ -269,8 +295,11 @@ def test_prod_group_spans_zones_behind_readyz_checks(runs, settings, stack):
 
 
 # Actions without resource-level permissions: "*" is the only resource IAM accepts for them,
-# so each must be narrowed by a condition instead.
+# so each must be narrowed by a condition instead...
 NO_RESOURCE_LEVEL = {"cloudwatch:PutMetricData": "cloudwatch:namespace"}
+# ...or, with no condition key to narrow them, be exactly the monitoring host's read-only EC2
+# discovery (infra.monitoring.DISCOVERY_ACTIONS, spelled out here so the test is independent).
+EC2_DISCOVERY = ["ec2:DescribeAvailabilityZones", "ec2:DescribeInstances"]
 # Alibaba: CloudMonitor takes custom metrics without a resource or condition key to scope them;
 # OOS finds the nodes by tag through a region-wide describe.
 RAM_NO_RESOURCE_LEVEL = {"cms:PutCustomMetric", "ecs:DescribeInstances"}
@@ -285,7 +314,9 @@ def test_least_privilege_roles(runs):
             for statement in doc["Statement"]:
                 actions = statement["Action"]
                 assert "*" not in actions and not any(a.endswith(":*") for a in actions)
-                if statement["Resource"] == "*":
+                if statement["Resource"] == "*" and sorted(actions) == EC2_DISCOVERY:
+                    assert "Condition" not in statement and statement["Effect"] == "Allow"
+                elif statement["Resource"] == "*":
                     assert len(actions) == 1 and actions[0] in NO_RESOURCE_LEVEL, statement
                     key = NO_RESOURCE_LEVEL[actions[0]]
                     assert statement["Condition"]["StringEquals"][key] == "torchfleet"
@@ -303,6 +334,13 @@ def test_least_privilege_roles(runs):
                 if "*" in statement["Resource"]:
                     assert statement["Resource"] == ["*"] and set(actions) <= \
                         RAM_NO_RESOURCE_LEVEL, statement
+                if any(a.startswith("ess:") for a in actions):
+                    # the node's own group only: the user-data hands the agent its id, so no
+                    # region-wide lookup (scalinggroup/*) is needed
+                    groups = [f"{g.name}-id" for g in
+                              runs[stack].of_type("alicloud:ess/scalingGroup:ScalingGroup")]
+                    assert [r.rsplit("/", 1)[1] for r in statement["Resource"]] == groups, \
+                        statement
                 checked += 1
     assert checked >= 10
 

@@ -38,7 +38,7 @@ EXPECTED = {
 }
 
 
-def test_registers_a_real_fleet(run):
+def test_registers_a_real_fleet(run, settings):
     custom = run.custom()
     assert len(custom) >= 14, f"{run.stack}: only {len(custom)} cloud resources"
     expected = EXPECTED[run.stack] | BUNDLE[run.stack.split("-")[0]]
@@ -46,7 +46,9 @@ def test_registers_a_real_fleet(run):
     assert not missing, f"{run.stack} registered no {sorted(missing)}"
     # one component per concept
     components = {r.type.rsplit(":", 1)[1] for r in run.resources if r.type.startswith("torchfleet:")}
-    assert components == {"Network", "Bundle", "Fleet", "Teardown"}
+    monitored = "monitoring" in settings(run.stack)
+    assert components == {"Network", "Bundle", "Fleet", "Teardown"} | (
+        {"Monitoring"} if monitored else set())
 
 
 def test_every_cloud_resource_sits_in_a_component(run):
@@ -55,10 +57,11 @@ def test_every_cloud_resource_sits_in_a_component(run):
         assert parents.get(r.parent, "").startswith("torchfleet:"), (r.type, r.name)
 
 
-def test_image_auto_resolved_through_an_invoke(run):
+def test_image_auto_resolved_through_an_invoke(run, settings):
     images = [c for c in run.calls if c in ("aws:ec2/getAmi:getAmi",
                                             "alicloud:ecs/getImages:getImages")]
-    assert len(images) == 1
+    # the nodes' image, and the monitoring host's Debian 12 where there is one
+    assert len(images) == 1 + ("monitoring" in settings(run.stack))
     # AWS also asks who it is: the node's lifecycle grant names the account's group ARN
     assert sorted(set(run.calls) - set(images)) == (
         ["aws:index/getCallerIdentity:getCallerIdentity"] if run.stack.startswith("aws") else [])

@@ -152,6 +152,29 @@ def test_waiting_only_for_requests_on_their_way_with_a_fake_clock():
     assert ([c.n for c in chunks], reason) == ([1], "idle")
 
 
+def test_abort_fails_the_running_and_the_queued_requests_once_and_stops_the_worker():
+    m = rt_models.Instrumented()
+    b = Batcher(Predictor(m, torch.device("cpu"), None), buckets_up_to(2), 0.0, max_queue=64)
+    b.start()
+    running = b.submit(torch.tensor([GATED]))
+    assert m.entered.wait(10)  # the worker is inside the model with it
+    queued = b.submit(torch.zeros(5, 4))  # three chunks, none started
+    calls: list[str] = []
+    running.add_done_callback(lambda: calls.append("running"))
+    queued.add_done_callback(lambda: calls.append("queued"))
+    cut = RuntimeError("cut off")
+    assert b.abort(cut) == 2
+    assert sorted(calls) == ["queued", "running"] and b.queued == 0
+    for r in (running, queued):
+        with pytest.raises(RuntimeError, match="cut off"):
+            r.result(0)
+    m.gate.set()  # the model returns: its outputs are dropped, the callbacks do not run again
+    b._thread.join(10)
+    assert not b.is_alive() and sorted(calls) == ["queued", "running"]
+    assert m.sizes[2] == 0  # no queued chunk ran after the abort
+    assert m.sizes[1] == 1
+
+
 def test_past_the_queue_bound_503_with_retry_after_at_once(start_runtime, client_for):
     m = rt_models.Instrumented()
     rt = start_runtime(m, max_batch_size=1, max_queue=2)

@@ -1,9 +1,9 @@
-"""Start-up, drain and spot interruption: a real `torchfleet-runtime serve` process receives
-SIGTERM with requests in flight; a fake metadata server on loopback posts spot notices."""
+"""Start-up, drain and reload: a real `torchfleet-runtime serve` process receives SIGTERM with
+requests in flight (a Python-gated model and a real TorchScript one), SIGHUP, and bad model paths.
+Spot notices: test_spot.py."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import rt_models
 import torch
 from conftest import Client, metric_value
 from test_batching import in_thread, wait_until
-from torchfleet_runtime.interruption import SpotWatcher
+from torchfleet_runtime import demo, model
 
 # A hang (a batch that never closes, a drain that never ends) fails fast instead of at 10 min.
 pytestmark = pytest.mark.timeout(120)
@@ -104,119 +103,113 @@ def test_drain_gives_up_after_the_timeout_and_still_exits_0(gated_server):
     start, _ = gated_server
     p = start("--drain-timeout-s", "0.5")
     c = Client(p.port)
-
-    def stuck() -> str:
-        try:
-            Client(p.port).predict([rt_models.GATE_VALUE, 0.0, 0.0, 0.0])
-        except (http.client.HTTPException, ConnectionError):
-            return "cut off"
-        return "answered"
-
-    t, out = in_thread(stuck)
+    t, out = in_thread(lambda: Client(p.port).predict([rt_models.GATE_VALUE, 0.0, 0.0, 0.0]))
     wait_until(lambda: metric_value(c.call("GET", "/metrics")[2].decode(), "torchfleet_inflight_requests") == 1,
                "a stuck request")
     p.proc.send_signal(signal.SIGTERM)
     assert p.wait(30) == 0  # the gate never opens: the drain timeout ends it
     t.join(10)
-    assert out == ["cut off"]
+    status, headers, doc = out[0]  # cut off with an answer it can act on, not a reset
+    assert status == 503 and doc["error"]["type"] == "not_ready" and "drain" in doc["error"]["message"]
+    assert headers["Connection"] == "close" and headers["Retry-After"]
     assert any("drain timeout: 1 request(s) still in flight" in line for line in p.log)
 
 
-def test_a_bad_model_path_fails_start_up_with_a_clear_message(tmp_path):
-    proc = subprocess.run([CLI, "serve", "--model", str(tmp_path / "missing.pt"), "--port", "0", "--spot-watch", "off",
-                           "--input-shape", "4"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1
-    assert "config key 'model'" in proc.stderr and "missing.pt" in proc.stderr and "Traceback" not in proc.stderr
+@pytest.fixture(scope="module")
+def demo_model(tmp_path_factory):
+    """The real TorchScript demo model, written once (the serve processes only read it)."""
+    model_path, _ = demo.write_demo_model(tmp_path_factory.mktemp("demo"))
+    return str(model_path)
 
 
-class FakeMetadata(BaseHTTPRequestHandler):
-    """AWS IMDSv2 (token PUT, then token-authenticated GETs) and Alibaba's metadata paths."""
-
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def _reply(self, status: int, body: str = "") -> None:
-        data = body.encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_PUT(self) -> None:
-        s = self.server
-        if self.path == "/latest/api/token" and s.aws and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
-            s.tokens_issued += 1
-            self._reply(200, "TOKEN-1")
-        else:
-            self._reply(404 if not s.aws else 400)
-
-    def do_GET(self) -> None:
-        s = self.server
-        if self.path == "/latest/meta-data/spot/instance-action" and s.aws:
-            if self.headers.get("X-aws-ec2-metadata-token") != "TOKEN-1":
-                self._reply(401)
-            else:
-                s.aws_polls += 1
-                self._reply(200, s.aws_notice) if s.aws_notice else self._reply(404)
-        elif self.path == "/latest/meta-data/instance/spot/termination-time" and s.ali:
-            s.ali_polls += 1
-            self._reply(200, s.ali_notice) if s.ali_notice else self._reply(404)
-        elif self.path == "/latest/meta-data/instance-id" and s.ali:
-            self._reply(200, "i-fake")
-        else:
-            self._reply(404)
+def _no_abort(p: ServeProcess) -> None:
+    text = "".join(p.log)
+    assert "terminate called" not in text and "Traceback" not in text, text[-3000:]
 
 
-@pytest.fixture
-def metadata_server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), FakeMetadata)
-    srv.daemon_threads = True
-    srv.aws, srv.ali = True, True
-    srv.aws_notice = srv.ali_notice = ""
-    srv.tokens_issued = srv.aws_polls = srv.ali_polls = 0
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv, f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+def test_a_torchscript_batch_running_past_the_drain_timeout_exits_0(demo_model):
+    """The batcher is inside TorchScript when the drain gives up: interpreter shutdown would stop
+    that thread inside torch's C++ frames and abort (exit 134); the process must exit 0."""
+    p = ServeProcess(["--model", demo_model, "--max-batch-size", "4", "--max-queue", "1024", "--torch-threads", "1",
+                      "--drain-timeout-s", "0.3", "--log-level", "info", "--log-format", "text"], {})
+    try:
+        c = Client(p.port)
+        wait_until(lambda: c.call("GET", "/readyz")[0] == 200, "the server to be ready", 60)
+        n = 512  # 128 batches of 4: seconds of model work, far past the drain timeout
+        body = bytes(n * 3 * 64 * 64 * 4)
+        headers = {"Content-Type": "application/octet-stream", "X-Shape": f"{n},3,64,64", "X-Dtype": "float32"}
+        t, out = in_thread(lambda: Client(p.port).call("POST", "/v1/predict", body, headers))
+
+        def batches_run() -> float:
+            return metric_value(c.call("GET", "/metrics")[2].decode(), "torchfleet_batch_size_count")
+
+        wait_until(lambda: batches_run() >= 2, "the batcher to be busy with the big request", 60)
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+        t.join(10)
+        status, answer_headers, data = out[0]
+        assert status == 503 and json.loads(data)["error"]["type"] == "not_ready"
+        assert answer_headers["Connection"] == "close"
+    finally:
+        p.kill()
+    _no_abort(p)
+    assert any("1 request(s) were cut off with 503" in line for line in p.log)
 
 
-@pytest.mark.parametrize("cloud", ["aws", "alicloud"])
-def test_a_spot_notice_drains_the_runtime(cloud, metadata_server, start_runtime, client_for):
-    srv, url = metadata_server
-    rt = start_runtime(rt_models.tiny(), max_batch_size=2, spot_watch=cloud, aws_metadata_url=url,
-                       alicloud_metadata_url=url, spot_poll_interval_s=0.02)
-    c = client_for(rt)
-    wait_until(lambda: (srv.aws_polls if cloud == "aws" else srv.ali_polls) >= 2, "the watcher to poll")
-    assert c.call("GET", "/readyz")[0] == 200 and c.predict([1.0, 2.0, 3.0, 4.0])[0] == 200
-    if cloud == "aws":
-        srv.aws_notice = json.dumps({"action": "terminate", "time": "2026-11-30T20:00:00Z"})
-    else:
-        srv.ali_notice = "2026-11-30T20:00:00Z"
-    assert rt.runtime.stop_requested.wait(20)
-    assert rt.runtime.state == "draining" and "spot" in rt.runtime.stop_reason
-    assert c.call("GET", "/readyz")[0] == 503
-    assert c.predict([1.0, 2.0, 3.0, 4.0])[0] == 503
-    assert rt.runtime.drain(5)
-    if cloud == "aws":
-        assert srv.tokens_issued == 1  # the IMDSv2 token is reused, not fetched per poll
+def test_sigterm_during_a_torchscript_warm_up_exits_0_at_once(demo_model):
+    p = ServeProcess(["--model", demo_model, "--max-batch-size", "8", "--warmup-iterations", "500", "--torch-threads",
+                      "1", "--log-level", "info", "--log-format", "text"], {})
+    try:
+        wait_until(lambda: any("loaded torchscript model" in line for line in p.log), "the model to load", 60)
+        time.sleep(0.2)  # inside the warm-up runs now (500 per bucket: many seconds)
+        assert Client(p.port).call("GET", "/readyz")[0] == 503
+        started = time.monotonic()
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+        assert time.monotonic() - started < 5
+    finally:
+        p.kill()
+    _no_abort(p)
 
 
-def test_auto_detects_the_cloud_or_turns_itself_off(metadata_server):
-    srv, url = metadata_server
-    # a closed port for the cloud that is "not here": connection refused, like a missing service
-    with ThreadingHTTPServer(("127.0.0.1", 0), FakeMetadata) as closed:
-        nowhere = f"http://127.0.0.1:{closed.server_address[1]}"
+def test_a_model_that_was_never_mounted_fails_start_up_naming_the_path_and_the_way_out(tmp_path):
+    """The container's default config reads /models/model.pt; without the mount the sidecar is
+    missing too, and the error must be about the model file (not the input shape), one line, no
+    traceback, exit 1."""
+    models = tmp_path / "models"
+    models.mkdir()
+    config = tmp_path / "runtime.yml"
+    config.write_text(f"model: {models / 'model.pt'}\n")
+    proc = subprocess.run([CLI, "serve", "--config", str(config), "--port", "0", "--spot-watch", "off",
+                           "--log-format", "text"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "container": "podman"})
+    err = proc.stderr
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err and "input shape is unknown" not in err, err
+    assert f"config key 'model': model file not found: {models / 'model.pt'}" in err
+    assert f"{models} holds no model file" in err and "TORCHFLEET_MODEL" in err
+    assert f"mount the model's directory at {models}" in err and f"-v DIR:{models}:ro" in err
 
-    def detect(aws: str, ali: str) -> str:
-        return SpotWatcher("auto", aws, ali, 1.0, lambda _: None, timeout_s=2)._detect()
 
-    assert detect(url, nowhere) == "aws"
-    assert detect(nowhere, url) == "alicloud"
-    srv.aws = False
-    assert detect(url, url) == "alicloud"
-    assert detect(nowhere, nowhere) == "off"
+def test_a_bad_model_path_is_explained_by_what_is_there(tmp_path, monkeypatch):
+    monkeypatch.delenv("container", raising=False)
+    monkeypatch.setattr(model, "_in_container", lambda: False)
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "resnet50.onnx").write_bytes(b"x")  # mounted, but the file has another name
+
+    def error(path: Path) -> str:
+        with pytest.raises(model.ModelError) as info:
+            model.check_model_file(str(path))
+        return str(info.value)
+
+    err = error(models / "model.pt")
+    assert f"{models} holds resnet50.onnx" in err and f"TORCHFLEET_MODEL={models / 'resnet50.onnx'}" in err
+    assert "mount" not in err  # not in a container: no podman advice
+    assert f"{tmp_path / 'nowhere'} does not exist" in error(tmp_path / "nowhere" / "model.pt")
+    err = error(models)
+    assert f"config key 'model': {models} is a directory" in err and "resnet50.onnx" in err
+    model.check_model_file(str(models / "resnet50.onnx"))  # a readable file passes
 
 
 def test_sighup_reloads_the_model_in_the_same_process(tmp_path):

@@ -9,8 +9,8 @@ loads the same bytes:
   3x3 stride-2 max-pool) instead of the demo's full-resolution 3x3 one: with that stem it costs
   0.62 G multiply-adds an item (2.4x the demo model, about ResNet-18 at this size); with the
   demo's stem at 128x128 it would cost 9.1 G (36x), a model that serves a few items/s on two
-  cores. The runtime's demo-model command has no size option, so it is built here from the
-  runtime's own `BasicBlock` and `DemoResNet.forward`.
+  cores. It is the runtime's own `build_demo_model(width=3, stem="resnet")`: same seed, same
+  family, built by the same code.
 
 The body is JSON `{"inputs": <one instance, nested lists>}` of standard-normal values rounded to
 4 decimals (about 7.4 bytes a number: 91 KB for the demo model, 364 KB for the wide one). The expected
@@ -45,42 +45,6 @@ class ModelFiles:
         return json.loads(self.expected.read_text())
 
 
-def _wide_model():  # -> nn.Module
-    import torch
-    from torch import nn
-    from torchfleet_runtime import demo
-
-    class WideResNet(demo.DemoResNet):
-        """DemoResNet's blocks and forward, every width times WIDE_FACTOR, ResNet's stem."""
-
-        def __init__(self, k: int, num_classes: int = demo.NUM_CLASSES) -> None:
-            nn.Module.__init__(self)
-            w = [32 * k, 64 * k, 128 * k, 256 * k]
-            self.stem = nn.Sequential(
-                nn.Conv2d(3, w[0], 7, 2, 3, bias=False), nn.BatchNorm2d(w[0]), nn.ReLU(), nn.MaxPool2d(3, 2, 1)
-            )
-            self.layers = nn.Sequential(
-                demo.BasicBlock(w[0], w[0]),
-                demo.BasicBlock(w[0], w[1], stride=2),
-                demo.BasicBlock(w[1], w[2], stride=2),
-                demo.BasicBlock(w[2], w[3], stride=2),
-            )
-            self.pool = nn.AdaptiveAvgPool2d(1)
-            self.fc = nn.Linear(w[3], num_classes)
-
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(demo.SEED)
-        model = WideResNet(WIDE_FACTOR)
-        for m in model.modules():  # non-trivial BatchNorm statistics, as the demo model has
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.1, 0.1)
-                m.running_var.uniform_(0.5, 1.5)
-    finally:
-        torch.random.set_rng_state(state)
-    return model.eval()
-
-
 def body_bytes(shape: tuple[int, ...], seed: int = BODY_SEED) -> bytes:
     """One instance of deterministic standard-normal values (a normalised image), 4 decimals,
     compact JSON."""
@@ -108,7 +72,7 @@ def build(name: str, out_dir: Path) -> ModelFiles:
         model_path, meta_path = demo.write_demo_model(d)
         meta = json.loads(meta_path.read_text())
     else:
-        eager = _wide_model()
+        eager = demo.build_demo_model(width=WIDE_FACTOR, stem="resnet")
         model_path, meta_path = d / "model.pt", d / "model.json"
         torch.jit.script(eager).save(str(model_path))
         meta = {

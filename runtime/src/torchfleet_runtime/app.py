@@ -5,7 +5,11 @@ side); neither imports the other. `serve_until_stopped()` is `torchfleet-runtime
 - HTTP listens at once (/livez 200, /readyz 503), the model loads and warms in a thread, so a
   SIGTERM during a long warm-up still stops the process promptly;
 - SIGTERM / SIGINT / a spot notice: drain (answers carry Connection: close, idle keep-alive
-  connections close, the drain ends when the admitted work is answered), then exit 0;
+  connections close, the drain ends when the admitted work is answered), then exit 0; after
+  `drain_timeout_s` what is left is answered 503 (`Runtime.cut_off`) and the process still
+  exits 0. A batch or a warm-up may then still be running inside torch: `unfinished_threads()`
+  names them, and `cli` ends such a process with os._exit (see there), because interpreter
+  shutdown under a thread in native code aborts (std::terminate, exit 134; 139 in containers);
 - SIGHUP: reload the model file beside the one serving (service.Runtime.reload); a failure is
   logged and counted and the old model keeps serving;
 - a start-up failure exits 1.
@@ -28,6 +32,9 @@ from .server import build_http
 from .service import Runtime
 
 log = logging.getLogger(__name__)
+
+CUT_OFF_GRACE_S = 1.0  # longest wait for the 503s of a timed-out drain to be written
+MODEL_THREADS = ("torchfleet-batcher", "torchfleet-warmup", "torchfleet-reload")  # threads that run torch
 
 
 class Service:
@@ -106,9 +113,20 @@ class Service:
         started = time.monotonic()
         self.http.begin_closing()
         clean = rt.drain(self.config.drain_timeout_s)
+        cut = 0
+        if not clean:
+            # What is left gets a 503 now; writing those answers takes the event loop
+            # microseconds, so a short grace is enough before the connections close.
+            cut = rt.cut_off(time.monotonic() - started)
+            rt.drain(CUT_OFF_GRACE_S)
         # After a clean drain the queue is empty and the worker stops at once; after a timeout
-        # its batch is stuck, and waiting for it would break the drain_timeout_s promise.
+        # its batch may run on, and waiting for it would break the drain_timeout_s promise.
         self.close(worker_timeout_s=5.0 if clean else 0.0)
         log.info("stopped after draining for %.2f s (%s)%s", time.monotonic() - started, rt.stop_reason,
-                 "" if clean else "; some requests were cut off")
+                 "" if clean else f"; {cut} request(s) were cut off with 503")
         return 0
+
+    def unfinished_threads(self) -> list[str]:
+        """This process's threads that may still be inside torch once serve_until_stopped() has
+        returned: a batch that outlived the drain, a warm-up or a reload a signal cut short."""
+        return sorted(t.name for t in threading.enumerate() if t.name in MODEL_THREADS and t.is_alive())

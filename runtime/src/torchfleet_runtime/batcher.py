@@ -79,6 +79,7 @@ class Request:
         self._left = n_chunks
         self._lock = threading.Lock()
         self._done = threading.Event()
+        self._settled = False  # delivered or failed (under _lock): _finish runs once
         self._error: BaseException | None = None
         self._callbacks: list[Callable[[], None]] = []
         self.enqueued_at = 0.0
@@ -96,17 +97,20 @@ class Request:
 
     def _deliver(self, index: int, outputs: Outputs, model_s: float) -> None:
         with self._lock:
+            if self._settled:  # failed already (another chunk's batch, Batcher.abort)
+                return
             self._parts[index] = outputs
             self.model_s += model_s
             self._left -= 1
-            last = self._left == 0
+            last = self._settled = self._left == 0
         if last:
             self._finish()
 
     def _fail(self, exc: BaseException) -> None:
         with self._lock:
-            if self._done.is_set():
+            if self._settled:  # the first outcome wins; callbacks run once
                 return
+            self._settled = True
             self._error = exc
         self._finish()
 
@@ -163,6 +167,7 @@ class Batcher:
         self._expected = 0  # requests being received: announced by expect(), not yet submitted
         self._seconds_per_instance = 0.0  # EWMA, for Retry-After
         self.busy_since: float | None = None  # monotonic start of the running batch
+        self._running: list[_Chunk] = []  # the chunks of the running batch (abort fails them)
         self.on_batch: list[Callable[[BatchInfo], None]] = []
         self._thread: threading.Thread | None = None  # the worker: start() makes one, serve_here() is one
 
@@ -248,6 +253,22 @@ class Batcher:
         if t is not None and t is not threading.current_thread() and t.is_alive():
             t.join(timeout)
 
+    def abort(self, exc: BaseException) -> int:
+        """Stop now: fail every queued request and the running batch's with `exc` (their callers
+        are answered at once) and stop the worker after its current model run, whose outputs are
+        dropped. The end of a drain that timed out; returns how many requests were failed."""
+        with self._cond:
+            self._stopping = True
+            chunks = list(self._queue) + list(self._running)
+            self._queue.clear()
+            self._queued = 0
+            self._set_depth()
+            self._cond.notify_all()
+        failed = {id(c.request): c.request for c in chunks}
+        for request in failed.values():
+            request._fail(exc)
+        return len(failed)
+
     # --- the worker ---------------------------------------------------------------------------
 
     def _retry_after(self) -> int:
@@ -293,6 +314,7 @@ class Batcher:
             chunks = [self._queue.popleft() for _ in range(take)]
             self._queued -= size
             self._set_depth()
+            self._running = chunks
             return chunks, reason
 
     def _loop(self) -> None:
@@ -324,6 +346,8 @@ class Batcher:
             elapsed = self._clock() - start
             self._seconds_per_instance = 0.8 * self._seconds_per_instance + 0.2 * elapsed / size
             self.busy_since = None
+            with self._cond:
+                self._running = []
         # metrics and hooks before the answers: a client that saw its answer finds its batch counted
         if failure is None and self._metrics is not None:
             self._metrics.batch_size.observe(size)

@@ -81,7 +81,28 @@ def _serve(args: argparse.Namespace) -> int:
         print("torchfleet-runtime serve: config key 'model' is required (--model PATH)", file=sys.stderr)
         return 2
     logs.setup(config.log_level, config.log_format)
-    return Service(config).serve_until_stopped()
+    service = Service(config)
+    code = service.serve_until_stopped()
+    busy = service.unfinished_threads()
+    if busy:
+        _exit_now(code, busy)
+    return code
+
+
+def _exit_now(code: int, busy: list[str]) -> None:
+    """End the process without interpreter shutdown. A thread still inside torch (a batch that
+    outlived drain_timeout_s, a warm-up a SIGTERM cut short) would meet finalisation half-way:
+    when it returns to Python it is stopped with pthread_exit, whose unwinding through torch's
+    C++ frames ends in std::terminate ("terminate called without an active exception", exit 134;
+    SIGSEGV, 139, in containers). Nothing is left to clean up (every answer is written, the
+    sockets are closed): flush the logs and leave with the exit code drained work earned."""
+    import logging
+
+    logging.getLogger(__name__).info("exiting now: %s still running model code", ", ".join(busy))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _demo_model(args: argparse.Namespace) -> int:

@@ -2,7 +2,8 @@
 
 About 1.2 M parameters, input 3x64x64 float32, 10-class logits; weights come from a fixed seed,
 so every machine writes the same model.pt. `build_demo_model` doubles as an eager factory
-(`--factory torchfleet_runtime.demo:build_demo_model` with a saved state_dict).
+(`--factory torchfleet_runtime.demo:build_demo_model` with a saved state_dict); its `width` and
+`stem` build larger members of the same family from the same seed (benchmarks/peers).
 """
 
 from __future__ import annotations
@@ -37,30 +38,51 @@ class BasicBlock(nn.Module):
         return torch.relu(out + self.shortcut(x))
 
 
+STEMS = ("demo", "resnet")
+WIDTHS = (32, 64, 128, 256)  # the four stages' channels at width 1
+
+
 class DemoResNet(nn.Module):
-    def __init__(self, num_classes: int = NUM_CLASSES) -> None:
+    """Stem, four BasicBlock stages (the last three downsample), global pooling, one linear layer.
+
+    `width` multiplies every stage's channels. `stem`: "demo", one 3x3 stride-1 convolution at
+    full resolution (right for 64x64 inputs); "resnet", ResNet's 7x7 stride-2 convolution and 3x3
+    stride-2 max-pool, a quarter of the pixels for every later layer (for larger inputs)."""
+
+    def __init__(self, num_classes: int = NUM_CLASSES, width: int = 1, stem: str = "demo") -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+        if width < 1:
+            raise ValueError(f"width must be an integer >= 1, got {width!r}")
+        if stem not in STEMS:
+            raise ValueError(f"stem must be one of {', '.join(STEMS)}, got {stem!r}")
+        w = [c * width for c in WIDTHS]
+        if stem == "demo":
+            self.stem = nn.Sequential(nn.Conv2d(3, w[0], 3, 1, 1, bias=False), nn.BatchNorm2d(w[0]), nn.ReLU())
+        else:
+            self.stem = nn.Sequential(nn.Conv2d(3, w[0], 7, 2, 3, bias=False), nn.BatchNorm2d(w[0]), nn.ReLU(),
+                                      nn.MaxPool2d(3, 2, 1))
         self.layers = nn.Sequential(
-            BasicBlock(32, 32),
-            BasicBlock(32, 64, stride=2),
-            BasicBlock(64, 128, stride=2),
-            BasicBlock(128, 256, stride=2),
+            BasicBlock(w[0], w[0]),
+            BasicBlock(w[0], w[1], stride=2),
+            BasicBlock(w[1], w[2], stride=2),
+            BasicBlock(w[2], w[3], stride=2),
         )
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(256, num_classes)
+        self.fc = nn.Linear(w[3], num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.layers(self.stem(x))
         return self.fc(torch.flatten(self.pool(x), 1))
 
 
-def build_demo_model() -> DemoResNet:
-    """Deterministic weights: the same seed gives the same model on every machine."""
+def build_demo_model(width: int = 1, stem: str = "demo") -> DemoResNet:
+    """Deterministic weights: the same seed (and width, stem) gives the same model on every
+    machine. The defaults are the demo model; the peer benchmark's larger model is
+    `build_demo_model(width=3, stem="resnet")`."""
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(SEED)
-        model = DemoResNet()
+        model = DemoResNet(width=width, stem=stem)
         # Non-trivial BatchNorm statistics, so eval mode is not an identity.
         for m in model.modules():
             if isinstance(m, nn.BatchNorm2d):

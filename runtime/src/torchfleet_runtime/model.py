@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -21,7 +22,8 @@ from . import compat
 from .config import Config, ConfigError
 from .tensors import DTYPE_NAMES, DTYPES, Outputs
 
-__all__ = ["DTYPES", "DTYPE_NAMES", "LoadedModel", "Metadata", "ModelError", "Outputs", "Predictor", "load"]
+__all__ = ["DTYPES", "DTYPE_NAMES", "LoadedModel", "Metadata", "ModelError", "Outputs", "Predictor", "check_model_file",
+           "load"]
 
 log = logging.getLogger(__name__)
 
@@ -206,17 +208,56 @@ def load(config: Config, module: Any = None) -> LoadedModel:
     return _versioned(_load(config, module), config)
 
 
+MODEL_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".onnx", ".bin")  # what a model file is likely named
+
+
+def _in_container() -> bool:
+    # podman writes /run/.containerenv, docker /.dockerenv; systemd-nspawn and podman set $container
+    markers = ("/run/.containerenv", "/.dockerenv")
+    return bool(os.environ.get("container")) or any(os.path.exists(p) for p in markers)  # noqa: SIM112 (its real name)
+
+
+def check_model_file(path: str) -> None:
+    """Fail with what is wrong and how to fix it when `path` is not a readable file: the first
+    mistake of a container user is a model that was never mounted at the configured path."""
+    p = Path(path)
+    how = "point --model, TORCHFLEET_MODEL or the config file's 'model:' at the model file"
+    if p.is_file():
+        if not os.access(p, os.R_OK):
+            raise ModelError(f"config key 'model': {path}: permission denied for uid {os.getuid()}; "
+                             "make the file (and its directories) readable by that user")
+        return
+    home = p if p.is_dir() else p.parent  # the directory that should hold the model
+    what = (f"config key 'model': {path} is a directory, not a model file" if p.is_dir()
+            else f"config key 'model': model file not found: {path}")
+    where = home
+    while not where.is_dir() and where != where.parent:
+        where = where.parent
+    try:
+        names = sorted(c.name for c in where.iterdir() if c.suffix in MODEL_SUFFIXES and c.is_file())
+    except OSError:
+        names = []
+    if names:
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        found = f"{where} holds {shown}: {how} (e.g. TORCHFLEET_MODEL={where / names[0]})"
+    else:
+        found = f"{home} {'holds no model file' if where == home else 'does not exist'}; {how}"
+        if _in_container():
+            found += f", or mount the model's directory at {home} (podman/docker run -v DIR:{home}:ro)"
+    raise ModelError(f"{what} ({found})")
+
+
 def _load(config: Config, module: Any = None) -> LoadedModel:
+    if module is None:
+        if not config.model:
+            raise ConfigError("config key 'model' is required: a path to the model file")
+        check_model_file(config.model)  # before the sidecar: its absence is a symptom of this
     metadata = load_metadata(config)
     device = resolve_device(config.device)
     amp = autocast_dtype(config.precision, device)
     if module is not None:
         fmt = "module"
     else:
-        if not config.model:
-            raise ConfigError("config key 'model' is required: a path to the model file")
-        if not Path(config.model).is_file():
-            raise ModelError(f"config key 'model': {config.model!r} is not a file")
         fmt = detect_format(config)
         if fmt == "onnx":
             return _load_onnx(config, metadata, device)

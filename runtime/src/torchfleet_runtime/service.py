@@ -16,15 +16,16 @@ States: loading -> warming -> ready -> draining -> stopped (or failed). /readyz 
   an error log line, `torchfleet_reloads_total{result="failed"}`. One reload at a time (409).
 - Drain (SIGTERM, SIGINT, a spot notice): /readyz and new predictions 503 with Connection:
   close at once; those 503s are not in-flight work. `drain()` returns as soon as every admitted
-  prediction has been answered, or after `drain_timeout_s`.
-Threads: torch gets `torch_threads` intra-op threads (auto: one per CPU this process may use)
-and `torch_interop_threads` (auto: 1), set once before the first model loads.
+  prediction has been answered, or after `drain_timeout_s`; then `cut_off()` answers what is
+  left 503 and drops the queue (the batch running then may go on inside torch: see app).
+Threads: torch gets `torch_threads` intra-op threads (auto: one per CPU this process may use:
+the affinity mask and the cgroup CPU quota, see cpus.py) and `torch_interop_threads` (auto: 1),
+set once before the first model loads.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ import torch
 from . import __version__, codec, compat
 from .batcher import Batcher, BatchInfo, OutOfMemory, QueueFull, Request, Stopped, TooLarge
 from .config import Config, ConfigError
+from .cpus import usable_cpus
 from .errors import ApiError
 from .logs import BatchSummary
 from .metrics import Metrics
@@ -65,11 +67,7 @@ class Slot:
 def configure_threads(config: Config) -> tuple[int, int]:
     """Intra- and inter-op thread counts for torch, set once per process (inter-op can only be
     set before any parallel work; a second runtime in one process keeps the first setting)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cpus = os.cpu_count() or 1
-    intra = config.torch_threads or cpus
+    intra = config.torch_threads or usable_cpus()  # auto: the affinity mask and the cgroup CPU quota
     interop = config.torch_interop_threads or 1
     torch.set_num_threads(intra)
     try:
@@ -348,6 +346,18 @@ class Runtime:
                     return False
                 self._admitted_cond.wait(left)
         return True
+
+    def cut_off(self, waited_s: float) -> int:
+        """After a drain that timed out: answer every prediction still admitted 503 not_ready
+        with Connection: close at once (a client can retry elsewhere instead of reading a
+        reset), drop the batcher's queue and stop its worker after the batch it is running.
+        Returns how many requests were cut off."""
+        slot = self._slot
+        if slot is None:
+            return 0
+        return slot.batcher.abort(ApiError(
+            503, "not_ready", f"the runtime stopped: the drain ended after {waited_s:.1f} s (drain_timeout_s) "
+            "before this prediction was answered; retry it", 5, close=True))
 
     def close(self, worker_timeout_s: float = 5.0) -> None:
         if self._slot is not None:
