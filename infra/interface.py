@@ -4,13 +4,11 @@ composed by a `deploy` function that returns what the stack exports."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 import pulumi
 
 from infra.catalog import InstanceType
-from infra.config import StackConfig
 
 
 @dataclass
@@ -43,12 +41,6 @@ class Deployment:
     discovery: dict[str, Any] | None = None
     extra_outputs: dict[str, Any] = field(default_factory=dict)
     monitoring: MonitoringHost | None = None
-
-
-class Backend(Protocol):
-    def __call__(
-        self, cfg: StackConfig, tags: dict[str, str], expiry: datetime | None
-    ) -> Deployment: ...
 
 
 NODE_ROLE_TAG = ("torchfleet-role", "gpu-node")

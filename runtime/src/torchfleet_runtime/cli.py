@@ -115,14 +115,7 @@ def _demo_model(args: argparse.Namespace) -> int:
 
 def _run_plugin(name: str, argv: Sequence[str]) -> int:
     module_name, help_text = PLUGINS[name]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise  # the module exists but one of its own imports is missing: show that
-        print(f"torchfleet-runtime {name}: not available in this build ({module_name} is not installed)",
-              file=sys.stderr)
-        return 2
+    module = importlib.import_module(module_name)  # part of this package: always there
     parser = argparse.ArgumentParser(prog=f"torchfleet-runtime {name}", description=help_text)
     module.configure_parser(parser)
     return int(module.run(parser.parse_args(list(argv))))

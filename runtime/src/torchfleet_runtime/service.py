@@ -85,7 +85,6 @@ class Runtime:
         self.state = "loading"
         self._slot: Slot | None = None
         self.max_body_bytes = int(config.max_body_mb * 2**20)
-        self.on_warmup_run: list[Callable[[int], None]] = []  # hooks: called with each warm-up batch size
         self._admitted = 0  # predictions admitted to a batcher and not yet answered (the drain waits for them)
         self._admitted_cond = threading.Condition()
         self.stop_requested = threading.Event()
@@ -221,13 +220,7 @@ class Runtime:
         pred = loaded.predictor
         sizing = size_cap(pred, sample, cfg.max_batch_size, cfg.memory_fraction, cfg.latency_budget_ms / 1000,
                           held_bytes)
-        hooks = self.on_warmup_run
-
-        def on_run(b: int) -> None:
-            for h in hooks:
-                h(b)
-
-        warmed = warm_up(pred, sample, buckets_up_to(sizing.cap), cfg.warmup_iterations, on_run, sizing.runs)
+        warmed = warm_up(pred, sample, buckets_up_to(sizing.cap), cfg.warmup_iterations, sizing.runs)
         batcher = Batcher(pred, warmed, cfg.max_delay_ms / 1000, cfg.max_queue,
                           wait_for_arrivals=cfg.batch_wait == "arrivals")
         self._self_test(loaded, batcher, sample)

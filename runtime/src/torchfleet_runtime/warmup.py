@@ -16,7 +16,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -146,7 +145,7 @@ def _size_by_latency(predictor: Predictor, sample: torch.Tensor, budget_s: float
 
 
 def warm_up(predictor: Predictor, sample: torch.Tensor, buckets: list[int], iterations: int,
-            on_run: Callable[[int], None] | None = None, done: dict[int, int] | None = None) -> list[int]:
+            done: dict[int, int] | None = None) -> list[int]:
     """Run every bucket `iterations` times, less the runs `done` already made of it (sizing);
     returns the buckets that ran (OOM truncates the list)."""
     if predictor.device.type == "cuda":
@@ -158,8 +157,6 @@ def warm_up(predictor: Predictor, sample: torch.Tensor, buckets: list[int], iter
         try:
             for _ in range(max(0, iterations - (done or {}).get(b, 0))):
                 predictor(batch)
-                if on_run is not None:
-                    on_run(b)
         except RuntimeError as exc:
             if not compat.is_oom(exc) or not warmed:
                 raise
