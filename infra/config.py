@@ -23,13 +23,14 @@ from torchfleet_runtime import matrix as compat
 from infra import catalog
 from infra.addressing import BLOCKS, MAX_ZONES
 from infra.catalog import InstanceType
+from infra.constants import PROJECT, SERVICE_PORT
 from infra.k8s import settings as k8s_settings
 from infra.k8s.settings import KubernetesSettings
 from infra.lifecycle import LAUNCH_TIMEOUT_DEFAULT_S
 from infra.matrix import Matrix, load_matrix
 from infra.schedule import DAYS, Schedule
 
-NAMESPACE = "torchfleet"
+NAMESPACE = PROJECT  # Pulumi namespaces a project's config keys by the project name
 CLOUDS = ("aws", "alicloud")
 ENVS = ("dev", "prod")
 MODES = ("instances", "group", "kubernetes")
@@ -323,7 +324,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
     if not admin and "admin_cidrs" not in raw:
         r.fail("admin_cidrs", None, "at least one CIDR that may reach SSH (port 22)")
     client = r.cidrs("client_cidrs", r.structured("client_cidrs", list))
-    port = r.number("service_port", r.get("service_port", 8080), int, 1024, 65535,
+    port = r.number("service_port", r.get("service_port", SERVICE_PORT), int, 1024, 65535,
                     "an integer port in 1024..65535")
     key = r.get("ssh_public_key")
     if not isinstance(key, str) or not key.startswith(SSH_KEY_PREFIXES):

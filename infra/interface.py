@@ -3,12 +3,14 @@ composed by a `deploy` function that returns what the stack exports."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 
 from infra.catalog import InstanceType
+from infra.config import StackConfig
 
 
 @dataclass
@@ -46,3 +48,19 @@ class Deployment:
 NODE_ROLE_TAG = ("torchfleet-role", "gpu-node")
 # The monitoring host's role tag: not a GPU node, so EC2 discovery never scrapes it as one.
 MONITORING_ROLE_TAG = ("torchfleet-role", "monitoring")
+
+
+def instances_deployment(cfg: StackConfig, instances: Sequence[Any], login_user: str) -> Deployment:
+    """What an instances-mode fleet exports, the same on both clouds: one Node per instance
+    (named <stack>-gpu-<i>), the first node's private endpoint, and the SSH tunnel command that
+    reaches it from the operator's machine through its public address."""
+    first = instances[0]
+    port = cfg.service_port
+    return Deployment(
+        nodes=[Node(name=f"{cfg.stack}-gpu-{i}", instance_type=cfg.instance_type,
+                    spot=cfg.spot.enabled, public_ip=inst.public_ip, private_ip=inst.private_ip)
+               for i, inst in enumerate(instances)],
+        endpoint=first.private_ip.apply(lambda ip: f"http://{ip}:{port}"),
+        login_user=login_user,
+        extra_outputs={"ssh_tunnel": pulumi.Output.all(first.public_ip, first.private_ip)
+                       .apply(lambda ips: f"ssh -N -L {port}:{ips[1]}:{port} {login_user}@{ips[0]}")})

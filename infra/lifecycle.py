@@ -32,7 +32,6 @@ from infra.bootstrap import agent
 from infra.matrix import REPO_ROOT
 
 # -- the load balancer's view of a node (AWS target group; one place for the fleet to read) ----
-LB_HEALTH_PATH = "/readyz"  # 200 only once the model is warmed and the node is not draining
 LB_HEALTH_INTERVAL_S = 15
 LB_HEALTH_TIMEOUT_S = 5
 LB_HEALTHY_THRESHOLD = 2

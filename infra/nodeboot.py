@@ -20,10 +20,11 @@ from typing import Any
 import pulumi
 
 from infra.config import StackConfig
+from infra.constants import PROJECT
 
 LAUNCH_HOOK = "torchfleet-launch"
 TERMINATE_HOOK = "torchfleet-terminate"
-METRICS_NAMESPACE = "torchfleet"
+METRICS_NAMESPACE = PROJECT
 QUEUE_METRIC = "QueueDepth"  # requests waiting in the runtime's batch queue, per node
 REQUEST_METRIC = "RequestRate"  # Alibaba only: requests/s answered per node (AWS: the ALB's)
 NONCURRENT_DAYS = 30  # old bundle versions stay in the bucket this long (rollback), then expire

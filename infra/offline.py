@@ -17,7 +17,8 @@ from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-PROJECT = "torchfleet"
+from infra.constants import PROJECT
+
 FAKE_AMI = "ami-0123456789abcdef0"
 FAKE_ALI_IMAGE = "ubuntu_22_04_x64_20G_alibase_20240130.vhd"
 FAKE_ACCOUNT = "123456789012"

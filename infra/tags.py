@@ -5,9 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from infra.config import StackConfig
+from infra.constants import PROJECT
 from infra.schedule import iso_utc
-
-PROJECT = "torchfleet"
 
 
 def base_tags(cfg: StackConfig, expiry: datetime | None) -> dict[str, str]:

@@ -34,6 +34,7 @@ import pulumi_alicloud as alicloud
 
 from infra.alicloud.network import AlicloudNetwork
 from infra.config import StackConfig
+from infra.constants import PROJECT
 from infra.interface import NODE_ROLE_TAG, Deployment
 from infra.k8s import addons
 from infra.k8s.cost import cluster_cost
@@ -213,7 +214,7 @@ class AckCluster(pulumi.ComponentResource):
             role_name=role.role_name, opts=self.child)
         pv_name = f"{cfg.name}-model"
         return pv_name, [{"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {
-            "name": pv_name, "labels": {"app.kubernetes.io/part-of": "torchfleet"}},
+            "name": pv_name, "labels": {"app.kubernetes.io/part-of": PROJECT}},
             "spec": {
                 "capacity": {"storage": "10Gi"},  # required by the API, ignored by the driver
                 "accessModes": ["ReadOnlyMany"], "persistentVolumeReclaimPolicy": "Retain",

@@ -28,7 +28,8 @@ from infra.alicloud import scaling
 from infra.alicloud.bundle_store import AlicloudBundleStore
 from infra.alicloud.network import AlicloudNetwork
 from infra.config import StackConfig
-from infra.interface import NODE_ROLE_TAG, Deployment, Node
+from infra.constants import HEALTH_PATH, LB_PORT
+from infra.interface import NODE_ROLE_TAG, Deployment, instances_deployment
 from infra.nodeboot import group_name, user_data
 from infra.schedule import iso_utc
 
@@ -38,8 +39,6 @@ ESS_NODE_ACTIONS = ["ess:CompleteLifecycleAction", "ess:RecordLifecycleActionHea
                     "ess:DescribeLifecycleHooks", "ess:DescribeLifecycleActions",
                     "ess:DescribeScalingActivities", "ess:DescribeScalingInstances"]
 
-HEALTH_PATH = "/readyz"
-LB_PORT = 80
 PUBLIC_BANDWIDTH_MBPS = 100  # pay-by-traffic egress for packages and wheels
 
 
@@ -90,17 +89,7 @@ class AlicloudFleet(pulumi.ComponentResource):
 
         if cfg.mode == "instances":
             self.instances = self._instances(network, image_id, expiry)
-            first = self.instances[0]
-            self.deployment = Deployment(
-                nodes=[Node(name=f"{cfg.stack}-gpu-{i}", instance_type=cfg.instance_type,
-                            spot=cfg.spot.enabled, public_ip=inst.public_ip,
-                            private_ip=inst.private_ip)
-                       for i, inst in enumerate(self.instances)],
-                endpoint=first.private_ip.apply(lambda ip: f"http://{ip}:{cfg.service_port}"),
-                login_user=image.login_user,
-                extra_outputs={"ssh_tunnel": pulumi.Output.all(first.public_ip, first.private_ip)
-                               .apply(lambda ips: f"ssh -N -L {cfg.service_port}:{ips[1]}:"
-                                                  f"{cfg.service_port} {image.login_user}@{ips[0]}")})
+            self.deployment = instances_deployment(cfg, self.instances, image.login_user)
         else:
             self.group, clb = self._group(network, image_id)
             self.deployment = Deployment(

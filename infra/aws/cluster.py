@@ -32,6 +32,7 @@ import pulumi_aws as aws
 from infra.addressing import split_cidrs
 from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
+from infra.constants import PROJECT
 from infra.interface import NODE_ROLE_TAG, Deployment
 from infra.k8s import addons, pools
 from infra.k8s.cost import cluster_cost
@@ -272,7 +273,7 @@ class EksCluster(pulumi.ComponentResource):
                           depends_on=[self.system_group])))
         pv_name = f"{cfg.name}-model"
         return pv_name, [{"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {
-            "name": pv_name, "labels": {"app.kubernetes.io/part-of": "torchfleet"}},
+            "name": pv_name, "labels": {"app.kubernetes.io/part-of": PROJECT}},
             "spec": {
                 "capacity": {"storage": "10Gi"},  # required by the API, ignored by the driver
                 "accessModes": ["ReadOnlyMany"], "persistentVolumeReclaimPolicy": "Retain",

@@ -15,16 +15,16 @@ from infra import images
 from infra.aws import scaling
 from infra.aws.bundle_store import AwsBundleStore
 from infra.aws.iam import assume_role, bundle_read_policy, group_arn, lifecycle_policy
-from infra.aws.network import LB_PORT, AwsNetwork
+from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
-from infra.interface import NODE_ROLE_TAG, Deployment, Node
+from infra.constants import HEALTH_PATH, LB_PORT
+from infra.interface import NODE_ROLE_TAG, Deployment, instances_deployment
 from infra.lifecycle import (
     COLD_BOOTSTRAP_BUDGET_S,
     DEREGISTRATION_DELAY_S,
     HEALTH_GRACE_S,
     INSTANCE_WARMUP_S,
     LB_HEALTH_INTERVAL_S,
-    LB_HEALTH_PATH,
     LB_HEALTH_TIMEOUT_S,
     LB_HEALTHY_THRESHOLD,
     LB_UNHEALTHY_THRESHOLD,
@@ -116,17 +116,7 @@ class AwsFleet(pulumi.ComponentResource):
             depends_on=[store.object, *self.grants]))
         if cfg.mode == "instances":
             self.instances = self._instances(name, node_tags, network, needs)
-            first = self.instances[0]
-            endpoint = first.private_ip.apply(lambda ip: f"http://{ip}:{cfg.service_port}")
-            nodes = [Node(name=f"{cfg.stack}-gpu-{i}", instance_type=cfg.instance_type,
-                          spot=cfg.spot.enabled, public_ip=inst.public_ip,
-                          private_ip=inst.private_ip)
-                     for i, inst in enumerate(self.instances)]
-            self.deployment = Deployment(
-                nodes=nodes, endpoint=endpoint, login_user=image.login_user,
-                extra_outputs={"ssh_tunnel": pulumi.Output.all(first.public_ip, first.private_ip)
-                               .apply(lambda ips: f"ssh -N -L {cfg.service_port}:{ips[1]}:"
-                                                  f"{cfg.service_port} {image.login_user}@{ips[0]}")})
+            self.deployment = instances_deployment(cfg, self.instances, image.login_user)
         else:
             self.group, alb, target = self._group(name, tags, node_tags, network, child, needs)
             self.policies = scaling.register(name, cfg, self.group, alb, target, child)
@@ -182,7 +172,7 @@ class AwsFleet(pulumi.ComponentResource):
             f"{name}-tg", port=cfg.service_port, protocol="HTTP", vpc_id=network.vpc.id,
             target_type="instance", deregistration_delay=DEREGISTRATION_DELAY_S,
             health_check=aws.lb.TargetGroupHealthCheckArgs(
-                enabled=True, path=LB_HEALTH_PATH, matcher="200", protocol="HTTP",
+                enabled=True, path=HEALTH_PATH, matcher="200", protocol="HTTP",
                 port="traffic-port", interval=LB_HEALTH_INTERVAL_S, timeout=LB_HEALTH_TIMEOUT_S,
                 healthy_threshold=LB_HEALTHY_THRESHOLD, unhealthy_threshold=LB_UNHEALTHY_THRESHOLD),
             tags=tags, opts=child)

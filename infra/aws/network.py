@@ -13,10 +13,10 @@ import pulumi_aws as aws
 from infra import monitoring
 from infra.addressing import services_subnet, split_cidrs, zone_subnets
 from infra.config import StackConfig
+from infra.constants import LB_PORT
 from infra.tags import with_name
 
 SSH_PORT = 22
-LB_PORT = 80
 
 
 class AwsNetwork(pulumi.ComponentResource):

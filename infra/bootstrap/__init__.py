@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from infra.constants import PROJECT, SERVICE_PORT
+
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "user-data.yaml.tmpl"
 AGENT = HERE / "agent.py"
@@ -53,8 +55,8 @@ class BootstrapSpec:
     group_name: str | None = None
     launch_hook: str | None = None
     terminate_hook: str | None = None
-    service_port: int = 8080
-    metrics_namespace: str = "torchfleet"
+    service_port: int = SERVICE_PORT
+    metrics_namespace: str = PROJECT
     endpoints: Mapping[str, str] = field(default_factory=dict)
     # Alibaba: the ESS scaling group id ("asg-..."; saves the agent a lookup by name) and the
     # CloudMonitor application group its custom metrics go to (the ESS alarms read them there).

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.constants import SERVICE_PORT
 from infra.deploy.stage import StageError
 from infra.matrix import REPO_ROOT
 
@@ -31,7 +32,6 @@ IMAGE = "localhost/torchfleet-bookworm:latest"
 IMAGE_SUITE = "bookworm"
 PREFIX = "torchfleet-demo-"
 LABEL = "io.torchfleet.demo"
-SERVICE_PORT = 8080
 # systemd as PID 1 needs more file handles and processes than podman's defaults (DESIGN.md)
 RUN_OPTIONS = ("--systemd=always", "--ulimit", "nofile=10000:20000",
                "--ulimit", "nproc=10000:10000")

@@ -30,6 +30,7 @@ import yaml
 
 from infra import config as stack_config
 from infra import loadgen
+from infra.constants import SERVICE_PORT
 from infra.deploy import containers
 from infra.deploy.access import http_request
 from infra.deploy.pipeline import NodeOptions, Steps, node_stages, run_dir
@@ -86,7 +87,7 @@ def node_outputs(template: dict[str, Any], nodes: list[containers.ContainerNode]
                     private_ip=node.ip, **CONTAINER_FACTS)
         hosts[name] = host
     first, user = nodes[0], next(iter(hosts.values()))["ansible_user"]
-    port = containers.SERVICE_PORT
+    port = SERVICE_PORT
     outputs["endpoint"] = f"http://{first.ip}:{port}"
     outputs["ssh_tunnel"] = (f"ssh -N -L {port}:{first.ip}:{port} -p {first.ssh_port} -i {shown(key)} "
                              f"{user}@127.0.0.1")

@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from infra.config import StackConfig
+from infra.constants import SERVICE_PORT
 from infra.deploy import automation, converge, inventory, preflight, readiness, smoke
 from infra.deploy.access import SshTarget, tunnel
 from infra.deploy.progress import Console, shown
@@ -66,7 +67,7 @@ class NodeOptions:
 def _service_port(outputs: dict[str, Any], cfg: StackConfig | None) -> int:
     if cfg:
         return cfg.service_port
-    return urlsplit(str(outputs.get("endpoint") or "")).port or 8080
+    return urlsplit(str(outputs.get("endpoint") or "")).port or SERVICE_PORT
 
 
 def targets(hosts: dict[str, dict[str, Any]], private_key: str | None) -> list[SshTarget]:

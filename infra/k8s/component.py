@@ -18,6 +18,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.config import StackConfig
+from infra.constants import PROJECT
 from infra.k8s import addons, workload
 from infra.k8s.addons import Release
 from infra.k8s.workload import Placement
@@ -51,7 +52,7 @@ def addon_namespace() -> dict[str, Any]:
     # Third-party charts do not all meet `restricted`; `baseline` still refuses host access.
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {
         "name": addons.ADDON_NAMESPACE, "labels": {
-            "app.kubernetes.io/part-of": "torchfleet",
+            "app.kubernetes.io/part-of": PROJECT,
             "pod-security.kubernetes.io/enforce": "baseline",
             "pod-security.kubernetes.io/warn": "restricted"}}}
 

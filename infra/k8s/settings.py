@@ -15,12 +15,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from infra.constants import PROJECT
+
 # Kubernetes minor versions a stack may ask for: the ones EKS and ACK both offered in standard
 # support when this was written (2026-12) AND that kubernetes-validate 1.37.0 carries schemas
 # for, so the manifests are checked against the version the cluster runs (tests/infra).
 KUBERNETES_VERSIONS = ("1.33", "1.34", "1.35")
 DEFAULT_VERSION = "1.35"
-DEFAULT_NAMESPACE = "torchfleet"
+DEFAULT_NAMESPACE = PROJECT
 DEFAULT_QUEUE_TARGET = 16  # per-pod average of torchfleet_queue_depth the HPA holds
 SUBKEYS = ("version", "image", "namespace", "replicas", "queue_target", "model_prefix",
            "system", "charts")

@@ -23,10 +23,11 @@ from typing import Any
 from torchfleet_runtime.config import ENV_PREFIX, FIELDS, Config
 
 from infra.config import StackConfig
+from infra.constants import HEALTH_PATH, LB_PORT, PROJECT
 from infra.interface import NODE_ROLE_TAG
 
 APP = "torchfleet-runtime"
-LABELS = {"app.kubernetes.io/name": APP, "app.kubernetes.io/part-of": "torchfleet"}
+LABELS = {"app.kubernetes.io/name": APP, "app.kubernetes.io/part-of": PROJECT}
 SELECTOR = {"app.kubernetes.io/name": APP}
 IMAGE_UID = 10001  # runtime/Containerfile ARG UID/GID
 MODEL_DIR = "/models"  # the image's runtime.yml reads /models/model.pt
@@ -35,7 +36,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_TAINT = (GPU_RESOURCE, "true", "NoSchedule")  # GPU nodes take only pods that ask for GPUs
 ZONE_KEY = "topology.kubernetes.io/zone"
 HOST_KEY = "kubernetes.io/hostname"
-LB_PORT = 80
 MODEL_CLAIM = "torchfleet-model"
 # Time for the load balancer and kube-proxy to stop sending before SIGTERM: endpoints leave the
 # Service when the pod starts terminating, the cloud LB follows within a few seconds.
@@ -152,9 +152,9 @@ def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
             {"name": "HOME", "value": HOME},
         ],
         "resources": pod_resources(cfg),
-        "startupProbe": _probe("/readyz", STARTUP_PERIOD_S,
+        "startupProbe": _probe(HEALTH_PATH, STARTUP_PERIOD_S,
                                math.ceil(STARTUP_BUDGET_S / STARTUP_PERIOD_S)),
-        "readinessProbe": _probe("/readyz", 5, 2, timeout=3),
+        "readinessProbe": _probe(HEALTH_PATH, 5, 2, timeout=3),
         "livenessProbe": _probe("/livez", 10, 3),
         # Leave the load balancer's rotation before SIGTERM starts the drain.
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},

@@ -1,0 +1,21 @@
+"""Names and numbers that several parts of infra (and the runtime they deploy) share.
+
+Contract: each is defined here once and imported everywhere it is used; a module that needs
+one of them under its own name assigns it from here, never restates the literal.
+- `PROJECT`: the Pulumi project (Pulumi.yaml `name`), hence the namespace of every stack
+  config key (`torchfleet:...`), the `project` tag, the CloudWatch metric namespace and the
+  default Kubernetes namespace.
+- `HEALTH_PATH`: the runtime's readiness endpoint (runtime/src/torchfleet_runtime/server.py
+  answers 200 only once warmed and not draining): the load balancers' health checks, the
+  Kubernetes probes and the controller's readiness wait ask it.
+- `LB_PORT`: the port clients reach on a load balancer (HTTP; TLS ends in front of it).
+- `SERVICE_PORT`: the runtime's default port (the runtime's `port` default and the
+  inference_runtime role's `inference_runtime_port`); the stack key `service_port` overrides it.
+"""
+
+from __future__ import annotations
+
+PROJECT = "torchfleet"
+HEALTH_PATH = "/readyz"
+LB_PORT = 80
+SERVICE_PORT = 8080
