@@ -1,6 +1,8 @@
 """Bad input fails early with a message naming the variable, the value and what is allowed.
 
-Runs each role's tasks/assert.yml on localhost (no container needed) through ansible-playbook."""
+Runs each role's tasks/assert.yml on localhost (no container needed) through ansible-playbook,
+and, for what a role's meta/argument_specs.yml enforces itself (types, choices), the same
+validation Ansible runs when the role starts (validate_argument_spec with the role's spec)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = {"torch": "2.13.0", "torchvision": None, "cuda": None, "wheel_index": None}
@@ -42,7 +45,6 @@ CASES = [
      "inference_runtime_model_source=https://example.invalid/m.pt"),
     ("inference_runtime", {"inference_runtime_model_source": "s3://b/m.pt",
                            "inference_runtime_model_checksum": "sha256:REPLACE"}, "sha256:REPLACE"),
-    ("inference_runtime", {"inference_runtime_spot_watch": "gcp"}, "inference_runtime_spot_watch=gcp"),
     ("autostop", {}, None),
     ("autostop", {"autostop_idle_minutes": 0}, "autostop_idle_minutes=0"),
     ("autostop", {"autostop_check_interval": "often"}, "autostop_check_interval=often"),
@@ -59,3 +61,33 @@ def test_assert(role: str, extra: dict, message: str | None, tmp_path: Path, too
         assert result.returncode != 0, output[-3000:]
         assert message in output, output[-3000:]
         assert "allowed" in output.lower() or "Allowed" in output, output[-3000:]
+
+
+SPEC_CASES = [
+    ("inference_runtime", {"inference_runtime_spot_watch": "gcp"}, "inference_runtime_spot_watch"),
+    ("inference_runtime", {"inference_runtime_precision": "int8"}, "inference_runtime_precision"),
+    ("nvidia_driver", {"nvidia_driver_source": "vendor"}, "nvidia_driver_source"),
+    ("cuda", {"cuda_install_method": "pip"}, "cuda_install_method"),
+    ("autostop", {"autostop_enabled": "sometimes"}, "autostop_enabled"),
+]
+
+
+@pytest.mark.parametrize(("role", "extra", "name"), SPEC_CASES)
+def test_argument_specs_refuse_what_no_assert_restates(role: str, extra: dict, name: str, tmp_path: Path,
+                                                        tool_env: dict[str, str]) -> None:
+    spec = yaml.safe_load((REPO / "roles" / role / "meta" / "argument_specs.yml").read_text())
+    options = spec["argument_specs"]["main"]["options"]
+    play = [{"name": "spec", "hosts": "localhost", "gather_facts": False, "tasks": [
+        {"ansible.builtin.validate_argument_spec": {"argument_spec": {name: options[name]},
+                                                    "provided_arguments": extra}}]}]
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(json.dumps(play))
+    result = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook)],
+                            cwd=tmp_path, env=tool_env, capture_output=True, text=True, timeout=180)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    assert name in output and str(extra[name]) in output, output[-3000:]
+    # and the role's own asserts no longer restate the rule
+    tasks = yaml.safe_load((REPO / "roles" / role / "tasks" / "assert.yml").read_text())
+    conditions = [str(t["ansible.builtin.assert"]["that"]) for t in tasks if "ansible.builtin.assert" in t]
+    assert conditions and not any(name in c for c in conditions)
