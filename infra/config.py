@@ -55,26 +55,114 @@ _IMAGE_RE = {"aws": re.compile(r"^ami-[0-9a-f]{8,17}$"), "alicloud": re.compile(
 _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _HHMM_RE = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
 
-KEYS = (
-    "cloud", "env", "region", "zones", "mode", "instance_type", "gpu", "extra_instance_types",
-    "nodes", "spot", "schedule", "ttl_hours", "admin_cidrs", "client_cidrs", "service_port",
-    "ssh_public_key", "image", "image_distro", "cuda_profile", "disk_gb", "vpc_cidr", "owner",
-    "tags", "budget", "model_bucket", "scaling", "boot", "warm_pool", "kubernetes", "monitoring",
-)
-# Sub-keys of the structured values, for the same "unknown key" check one level down.
-SUBKEYS = {
-    "gpu": ("model", "count"),
-    "nodes": ("count", "min", "max", "desired"),
-    "spot": ("enabled", "max_price_ratio", "on_demand_base", "on_demand_percentage",
-             "interruption", "on_demand_prices"),
-    "schedule": ("timezone", "start", "stop", "days"),
-    "budget": ("monthly_usd", "alert_emails", "threshold_percent"),
-    "scaling": ("requests_per_node", "queue_depth_per_node", "scale_in", "protect_from_scale_in",
-                "launch_timeout_s"),
-    "warm_pool": ("enabled", "min_size", "max_prepared"),
-    "kubernetes": k8s_settings.SUBKEYS,
-    "monitoring": ("enabled", "instance_type", "disk_gb"),
+REQUIRED = object()  # a key with no default: the stack must set it
+
+
+@dataclass(frozen=True)
+class Key:
+    """One `torchfleet:` key of a stack file, declared once: its YAML type, its default (a value,
+    REQUIRED, or `derived` words for a default computed from other keys), what is allowed (the
+    words the README shows; the checks in load() and its helpers say the same in their errors),
+    its sub-keys for structured values, and a one-line doc."""
+
+    kind: str
+    doc: str
+    allowed: str
+    default: Any = None
+    derived: str = ""
+    subkeys: tuple[str, ...] = ()
+
+    @property
+    def default_text(self) -> str:
+        if self.derived:
+            return self.derived
+        if self.default is REQUIRED:
+            return "required"
+        return "unset" if self.default is None else json.dumps(self.default)
+
+
+FIELDS: dict[str, Key] = {
+    "cloud": Key("string", "the cloud", " | ".join(CLOUDS), derived="the stack name's <cloud>"),
+    "env": Key("string", "the environment", " | ".join(ENVS), derived="the stack name's <env>"),
+    "region": Key("string", "the region id", "a region of the cloud (us-east-1, cn-hangzhou)",
+                  REQUIRED),
+    "zones": Key("list", "zones the nodes spread over",
+                 f"1..{MAX_ZONES} distinct zones of the region", REQUIRED),
+    "mode": Key("string", "instances (fixed nodes), group (a scaling group) or kubernetes",
+                " | ".join(MODES), derived="group for prod, else instances"),
+    "instance_type": Key("string", "the GPU instance type",
+                         "a type of infra/catalog.py (or set gpu instead)"),
+    "gpu": Key("mapping", "pick the cheapest type carrying these GPUs (instead of instance_type)",
+               "{model: a GPU model of the cloud, count: 1..16}", subkeys=("model", "count")),
+    "extra_instance_types": Key("list", "more types with the same GPUs for a group's pool",
+                                "instance types of the catalog"),
+    "nodes": Key("mapping", "how many nodes (count: instances mode; min/max/desired: group)",
+                 "integers (count 1..20, min/max/desired 0..100)",
+                 subkeys=("count", "min", "max", "desired")),
+    "spot": Key("mapping", "spot capacity and its price cap",
+                f"enabled, max_price_ratio <= {MAX_PRICE_RATIO} x on-demand, on-demand base and "
+                "percentage, interruption behaviour, on_demand_prices",
+                subkeys=("enabled", "max_price_ratio", "on_demand_base", "on_demand_percentage",
+                         "interruption", "on_demand_prices")),
+    "schedule": Key("mapping", "office hours: start and stop the fleet on a clock",
+                    "timezone (IANA), start/stop HH:MM, days", subkeys=("timezone", "start", "stop",
+                                                                         "days")),
+    "ttl_hours": Key("number", "hours until the stack's resources are tagged to expire",
+                     f"1..{MAX_TTL_HOURS}", derived="required for dev instances, else unset"),
+    "admin_cidrs": Key("list", "who may reach SSH (port 22)",
+                       f"CIDRs of /{MIN_CIDR_PREFIX} or narrower", REQUIRED),
+    "client_cidrs": Key("list", "who may reach the service", f"CIDRs of /{MIN_CIDR_PREFIX} or "
+                        "narrower (unset: the VPC only)", []),
+    "service_port": Key("integer", "the runtime's port on the nodes", "1024..65535", SERVICE_PORT),
+    "ssh_public_key": Key("string", "the operator's OpenSSH public key", "an OpenSSH public key line",
+                          REQUIRED),
+    "image": Key("string", "the node image", "auto | an image id (ami-... on AWS)", "auto"),
+    "image_distro": Key("string", "the distro of the auto image (and the node's Python)",
+                        "a distro of compat/matrix.yml", "ubuntu-22.04"),
+    "cuda_profile": Key("string", "the CUDA profile of compat/matrix.yml",
+                        "a profile that drives the GPU and supports the distro's Python",
+                        derived="the matrix's default_profile"),
+    "disk_gb": Key("integer", "the node's root disk in GiB",
+                   f"matrix min_free_disk_gb + {MIN_DISK_OVERHEAD_GB}..16384", 100),
+    "vpc_cidr": Key("string", "the stack's VPC range", "a private IPv4 network of /16../22", "10.42.0.0/16"),
+    "owner": Key("string", "who pays for and answers for the stack",
+                 "letters, digits, . _ @ + - (1..64)", REQUIRED),
+    "tags": Key("mapping", "extra tags on every resource",
+                "string keys and values, none of " + ", ".join(RESERVED_TAGS), {}),
+    "budget": Key("mapping", "the monthly budget and who is alerted",
+                  "monthly_usd (auto | >= 1), alert_emails, threshold_percent 1..1000",
+                  subkeys=("monthly_usd", "alert_emails", "threshold_percent")),
+    "model_bucket": Key("string", "the bucket nodes fetch models from", "an S3 / OSS bucket name"),
+    "scaling": Key("mapping", "the group's scaling targets", "per-node requests and queue depth, "
+                   "scale_in, protect_from_scale_in, launch_timeout_s "
+                   f"{LAUNCH_TIMEOUT_RANGE[0]}..{LAUNCH_TIMEOUT_RANGE[1]}",
+                   subkeys=("requests_per_node", "queue_depth_per_node", "scale_in",
+                            "protect_from_scale_in", "launch_timeout_s")),
+    "boot": Key("string", "how nodes boot: configure from scratch, bake an image, or boot baked",
+                " | ".join(BOOT_MODES), "cold"),
+    "warm_pool": Key("mapping", "a pool of stopped, prepared nodes (AWS group mode)",
+                     "enabled, min_size 0..100, max_prepared 1..100",
+                     subkeys=("enabled", "min_size", "max_prepared")),
+    "kubernetes": Key("mapping", "the cluster of mode: kubernetes", "see infra/k8s/settings.py",
+                      subkeys=k8s_settings.SUBKEYS),
+    "monitoring": Key("mapping", "the stack's monitoring host", "enabled, instance_type, disk_gb",
+                      subkeys=("enabled", "instance_type", "disk_gb")),
 }
+KEYS = tuple(FIELDS)
+# Sub-keys of the structured values, for the same "unknown key" check one level down.
+SUBKEYS = {name: key.subkeys for name, key in FIELDS.items() if key.subkeys}
+
+
+def readme_table() -> str:
+    """The README's table of stack keys, generated from FIELDS (tests check it is current)."""
+    rows = ["| Key | Type | Default | Allowed | What |", "|---|---|---|---|---|"]
+    for name, key in FIELDS.items():
+        cells = (f"`{name}`" + (" (" + ", ".join(key.subkeys) + ")" if key.subkeys else ""),
+                 key.kind, key.default_text, key.allowed, key.doc)
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows)
+
+
 # The monitoring host's disk: 30 days of samples plus the nodes' journals (roles/monitoring:
 # monitoring_logs_max_use 20G); its README sizes 50 GiB.
 MONITORING_DISK_GB = (30, 16384)
@@ -208,6 +296,10 @@ class _Reader:
         self.problems.append(f"{NAMESPACE}:{key} = {value!r} is invalid; allowed: {allowed}")
 
     def get(self, key: str, default: Any = None) -> Any:
+        """The raw value; unset, `default`, else the key's declared default (FIELDS)."""
+        if default is None and key in FIELDS and not FIELDS[key].derived \
+                and FIELDS[key].default is not REQUIRED:
+            default = FIELDS[key].default
         return self.raw.get(key, default)
 
     def structured(self, key: str, kind: type) -> Any:
@@ -324,21 +416,21 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
     if not admin and "admin_cidrs" not in raw:
         r.fail("admin_cidrs", None, "at least one CIDR that may reach SSH (port 22)")
     client = r.cidrs("client_cidrs", r.structured("client_cidrs", list))
-    port = r.number("service_port", r.get("service_port", SERVICE_PORT), int, 1024, 65535,
+    port = r.number("service_port", r.get("service_port"), int, 1024, 65535,
                     "an integer port in 1024..65535")
     key = r.get("ssh_public_key")
     if not isinstance(key, str) or not key.startswith(SSH_KEY_PREFIXES):
         r.fail("ssh_public_key", key if not isinstance(key, str) else key[:24] + "...",
                "an OpenSSH public key line (" + ", ".join(p.strip() for p in SSH_KEY_PREFIXES) + ")")
 
-    image = r.get("image", "auto")
+    image = r.get("image")
     if image != "auto" and (not isinstance(image, str) or not _IMAGE_RE[cloud].match(image)):
         r.fail("image", image, "auto | an image id" + (" (ami-...)" if cloud == "aws" else ""))
-    distro = r.choice("image_distro", r.get("image_distro", "ubuntu-22.04"), tuple(matrix.distros))
+    distro = r.choice("image_distro", r.get("image_distro"), tuple(matrix.distros))
 
     profile = _cuda_profile(r, matrix, itype, distro if mode != "kubernetes" else None)
     min_disk = matrix.min_free_disk_gb + MIN_DISK_OVERHEAD_GB
-    disk = r.number("disk_gb", r.get("disk_gb", 100), int, min_disk, 16384,
+    disk = r.number("disk_gb", r.get("disk_gb"), int, min_disk, 16384,
                     f"an integer number of GiB in {min_disk}..16384 (the matrix asks for "
                     f"{matrix.min_free_disk_gb} GiB free after the OS)")
     vpc_cidr = _vpc_cidr(r, len(zones))
@@ -569,7 +661,7 @@ def _monitoring(r: _Reader, cloud: str, mode: str | None) -> Monitoring | None:
 
 
 def _boot(r: _Reader, cloud: str) -> str | None:
-    boot = r.choice("boot", r.get("boot", "cold"), BOOT_MODES)
+    boot = r.choice("boot", r.get("boot"), BOOT_MODES)
     if boot == "bake" and cloud == "alicloud":
         # pulumi_alicloud 4.0.0: ecs.EcsImagePipeline's build instance takes no RAM role, so it
         # cannot read the private bundle; ecs.Image from a builder instance is captured when the
@@ -702,7 +794,7 @@ def _cuda_profile(r: _Reader, matrix: Matrix, itype: InstanceType | None,
 
 
 def _vpc_cidr(r: _Reader, zones: int) -> str:
-    value = r.get("vpc_cidr", "10.42.0.0/16")
+    value = r.get("vpc_cidr")
     try:
         net = ipaddress.ip_network(str(value))
         if net.version != 4 or not net.is_private or not 16 <= net.prefixlen <= 22:
@@ -811,3 +903,11 @@ def raw_from_pulumi_config(values: Mapping[str, Any]) -> dict[str, Any]:
     """Strip the namespace from a flat Pulumi config map; other namespaces are ignored."""
     prefix = NAMESPACE + ":"
     return {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--table"]:
+        sys.exit("usage: python -m infra.config --table   (the README's table of stack keys)")
+    print(readme_table())

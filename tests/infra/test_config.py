@@ -231,3 +231,30 @@ def test_new_keys_join_the_one_pass_report(settings):
                         zones=["us-east-1a"] * 2), "aws-prod")
     for key in ("admin_cidrs", "boot", "scaling.requests_per_node", "warm_pool", "zones"):
         assert f"torchfleet:{key}" in err, key
+
+
+def test_the_readme_table_is_generated_from_the_declaration():
+    from pathlib import Path
+
+    from infra.config import FIELDS, KEYS, SUBKEYS, readme_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start, end = "<!-- config-table:start -->\n", "\n<!-- config-table:end -->"
+    assert start in readme and end in readme
+    current = readme.split(start, 1)[1].split(end, 1)[0]
+    assert current == readme_table(), "README's config table is stale: python -m infra.config --table"
+    # one row per declared key, and the unknown-key checks use the same declaration
+    assert len(current.splitlines()) == len(FIELDS) + 2 and tuple(FIELDS) == KEYS
+    assert SUBKEYS["spot"] == FIELDS["spot"].subkeys
+
+
+def test_declared_defaults_are_the_ones_load_applies(settings):
+    from infra.config import FIELDS
+
+    raw = base(settings)
+    for key in ("service_port", "image", "image_distro", "disk_gb", "boot", "vpc_cidr"):
+        raw.pop(key, None)
+    cfg = load(raw, "aws-dev")
+    got = {"service_port": cfg.service_port, "image": cfg.image, "image_distro": cfg.image_distro,
+           "disk_gb": cfg.disk_gb, "boot": cfg.boot, "vpc_cidr": cfg.vpc_cidr}
+    assert got == {k: FIELDS[k].default for k in got}
