@@ -48,17 +48,34 @@ def free_port() -> int:
 
 def cpu_s(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
-    f = stat[stat.rfind(")") + 2:].split()
+    f = stat[stat.rfind(")") + 2 :].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wrk(port: int, conc: int, seconds: int, env: dict[str, str], lua: Path) -> str:
-    return subprocess.run(["wrk", "-t1", f"-c{conc}", f"-d{seconds}s", "--latency", "--timeout", "10s", "-s", str(lua),
-                           f"http://127.0.0.1:{port}/v1/predict"], env=env, capture_output=True, text=True,
-                          timeout=seconds + 60).stdout
+    return subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{conc}",
+            f"-d{seconds}s",
+            "--latency",
+            "--timeout",
+            "10s",
+            "-s",
+            str(lua),
+            f"http://127.0.0.1:{port}/v1/predict",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+    ).stdout
 
 
-def run_variant(spec: str, model: Path, conc: int, seconds: int, env_wrk: dict[str, str], lua: Path) -> dict:
+def run_variant(
+    spec: str, model: Path, conc: int, seconds: int, env_wrk: dict[str, str], lua: Path
+) -> dict:
     src, _, extra = spec.partition("::")
     env = dict(os.environ)
     if src:
@@ -71,17 +88,36 @@ def run_variant(spec: str, model: Path, conc: int, seconds: int, env_wrk: dict[s
         else:
             flags.append(item)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from torchfleet_runtime.cli import main; sys.exit(main())",
-                             "serve", "--model", str(model), "--port", str(port), "--spot-watch", "off",
-                             "--log-level", "warning", *flags], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from torchfleet_runtime.cli import main; sys.exit(main())",
+            "serve",
+            "--model",
+            str(model),
+            "--port",
+            str(port),
+            "--spot-watch",
+            "off",
+            "--log-level",
+            "warning",
+            *flags,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         t0 = time.monotonic()
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"{spec}: serve exited with {proc.returncode}")
             try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1).status == 200:
+                if (
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1).status
+                    == 200
+                ):
                     break
             except OSError:
                 pass
@@ -100,9 +136,15 @@ def run_variant(spec: str, model: Path, conc: int, seconds: int, env_wrk: dict[s
         proc.wait(60)
     n = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", out, re.M))
-    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
-            "p50": lat.get("50"), "p99": lat.get("99"), "cpu_ms_per_req": round(cpu / max(n, 1) * 1000, 2),
-            "cap": info.get("max_batch_size"), "ready_s": round(ready, 2), "load1": round(load, 1)}
+    return {
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
+        "p50": lat.get("50"),
+        "p99": lat.get("99"),
+        "cpu_ms_per_req": round(cpu / max(n, 1) * 1000, 2),
+        "cap": info.get("max_batch_size"),
+        "ready_s": round(ready, 2),
+        "load1": round(load, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--binary", action="store_true", help="raw float32 bodies instead of JSON")
-    ap.add_argument("--model", type=Path, help="TorchScript file with its sidecar (default: the demo model)")
+    ap.add_argument(
+        "--model", type=Path, help="TorchScript file with its sidecar (default: the demo model)"
+    )
     args = ap.parse_args(argv)
     variants = [v.split("=", 1) for v in args.variants]
     with tempfile.TemporaryDirectory(prefix="torchfleet-ab-") as tmp:
@@ -123,19 +167,26 @@ def main(argv: list[str] | None = None) -> int:
 
             model, _ = write_demo_model(work / "demo")
         meta = json.loads(model.with_suffix(".json").read_text())
-        body, headers = loadgen.build_payload(meta["input_shape"], meta.get("dtype", "float32"), 1, args.binary,
-                                              decimals=4)
+        body, headers = loadgen.build_payload(
+            meta["input_shape"], meta.get("dtype", "float32"), 1, args.binary, decimals=4
+        )
         (work / "body").write_bytes(body)
         lua = work / "ab.lua"
         lua.write_text(LUA)
-        env_wrk = {**os.environ, "AB_BODY": str(work / "body"),
-                   "AB_HEADERS": ";".join(f"{k}={v}" for k, v in headers.items())}
+        env_wrk = {
+            **os.environ,
+            "AB_BODY": str(work / "body"),
+            "AB_HEADERS": ";".join(f"{k}={v}" for k, v in headers.items()),
+        }
         results: dict[str, list[float]] = {name: [] for name, _ in variants}
         for r in range(args.rounds):
             for name, spec in variants if r % 2 == 0 else variants[::-1]:
                 res = run_variant(spec, model, args.concurrency, args.seconds, env_wrk, lua)
                 results[name].append(res["rps"])
-                print(f"round {r + 1} {name:<12} " + " ".join(f"{k} {v}" for k, v in res.items()), flush=True)
+                print(
+                    f"round {r + 1} {name:<12} " + " ".join(f"{k} {v}" for k, v in res.items()),
+                    flush=True,
+                )
     for name, rps in results.items():
         print(f"{name:<12} median {statistics.median(rps):.1f} req/s over {len(rps)} rounds")
     if len(variants) == 2:

@@ -40,7 +40,9 @@ def best_us(fn, n=30):
 def main():
     x = torch.randn(1, *SHAPE, generator=torch.Generator().manual_seed(0))
     full = json.dumps({"inputs": x.tolist()}).encode()
-    rounded = json.dumps({"inputs": np.round(torch.rand(1, *SHAPE).double().numpy(), 4).tolist()}).encode()
+    rounded = json.dumps(
+        {"inputs": np.round(torch.rand(1, *SHAPE).double().numpy(), 4).tolist()}
+    ).encode()
     raw = bytearray(x.numpy().tobytes())
     buf = io.BytesIO()
     np.save(buf, x.numpy())
@@ -50,12 +52,17 @@ def main():
     for name, body in (("full-precision", full), ("4 decimals", rounded)):
         ours = best_us(lambda body=body: codec.decode(body, "application/json", {}, SHAPE, f32))
         naive = best_us(lambda body=body: torch.tensor(json.loads(body)["inputs"]))
-        print(f"JSON {name} {len(body) / 1024:.0f} KiB: codec {ours / 1000:.2f} ms; "
-              f"json.loads + torch.tensor {naive / 1000:.2f} ms")
-    print(f"raw {len(raw) / 1024:.0f} KiB: {best_us(lambda: codec.decode(raw, 'application/octet-stream', headers, SHAPE, f32)) / 1000:.3f} ms;"
-          f" .npy: {best_us(lambda: codec.decode(npy, 'application/x-npy', {}, SHAPE, f32)) / 1000:.3f} ms")
+        print(
+            f"JSON {name} {len(body) / 1024:.0f} KiB: codec {ours / 1000:.2f} ms; "
+            f"json.loads + torch.tensor {naive / 1000:.2f} ms"
+        )
+    raw_us = best_us(lambda: codec.decode(raw, "application/octet-stream", headers, SHAPE, f32))
+    npy_us = best_us(lambda: codec.decode(npy, "application/x-npy", {}, SHAPE, f32))
+    print(f"raw {len(raw) / 1024:.0f} KiB: {raw_us / 1000:.3f} ms; .npy: {npy_us / 1000:.3f} ms")
     out = torch.randn(1, 10)
-    print(f"encode a JSON answer (10 logits): {best_us(lambda: codec.encode_json(out, True)):.1f} us")
+    print(
+        f"encode a JSON answer (10 logits): {best_us(lambda: codec.encode_json(out, True)):.1f} us"
+    )
 
     m = Metrics()
     stage = m.stage_of
@@ -68,17 +75,28 @@ def main():
         stage["queue"].observe(t["queue"])
         stage["encode"].observe(t["encode"])
         stage["write"].observe(0.00002)
-        _ = (f"decode;dur={t['decode'] * 1000:.3f}, queue;dur={t['queue'] * 1000:.3f}, "
-             f"model;dur={t['model'] * 1000:.3f}, encode;dur={t['encode'] * 1000:.3f}")
+        _ = (
+            f"decode;dur={t['decode'] * 1000:.3f}, queue;dur={t['queue'] * 1000:.3f}, "
+            f"model;dur={t['model'] * 1000:.3f}, encode;dur={t['encode'] * 1000:.3f}"
+        )
         if reqlog.isEnabledFor(logging.DEBUG):
             reqlog.debug("never")
 
     summary = BatchSummary(logging.getLogger("bench.summary"), 10.0)
-    print(f"instrumentation per prediction (4 stage observes, Server-Timing, debug check): "
-          f"{best_us(per_request, 2000):.1f} us; per batch (model observe + summary): "
-          f"{best_us(lambda: (stage['model'].observe(0.009), summary.add(8, 8, 'full', 0.009, 'v1')), 2000):.1f} us")
-    rec = logging.LogRecord("torchfleet_runtime.request", logging.INFO, __file__, 1, "%s %s: %s",
-                            (400, "wrong_shape", "input shape [2] does not match the model"), None)
+    print(
+        f"instrumentation per prediction (4 stage observes, Server-Timing, debug check): "
+        f"{best_us(per_request, 2000):.1f} us; per batch (model observe + summary): "
+        f"{best_us(lambda: (stage['model'].observe(0.009), summary.add(8, 8, 'full', 0.009, 'v1')), 2000):.1f} us"
+    )
+    rec = logging.LogRecord(
+        "torchfleet_runtime.request",
+        logging.INFO,
+        __file__,
+        1,
+        "%s %s: %s",
+        (400, "wrong_shape", "input shape [2] does not match the model"),
+        None,
+    )
     rec.request_id, rec.fields = "a1b2c3d4e5f60718", {"status": 400, "type": "wrong_shape"}
     fmt = JsonFormatter()
     print(f"one JSON log line formatted: {best_us(lambda: fmt.format(rec), 2000):.1f} us")

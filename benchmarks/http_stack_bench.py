@@ -117,12 +117,29 @@ def serve_uvicorn(port: int, http: str) -> None:
             body = ANSWER
         else:
             body = _cpu()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
-    uvicorn.run(app, host="127.0.0.1", port=port, http=http, loop="asyncio", lifespan="off",
-                access_log=False, log_level="warning", backlog=1024)
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        http=http,
+        loop="asyncio",
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+        backlog=1024,
+    )
 
 
 def serve_torchfleet(port: int) -> None:
@@ -174,8 +191,13 @@ def serve(name: str, port: int) -> None:
 
 
 def available(name: str) -> bool:
-    code = {"stdlib": "import http.server", "aiohttp": "import aiohttp", "uvicorn-httptools": "import uvicorn, httptools",
-            "uvicorn-h11": "import uvicorn, h11", "torchfleet": "import torchfleet_runtime.httpd"}[name]
+    code = {
+        "stdlib": "import http.server",
+        "aiohttp": "import aiohttp",
+        "uvicorn-httptools": "import uvicorn, httptools",
+        "uvicorn-h11": "import uvicorn, h11",
+        "torchfleet": "import torchfleet_runtime.httpd",
+    }[name]
     return subprocess.run([*PYTHON, "-c", code], capture_output=True, env=_env()).returncode == 0
 
 
@@ -211,8 +233,13 @@ def cpu_s(port: int) -> float:
 
 def start(name: str) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    proc = subprocess.Popen([*PYTHON, str(HERE), "--serve", name, "--port", str(port)], env=_env(),
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*PYTHON, str(HERE), "--serve", name, "--port", str(port)],
+        env=_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -237,22 +264,44 @@ def _ms(text: str) -> float:
 
 
 def run_wrk(port: int, conc: int, seconds: float, lua: Path, body: Path) -> dict[str, Any]:
-    cmd = ["wrk", "-t1", f"-c{conc}", f"-d{seconds:g}s", "--latency", "--timeout", "10s", "-s", str(lua),
-           f"http://127.0.0.1:{port}/v1/predict"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30,
-                         env={**os.environ, "BODY_FILE": str(body)}).stdout
+    cmd = [
+        "wrk",
+        "-t1",
+        f"-c{conc}",
+        f"-d{seconds:g}s",
+        "--latency",
+        "--timeout",
+        "10s",
+        "-s",
+        str(lua),
+        f"http://127.0.0.1:{port}/v1/predict",
+    ]
+    out = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=seconds + 30,
+        env={**os.environ, "BODY_FILE": str(body)},
+    ).stdout
     lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", out, re.M))
     m = re.search(r"(\d+) requests in ([\d.]+)(\w+)", out)
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     sock = re.search(r"Socket errors: (.*)", out)
     if not m or "50" not in lat:
         raise RuntimeError(f"cannot read wrk's output:\n{out}")
-    return {"requests": int(m.group(1)), "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
-            "p50_ms": _ms(lat["50"]), "p99_ms": _ms(lat["99"]),
-            "non_2xx": int(errors.group(1)) if errors else 0, "socket_errors": sock.group(1) if sock else ""}
+    return {
+        "requests": int(m.group(1)),
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
+        "p50_ms": _ms(lat["50"]),
+        "p99_ms": _ms(lat["99"]),
+        "non_2xx": int(errors.group(1)) if errors else 0,
+        "socket_errors": sock.group(1) if sock else "",
+    }
 
 
-def measure(names: list[str], concs: list[int], seconds: float, rounds: int, body_kb: float) -> dict[str, Any]:
+def measure(
+    names: list[str], concs: list[int], seconds: float, rounds: int, body_kb: float
+) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="torchfleet-httpbench-"))
     try:
         lua = tmp / "post.lua"
@@ -261,9 +310,11 @@ def measure(names: list[str], concs: list[int], seconds: float, rounds: int, bod
         rng = random.Random(0)
         n = max(1, int(body_kb * 1024 / 7))
         body.write_text(json.dumps({"inputs": [round(rng.random(), 4) for _ in range(n)]}))
-        runs: dict[str, dict[int, list[dict[str, Any]]]] = {n: {c: [] for c in concs} for n in names}
+        runs: dict[str, dict[int, list[dict[str, Any]]]] = {
+            n: {c: [] for c in concs} for n in names
+        }
         for r in range(rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             for name in order:
                 proc, port = start(name)
                 try:
@@ -272,12 +323,16 @@ def measure(names: list[str], concs: list[int], seconds: float, rounds: int, bod
                         load = os.getloadavg()[0]
                         c0 = cpu_s(port)
                         res = run_wrk(port, c, seconds, lua, body)
-                        res["cpu_us_per_req"] = round((cpu_s(port) - c0) / max(res["requests"], 1) * 1e6, 1)
+                        res["cpu_us_per_req"] = round(
+                            (cpu_s(port) - c0) / max(res["requests"], 1) * 1e6, 1
+                        )
                         res["load1"] = round(load, 2)
                         runs[name][c].append(res)
-                        print(f"round {r + 1} {name:<18} c={c:<3} {res['rps']:8.0f} req/s  p50 {res['p50_ms']:7.2f} ms"
-                              f"  p99 {res['p99_ms']:7.2f} ms  cpu {res['cpu_us_per_req']:6.0f} us/req  load {load:.1f}",
-                              flush=True)
+                        print(
+                            f"round {r + 1} {name:<18} c={c:<3} {res['rps']:8.0f} req/s  p50 {res['p50_ms']:7.2f} ms"
+                            f"  p99 {res['p99_ms']:7.2f} ms  cpu {res['cpu_us_per_req']:6.0f} us/req  load {load:.1f}",
+                            flush=True,
+                        )
                 finally:
                     proc.stdin.close()  # type: ignore[union-attr]  # the server exits on EOF
                     try:
@@ -285,8 +340,16 @@ def measure(names: list[str], concs: list[int], seconds: float, rounds: int, bod
                     except subprocess.TimeoutExpired:
                         proc.kill()
                         proc.wait()
-        summary = {name: {str(c): {k: statistics.median(x[k] for x in lvl) for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req")}
-                          for c, lvl in per.items()} for name, per in runs.items()}
+        summary = {
+            name: {
+                str(c): {
+                    k: statistics.median(x[k] for x in lvl)
+                    for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req")
+                }
+                for c, lvl in per.items()
+            }
+            for name, per in runs.items()
+        }
         return {"body_bytes": body.stat().st_size, "runs": runs, "median": summary}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -299,7 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--candidates", default=",".join(CANDIDATES))
     ap.add_argument("--concurrency", default="8,32,64")
     ap.add_argument("--duration", type=float, default=5.0, help="seconds per level (default 5)")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds, candidate order rotated (default 2)")
+    ap.add_argument(
+        "--rounds", type=int, default=2, help="rounds, candidate order rotated (default 2)"
+    )
     ap.add_argument("--body-kb", type=float, default=2.0, help="JSON body size in KiB (default 2)")
     ap.add_argument("--python", help="interpreter command for the servers (default: this one)")
     ap.add_argument("--label", default="", help="a name for this run in the output file")
@@ -318,17 +383,39 @@ def main(argv: list[str] | None = None) -> int:
     have = [n for n in names if available(n)]
     for n in set(names) - set(have):
         print(f"skipped {n}: not importable by {' '.join(PYTHON)}")
-    version = subprocess.run([*PYTHON, "-c", "import platform; print(platform.python_version())"],
-                             capture_output=True, text=True, env=_env()).stdout.strip()
+    version = subprocess.run(
+        [*PYTHON, "-c", "import platform; print(platform.python_version())"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+    ).stdout.strip()
     print(f"Python {version}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} at start")
-    result = measure(have, [int(c) for c in args.concurrency.split(",")], args.duration, args.rounds, args.body_kb)
+    result = measure(
+        have,
+        [int(c) for c in args.concurrency.split(",")],
+        args.duration,
+        args.rounds,
+        args.body_kb,
+    )
     result.update(python=version, label=args.label, loadavg_end=round(os.getloadavg()[0], 2))
-    print(f"\nmedian of {args.rounds} round(s), body {result['body_bytes']} bytes, load {result['loadavg_end']} at end")
-    print(f"{'stack':<18}" + "".join(f"{'c=' + c + ' req/s':>12}{'p50 ms':>8}{'p99 ms':>8}{'us/req':>8}"
-                                     for c in args.concurrency.split(",")))
+    print(
+        f"\nmedian of {args.rounds} round(s), body {result['body_bytes']} bytes, load {result['loadavg_end']} at end"
+    )
+    print(
+        f"{'stack':<18}"
+        + "".join(
+            f"{'c=' + c + ' req/s':>12}{'p50 ms':>8}{'p99 ms':>8}{'us/req':>8}"
+            for c in args.concurrency.split(",")
+        )
+    )
     for name, per in result["median"].items():
-        print(f"{name:<18}" + "".join(f"{v['rps']:>12.0f}{v['p50_ms']:>8.2f}{v['p99_ms']:>8.2f}{v['cpu_us_per_req']:>8.0f}"
-                                      for v in per.values()))
+        print(
+            f"{name:<18}"
+            + "".join(
+                f"{v['rps']:>12.0f}{v['p50_ms']:>8.2f}{v['p99_ms']:>8.2f}{v['cpu_us_per_req']:>8.0f}"
+                for v in per.values()
+            )
+        )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")

@@ -170,7 +170,7 @@ class Server:
     def cpu_s(self) -> float:
         """The server process's user + system CPU seconds so far."""
         stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
-        fields = stat[stat.rfind(")") + 2:].split()
+        fields = stat[stat.rfind(")") + 2 :].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def tail(self, n: int = 3000) -> str:
@@ -210,52 +210,96 @@ def _wrk_ms(text: str) -> float | None:
     return float(m.group(1)) * _WRK_UNITS[m.group(2)] if m else None
 
 
-def wrk_level(server: Server, body: bytes, headers: dict[str, str], conc: int, seconds: float,
-              work: Path) -> dict[str, Any]:
+def wrk_level(
+    server: Server, body: bytes, headers: dict[str, str], conc: int, seconds: float, work: Path
+) -> dict[str, Any]:
     """One wrk run (one thread, closed loop, `conc` connections): req/s, p50/p99 and the server's
     CPU per request over exactly that run."""
     body_file, lua = work / "wrk-body", work / "wrk.lua"
     body_file.write_bytes(body)
     lua.write_text(WRK_LUA)
-    env = {**os.environ, "TORCHFLEET_BODY": str(body_file),
-           "TORCHFLEET_HEADERS": ";".join(f"{k}={v}" for k, v in headers.items())}
+    env = {
+        **os.environ,
+        "TORCHFLEET_BODY": str(body_file),
+        "TORCHFLEET_HEADERS": ";".join(f"{k}={v}" for k, v in headers.items()),
+    }
     url = f"http://127.0.0.1:{server.port}/v1/predict"
     load = round(os.getloadavg()[0], 2)
     cpu0 = server.cpu_s()
-    out = subprocess.run(["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(seconds))}s", "--latency", "--timeout", "10s",
-                          "-s", str(lua), url], capture_output=True, text=True, env=env, timeout=seconds + 60).stdout
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{conc}",
+            f"-d{max(1, round(seconds))}s",
+            "--latency",
+            "--timeout",
+            "10s",
+            "-s",
+            str(lua),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=seconds + 60,
+    ).stdout
     cpu = server.cpu_s() - cpu0
     lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", out, re.M))
     n = re.search(r"(\d+) requests in", out)
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     requests = int(n.group(1)) if n else 0
-    return {"concurrency": conc, "requests": requests, "rps": float(rps.group(1)) if rps else 0.0,
-            "p50_ms": _wrk_ms(lat.get("50", "")), "p99_ms": _wrk_ms(lat.get("99", "")),
-            "non_2xx": int(bad.group(1)) if bad else 0,
-            "server_cpu_ms_per_req": round(cpu / requests * 1000, 3) if requests else None, "load1": load}
+    return {
+        "concurrency": conc,
+        "requests": requests,
+        "rps": float(rps.group(1)) if rps else 0.0,
+        "p50_ms": _wrk_ms(lat.get("50", "")),
+        "p99_ms": _wrk_ms(lat.get("99", "")),
+        "non_2xx": int(bad.group(1)) if bad else 0,
+        "server_cpu_ms_per_req": round(cpu / requests * 1000, 3) if requests else None,
+        "load1": load,
+    }
 
 
-def overhead(model: Path, device: str, payload: tuple[bytes, dict[str, str]], seconds: float, rounds: int,
-             work: Path) -> dict[str, Any]:
+def overhead(
+    model: Path,
+    device: str,
+    payload: tuple[bytes, dict[str, str]],
+    seconds: float,
+    rounds: int,
+    work: Path,
+) -> dict[str, Any]:
     """stage_timing on vs off at c=32, alternated in the same minutes: -> the off / on ratio."""
     runs: dict[str, list[float]] = {"on": [], "off": []}
     for r in range(rounds):
-        for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
-            server = Server(model, device, ["--stage-timing", "true" if mode == "on" else "false"],
-                            work / f"serve-overhead-{mode}.log")
+        for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
+            server = Server(
+                model,
+                device,
+                ["--stage-timing", "true" if mode == "on" else "false"],
+                work / f"serve-overhead-{mode}.log",
+            )
             try:
                 server.wait_ready(300)
                 wrk_level(server, *payload, 32, 1, work)  # warm: connections, batch sizes
                 level = wrk_level(server, *payload, 32, seconds, work)
                 runs[mode].append(level["rps"])
-                log(f"  stage_timing {mode:<3} c=32 {level['rps']:8.1f} req/s  p99 {fmt(level['p99_ms'], '.1f')} ms  "
-                    f"cpu {fmt(level['server_cpu_ms_per_req'], '.2f')} ms/req  load {level['load1']}")
+                log(
+                    f"  stage_timing {mode:<3} c=32 {level['rps']:8.1f} req/s  p99 {fmt(level['p99_ms'], '.1f')} ms  "
+                    f"cpu {fmt(level['server_cpu_ms_per_req'], '.2f')} ms/req  load {level['load1']}"
+                )
             finally:
                 server.stop()
     on, off = statistics.median(runs["on"]), statistics.median(runs["off"])
-    return {"rounds": rounds, "seconds": seconds, "rps": runs, "median_on": on, "median_off": off,
-            "on_over_off": ratio(on, off)}
+    return {
+        "rounds": rounds,
+        "seconds": seconds,
+        "rps": runs,
+        "median_on": on,
+        "median_off": off,
+        "on_over_off": ratio(on, off),
+    }
 
 
 def offline(model: Path, device: str, seconds: float, workdir: Path) -> dict[str, Any]:
@@ -275,7 +319,9 @@ def offline(model: Path, device: str, seconds: float, workdir: Path) -> dict[str
         "--json",
         str(out),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=child_env(), cwd=ROOT)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, env=child_env(), cwd=ROOT
+    )
     if proc.returncode != 0:
         raise RuntimeError(
             f"offline benchmark failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"
@@ -346,7 +392,9 @@ def fmt(v: float | None, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def print_rows(report: dict[str, Any], concs: list[str], cell: Callable[[dict[str, Any]], str]) -> None:
+def print_rows(
+    report: dict[str, Any], concs: list[str], cell: Callable[[dict[str, Any]], str]
+) -> None:
     """One row per server config and body kind, one column per concurrency level."""
     for cfg, _ in CONFIGS:
         for body in BODIES:
@@ -354,7 +402,10 @@ def print_rows(report: dict[str, Any], concs: list[str], cell: Callable[[dict[st
                 str(lv["concurrency"]): lv
                 for lv in report["servers"].get(cfg, {}).get("levels", {}).get(body, [])
             }
-            log(f"{cfg + ' ' + body:<22}" + "".join(f"{cell(lvls[c]) if c in lvls else '-':>10}" for c in concs))
+            log(
+                f"{cfg + ' ' + body:<22}"
+                + "".join(f"{cell(lvls[c]) if c in lvls else '-':>10}" for c in concs)
+            )
 
 
 def print_summary(report: dict[str, Any]) -> None:
@@ -399,16 +450,26 @@ def print_summary(report: dict[str, Any]) -> None:
         )
     wrk = report["servers"].get("batching", {}).get("wrk")
     if wrk:
-        log(f"wrk (batching server; JSON body {report['config'].get('wrk_json_body_bytes')} bytes): "
-            "req/s, p50 / p99 ms, server CPU ms per request")
+        log(
+            f"wrk (batching server; JSON body {report['config'].get('wrk_json_body_bytes')} bytes): "
+            "req/s, p50 / p99 ms, server CPU ms per request"
+        )
         for body, levels in wrk.items():
-            log(f"  {body:<7}" + "".join(
-                f"  c={lv['concurrency']}: {lv['rps']:.1f} req/s {fmt(lv['p50_ms'], '.1f')}/{fmt(lv['p99_ms'], '.1f')} ms "
-                f"{fmt(lv['server_cpu_ms_per_req'], '.2f')} ms" for lv in levels))
+            log(
+                f"  {body:<7}"
+                + "".join(
+                    f"  c={lv['concurrency']}: {lv['rps']:.1f} req/s "
+                    f"{fmt(lv['p50_ms'], '.1f')}/{fmt(lv['p99_ms'], '.1f')} ms "
+                    f"{fmt(lv['server_cpu_ms_per_req'], '.2f')} ms"
+                    for lv in levels
+                )
+            )
     inst = report.get("instrumentation")
     if inst:
-        log(f"instrumentation: stage_timing on / off at c=32 = {fmt(inst['on_over_off'], '.3f')} "
-            f"(median {inst['median_on']:.1f} vs {inst['median_off']:.1f} req/s over {inst['rounds']} rounds)")
+        log(
+            f"instrumentation: stage_timing on / off at c=32 = {fmt(inst['on_over_off'], '.3f')} "
+            f"(median {inst['median_on']:.1f} vs {inst['median_off']:.1f} req/s over {inst['rounds']} rounds)"
+        )
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -496,11 +557,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-plot", action="store_true", help="skip the PNG even if matplotlib is present"
     )
-    ap.add_argument("--model", type=Path, help="a TorchScript file with its .json sidecar (default: the demo model)")
-    ap.add_argument("--wrk-seconds", type=float, default=5.0, help="seconds per wrk level (default: 5)")
-    ap.add_argument("--overhead-rounds", type=int, default=3,
-                    help="stage_timing on/off rounds at c=32 (default: 3; 0 skips)")
-    ap.add_argument("--no-wrk", action="store_true", help="skip the wrk levels and the overhead rounds")
+    ap.add_argument(
+        "--model",
+        type=Path,
+        help="a TorchScript file with its .json sidecar (default: the demo model)",
+    )
+    ap.add_argument(
+        "--wrk-seconds", type=float, default=5.0, help="seconds per wrk level (default: 5)"
+    )
+    ap.add_argument(
+        "--overhead-rounds",
+        type=int,
+        default=3,
+        help="stage_timing on/off rounds at c=32 (default: 3; 0 skips)",
+    )
+    ap.add_argument(
+        "--no-wrk", action="store_true", help="skip the wrk levels and the overhead rounds"
+    )
     args = ap.parse_args(argv)
     use_wrk = not args.no_wrk and shutil.which("wrk") is not None
     global TORCH_THREADS
@@ -528,7 +601,9 @@ def main(argv: list[str] | None = None) -> int:
             model = args.model.resolve()
         else:
             subprocess.run(
-                runtime_cmd("demo-model", str(work / "model")), check=True, stdout=subprocess.DEVNULL
+                runtime_cmd("demo-model", str(work / "model")),
+                check=True,
+                stdout=subprocess.DEVNULL,
             )
             model = work / "model" / "model.pt"
         meta = json.loads(model.with_suffix(".json").read_text())
@@ -545,7 +620,10 @@ def main(argv: list[str] | None = None) -> int:
 
         payloads = {body: bench.build_payload(shape, dtype, 1, body == "binary") for body in BODIES}
         # wrk sends what clients of image models send: pixels rounded to 4 decimals in JSON
-        wrk_payloads = {body: bench.build_payload(shape, dtype, 1, body == "binary", decimals=4) for body in BODIES}
+        wrk_payloads = {
+            body: bench.build_payload(shape, dtype, 1, body == "binary", decimals=4)
+            for body in BODIES
+        }
         report["config"]["wrk_json_body_bytes"] = len(wrk_payloads["json"][0])
         configs = [
             (
@@ -568,7 +646,8 @@ def main(argv: list[str] | None = None) -> int:
                 run["model"] = json.loads(info or b"{}")
                 log(
                     f"  ready after {run['start_to_ready_s']:.2f} s; first request {run['first_request_ms']:.1f} ms; "
-                    f"max_batch_size {run['model'].get('max_batch_size')}, warmed {run['model'].get('warmed_batch_sizes')}"
+                    f"max_batch_size {run['model'].get('max_batch_size')}, "
+                    f"warmed {run['model'].get('warmed_batch_sizes')}"
                 )
                 if cfg == "batching" and run["model"].get("max_batch_size") == 1:
                     log(
@@ -603,8 +682,9 @@ def main(argv: list[str] | None = None) -> int:
                         levels.append(level)
                         lat = level["latency_ms"]
                         log(
-                            f"  {body:<6} c={conc:<3} {level['items_per_s']:8.1f} items/s  p50 {fmt(lat['p50'], '.1f')} "
-                            f"p99 {fmt(lat['p99'], '.1f')} ms  errors {level['errors'] or '-'}  mean batch {level['mean_batch']}"
+                            f"  {body:<6} c={conc:<3} {level['items_per_s']:8.1f} items/s  "
+                            f"p50 {fmt(lat['p50'], '.1f')} p99 {fmt(lat['p99'], '.1f')} ms  "
+                            f"errors {level['errors'] or '-'}  mean batch {level['mean_batch']}"
                         )
                 if use_wrk and cfg == "batching":
                     run["wrk"] = {}
@@ -612,11 +692,16 @@ def main(argv: list[str] | None = None) -> int:
                         wrk_level(server, *wrk_payloads[body], 8, 1, work)  # warm-up
                         run["wrk"][body] = []
                         for conc in (8, 32, 64):
-                            lv = wrk_level(server, *wrk_payloads[body], conc, args.wrk_seconds, work)
+                            lv = wrk_level(
+                                server, *wrk_payloads[body], conc, args.wrk_seconds, work
+                            )
                             run["wrk"][body].append(lv)
-                            log(f"  wrk {body:<6} c={conc:<3} {lv['rps']:8.1f} req/s  p50 {fmt(lv['p50_ms'], '.1f')} "
-                                f"p99 {fmt(lv['p99_ms'], '.1f')} ms  server cpu {fmt(lv['server_cpu_ms_per_req'], '.2f')} "
-                                f"ms/req  non-2xx {lv['non_2xx']}  load {lv['load1']}")
+                            log(
+                                f"  wrk {body:<6} c={conc:<3} {lv['rps']:8.1f} req/s  p50 {fmt(lv['p50_ms'], '.1f')} "
+                                f"p99 {fmt(lv['p99_ms'], '.1f')} ms  "
+                                f"server cpu {fmt(lv['server_cpu_ms_per_req'], '.2f')} "
+                                f"ms/req  non-2xx {lv['non_2xx']}  load {lv['load1']}"
+                            )
             except RuntimeError as exc:
                 log(f"  [{cfg}] failed: {exc}")
                 run["error"] = str(exc)
@@ -630,11 +715,19 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         if use_wrk and args.overhead_rounds > 0:
             log("instrumentation overhead: stage_timing on / off at c=32 (wrk, JSON body) ...")
-            report["instrumentation"] = overhead(model, args.device, wrk_payloads["json"], args.wrk_seconds,
-                                                 args.overhead_rounds, work)
+            report["instrumentation"] = overhead(
+                model,
+                args.device,
+                wrk_payloads["json"],
+                args.wrk_seconds,
+                args.overhead_rounds,
+                work,
+            )
             log(f"  on / off = {fmt(report['instrumentation']['on_over_off'], '.3f')}")
         elif not use_wrk:
-            report["skipped"].append("wrk levels and instrumentation overhead: wrk is not installed (or --no-wrk)")
+            report["skipped"].append(
+                "wrk levels and instrumentation overhead: wrk is not installed (or --no-wrk)"
+            )
 
     report["summary"] = summarize(report)
     report["elapsed_s"] = round(time.monotonic() - t_begin, 1)

@@ -46,8 +46,12 @@ WHEEL_CACHE = REPO_ROOT / ".cache" / "runtime-wheels"  # the role's default cach
 CALLBACKS = REPO_ROOT / "infra" / "bootstrap" / "callback_plugins"
 SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", "molecule"}
 SKIP_SUFFIXES = (".pyc", ".pyo", ".retry", ".swp", "~")
-MODEL_KEYS = ("inference_runtime_model_source", "inference_runtime_model_checksum",
-              "inference_runtime_metadata_source", "inference_runtime_metadata_checksum")
+MODEL_KEYS = (
+    "inference_runtime_model_source",
+    "inference_runtime_model_checksum",
+    "inference_runtime_metadata_source",
+    "inference_runtime_metadata_checksum",
+)
 
 
 class BundleError(ValueError):
@@ -87,8 +91,10 @@ def stack_facts(stack: str, cfg: StackConfig | None = None) -> dict[str, Any]:
             raise BundleError(str(err)) from err
         cfg = config.load(config.raw_from_pulumi_config(raw), stack)
     shared = {k: v for k, v in inventory.group_vars(cfg, "").items() if k != "ansible_user"}
-    types = {t.name: {"gpu_model": t.gpu_model, "gpu_count": t.gpu_count}
-             for t in catalog.instance_types(cfg.cloud).values()}
+    types = {
+        t.name: {"gpu_model": t.gpu_model, "gpu_count": t.gpu_count}
+        for t in catalog.instance_types(cfg.cloud).values()
+    }
     return {"group_vars": shared, "instance_types": types}
 
 
@@ -109,32 +115,43 @@ def _model_reference(group_vars: Path) -> dict[str, str]:
 
 def runtime_wheel() -> Path:
     """The runtime wheel from the role's builder (cached there by source content)."""
-    out = subprocess.run([sys.executable, str(WHEEL_BUILDER), str(REPO_ROOT / "runtime"),
-                          str(WHEEL_CACHE)], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [sys.executable, str(WHEEL_BUILDER), str(REPO_ROOT / "runtime"), str(WHEEL_CACHE)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if out.returncode != 0:
         raise BundleError(f"building the runtime wheel failed:\n{out.stderr[-3000:]}")
     return Path(json.loads(out.stdout)["wheel"])
 
 
-def _members(stack: str, group_vars: Path, facts: Mapping[str, Any], wheel: Path
-             ) -> dict[str, bytes]:
+def _members(
+    stack: str, group_vars: Path, facts: Mapping[str, Any], wheel: Path
+) -> dict[str, bytes]:
     members: dict[str, bytes] = {}
     for top in ("playbooks", "roles"):
         for path in _files(REPO_ROOT / top):
             members[path.relative_to(REPO_ROOT).as_posix()] = path.read_bytes()
     members["compat/matrix.yml"] = (REPO_ROOT / "compat" / "matrix.yml").read_bytes()
     for path in _files(group_vars):
-        members[f"inventories/{stack}/group_vars/{path.relative_to(group_vars).as_posix()}"] = \
+        members[f"inventories/{stack}/group_vars/{path.relative_to(group_vars).as_posix()}"] = (
             path.read_bytes()
+        )
     for path in _files(CALLBACKS):
         members[f"bootstrap/callback_plugins/{path.name}"] = path.read_bytes()
     members[f"wheels/{wheel.name}"] = wheel.read_bytes()
     members["node.json"] = (json.dumps(facts, indent=2, sort_keys=True) + "\n").encode()
     files = {name: _sha256(data) for name, data in sorted(members.items())}
     content = _sha256(json.dumps(files, sort_keys=True).encode())
-    manifest = {"format": FORMAT, "stack": stack, "version": f"content-{content[:16]}",
-                "runtime_wheel": f"wheels/{wheel.name}", "model": _model_reference(group_vars),
-                "files": files}
+    manifest = {
+        "format": FORMAT,
+        "stack": stack,
+        "version": f"content-{content[:16]}",
+        "runtime_wheel": f"wheels/{wheel.name}",
+        "model": _model_reference(group_vars),
+        "files": files,
+    }
     members["manifest.json"] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     return members
 
@@ -142,11 +159,18 @@ def _members(stack: str, group_vars: Path, facts: Mapping[str, Any], wheel: Path
 def _archive(members: Mapping[str, bytes]) -> bytes:
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        dirs = sorted({str(Path(n).parents[i]) for n in members
-                       for i in range(len(Path(n).parents) - 1)})
+        dirs = sorted(
+            {str(Path(n).parents[i]) for n in members for i in range(len(Path(n).parents) - 1)}
+        )
         for name in sorted([*dirs, *members]):
             info = tarfile.TarInfo(name)
-            info.mtime, info.uid, info.gid, info.uname, info.gname = FIXED_MTIME, 0, 0, "root", "root"
+            info.mtime, info.uid, info.gid, info.uname, info.gname = (
+                FIXED_MTIME,
+                0,
+                0,
+                "root",
+                "root",
+            )
             if name in members:
                 data = members[name]
                 info.size = len(data)
@@ -164,15 +188,27 @@ def _archive(members: Mapping[str, bytes]) -> bytes:
 
 def _describe() -> str:
     try:
-        out = subprocess.run(["git", "describe", "--tags", "--always", "--dirty"], cwd=REPO_ROOT,
-                             capture_output=True, text=True, check=False, timeout=10)
+        out = subprocess.run(
+            ["git", "describe", "--tags", "--always", "--dirty"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "nogit"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "nogit"
 
 
-def build(stack: str, dest: Path | None = None, *, config: StackConfig | None = None,
-          group_vars: Path | None = None, facts: Mapping[str, Any] | None = None) -> Bundle:
+def build(
+    stack: str,
+    dest: Path | None = None,
+    *,
+    config: StackConfig | None = None,
+    group_vars: Path | None = None,
+    facts: Mapping[str, Any] | None = None,
+) -> Bundle:
     """Reproducible (same tree -> same bytes), cached by content; contains playbooks/, roles/,
     compat/matrix.yml, inventories/<stack>/group_vars/, the runtime wheel, node.json and a
     manifest.json (version, stack, file list with sha256, the model reference).
@@ -184,9 +220,11 @@ def build(stack: str, dest: Path | None = None, *, config: StackConfig | None = 
     config describes)."""
     group_vars = group_vars or REPO_ROOT / "inventories" / stack / "group_vars"
     if not group_vars.is_dir():
-        raise BundleError(f"{group_vars} does not exist: a bundle carries the stack's group vars "
-                          f"(stacks with inventories: "
-                          f"{', '.join(sorted(p.parent.name for p in (REPO_ROOT / 'inventories').glob('*/group_vars')))})")
+        raise BundleError(
+            f"{group_vars} does not exist: a bundle carries the stack's group vars "
+            f"(stacks with inventories: "
+            f"{', '.join(sorted(p.parent.name for p in (REPO_ROOT / 'inventories').glob('*/group_vars')))})"
+        )
     facts = dict(facts) if facts is not None else stack_facts(stack, config)
     members = _members(stack, group_vars, facts, runtime_wheel())
     # The manifest's version digests every member: it is the cache key.
@@ -203,13 +241,18 @@ def build(stack: str, dest: Path | None = None, *, config: StackConfig | None = 
         dest.mkdir(parents=True, exist_ok=True)
         path = dest / f"{stack}-{digest[:12]}.tar.gz"
         path.write_bytes(data)
-    return Bundle(path=path, sha256=digest, key=f"bundles/{stack}/{digest}.tar.gz",
-                  version=f"{_describe()}-{digest[:12]}")
+    return Bundle(
+        path=path,
+        sha256=digest,
+        key=f"bundles/{stack}/{digest}.tar.gz",
+        version=f"{_describe()}-{digest[:12]}",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("stack")
     parser.add_argument("--dest", type=Path, help="directory for the .tar.gz")
     args = parser.parse_args(argv)
@@ -220,8 +263,17 @@ def main(argv: list[str] | None = None) -> int:
     except (BundleError, ConfigError) as err:
         print(f"bundle: {args.stack}: {err}", file=sys.stderr)
         return 2
-    print(json.dumps({"path": str(bundle.path), "sha256": bundle.sha256, "key": bundle.key,
-                      "version": bundle.version}, indent=2))
+    print(
+        json.dumps(
+            {
+                "path": str(bundle.path),
+                "sha256": bundle.sha256,
+                "key": bundle.key,
+                "version": bundle.version,
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -54,10 +54,17 @@ class HostType:
 HOST_TYPES: dict[str, dict[str, HostType]] = {
     cloud: {name: HostType(cloud, name, vcpu, ram, price) for name, vcpu, ram, price in rows}
     for cloud, rows in {
-        "aws": [("t3.medium", 2, 4, 0.0416), ("t3.large", 2, 8, 0.0832),
-                ("m6i.large", 2, 8, 0.096), ("m6i.xlarge", 4, 16, 0.192)],
-        "alicloud": [("ecs.c7.large", 2, 4, 0.088), ("ecs.g7.large", 2, 8, 0.109),
-                     ("ecs.g7.xlarge", 4, 16, 0.218)],
+        "aws": [
+            ("t3.medium", 2, 4, 0.0416),
+            ("t3.large", 2, 8, 0.0832),
+            ("m6i.large", 2, 8, 0.096),
+            ("m6i.xlarge", 4, 16, 0.192),
+        ],
+        "alicloud": [
+            ("ecs.c7.large", 2, 4, 0.088),
+            ("ecs.g7.large", 2, 8, 0.109),
+            ("ecs.g7.xlarge", 4, 16, 0.218),
+        ],
     }.items()
 }
 DEFAULT_HOST_TYPE = {"aws": "t3.medium", "alicloud": "ecs.g7.large"}
@@ -88,7 +95,9 @@ class InstanceType:
         return self.gpu.memory_gib * self.gpu_count
 
 
-def _family(cloud: str, family: str, gpu: str, spot: float, rows: list[tuple]) -> list[InstanceType]:
+def _family(
+    cloud: str, family: str, gpu: str, spot: float, rows: list[tuple]
+) -> list[InstanceType]:
     return [
         InstanceType(cloud, name, family, gpu, count, vcpu, ram, price, spot)
         for name, count, vcpu, ram, price in rows
@@ -97,70 +106,130 @@ def _family(cloud: str, family: str, gpu: str, spot: float, rows: list[tuple]) -
 
 # (name, GPUs, vCPU, RAM GiB, on-demand USD/hour)
 _AWS = [
-    *_family("aws", "g4dn", "T4", 0.35, [
-        ("g4dn.xlarge", 1, 4, 16, 0.526),
-        ("g4dn.2xlarge", 1, 8, 32, 0.752),
-        ("g4dn.4xlarge", 1, 16, 64, 1.204),
-        ("g4dn.8xlarge", 1, 32, 128, 2.176),
-        ("g4dn.12xlarge", 4, 48, 192, 3.912),
-        ("g4dn.16xlarge", 1, 64, 256, 4.352),
-    ]),
-    *_family("aws", "g5", "A10G", 0.40, [
-        ("g5.xlarge", 1, 4, 16, 1.006),
-        ("g5.2xlarge", 1, 8, 32, 1.212),
-        ("g5.4xlarge", 1, 16, 64, 1.624),
-        ("g5.8xlarge", 1, 32, 128, 2.448),
-        ("g5.12xlarge", 4, 48, 192, 5.672),
-        ("g5.16xlarge", 1, 64, 256, 4.096),
-        ("g5.24xlarge", 4, 96, 384, 8.144),
-        ("g5.48xlarge", 8, 192, 768, 16.288),
-    ]),
-    *_family("aws", "g6", "L4", 0.45, [
-        ("g6.xlarge", 1, 4, 16, 0.8048),
-        ("g6.2xlarge", 1, 8, 32, 0.9776),
-        ("g6.4xlarge", 1, 16, 64, 1.3232),
-        ("g6.8xlarge", 1, 32, 128, 2.0144),
-        ("g6.12xlarge", 4, 48, 192, 4.6016),
-        ("g6.48xlarge", 8, 192, 768, 13.3504),
-    ]),
-    *_family("aws", "p3", "V100", 0.35, [
-        ("p3.2xlarge", 1, 8, 61, 3.06),
-        ("p3.8xlarge", 4, 32, 244, 12.24),
-        ("p3.16xlarge", 8, 64, 488, 24.48),
-    ]),
-    *_family("aws", "p4d", "A100", 0.45, [
-        ("p4d.24xlarge", 8, 96, 1152, 32.7726),
-    ]),
-    *_family("aws", "p5", "H100", 0.55, [
-        ("p5.48xlarge", 8, 192, 2048, 98.32),
-    ]),
+    *_family(
+        "aws",
+        "g4dn",
+        "T4",
+        0.35,
+        [
+            ("g4dn.xlarge", 1, 4, 16, 0.526),
+            ("g4dn.2xlarge", 1, 8, 32, 0.752),
+            ("g4dn.4xlarge", 1, 16, 64, 1.204),
+            ("g4dn.8xlarge", 1, 32, 128, 2.176),
+            ("g4dn.12xlarge", 4, 48, 192, 3.912),
+            ("g4dn.16xlarge", 1, 64, 256, 4.352),
+        ],
+    ),
+    *_family(
+        "aws",
+        "g5",
+        "A10G",
+        0.40,
+        [
+            ("g5.xlarge", 1, 4, 16, 1.006),
+            ("g5.2xlarge", 1, 8, 32, 1.212),
+            ("g5.4xlarge", 1, 16, 64, 1.624),
+            ("g5.8xlarge", 1, 32, 128, 2.448),
+            ("g5.12xlarge", 4, 48, 192, 5.672),
+            ("g5.16xlarge", 1, 64, 256, 4.096),
+            ("g5.24xlarge", 4, 96, 384, 8.144),
+            ("g5.48xlarge", 8, 192, 768, 16.288),
+        ],
+    ),
+    *_family(
+        "aws",
+        "g6",
+        "L4",
+        0.45,
+        [
+            ("g6.xlarge", 1, 4, 16, 0.8048),
+            ("g6.2xlarge", 1, 8, 32, 0.9776),
+            ("g6.4xlarge", 1, 16, 64, 1.3232),
+            ("g6.8xlarge", 1, 32, 128, 2.0144),
+            ("g6.12xlarge", 4, 48, 192, 4.6016),
+            ("g6.48xlarge", 8, 192, 768, 13.3504),
+        ],
+    ),
+    *_family(
+        "aws",
+        "p3",
+        "V100",
+        0.35,
+        [
+            ("p3.2xlarge", 1, 8, 61, 3.06),
+            ("p3.8xlarge", 4, 32, 244, 12.24),
+            ("p3.16xlarge", 8, 64, 488, 24.48),
+        ],
+    ),
+    *_family(
+        "aws",
+        "p4d",
+        "A100",
+        0.45,
+        [
+            ("p4d.24xlarge", 8, 96, 1152, 32.7726),
+        ],
+    ),
+    *_family(
+        "aws",
+        "p5",
+        "H100",
+        0.55,
+        [
+            ("p5.48xlarge", 8, 192, 2048, 98.32),
+        ],
+    ),
 ]
 
 _ALICLOUD = [
-    *_family("alicloud", "gn6i", "T4", 0.30, [
-        ("ecs.gn6i-c4g1.xlarge", 1, 4, 15, 1.25),
-        ("ecs.gn6i-c8g1.2xlarge", 1, 8, 31, 1.45),
-        ("ecs.gn6i-c16g1.4xlarge", 1, 16, 62, 1.85),
-        ("ecs.gn6i-c24g1.12xlarge", 2, 48, 186, 3.70),
-        ("ecs.gn6i-c24g1.24xlarge", 4, 96, 372, 7.40),
-    ]),
-    *_family("alicloud", "gn7i", "A10", 0.35, [
-        ("ecs.gn7i-c8g1.2xlarge", 1, 8, 30, 1.95),
-        ("ecs.gn7i-c16g1.4xlarge", 1, 16, 60, 2.25),
-        ("ecs.gn7i-c32g1.8xlarge", 1, 32, 188, 3.30),
-        ("ecs.gn7i-c32g1.16xlarge", 2, 64, 376, 6.60),
-        ("ecs.gn7i-c32g1.32xlarge", 4, 128, 752, 13.20),
-    ]),
-    *_family("alicloud", "gn6v", "V100", 0.30, [
-        ("ecs.gn6v-c8g1.2xlarge", 1, 8, 32, 2.90),
-        ("ecs.gn6v-c8g1.8xlarge", 4, 32, 128, 11.60),
-        ("ecs.gn6v-c8g1.16xlarge", 8, 64, 256, 23.20),
-    ]),
-    *_family("alicloud", "gn7", "A100", 0.40, [
-        ("ecs.gn7-c12g1.3xlarge", 1, 12, 94, 4.30),
-        ("ecs.gn7-c13g1.13xlarge", 4, 52, 378, 17.20),
-        ("ecs.gn7-c13g1.26xlarge", 8, 104, 756, 34.40),
-    ]),
+    *_family(
+        "alicloud",
+        "gn6i",
+        "T4",
+        0.30,
+        [
+            ("ecs.gn6i-c4g1.xlarge", 1, 4, 15, 1.25),
+            ("ecs.gn6i-c8g1.2xlarge", 1, 8, 31, 1.45),
+            ("ecs.gn6i-c16g1.4xlarge", 1, 16, 62, 1.85),
+            ("ecs.gn6i-c24g1.12xlarge", 2, 48, 186, 3.70),
+            ("ecs.gn6i-c24g1.24xlarge", 4, 96, 372, 7.40),
+        ],
+    ),
+    *_family(
+        "alicloud",
+        "gn7i",
+        "A10",
+        0.35,
+        [
+            ("ecs.gn7i-c8g1.2xlarge", 1, 8, 30, 1.95),
+            ("ecs.gn7i-c16g1.4xlarge", 1, 16, 60, 2.25),
+            ("ecs.gn7i-c32g1.8xlarge", 1, 32, 188, 3.30),
+            ("ecs.gn7i-c32g1.16xlarge", 2, 64, 376, 6.60),
+            ("ecs.gn7i-c32g1.32xlarge", 4, 128, 752, 13.20),
+        ],
+    ),
+    *_family(
+        "alicloud",
+        "gn6v",
+        "V100",
+        0.30,
+        [
+            ("ecs.gn6v-c8g1.2xlarge", 1, 8, 32, 2.90),
+            ("ecs.gn6v-c8g1.8xlarge", 4, 32, 128, 11.60),
+            ("ecs.gn6v-c8g1.16xlarge", 8, 64, 256, 23.20),
+        ],
+    ),
+    *_family(
+        "alicloud",
+        "gn7",
+        "A100",
+        0.40,
+        [
+            ("ecs.gn7-c12g1.3xlarge", 1, 12, 94, 4.30),
+            ("ecs.gn7-c13g1.13xlarge", 4, 52, 378, 17.20),
+            ("ecs.gn7-c13g1.26xlarge", 8, 104, 756, 34.40),
+        ],
+    ),
 ]
 
 CATALOG: dict[str, dict[str, InstanceType]] = {
@@ -180,9 +249,7 @@ def lookup(cloud: str, name: str) -> InstanceType | None:
 def by_gpu(cloud: str, gpu_model: str, gpu_count: int) -> list[InstanceType]:
     """Types carrying exactly `gpu_count` GPUs of `gpu_model`, cheapest first."""
     found = [
-        t
-        for t in CATALOG[cloud].values()
-        if t.gpu_model == gpu_model and t.gpu_count == gpu_count
+        t for t in CATALOG[cloud].values() if t.gpu_model == gpu_model and t.gpu_count == gpu_count
     ]
     return sorted(found, key=lambda t: t.usd_per_hour)
 

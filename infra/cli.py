@@ -37,21 +37,39 @@ Each run keeps its log and ansible-runner's artifacts in .cache/runs/<stack>/<ti
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="torchfleet", description=__doc__.split("\n\n")[0],
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also show Ansible's and the engine's full output")
+        prog="torchfleet",
+        description=__doc__.split("\n\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also show Ansible's and the engine's full output",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     stack_help = f"the stack: {', '.join(STACKS)} (Pulumi.<stack>.yaml)"
 
     up = sub.add_parser("up", help="deploy a stack and leave it serving")
     up.add_argument("stack", help=stack_help)
-    up.add_argument("--ssh-key", help="private key for the nodes (default: the one of "
-                    "~/.ssh/ or ssh-agent that matches torchfleet:ssh_public_key)")
-    up.add_argument("--skip-provision", action="store_true",
-                    help="use the stack's current outputs instead of running pulumi up")
-    up.add_argument("--ready-timeout", type=float, default=900.0, metavar="S",
-                    help="seconds to wait for every node's /readyz (default 900)")
+    up.add_argument(
+        "--ssh-key",
+        help="private key for the nodes (default: the one of "
+        "~/.ssh/ or ssh-agent that matches torchfleet:ssh_public_key)",
+    )
+    up.add_argument(
+        "--skip-provision",
+        action="store_true",
+        help="use the stack's current outputs instead of running pulumi up",
+    )
+    up.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=900.0,
+        metavar="S",
+        help="seconds to wait for every node's /readyz (default 900)",
+    )
 
     down = sub.add_parser("down", help="destroy a stack")
     down.add_argument("stack", help=stack_help)
@@ -66,10 +84,19 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="outputs and resources as JSON")
 
     demo = sub.add_parser("demo", help="`up` with local containers as nodes (no cloud, no GPU)")
-    demo.add_argument("--nodes", type=int, default=int(os.environ.get("NODES") or 1),
-                      choices=range(1, 5), metavar="N", help="container nodes, 1-4 (env NODES)")
-    demo.add_argument("--clean", action="store_true",
-                      help="remove the demo's containers, keys, inventory and run logs")
+    demo.add_argument(
+        "--nodes",
+        type=int,
+        default=int(os.environ.get("NODES") or 1),
+        choices=range(1, 5),
+        metavar="N",
+        help="container nodes, 1-4 (env NODES)",
+    )
+    demo.add_argument(
+        "--clean",
+        action="store_true",
+        help="remove the demo's containers, keys, inventory and run logs",
+    )
     demo.add_argument("--no-bench", action="store_true", help="skip the short benchmark")
     demo.add_argument("--no-plan", action="store_true", help="skip the offline plan")
     return parser
@@ -89,9 +116,13 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
 
         return plan.main([*args.stack, *(["--json"] if args.json else [])])
     if args.command == "up":
-        summary = pipeline.up(args.stack, console, ssh_key=args.ssh_key,
-                              skip_provision=args.skip_provision,
-                              ready_timeout_s=args.ready_timeout)
+        summary = pipeline.up(
+            args.stack,
+            console,
+            ssh_key=args.ssh_key,
+            skip_provision=args.skip_provision,
+            ready_timeout_s=args.ready_timeout,
+        )
         _print_summary(console, summary.lines())
         console.line(f"\nnext: torchfleet status {args.stack} | torchfleet down {args.stack}")
         return stage.EXIT_OK
@@ -110,14 +141,17 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
         prefix = containers.default_prefix()
         if args.clean:
             return demo.clean(console, prefix)
-        result = demo.run(console, prefix, args.nodes, bench=not args.no_bench,
-                          plan=not args.no_plan)
+        result = demo.run(
+            console, prefix, args.nodes, bench=not args.no_bench, plan=not args.no_plan
+        )
         _print_summary(console, result.summary.lines())
         console.line("")
         for line in demo.not_done().splitlines():
             console.line(line)
-        console.line(f"\nmake demo-clean removes the {len(result.nodes)} container(s) and "
-                     "everything else the demo made; a second `make demo` reuses them")
+        console.line(
+            f"\nmake demo-clean removes the {len(result.nodes)} container(s) and "
+            "everything else the demo made; a second `make demo` reuses them"
+        )
         return stage.EXIT_OK
     raise AssertionError(args.command)
 

@@ -40,8 +40,14 @@ MAX_PRICE_RATIO = 1.3  # spot cap ceiling: paying more than 1.3x on-demand is ne
 MAX_TTL_HOURS = 24 * 30
 MIN_DISK_OVERHEAD_GB = 30  # OS, driver, toolkit and logs on top of the matrix's free-disk minimum
 RESERVED_TAGS = ("project", "stack", "env", "owner", "ttl-expiry", "torchfleet-role")
-SSH_KEY_PREFIXES = ("ssh-ed25519 ", "ssh-rsa ", "ecdsa-sha2-nistp256 ", "ecdsa-sha2-nistp384 ",
-                    "ecdsa-sha2-nistp521 ", "sk-ssh-ed25519@openssh.com ")
+SSH_KEY_PREFIXES = (
+    "ssh-ed25519 ",
+    "ssh-rsa ",
+    "ecdsa-sha2-nistp256 ",
+    "ecdsa-sha2-nistp384 ",
+    "ecdsa-sha2-nistp521 ",
+    "sk-ssh-ed25519@openssh.com ",
+)
 MIN_CIDR_PREFIX = 8  # anything wider is "the internet" for our purposes
 BOOT_MODES = ("cold", "bake", "baked")
 # The launching hook's heartbeat timeout bounds: AWS accepts 30..7200 s, ESS 30..21600 s; below
@@ -51,7 +57,10 @@ _REGION_RE = {
     "aws": re.compile(r"^[a-z]{2}(-gov|-iso[a-z]*)?-[a-z]+-\d$"),
     "alicloud": re.compile(r"^[a-z]{2}-[a-z0-9]+(-[a-z0-9]+)?$"),
 }
-_IMAGE_RE = {"aws": re.compile(r"^ami-[0-9a-f]{8,17}$"), "alicloud": re.compile(r"^[A-Za-z0-9_.-]{4,}$")}
+_IMAGE_RE = {
+    "aws": re.compile(r"^ami-[0-9a-f]{8,17}$"),
+    "alicloud": re.compile(r"^[A-Za-z0-9_.-]{4,}$"),
+}
 _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _HHMM_RE = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
 
@@ -84,69 +93,157 @@ class Key:
 FIELDS: dict[str, Key] = {
     "cloud": Key("string", "the cloud", " | ".join(CLOUDS), derived="the stack name's <cloud>"),
     "env": Key("string", "the environment", " | ".join(ENVS), derived="the stack name's <env>"),
-    "region": Key("string", "the region id", "a region of the cloud (us-east-1, cn-hangzhou)",
-                  REQUIRED),
-    "zones": Key("list", "zones the nodes spread over",
-                 f"1..{MAX_ZONES} distinct zones of the region", REQUIRED),
-    "mode": Key("string", "instances (fixed nodes), group (a scaling group) or kubernetes",
-                " | ".join(MODES), derived="group for prod, else instances"),
-    "instance_type": Key("string", "the GPU instance type",
-                         "a type of infra/catalog.py (or set gpu instead)"),
-    "gpu": Key("mapping", "pick the cheapest type carrying these GPUs (instead of instance_type)",
-               "{model: a GPU model of the cloud, count: 1..16}", subkeys=("model", "count")),
-    "extra_instance_types": Key("list", "more types with the same GPUs for a group's pool",
-                                "instance types of the catalog"),
-    "nodes": Key("mapping", "how many nodes (count: instances mode; min/max/desired: group)",
-                 "integers (count 1..20, min/max/desired 0..100)",
-                 subkeys=("count", "min", "max", "desired")),
-    "spot": Key("mapping", "spot capacity and its price cap",
-                f"enabled, max_price_ratio <= {MAX_PRICE_RATIO} x on-demand, on-demand base and "
-                "percentage, interruption behaviour, on_demand_prices",
-                subkeys=("enabled", "max_price_ratio", "on_demand_base", "on_demand_percentage",
-                         "interruption", "on_demand_prices")),
-    "schedule": Key("mapping", "office hours: start and stop the fleet on a clock",
-                    "timezone (IANA), start/stop HH:MM, days", subkeys=("timezone", "start", "stop",
-                                                                         "days")),
-    "ttl_hours": Key("number", "hours until the stack's resources are tagged to expire",
-                     f"1..{MAX_TTL_HOURS}", derived="required for dev instances, else unset"),
-    "admin_cidrs": Key("list", "who may reach SSH (port 22)",
-                       f"CIDRs of /{MIN_CIDR_PREFIX} or narrower", REQUIRED),
-    "client_cidrs": Key("list", "who may reach the service", f"CIDRs of /{MIN_CIDR_PREFIX} or "
-                        "narrower (unset: the VPC only)", []),
+    "region": Key(
+        "string", "the region id", "a region of the cloud (us-east-1, cn-hangzhou)", REQUIRED
+    ),
+    "zones": Key(
+        "list",
+        "zones the nodes spread over",
+        f"1..{MAX_ZONES} distinct zones of the region",
+        REQUIRED,
+    ),
+    "mode": Key(
+        "string",
+        "instances (fixed nodes), group (a scaling group) or kubernetes",
+        " | ".join(MODES),
+        derived="group for prod, else instances",
+    ),
+    "instance_type": Key(
+        "string", "the GPU instance type", "a type of infra/catalog.py (or set gpu instead)"
+    ),
+    "gpu": Key(
+        "mapping",
+        "pick the cheapest type carrying these GPUs (instead of instance_type)",
+        "{model: a GPU model of the cloud, count: 1..16}",
+        subkeys=("model", "count"),
+    ),
+    "extra_instance_types": Key(
+        "list", "more types with the same GPUs for a group's pool", "instance types of the catalog"
+    ),
+    "nodes": Key(
+        "mapping",
+        "how many nodes (count: instances mode; min/max/desired: group)",
+        "integers (count 1..20, min/max/desired 0..100)",
+        subkeys=("count", "min", "max", "desired"),
+    ),
+    "spot": Key(
+        "mapping",
+        "spot capacity and its price cap",
+        f"enabled, max_price_ratio <= {MAX_PRICE_RATIO} x on-demand, on-demand base and "
+        "percentage, interruption behaviour, on_demand_prices",
+        subkeys=(
+            "enabled",
+            "max_price_ratio",
+            "on_demand_base",
+            "on_demand_percentage",
+            "interruption",
+            "on_demand_prices",
+        ),
+    ),
+    "schedule": Key(
+        "mapping",
+        "office hours: start and stop the fleet on a clock",
+        "timezone (IANA), start/stop HH:MM, days",
+        subkeys=("timezone", "start", "stop", "days"),
+    ),
+    "ttl_hours": Key(
+        "number",
+        "hours until the stack's resources are tagged to expire",
+        f"1..{MAX_TTL_HOURS}",
+        derived="required for dev instances, else unset",
+    ),
+    "admin_cidrs": Key(
+        "list", "who may reach SSH (port 22)", f"CIDRs of /{MIN_CIDR_PREFIX} or narrower", REQUIRED
+    ),
+    "client_cidrs": Key(
+        "list",
+        "who may reach the service",
+        f"CIDRs of /{MIN_CIDR_PREFIX} or narrower (unset: the VPC only)",
+        [],
+    ),
     "service_port": Key("integer", "the runtime's port on the nodes", "1024..65535", SERVICE_PORT),
-    "ssh_public_key": Key("string", "the operator's OpenSSH public key", "an OpenSSH public key line",
-                          REQUIRED),
+    "ssh_public_key": Key(
+        "string", "the operator's OpenSSH public key", "an OpenSSH public key line", REQUIRED
+    ),
     "image": Key("string", "the node image", "auto | an image id (ami-... on AWS)", "auto"),
-    "image_distro": Key("string", "the distro of the auto image (and the node's Python)",
-                        "a distro of compat/matrix.yml", "ubuntu-22.04"),
-    "cuda_profile": Key("string", "the CUDA profile of compat/matrix.yml",
-                        "a profile that drives the GPU and supports the distro's Python",
-                        derived="the matrix's default_profile"),
-    "disk_gb": Key("integer", "the node's root disk in GiB",
-                   f"matrix min_free_disk_gb + {MIN_DISK_OVERHEAD_GB}..16384", 100),
-    "vpc_cidr": Key("string", "the stack's VPC range", "a private IPv4 network of /16../22", "10.42.0.0/16"),
-    "owner": Key("string", "who pays for and answers for the stack",
-                 "letters, digits, . _ @ + - (1..64)", REQUIRED),
-    "tags": Key("mapping", "extra tags on every resource",
-                "string keys and values, none of " + ", ".join(RESERVED_TAGS), {}),
-    "budget": Key("mapping", "the monthly budget and who is alerted",
-                  "monthly_usd (auto | >= 1), alert_emails, threshold_percent 1..1000",
-                  subkeys=("monthly_usd", "alert_emails", "threshold_percent")),
+    "image_distro": Key(
+        "string",
+        "the distro of the auto image (and the node's Python)",
+        "a distro of compat/matrix.yml",
+        "ubuntu-22.04",
+    ),
+    "cuda_profile": Key(
+        "string",
+        "the CUDA profile of compat/matrix.yml",
+        "a profile that drives the GPU and supports the distro's Python",
+        derived="the matrix's default_profile",
+    ),
+    "disk_gb": Key(
+        "integer",
+        "the node's root disk in GiB",
+        f"matrix min_free_disk_gb + {MIN_DISK_OVERHEAD_GB}..16384",
+        100,
+    ),
+    "vpc_cidr": Key(
+        "string", "the stack's VPC range", "a private IPv4 network of /16../22", "10.42.0.0/16"
+    ),
+    "owner": Key(
+        "string",
+        "who pays for and answers for the stack",
+        "letters, digits, . _ @ + - (1..64)",
+        REQUIRED,
+    ),
+    "tags": Key(
+        "mapping",
+        "extra tags on every resource",
+        "string keys and values, none of " + ", ".join(RESERVED_TAGS),
+        {},
+    ),
+    "budget": Key(
+        "mapping",
+        "the monthly budget and who is alerted",
+        "monthly_usd (auto | >= 1), alert_emails, threshold_percent 1..1000",
+        subkeys=("monthly_usd", "alert_emails", "threshold_percent"),
+    ),
     "model_bucket": Key("string", "the bucket nodes fetch models from", "an S3 / OSS bucket name"),
-    "scaling": Key("mapping", "the group's scaling targets", "per-node requests and queue depth, "
-                   "scale_in, protect_from_scale_in, launch_timeout_s "
-                   f"{LAUNCH_TIMEOUT_RANGE[0]}..{LAUNCH_TIMEOUT_RANGE[1]}",
-                   subkeys=("requests_per_node", "queue_depth_per_node", "scale_in",
-                            "protect_from_scale_in", "launch_timeout_s")),
-    "boot": Key("string", "how nodes boot: configure from scratch, bake an image, or boot baked",
-                " | ".join(BOOT_MODES), "cold"),
-    "warm_pool": Key("mapping", "a pool of stopped, prepared nodes (AWS group mode)",
-                     "enabled, min_size 0..100, max_prepared 1..100",
-                     subkeys=("enabled", "min_size", "max_prepared")),
-    "kubernetes": Key("mapping", "the cluster of mode: kubernetes", "see infra/k8s/settings.py",
-                      subkeys=k8s_settings.SUBKEYS),
-    "monitoring": Key("mapping", "the stack's monitoring host", "enabled, instance_type, disk_gb",
-                      subkeys=("enabled", "instance_type", "disk_gb")),
+    "scaling": Key(
+        "mapping",
+        "the group's scaling targets",
+        "per-node requests and queue depth, "
+        "scale_in, protect_from_scale_in, launch_timeout_s "
+        f"{LAUNCH_TIMEOUT_RANGE[0]}..{LAUNCH_TIMEOUT_RANGE[1]}",
+        subkeys=(
+            "requests_per_node",
+            "queue_depth_per_node",
+            "scale_in",
+            "protect_from_scale_in",
+            "launch_timeout_s",
+        ),
+    ),
+    "boot": Key(
+        "string",
+        "how nodes boot: configure from scratch, bake an image, or boot baked",
+        " | ".join(BOOT_MODES),
+        "cold",
+    ),
+    "warm_pool": Key(
+        "mapping",
+        "a pool of stopped, prepared nodes (AWS group mode)",
+        "enabled, min_size 0..100, max_prepared 1..100",
+        subkeys=("enabled", "min_size", "max_prepared"),
+    ),
+    "kubernetes": Key(
+        "mapping",
+        "the cluster of mode: kubernetes",
+        "see infra/k8s/settings.py",
+        subkeys=k8s_settings.SUBKEYS,
+    ),
+    "monitoring": Key(
+        "mapping",
+        "the stack's monitoring host",
+        "enabled, instance_type, disk_gb",
+        subkeys=("enabled", "instance_type", "disk_gb"),
+    ),
 }
 KEYS = tuple(FIELDS)
 # Sub-keys of the structured values, for the same "unknown key" check one level down.
@@ -157,8 +254,13 @@ def readme_table() -> str:
     """The README's table of stack keys, generated from FIELDS (tests check it is current)."""
     rows = ["| Key | Type | Default | Allowed | What |", "|---|---|---|---|---|"]
     for name, key in FIELDS.items():
-        cells = (f"`{name}`" + (" (" + ", ".join(key.subkeys) + ")" if key.subkeys else ""),
-                 key.kind, key.default_text, key.allowed, key.doc)
+        cells = (
+            f"`{name}`" + (" (" + ", ".join(key.subkeys) + ")" if key.subkeys else ""),
+            key.kind,
+            key.default_text,
+            key.allowed,
+            key.doc,
+        )
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)
 
@@ -256,7 +358,9 @@ class StackConfig:
     budget: Budget | None
     model_bucket: str | None
     scaling: Scaling | None = None  # group mode only
-    boot: str = "cold"  # cold: full site.yml at boot | bake: build an image first | baked: `image` is one
+    boot: str = (
+        "cold"  # cold: full site.yml at boot | bake: build an image first | baked: `image` is one
+    )
     warm_pool: WarmPool | None = None  # AWS group mode only
 
     kubernetes: KubernetesSettings | None = None  # mode: kubernetes only
@@ -297,8 +401,12 @@ class _Reader:
 
     def get(self, key: str, default: Any = None) -> Any:
         """The raw value; unset, `default`, else the key's declared default (FIELDS)."""
-        if default is None and key in FIELDS and not FIELDS[key].derived \
-                and FIELDS[key].default is not REQUIRED:
+        if (
+            default is None
+            and key in FIELDS
+            and not FIELDS[key].derived
+            and FIELDS[key].default is not REQUIRED
+        ):
             default = FIELDS[key].default
         return self.raw.get(key, default)
 
@@ -325,8 +433,15 @@ class _Reader:
             return None
         return value
 
-    def number(self, key: str, value: Any, kind: Callable[[Any], Any], lo: float | None,
-               hi: float | None, what: str) -> Any:
+    def number(
+        self,
+        key: str,
+        value: Any,
+        kind: Callable[[Any], Any],
+        lo: float | None,
+        hi: float | None,
+        what: str,
+    ) -> Any:
         try:
             if isinstance(value, bool):
                 raise ValueError
@@ -366,8 +481,12 @@ class _Reader:
                 self.fail(key, item, "an IPv4/IPv6 CIDR such as 203.0.113.0/24")
                 continue
             if net.prefixlen < MIN_CIDR_PREFIX:
-                self.fail(key, item, f"a CIDR of /{MIN_CIDR_PREFIX} or narrower (never the whole "
-                                     "internet: use a bastion, a VPN or your office range)")
+                self.fail(
+                    key,
+                    item,
+                    f"a CIDR of /{MIN_CIDR_PREFIX} or narrower (never the whole "
+                    "internet: use a bastion, a VPN or your office range)",
+                )
                 continue
             out.append(str(net))
         return tuple(out)
@@ -390,14 +509,19 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
     cloud = r.choice("cloud", r.get("cloud", stack_cloud), CLOUDS)
     env = r.choice("env", r.get("env", stack_env), ENVS)
     if cloud and stack_cloud and cloud != stack_cloud:
-        r.fail("cloud", cloud, f"{stack_cloud!r} (stacks are named <cloud>-<env>; this is {stack!r})")
+        r.fail(
+            "cloud", cloud, f"{stack_cloud!r} (stacks are named <cloud>-<env>; this is {stack!r})"
+        )
     if cloud is None:
         raise ConfigError(r.problems)  # nothing below means anything without the cloud
 
     region = r.get("region")
     if not isinstance(region, str) or not _REGION_RE[cloud].match(region):
-        r.fail("region", region, f"a {cloud} region id such as "
-                                 f"{'us-east-1' if cloud == 'aws' else 'cn-hangzhou'}")
+        r.fail(
+            "region",
+            region,
+            f"a {cloud} region id such as {'us-east-1' if cloud == 'aws' else 'cn-hangzhou'}",
+        )
         region = None
     zones = _zones(r, cloud, region)
 
@@ -416,12 +540,16 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
     if not admin and "admin_cidrs" not in raw:
         r.fail("admin_cidrs", None, "at least one CIDR that may reach SSH (port 22)")
     client = r.cidrs("client_cidrs", r.structured("client_cidrs", list))
-    port = r.number("service_port", r.get("service_port"), int, 1024, 65535,
-                    "an integer port in 1024..65535")
+    port = r.number(
+        "service_port", r.get("service_port"), int, 1024, 65535, "an integer port in 1024..65535"
+    )
     key = r.get("ssh_public_key")
     if not isinstance(key, str) or not key.startswith(SSH_KEY_PREFIXES):
-        r.fail("ssh_public_key", key if not isinstance(key, str) else key[:24] + "...",
-               "an OpenSSH public key line (" + ", ".join(p.strip() for p in SSH_KEY_PREFIXES) + ")")
+        r.fail(
+            "ssh_public_key",
+            key if not isinstance(key, str) else key[:24] + "...",
+            "an OpenSSH public key line (" + ", ".join(p.strip() for p in SSH_KEY_PREFIXES) + ")",
+        )
 
     image = r.get("image")
     if image != "auto" and (not isinstance(image, str) or not _IMAGE_RE[cloud].match(image)):
@@ -430,18 +558,27 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
 
     profile = _cuda_profile(r, matrix, itype, distro if mode != "kubernetes" else None)
     min_disk = matrix.min_free_disk_gb + MIN_DISK_OVERHEAD_GB
-    disk = r.number("disk_gb", r.get("disk_gb"), int, min_disk, 16384,
-                    f"an integer number of GiB in {min_disk}..16384 (the matrix asks for "
-                    f"{matrix.min_free_disk_gb} GiB free after the OS)")
+    disk = r.number(
+        "disk_gb",
+        r.get("disk_gb"),
+        int,
+        min_disk,
+        16384,
+        f"an integer number of GiB in {min_disk}..16384 (the matrix asks for "
+        f"{matrix.min_free_disk_gb} GiB free after the OS)",
+    )
     vpc_cidr = _vpc_cidr(r, len(zones))
     owner = r.get("owner")
     if not isinstance(owner, str) or not re.match(r"^[A-Za-z0-9._@+-]{1,64}$", owner):
-        r.fail("owner", owner, "who pays for and answers for this stack (letters, digits, . _ @ + -)")
+        r.fail(
+            "owner", owner, "who pays for and answers for this stack (letters, digits, . _ @ + -)"
+        )
     tags = _tags(r)
     budget = _budget(r, cloud)
     bucket = r.get("model_bucket")
-    if bucket is not None and (not isinstance(bucket, str)
-                               or not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket)):
+    if bucket is not None and (
+        not isinstance(bucket, str) or not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket)
+    ):
         r.fail("model_bucket", bucket, "an S3 / OSS bucket name (lowercase, 3-63 chars)")
         bucket = None
 
@@ -453,13 +590,36 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
         raise ConfigError(r.problems)
     assert env and mode and itype and nodes and spot and port and distro and profile and disk
     return StackConfig(
-        stack=stack, cloud=cloud, env=env, region=region, zones=zones, mode=mode,
-        instance_type=itype, instance_types=itypes, nodes=nodes, spot=spot, schedule=schedule,
-        ttl_hours=ttl, admin_cidrs=admin, client_cidrs=client, service_port=port,
-        ssh_public_key=key.strip(), image=image, image_distro=distro, cuda_profile=profile,
-        disk_gb=disk, vpc_cidr=vpc_cidr, owner=owner, tags=tags, budget=budget,
-        model_bucket=bucket, scaling=scaling, boot=boot or "cold", warm_pool=warm_pool,
-        kubernetes=kubernetes, monitoring=monitoring,
+        stack=stack,
+        cloud=cloud,
+        env=env,
+        region=region,
+        zones=zones,
+        mode=mode,
+        instance_type=itype,
+        instance_types=itypes,
+        nodes=nodes,
+        spot=spot,
+        schedule=schedule,
+        ttl_hours=ttl,
+        admin_cidrs=admin,
+        client_cidrs=client,
+        service_port=port,
+        ssh_public_key=key.strip(),
+        image=image,
+        image_distro=distro,
+        cuda_profile=profile,
+        disk_gb=disk,
+        vpc_cidr=vpc_cidr,
+        owner=owner,
+        tags=tags,
+        budget=budget,
+        model_bucket=bucket,
+        scaling=scaling,
+        boot=boot or "cold",
+        warm_pool=warm_pool,
+        kubernetes=kubernetes,
+        monitoring=monitoring,
     )
 
 
@@ -470,9 +630,15 @@ def _zones(r: _Reader, cloud: str, region: str | None) -> tuple[str, ...]:
         return ()
     out = []
     for z in zones:
-        ok = isinstance(z, str) and region is not None and (
-            re.match(rf"^{re.escape(region)}[a-z]$", z) if cloud == "aws"
-            else re.match(rf"^{re.escape(region)}-[a-z]$", z))
+        ok = (
+            isinstance(z, str)
+            and region is not None
+            and (
+                re.match(rf"^{re.escape(region)}[a-z]$", z)
+                if cloud == "aws"
+                else re.match(rf"^{re.escape(region)}-[a-z]$", z)
+            )
+        )
         if not ok:
             example = f"{region}a" if cloud == "aws" else f"{region}-h"
             r.fail("zones", z, f"a zone of region {region!r} such as {example!r}")
@@ -481,8 +647,12 @@ def _zones(r: _Reader, cloud: str, region: str | None) -> tuple[str, ...]:
     if len(set(out)) != len(out):
         r.fail("zones", zones, "distinct zones")
     if len(zones) > MAX_ZONES:
-        r.fail("zones", zones, f"at most {MAX_ZONES} zones (the address plan gives each zone "
-               f"1/{BLOCKS} of vpc_cidr and keeps the last block for the services subnet)")
+        r.fail(
+            "zones",
+            zones,
+            f"at most {MAX_ZONES} zones (the address plan gives each zone "
+            f"1/{BLOCKS} of vpc_cidr and keeps the last block for the services subnet)",
+        )
         return tuple(out[:MAX_ZONES])
     return tuple(out)
 
@@ -495,55 +665,80 @@ def _instance_type(r: _Reader, cloud: str) -> InstanceType | None:
     if name is not None:
         found = catalog.lookup(cloud, name)
         if found is None:
-            r.fail("instance_type", name, f"a GPU type of the {cloud} catalog: "
-                                          + ", ".join(catalog.instance_types(cloud)))
+            r.fail(
+                "instance_type",
+                name,
+                f"a GPU type of the {cloud} catalog: " + ", ".join(catalog.instance_types(cloud)),
+            )
         return found
     if gpu is None:
-        r.fail("instance_type", None, "an instance type, or `gpu: {model, count}` to pick the "
-                                      "cheapest type carrying those GPUs")
+        r.fail(
+            "instance_type",
+            None,
+            "an instance type, or `gpu: {model, count}` to pick the "
+            "cheapest type carrying those GPUs",
+        )
         return None
     model = gpu.get("model")
     count = r.number("gpu.count", gpu.get("count", 1), int, 1, 16, "an integer 1..16")
     if model not in catalog.gpu_models(cloud):
-        r.fail("gpu.model", model, f"a GPU model offered on {cloud}: "
-                                   + ", ".join(catalog.gpu_models(cloud)))
+        r.fail(
+            "gpu.model",
+            model,
+            f"a GPU model offered on {cloud}: " + ", ".join(catalog.gpu_models(cloud)),
+        )
         return None
     if count is None:
         return None
     matches = catalog.by_gpu(cloud, model, count)
     if not matches:
-        counts = sorted({t.gpu_count for t in catalog.instance_types(cloud).values()
-                         if t.gpu_model == model})
+        counts = sorted(
+            {t.gpu_count for t in catalog.instance_types(cloud).values() if t.gpu_model == model}
+        )
         r.fail("gpu.count", count, f"a count {cloud} offers for {model}: {counts}")
         return None
     return matches[0]
 
 
-def _extra_types(r: _Reader, cloud: str, base: InstanceType | None,
-                 mode: str | None, single: bool) -> tuple[InstanceType, ...]:
+def _extra_types(
+    r: _Reader, cloud: str, base: InstanceType | None, mode: str | None, single: bool
+) -> tuple[InstanceType, ...]:
     if base is None:
         return ()
     extra = r.structured("extra_instance_types", list)
     if extra is None:
         return tuple(catalog.same_class(base)) if mode in POOL_MODES and not single else (base,)
     if mode not in POOL_MODES:
-        r.fail("extra_instance_types", extra, "only in mode: group | kubernetes (instances mode "
-               "uses one type)")
+        r.fail(
+            "extra_instance_types",
+            extra,
+            "only in mode: group | kubernetes (instances mode uses one type)",
+        )
         return (base,)
     if single:
-        r.fail("extra_instance_types", extra, "unset with warm_pool (AWS warm pools refuse "
-               "groups with a mixed instances policy: the group launches one type)")
+        r.fail(
+            "extra_instance_types",
+            extra,
+            "unset with warm_pool (AWS warm pools refuse "
+            "groups with a mixed instances policy: the group launches one type)",
+        )
         return (base,)
     out = [base]
     for name in extra:
         found = catalog.lookup(cloud, name)
         if found is None:
-            r.fail("extra_instance_types", name, "types of the catalog: "
-                   + ", ".join(catalog.instance_types(cloud)))
+            r.fail(
+                "extra_instance_types",
+                name,
+                "types of the catalog: " + ", ".join(catalog.instance_types(cloud)),
+            )
         elif (found.gpu_model, found.gpu_count) != (base.gpu_model, base.gpu_count):
-            r.fail("extra_instance_types", name,
-                   f"types with the same GPUs as {base.name} ({base.gpu_count}x {base.gpu_model})"
-                   " so every node serves the same model the same way")
+            r.fail(
+                "extra_instance_types",
+                name,
+                f"types with the same GPUs as {base.name} ({base.gpu_count}x {base.gpu_model})"
+                " so every node serves the same model the same way",
+            )
         elif found not in out:
             out.append(found)
     return tuple(out)
@@ -554,8 +749,9 @@ def _nodes(r: _Reader, mode: str | None) -> Nodes | None:
     count = r.number("nodes.count", raw.get("count", 1), int, 1, 20, "an integer 1..20")
     lo = r.number("nodes.min", raw.get("min", 1), int, 0, 100, "an integer 0..100")
     hi = r.number("nodes.max", raw.get("max", max(lo or 1, 2)), int, 1, 100, "an integer 1..100")
-    desired = r.number("nodes.desired", raw.get("desired", lo or 1), int, 0, 100,
-                       "an integer 0..100")
+    desired = r.number(
+        "nodes.desired", raw.get("desired", lo or 1), int, 0, 100, "an integer 0..100"
+    )
     if None in (count, lo, hi, desired):
         return None
     if mode in POOL_MODES and not lo <= desired <= hi:
@@ -563,22 +759,45 @@ def _nodes(r: _Reader, mode: str | None) -> Nodes | None:
     return Nodes(count=count, min=lo, max=hi, desired=desired)
 
 
-def _spot(r: _Reader, cloud: str, mode: str | None, itypes: tuple[InstanceType, ...]) -> Spot | None:
+def _spot(
+    r: _Reader, cloud: str, mode: str | None, itypes: tuple[InstanceType, ...]
+) -> Spot | None:
     raw = r.structured("spot", dict) or {}
     enabled = r.boolean("spot.enabled", raw.get("enabled", False))
-    ratio = r.number("spot.max_price_ratio", raw.get("max_price_ratio", 1.0), float, None,
-                     MAX_PRICE_RATIO,
-                     f"a number > 0 and <= {MAX_PRICE_RATIO} (the cap is this ratio x on-demand)")
+    ratio = r.number(
+        "spot.max_price_ratio",
+        raw.get("max_price_ratio", 1.0),
+        float,
+        None,
+        MAX_PRICE_RATIO,
+        f"a number > 0 and <= {MAX_PRICE_RATIO} (the cap is this ratio x on-demand)",
+    )
     if ratio is not None and ratio <= 0:
-        r.fail("spot.max_price_ratio", ratio,
-               f"a number > 0 and <= {MAX_PRICE_RATIO} (the cap is this ratio x on-demand)")
+        r.fail(
+            "spot.max_price_ratio",
+            ratio,
+            f"a number > 0 and <= {MAX_PRICE_RATIO} (the cap is this ratio x on-demand)",
+        )
         ratio = None
-    base = r.number("spot.on_demand_base", raw.get("on_demand_base", 0), int, 0, 100,
-                    "an integer 0..100 (on-demand nodes before any spot)")
-    pct = r.number("spot.on_demand_percentage", raw.get("on_demand_percentage", 0), int, 0, 100,
-                   "an integer percentage 0..100 of on-demand above the base")
-    interruption = r.choice("spot.interruption", raw.get("interruption", "terminate"),
-                            INTERRUPTION[cloud])
+    base = r.number(
+        "spot.on_demand_base",
+        raw.get("on_demand_base", 0),
+        int,
+        0,
+        100,
+        "an integer 0..100 (on-demand nodes before any spot)",
+    )
+    pct = r.number(
+        "spot.on_demand_percentage",
+        raw.get("on_demand_percentage", 0),
+        int,
+        0,
+        100,
+        "an integer percentage 0..100 of on-demand above the base",
+    )
+    interruption = r.choice(
+        "spot.interruption", raw.get("interruption", "terminate"), INTERRUPTION[cloud]
+    )
     prices = raw.get("on_demand_prices", {})
     if not isinstance(prices, dict):
         r.fail("spot.on_demand_prices", prices, "a map of instance type -> USD/hour")
@@ -590,11 +809,20 @@ def _spot(r: _Reader, cloud: str, mode: str | None, itypes: tuple[InstanceType, 
     if None in (enabled, ratio, base, pct, interruption):
         return None
     if mode == "instances" and (base or pct) and enabled:
-        r.fail("spot.on_demand_base", base, "0 in mode: instances (every node is spot when "
-               "spot.enabled; use mode: group for an on-demand base)")
-    return Spot(enabled=enabled, max_price_ratio=ratio, on_demand_base=base,
-                on_demand_percentage=pct, interruption=interruption,
-                on_demand_prices={k: float(v) for k, v in prices.items()})
+        r.fail(
+            "spot.on_demand_base",
+            base,
+            "0 in mode: instances (every node is spot when "
+            "spot.enabled; use mode: group for an on-demand base)",
+        )
+    return Spot(
+        enabled=enabled,
+        max_price_ratio=ratio,
+        on_demand_base=base,
+        on_demand_percentage=pct,
+        interruption=interruption,
+        on_demand_prices={k: float(v) for k, v in prices.items()},
+    )
 
 
 def _scaling(r: _Reader, mode: str | None) -> Scaling | None:
@@ -604,8 +832,10 @@ def _scaling(r: _Reader, mode: str | None) -> Scaling | None:
             r.fail("scaling", raw, "unset in mode: instances (only a group scales on load)")
         return None
     raw = raw or {}
-    what = "requests per node per minute the request policy holds the group at (> 0): 0.7 x " \
-           "the sustained req/s `torchfleet-runtime bench` measured on one node, x 60"
+    what = (
+        "requests per node per minute the request policy holds the group at (> 0): 0.7 x "
+        "the sustained req/s `torchfleet-runtime bench` measured on one node, x 60"
+    )
     requests = raw.get("requests_per_node")
     if requests is None:
         r.fail("scaling.requests_per_node", None, what)
@@ -613,19 +843,35 @@ def _scaling(r: _Reader, mode: str | None) -> Scaling | None:
         requests = r.number("scaling.requests_per_node", requests, float, 0.001, 1e7, what)
     queue = raw.get("queue_depth_per_node")
     if queue is not None:
-        queue = r.number("scaling.queue_depth_per_node", queue, float, 0.01, 1e5,
-                         "a number > 0 of requests waiting per node (Average over the group)")
+        queue = r.number(
+            "scaling.queue_depth_per_node",
+            queue,
+            float,
+            0.01,
+            1e5,
+            "a number > 0 of requests waiting per node (Average over the group)",
+        )
     scale_in = r.boolean("scaling.scale_in", raw.get("scale_in", True))
     protect = r.boolean("scaling.protect_from_scale_in", raw.get("protect_from_scale_in", False))
     lo, hi = LAUNCH_TIMEOUT_RANGE
-    timeout = r.number("scaling.launch_timeout_s", raw.get("launch_timeout_s",
-                                                           LAUNCH_TIMEOUT_DEFAULT_S),
-                       int, lo, hi, f"an integer number of seconds in {lo}..{hi} (the launching "
-                       "lifecycle hook's heartbeat timeout; AWS allows at most 7200)")
+    timeout = r.number(
+        "scaling.launch_timeout_s",
+        raw.get("launch_timeout_s", LAUNCH_TIMEOUT_DEFAULT_S),
+        int,
+        lo,
+        hi,
+        f"an integer number of seconds in {lo}..{hi} (the launching "
+        "lifecycle hook's heartbeat timeout; AWS allows at most 7200)",
+    )
     if None in (requests, scale_in, protect, timeout):
         return None
-    return Scaling(requests_per_node=requests, queue_depth_per_node=queue, scale_in=scale_in,
-                   protect_from_scale_in=protect, launch_timeout_s=timeout)
+    return Scaling(
+        requests_per_node=requests,
+        queue_depth_per_node=queue,
+        scale_in=scale_in,
+        protect_from_scale_in=protect,
+        launch_timeout_s=timeout,
+    )
 
 
 def _monitoring(r: _Reader, cloud: str, mode: str | None) -> Monitoring | None:
@@ -638,22 +884,35 @@ def _monitoring(r: _Reader, cloud: str, mode: str | None) -> Monitoring | None:
     name = raw.get("instance_type", catalog.DEFAULT_HOST_TYPE[cloud])
     itype = types.get(name) if isinstance(name, str) else None
     if itype is None:
-        r.fail("monitoring.instance_type", name, f"a general-purpose {cloud} type: "
-               + ", ".join(types))
+        r.fail(
+            "monitoring.instance_type", name, f"a general-purpose {cloud} type: " + ", ".join(types)
+        )
     lo, hi = MONITORING_DISK_GB
-    disk = r.number("monitoring.disk_gb", raw.get("disk_gb", MONITORING_DISK_DEFAULT_GB), int,
-                    lo, hi, f"an integer number of GiB in {lo}..{hi} (30 days of samples plus "
-                    "the nodes' journals)")
+    disk = r.number(
+        "monitoring.disk_gb",
+        raw.get("disk_gb", MONITORING_DISK_DEFAULT_GB),
+        int,
+        lo,
+        hi,
+        f"an integer number of GiB in {lo}..{hi} (30 days of samples plus the nodes' journals)",
+    )
     if not enabled:
         return None
     if mode == "kubernetes":
-        r.fail("monitoring.enabled", True, "false in mode: kubernetes (the cluster's own "
-               "Prometheus scrapes the pods)")
+        r.fail(
+            "monitoring.enabled",
+            True,
+            "false in mode: kubernetes (the cluster's own Prometheus scrapes the pods)",
+        )
         return None
     if r.get("ttl_hours") is not None:
         # The TTL and the working-hours schedules act on the GPU nodes only.
-        r.fail("monitoring.enabled", True, "false while ttl_hours is set (the TTL releases the "
-               "GPU nodes only; a monitoring host would outlive it)")
+        r.fail(
+            "monitoring.enabled",
+            True,
+            "false while ttl_hours is set (the TTL releases the "
+            "GPU nodes only; a monitoring host would outlive it)",
+        )
         return None
     if itype is None or disk is None:
         return None
@@ -666,9 +925,13 @@ def _boot(r: _Reader, cloud: str) -> str | None:
         # pulumi_alicloud 4.0.0: ecs.EcsImagePipeline's build instance takes no RAM role, so it
         # cannot read the private bundle; ecs.Image from a builder instance is captured when the
         # instance is created, before the bake has run. See README (Deploy, Alibaba Cloud).
-        r.fail("boot", boot, "cold | baked on alicloud (no image build under `pulumi up` "
-               "here: bake on a builder node and set `image` to the captured image with "
-               "boot: baked)")
+        r.fail(
+            "boot",
+            boot,
+            "cold | baked on alicloud (no image build under `pulumi up` "
+            "here: bake on a builder node and set `image` to the captured image with "
+            "boot: baked)",
+        )
         return None
     return boot
 
@@ -681,14 +944,24 @@ def _warm_pool(r: _Reader, cloud: str, mode: str | None) -> WarmPool | None:
     if not enabled:
         return None
     if cloud != "aws" or mode != "group":
-        r.fail("warm_pool", raw, "unset except on aws in mode: group (an Auto Scaling warm pool; "
-               "ESS has no equivalent that keeps configured nodes stopped)")
+        r.fail(
+            "warm_pool",
+            raw,
+            "unset except on aws in mode: group (an Auto Scaling warm pool; "
+            "ESS has no equivalent that keeps configured nodes stopped)",
+        )
         return None
     lo = r.number("warm_pool.min_size", raw.get("min_size", 0), int, 0, 100, "an integer 0..100")
     hi = raw.get("max_prepared")
     if hi is not None:
-        hi = r.number("warm_pool.max_prepared", hi, int, 1, 100,
-                      "an integer 1..100: nodes in the group and the pool together")
+        hi = r.number(
+            "warm_pool.max_prepared",
+            hi,
+            int,
+            1,
+            100,
+            "an integer 1..100: nodes in the group and the pool together",
+        )
     if lo is None or (raw.get("max_prepared") is not None and hi is None):
         return None
     return WarmPool(min_size=lo, max_prepared=hi)
@@ -739,8 +1012,11 @@ def _schedule(r: _Reader) -> Schedule | None:
     if "days" in raw and not days and raw.get("days") is not None:
         r.fail("schedule.days", raw.get("days"), "at least one day: this schedule never starts")
     if len(times) == 2 and times["start"] == times["stop"]:
-        r.fail("schedule.stop", raw.get("stop"), "a time different from start: this schedule "
-               "never runs the fleet")
+        r.fail(
+            "schedule.stop",
+            raw.get("stop"),
+            "a time different from start: this schedule never runs the fleet",
+        )
     if tz is None or len(times) != 2 or not days:
         return None
     return Schedule(timezone=tz, start=times["start"], stop=times["stop"], days=days)
@@ -750,19 +1026,30 @@ def _ttl(r: _Reader, env: str | None, mode: str | None) -> float | None:
     value = r.get("ttl_hours")
     if value is None:
         if env == "dev":
-            r.fail("ttl_hours", None, f"hours (1..{MAX_TTL_HOURS}) after which a dev stack's nodes "
-                   "are released; dev stacks must expire")
+            r.fail(
+                "ttl_hours",
+                None,
+                f"hours (1..{MAX_TTL_HOURS}) after which a dev stack's nodes "
+                "are released; dev stacks must expire",
+            )
         return None
     if env == "prod":
         r.fail("ttl_hours", value, "unset in prod (a TTL would take production down)")
         return None
-    return r.number("ttl_hours", value, float, 1, MAX_TTL_HOURS,
-                    f"a number of hours in 1..{MAX_TTL_HOURS} (Alibaba releases no sooner than "
-                    "30 minutes ahead)")
+    return r.number(
+        "ttl_hours",
+        value,
+        float,
+        1,
+        MAX_TTL_HOURS,
+        f"a number of hours in 1..{MAX_TTL_HOURS} (Alibaba releases no sooner than "
+        "30 minutes ahead)",
+    )
 
 
-def _cuda_profile(r: _Reader, matrix: Matrix, itype: InstanceType | None,
-                  distro: str | None) -> str | None:
+def _cuda_profile(
+    r: _Reader, matrix: Matrix, itype: InstanceType | None, distro: str | None
+) -> str | None:
     """The profile, judged by the matrix's own rules (torchfleet_runtime.matrix, as preflight and
     `check` judge a node): it must drive the instance type's GPU and, where the stack names the
     node's distro (not in mode: kubernetes, whose nodes run the runtime image), support that
@@ -770,26 +1057,35 @@ def _cuda_profile(r: _Reader, matrix: Matrix, itype: InstanceType | None,
     try:
         profile = matrix.profile(r.get("cuda_profile"), "cuda_profile")
     except compat.MatrixError:
-        r.fail("cuda_profile", r.get("cuda_profile"), "a profile of compat/matrix.yml: "
-               + ", ".join(matrix.profiles))
+        r.fail(
+            "cuda_profile",
+            r.get("cuda_profile"),
+            "a profile of compat/matrix.yml: " + ", ".join(matrix.profiles),
+        )
         return None
     ok = True
     if distro is not None:
         verdict = compat.python_verdict(matrix, profile, matrix.distros[distro].python)
         if not verdict.ok:
             ok = False
-            r.fail("cuda_profile", profile.name,
-                   f"a profile for {distro}'s Python {matrix.distros[distro].python} "
-                   f"({verdict.reason}): {', '.join(verdict.profiles)}; or an image_distro "
-                   f"{profile.name} supports: {', '.join(verdict.distros) or 'none'}")
+            r.fail(
+                "cuda_profile",
+                profile.name,
+                f"a profile for {distro}'s Python {matrix.distros[distro].python} "
+                f"({verdict.reason}): {', '.join(verdict.profiles)}; or an image_distro "
+                f"{profile.name} supports: {', '.join(verdict.distros) or 'none'}",
+            )
     if itype is not None:
         gpu = compat.resolve_gpu(matrix, declared_model=itype.gpu_model)
         verdict = compat.gpu_verdict(matrix, profile, gpu)
         if not verdict.ok:
             ok = False
-            r.fail("cuda_profile", profile.name,
-                   f"a profile that drives the {itype.gpu_model} of {itype.name} ({itype.gpu.arch}; "
-                   f"{verdict.reason}): {', '.join(verdict.profiles)}")
+            r.fail(
+                "cuda_profile",
+                profile.name,
+                f"a profile that drives the {itype.gpu_model} of {itype.name} ({itype.gpu.arch}; "
+                f"{verdict.reason}): {', '.join(verdict.profiles)}",
+            )
     return profile.name if ok else None
 
 
@@ -810,8 +1106,12 @@ def _tags(r: _Reader) -> dict[str, str]:
     out = {}
     for k, v in raw.items():
         if k in RESERVED_TAGS or k.startswith(("aws:", "acs:", "aliyun")):
-            r.fail(f"tags.{k}", v, f"a key other than the reserved {', '.join(RESERVED_TAGS)} "
-                   "and cloud prefixes (aws:, acs:, aliyun)")
+            r.fail(
+                f"tags.{k}",
+                v,
+                f"a key other than the reserved {', '.join(RESERVED_TAGS)} "
+                "and cloud prefixes (aws:, acs:, aliyun)",
+            )
         elif not isinstance(v, (str, int, float)) or len(str(k)) > 64 or len(str(v)) > 128:
             r.fail(f"tags.{k}", v, "a string value (keys <= 64, values <= 128 chars)")
         else:
@@ -824,8 +1124,12 @@ def _budget(r: _Reader, cloud: str) -> Budget | None:
     if raw is None:
         return None
     if cloud != "aws":
-        r.fail("budget", raw, "unset on alicloud (use Alibaba's Billing budgets; the provider "
-               "has no budget resource)")
+        r.fail(
+            "budget",
+            raw,
+            "unset on alicloud (use Alibaba's Billing budgets; the provider "
+            "has no budget resource)",
+        )
         return None
     amount = raw.get("monthly_usd", "auto")
     if amount != "auto":
@@ -833,58 +1137,127 @@ def _budget(r: _Reader, cloud: str) -> Budget | None:
     emails = raw.get("alert_emails") or []
     if not emails or not all(isinstance(e, str) and _EMAIL_RE.match(e) for e in emails):
         r.fail("budget.alert_emails", emails, "a non-empty list of e-mail addresses to alert")
-    pct = r.number("budget.threshold_percent", raw.get("threshold_percent", 80), int, 1, 1000,
-                   "an integer percentage 1..1000 of the budget")
-    return Budget(monthly_usd=None if amount == "auto" else amount,
-                  alert_emails=tuple(emails), threshold_percent=pct or 80)
+    pct = r.number(
+        "budget.threshold_percent",
+        raw.get("threshold_percent", 80),
+        int,
+        1,
+        1000,
+        "an integer percentage 1..1000 of the budget",
+    )
+    return Budget(
+        monthly_usd=None if amount == "auto" else amount,
+        alert_emails=tuple(emails),
+        threshold_percent=pct or 80,
+    )
 
 
-def _cross_checks(r: _Reader, cloud: str, env: str | None, mode: str | None,
-                  zones: tuple[str, ...], nodes: Nodes | None, spot: Spot | None,
-                  schedule: Schedule | None, client: tuple[str, ...]) -> None:
+def _cross_checks(
+    r: _Reader,
+    cloud: str,
+    env: str | None,
+    mode: str | None,
+    zones: tuple[str, ...],
+    nodes: Nodes | None,
+    spot: Spot | None,
+    schedule: Schedule | None,
+    client: tuple[str, ...],
+) -> None:
     if mode == "group" and len(zones) < 2:
-        r.fail("zones", list(zones), "at least 2 zones in mode: group (the load balancer and the "
-               "group span zones)")
+        r.fail(
+            "zones",
+            list(zones),
+            "at least 2 zones in mode: group (the load balancer and the group span zones)",
+        )
     if mode == "instances" and client:
-        r.fail("client_cidrs", list(client), "unset in mode: instances (there is no load "
-               "balancer; reach nodes through SSH from admin_cidrs)")
+        r.fail(
+            "client_cidrs",
+            list(client),
+            "unset in mode: instances (there is no load "
+            "balancer; reach nodes through SSH from admin_cidrs)",
+        )
     if env == "dev" and schedule is None:
-        r.fail("schedule", None, "a working-hours schedule {timezone, start, stop, days}: dev "
-               "stacks stop outside working hours")
-    if (cloud == "aws" and mode == "instances" and schedule is not None and spot is not None
-            and spot.enabled and spot.interruption == "terminate"):
-        r.fail("spot.interruption", spot.interruption, "stop | hibernate when a schedule stops "
-               "spot instances (AWS stops only persistent spot requests that stop on interruption)")
-    if mode in POOL_MODES and nodes is not None and spot is not None and spot.enabled \
-            and spot.on_demand_base > nodes.max:
+        r.fail(
+            "schedule",
+            None,
+            "a working-hours schedule {timezone, start, stop, days}: dev "
+            "stacks stop outside working hours",
+        )
+    if (
+        cloud == "aws"
+        and mode == "instances"
+        and schedule is not None
+        and spot is not None
+        and spot.enabled
+        and spot.interruption == "terminate"
+    ):
+        r.fail(
+            "spot.interruption",
+            spot.interruption,
+            "stop | hibernate when a schedule stops "
+            "spot instances (AWS stops only persistent spot requests that stop on interruption)",
+        )
+    if (
+        mode in POOL_MODES
+        and nodes is not None
+        and spot is not None
+        and spot.enabled
+        and spot.on_demand_base > nodes.max
+    ):
         r.fail("spot.on_demand_base", spot.on_demand_base, f"at most nodes.max ({nodes.max})")
 
 
-def _fleet_checks(r: _Reader, image: Any, boot: str | None, nodes: Nodes | None,
-                  spot: Spot | None, warm_pool: WarmPool | None) -> None:
+def _fleet_checks(
+    r: _Reader,
+    image: Any,
+    boot: str | None,
+    nodes: Nodes | None,
+    spot: Spot | None,
+    warm_pool: WarmPool | None,
+) -> None:
     if boot == "baked" and image == "auto":
-        r.fail("boot", boot, "cold | bake with image: auto (baked needs `image` set to an image "
-               "a bake produced)")
+        r.fail(
+            "boot",
+            boot,
+            "cold | bake with image: auto (baked needs `image` set to an image a bake produced)",
+        )
     if warm_pool is None:
         return
     if spot is not None and spot.enabled:
-        r.fail("warm_pool", "enabled", "unset with spot.enabled (AWS warm pools take no spot "
-               "instances)")
+        r.fail(
+            "warm_pool",
+            "enabled",
+            "unset with spot.enabled (AWS warm pools take no spot instances)",
+        )
     if nodes is not None and warm_pool.min_size > nodes.max:
         r.fail("warm_pool.min_size", warm_pool.min_size, f"at most nodes.max ({nodes.max})")
-    if nodes is not None and warm_pool.max_prepared is not None \
-            and warm_pool.max_prepared < max(nodes.desired, warm_pool.min_size):
-        r.fail("warm_pool.max_prepared", warm_pool.max_prepared,
-               f"at least nodes.desired and warm_pool.min_size "
-               f"({max(nodes.desired, warm_pool.min_size)})")
+    if (
+        nodes is not None
+        and warm_pool.max_prepared is not None
+        and warm_pool.max_prepared < max(nodes.desired, warm_pool.min_size)
+    ):
+        r.fail(
+            "warm_pool.max_prepared",
+            warm_pool.max_prepared,
+            f"at least nodes.desired and warm_pool.min_size "
+            f"({max(nodes.desired, warm_pool.min_size)})",
+        )
 
 
 # -- mode: kubernetes ----------------------------------------------------------------------------
 
 
-def _kubernetes(r: _Reader, cloud: str, mode: str | None, zones: tuple[str, ...],
-                itypes: tuple[InstanceType, ...], nodes: Nodes | None, spot: Spot | None,
-                image: Any, bucket: str | None) -> KubernetesSettings | None:
+def _kubernetes(
+    r: _Reader,
+    cloud: str,
+    mode: str | None,
+    zones: tuple[str, ...],
+    itypes: tuple[InstanceType, ...],
+    nodes: Nodes | None,
+    spot: Spot | None,
+    image: Any,
+    bucket: str | None,
+) -> KubernetesSettings | None:
     """The `kubernetes` block (infra/k8s/settings.py holds its rules), only in that mode."""
     raw = r.structured("kubernetes", dict)
     if mode != "kubernetes":
@@ -892,17 +1265,24 @@ def _kubernetes(r: _Reader, cloud: str, mode: str | None, zones: tuple[str, ...]
             r.fail("kubernetes", raw, "unset unless mode: kubernetes")
         return None
     return k8s_settings.parse(
-        r, raw, cloud=cloud, zones=zones,
+        r,
+        raw,
+        cloud=cloud,
+        zones=zones,
         gpus_per_node=itypes[0].gpu_count if itypes else None,
-        nodes_max=nodes.max if nodes else None, node_image=image,
-        spot_enabled=bool(spot and spot.enabled), spot_ratio=spot.max_price_ratio if spot else None,
-        spot_percentage=spot.on_demand_percentage if spot else None, model_bucket=bucket)
+        nodes_max=nodes.max if nodes else None,
+        node_image=image,
+        spot_enabled=bool(spot and spot.enabled),
+        spot_ratio=spot.max_price_ratio if spot else None,
+        spot_percentage=spot.on_demand_percentage if spot else None,
+        model_bucket=bucket,
+    )
 
 
 def raw_from_pulumi_config(values: Mapping[str, Any]) -> dict[str, Any]:
     """Strip the namespace from a flat Pulumi config map; other namespaces are ignored."""
     prefix = NAMESPACE + ":"
-    return {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in values.items() if k.startswith(prefix)}
 
 
 if __name__ == "__main__":

@@ -69,8 +69,11 @@ def split_nodes(cfg: StackConfig, size: int | None = None) -> tuple[int, int, in
 
 
 def bounds(cfg: StackConfig) -> tuple[int, int]:
-    return ((cfg.nodes.count, cfg.nodes.count) if cfg.mode == "instances"
-            else (cfg.nodes.min, cfg.nodes.max))
+    return (
+        (cfg.nodes.count, cfg.nodes.count)
+        if cfg.mode == "instances"
+        else (cfg.nodes.min, cfg.nodes.max)
+    )
 
 
 def warm_pool_size(cfg: StackConfig) -> int:
@@ -88,15 +91,15 @@ def monitoring_cost(cfg: StackConfig) -> tuple[float, float]:
         return 0.0, 0.0
     hourly = cfg.monitoring.instance_type.usd_per_hour + NAT_USD_PER_HOUR[cfg.cloud]
     return hourly, hourly * HOURS_PER_MONTH + cfg.monitoring.disk_gb * DISK_USD_PER_GB_MONTH[
-        cfg.cloud]
+        cfg.cloud
+    ]
 
 
 def estimate(cfg: StackConfig) -> CostEstimate:
     itype = cfg.instance_type
     price = cfg.on_demand_price(itype)
     nodes, od, spot = split_nodes(cfg)
-    hours = (cfg.schedule.hours_per_week() * WEEKS_PER_MONTH if cfg.schedule
-             else HOURS_PER_MONTH)
+    hours = cfg.schedule.hours_per_week() * WEEKS_PER_MONTH if cfg.schedule else HOURS_PER_MONTH
 
     def worst(on_demand: int, spots: int) -> float:
         return on_demand * price + spots * cfg.spot_cap(itype)
@@ -119,16 +122,20 @@ def estimate(cfg: StackConfig) -> CostEstimate:
         monthly_worst_case_usd=round(cap * hours + mon_month, 2),
         monthly_typical_usd=round(typical * hours + mon_month, 2),
         price_source=PRICE_SOURCES[cfg.cloud]
-        + ("; overridden by spot.on_demand_prices" if itype.name in cfg.spot.on_demand_prices
-           else ""),
+        + (
+            "; overridden by spot.on_demand_prices"
+            if itype.name in cfg.spot.on_demand_prices
+            else ""
+        ),
         min_nodes=lo,
         max_nodes=hi,
         spot_cap_usd_per_hour_at_min=round(at_min + mon_h, 4),
         spot_cap_usd_per_hour_at_max=round(at_max + mon_h, 4),
         monthly_worst_at_min_usd=round(at_min * hours + mon_month, 2),
         monthly_worst_at_max_usd=round(at_max * hours + mon_month, 2),
-        warm_pool_usd_per_month=round(warm_pool_size(cfg) * cfg.disk_gb
-                                      * EBS_GP3_USD_PER_GB_MONTH, 2),
+        warm_pool_usd_per_month=round(
+            warm_pool_size(cfg) * cfg.disk_gb * EBS_GP3_USD_PER_GB_MONTH, 2
+        ),
         monitoring_instance_type=cfg.monitoring.instance_type.name if cfg.monitoring else "",
         monitoring_usd_per_hour=round(mon_h, 4),
         monitoring_usd_per_month=round(mon_month, 2),

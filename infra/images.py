@@ -20,12 +20,18 @@ class ImageQuery:
 
 AWS_IMAGES = {
     # Canonical's and Debian's official publisher accounts.
-    "ubuntu-22.04": ImageQuery("099720109477",
-                               "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*", "ubuntu",
-                               "/dev/sda1"),
-    "ubuntu-20.04": ImageQuery("099720109477",
-                               "ubuntu/images/hvm-ssd/ubuntu-focal-20.04-amd64-server-*", "ubuntu",
-                               "/dev/sda1"),
+    "ubuntu-22.04": ImageQuery(
+        "099720109477",
+        "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*",
+        "ubuntu",
+        "/dev/sda1",
+    ),
+    "ubuntu-20.04": ImageQuery(
+        "099720109477",
+        "ubuntu/images/hvm-ssd/ubuntu-focal-20.04-amd64-server-*",
+        "ubuntu",
+        "/dev/sda1",
+    ),
     "debian-11": ImageQuery("136693071363", "debian-11-amd64-*", "admin", "/dev/xvda"),
     "debian-12": ImageQuery("136693071363", "debian-12-amd64-*", "admin", "/dev/xvda"),
 }

@@ -57,10 +57,21 @@ def instances_deployment(cfg: StackConfig, instances: Sequence[Any], login_user:
     first = instances[0]
     port = cfg.service_port
     return Deployment(
-        nodes=[Node(name=f"{cfg.stack}-gpu-{i}", instance_type=cfg.instance_type,
-                    spot=cfg.spot.enabled, public_ip=inst.public_ip, private_ip=inst.private_ip)
-               for i, inst in enumerate(instances)],
+        nodes=[
+            Node(
+                name=f"{cfg.stack}-gpu-{i}",
+                instance_type=cfg.instance_type,
+                spot=cfg.spot.enabled,
+                public_ip=inst.public_ip,
+                private_ip=inst.private_ip,
+            )
+            for i, inst in enumerate(instances)
+        ],
         endpoint=first.private_ip.apply(lambda ip: f"http://{ip}:{port}"),
         login_user=login_user,
-        extra_outputs={"ssh_tunnel": pulumi.Output.all(first.public_ip, first.private_ip)
-                       .apply(lambda ips: f"ssh -N -L {port}:{ips[1]}:{port} {login_user}@{ips[0]}")})
+        extra_outputs={
+            "ssh_tunnel": pulumi.Output.all(first.public_ip, first.private_ip).apply(
+                lambda ips: f"ssh -N -L {port}:{ips[1]}:{port} {login_user}@{ips[0]}"
+            )
+        },
+    )

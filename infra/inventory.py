@@ -45,17 +45,25 @@ def group_vars(cfg: StackConfig, login_user: str) -> dict[str, Any]:
     return shared
 
 
-def _monitoring_group(cfg: StackConfig, deployment: Deployment
-                      ) -> pulumi.Output[dict[str, Any]] | None:
+def _monitoring_group(
+    cfg: StackConfig, deployment: Deployment
+) -> pulumi.Output[dict[str, Any]] | None:
     host = deployment.monitoring
     if host is None:
         return None
 
     def group(ip: str) -> dict[str, Any]:
-        return {"hosts": {host.name: {
-            "ansible_host": ip, "private_ip": ip, "ansible_user": host.login_user,
-            # The runtime's port as this stack sets it (the role's default is 8080).
-            "monitoring_runtime_port": cfg.service_port}}}
+        return {
+            "hosts": {
+                host.name: {
+                    "ansible_host": ip,
+                    "private_ip": ip,
+                    "ansible_user": host.login_user,
+                    # The runtime's port as this stack sets it (the role's default is 8080).
+                    "monitoring_runtime_port": cfg.service_port,
+                }
+            }
+        }
 
     return host.private_ip.apply(group)
 
@@ -70,25 +78,33 @@ def build(cfg: StackConfig, deployment: Deployment) -> pulumi.Output[dict[str, A
         return inv
 
     if not deployment.nodes:
-        inv = {"all": {"vars": {"torchfleet_discovery": deployment.discovery},
-                       "children": {GROUP: {"hosts": {}, "vars": shared}}}}
+        inv = {
+            "all": {
+                "vars": {"torchfleet_discovery": deployment.discovery},
+                "children": {GROUP: {"hosts": {}, "vars": shared}},
+            }
+        }
         return pulumi.Output.all(pulumi.Output.from_input(inv), monitoring).apply(
-            lambda v: with_monitoring(*v))
+            lambda v: with_monitoring(*v)
+        )
 
     def host(node, public_ip: str | None, private_ip: str) -> dict[str, Any]:
-        return {**shared,
-                "ansible_host": public_ip or private_ip,
-                "public_ip": public_ip,
-                "private_ip": private_ip,
-                "torchfleet_instance_type": node.instance_type.name,
-                "torchfleet_spot": node.spot}
+        return {
+            **shared,
+            "ansible_host": public_ip or private_ip,
+            "public_ip": public_ip,
+            "private_ip": private_ip,
+            "torchfleet_instance_type": node.instance_type.name,
+            "torchfleet_spot": node.spot,
+        }
 
     addresses = [pulumi.Output.all(n.public_ip, n.private_ip) for n in deployment.nodes]
 
     def assemble(values: list[Any]) -> dict[str, Any]:
         *ips, group = values
-        hosts = {n.name: host(n, pub, priv) for n, (pub, priv) in zip(deployment.nodes, ips,
-                                                                      strict=True)}
+        hosts = {
+            n.name: host(n, pub, priv) for n, (pub, priv) in zip(deployment.nodes, ips, strict=True)
+        }
         return with_monitoring({"all": {"children": {GROUP: {"hosts": hosts}}}}, group)
 
     return pulumi.Output.all(*addresses, monitoring).apply(assemble)

@@ -77,8 +77,9 @@ PRE_HEARTBEAT_STAGE_MAX_S = 204
 
 
 def _launch_timeout_default() -> int:
-    silence = HEARTBEAT_INTERVAL_S + EC2_REBOOT_MAX_S + PRE_HEARTBEAT_STAGE_MAX_S \
-        + HEARTBEAT_INTERVAL_S
+    silence = (
+        HEARTBEAT_INTERVAL_S + EC2_REBOOT_MAX_S + PRE_HEARTBEAT_STAGE_MAX_S + HEARTBEAT_INTERVAL_S
+    )
     return math.ceil(silence / 60) * 60
 
 
@@ -112,14 +113,17 @@ def node_setting(stack: str, variable: str) -> Any:
     role = _role_of(variable)
     defaults = yaml.safe_load((REPO_ROOT / "roles" / role / "defaults" / "main.yml").read_text())
     if variable not in (defaults or {}):
-        raise KeyError(f"{variable} is neither in inventories/{stack}/group_vars nor in "
-                       f"roles/{role}/defaults/main.yml")
+        raise KeyError(
+            f"{variable} is neither in inventories/{stack}/group_vars nor in "
+            f"roles/{role}/defaults/main.yml"
+        )
     return defaults[variable]
 
 
 def _role_of(variable: str) -> str:
-    roles = sorted((p.name for p in (REPO_ROOT / "roles").iterdir() if p.is_dir()),
-                   key=len, reverse=True)
+    roles = sorted(
+        (p.name for p in (REPO_ROOT / "roles").iterdir() if p.is_dir()), key=len, reverse=True
+    )
     for role in roles:
         if variable.startswith(role + "_"):
             return role
@@ -171,14 +175,22 @@ class Part:
 # cloud-init and a NoCloud seed, moto for S3 / Auto Scaling, CPU-only nodes, torch from a local
 # wheelhouse, load average <= 1.8 on 2 cores. Wall time from the container's boot.
 MEASURED: dict[str, tuple[tuple[float, float], str]] = {
-    "container_cold": ((98, 102), "bare Debian 12 node boot -> /readyz 200 + CONTINUE: identity + "
-                                  "bootstrap venv 15-19 s, bundle fetch 0.2 s (with verify + "
-                                  "unpack < 1 s), site.yml 74-76 s (CPU torch from a local "
-                                  "wheelhouse), warm-up"),
-    "container_cold_debian11": ((110, 110), "the same on Debian 11 (Python 3.9, ansible-core 2.15, "
-                                            "legacy torch 1.12.1): site.yml 80 s"),
-    "container_baked": ((36, 41), "baked image boot -> playbooks/baked.yml done (pin check, model "
-                                  "fetch, warm-up); 63-66 s when the play asks for a reboot"),
+    "container_cold": (
+        (98, 102),
+        "bare Debian 12 node boot -> /readyz 200 + CONTINUE: identity + "
+        "bootstrap venv 15-19 s, bundle fetch 0.2 s (with verify + "
+        "unpack < 1 s), site.yml 74-76 s (CPU torch from a local "
+        "wheelhouse), warm-up",
+    ),
+    "container_cold_debian11": (
+        (110, 110),
+        "the same on Debian 11 (Python 3.9, ansible-core 2.15, legacy torch 1.12.1): site.yml 80 s",
+    ),
+    "container_baked": (
+        (36, 41),
+        "baked image boot -> playbooks/baked.yml done (pin check, model "
+        "fetch, warm-up); 63-66 s when the play asks for a reboot",
+    ),
 }
 UNMEASURED = {
     "launch": "instance requested -> cloud-init starts (the cloud's provisioning and VM boot)",
@@ -186,7 +198,7 @@ UNMEASURED = {
     "gpu_driver": "NVIDIA driver DKMS build + the one reboot it needs",
     "cuda_toolkit": "CUDA toolkit install (the cuda role)",
     "torch_cuda_download": "the CUDA torch wheel download (the test installs CPU torch from a "
-                           "local wheelhouse)",
+    "local wheelhouse)",
     "gpu_warmup": "CUDA context + warm-up on the GPU instead of the CPU figure",
 }
 
@@ -200,8 +212,11 @@ def _part(key: str) -> Part:
 
 def _lb_part() -> Part:
     healthy = float(LB_HEALTHY_THRESHOLD * LB_HEALTH_INTERVAL_S)
-    return Part("lb_healthy", (healthy, healthy),
-                f"{LB_HEALTHY_THRESHOLD} passing checks x {LB_HEALTH_INTERVAL_S} s (target group)")
+    return Part(
+        "lb_healthy",
+        (healthy, healthy),
+        f"{LB_HEALTHY_THRESHOLD} passing checks x {LB_HEALTH_INTERVAL_S} s (target group)",
+    )
 
 
 _GPU_COLD = ("gpu_driver", "cuda_toolkit", "torch_cuda_download", "gpu_warmup")
@@ -237,5 +252,7 @@ class Estimate:
 
 
 def estimates() -> dict[str, Estimate]:
-    return {path: Estimate(path, tuple(_part(k) for k in keys) + (_lb_part(),))
-            for path, keys in PATHS.items()}
+    return {
+        path: Estimate(path, tuple(_part(k) for k in keys) + (_lb_part(),))
+        for path, keys in PATHS.items()
+    }

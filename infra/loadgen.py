@@ -173,8 +173,17 @@ class _NoDelayHTTPSConnection(http.client.HTTPSConnection):
 
 
 # struct codes of the dtypes a body may carry (bfloat16: the high half of a float32)
-DTYPE_CODES = {"float32": "f", "float64": "d", "float16": "e", "bfloat16": "f", "int64": "q", "int32": "i",
-               "uint8": "B", "int8": "b", "bool": "?"}
+DTYPE_CODES = {
+    "float32": "f",
+    "float64": "d",
+    "float16": "e",
+    "bfloat16": "f",
+    "int64": "q",
+    "int32": "i",
+    "uint8": "B",
+    "int8": "b",
+    "bool": "?",
+}
 
 
 def _check_dtype(name: str) -> str:
@@ -198,7 +207,9 @@ def sample_values(count: int, dtype: str, seed: int = 0) -> list[Any]:
         return [rng.random() < 0.5 for _ in range(count)]
     if DTYPE_CODES[dtype] in "qiBb":
         return [rng.randrange(10) for _ in range(count)]
-    return [rng.getrandbits(8) / 256.0 for _ in range(count)]  # like pixels: exact in bfloat16 and float16 too
+    return [
+        rng.getrandbits(8) / 256.0 for _ in range(count)
+    ]  # like pixels: exact in bfloat16 and float16 too
 
 
 def pack(values: Sequence[Any], dtype: str) -> bytes:
@@ -207,7 +218,7 @@ def pack(values: Sequence[Any], dtype: str) -> bytes:
         raise BenchError("the binary body is little-endian; this client runs on a big-endian CPU")
     data = struct.pack(f"<{len(values)}{DTYPE_CODES[dtype]}", *values)
     if dtype == "bfloat16":  # keep the high two bytes of each little-endian float32
-        data = b"".join(data[i + 2:i + 4] for i in range(0, len(data), 4))
+        data = b"".join(data[i + 2 : i + 4] for i in range(0, len(data), 4))
     return data
 
 
@@ -216,11 +227,16 @@ def nest(flat: Sequence[Any], shape: Sequence[int]) -> Any:
     if len(shape) <= 1:
         return list(flat)
     step = _prod(shape[1:])
-    return [nest(flat[i:i + step], shape[1:]) for i in range(0, len(flat), step)]
+    return [nest(flat[i : i + step], shape[1:]) for i in range(0, len(flat), step)]
 
 
 def build_payload(
-    shape: Sequence[int], dtype: str, batch: int, binary: bool, seed: int = 0, decimals: int | None = None
+    shape: Sequence[int],
+    dtype: str,
+    batch: int,
+    binary: bool,
+    seed: int = 0,
+    decimals: int | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """(body, headers) for one POST /v1/predict of `batch` instances; `decimals` rounds the
     floats (a shorter JSON body, as clients that send rounded pixels do)."""

@@ -14,8 +14,16 @@ from pathlib import Path
 
 from torchfleet_runtime.matrix import GpuModel, Matrix, MatrixError, Profile, read
 
-__all__ = ["DEFAULT_MATRIX", "REPO_ROOT", "GpuModel", "Matrix", "MatrixError", "Profile",
-           "load_matrix", "matrix_path"]
+__all__ = [
+    "DEFAULT_MATRIX",
+    "REPO_ROOT",
+    "GpuModel",
+    "Matrix",
+    "MatrixError",
+    "Profile",
+    "load_matrix",
+    "matrix_path",
+]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MATRIX = REPO_ROOT / "compat" / "matrix.yml"

@@ -40,8 +40,10 @@ def login_user(cfg: StackConfig) -> str:
 
 def scrape_ports(cfg: StackConfig) -> dict[str, int]:
     """What the monitoring host scrapes on every node, by job."""
-    return {"runtime": cfg.service_port,
-            "node-exporter": int(node_setting(cfg.stack, "monitoring_node_exporter_port"))}
+    return {
+        "runtime": cfg.service_port,
+        "node-exporter": int(node_setting(cfg.stack, "monitoring_node_exporter_port")),
+    }
 
 
 def journal_port(cfg: StackConfig) -> int:

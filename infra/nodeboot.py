@@ -3,7 +3,8 @@ user-data that fetches, verifies and runs it (fleet-node's `infra.bundle` and
 `infra.bootstrap`, called here and nowhere else in infra/).
 
 Contract: `stack_bundle(cfg)` builds the bundle of the program's validated config once per
-process (the program runs once; the offline plan and the tests run many stacks); `user_data(...)` renders the one cloud-init
+process (the program runs once; the offline plan and the tests run many stacks);
+`user_data(...)` renders the one cloud-init
 template for a BootstrapSpec whose bucket name may still be an Output and returns it base64
 encoded, the form every launch spec here takes (AWS launch templates require it; the Alibaba
 provider passes base64 through unchanged). The group and hook names are fixed so user-data can
@@ -59,9 +60,14 @@ def bundle_url(cfg: StackConfig, bucket: str, key: str) -> str:
     return f"{'s3' if cfg.cloud == 'aws' else 'oss'}://{bucket}/{key}"
 
 
-def user_data(cfg: StackConfig, bucket: pulumi.Input[str], *, mode: str,
-              group: bool, extra: Mapping[str, pulumi.Input[Any]] | None = None
-              ) -> pulumi.Output[str]:
+def user_data(
+    cfg: StackConfig,
+    bucket: pulumi.Input[str],
+    *,
+    mode: str,
+    group: bool,
+    extra: Mapping[str, pulumi.Input[Any]] | None = None,
+) -> pulumi.Output[str]:
     """Base64 of the rendered #cloud-config for this stack's nodes. `extra` holds further
     BootstrapSpec fields, Outputs allowed (Alibaba's group and metric group ids)."""
     from infra.bootstrap import BootstrapSpec, render_user_data
@@ -71,13 +77,20 @@ def user_data(cfg: StackConfig, bucket: pulumi.Input[str], *, mode: str,
 
     def render(values: list[Any]) -> str:
         spec = BootstrapSpec(
-            cloud=cfg.cloud, region=cfg.region, stack=cfg.stack, bundle_bucket=values[0],
-            bundle_key=bundle.key, bundle_sha256=bundle.sha256, mode=mode,
+            cloud=cfg.cloud,
+            region=cfg.region,
+            stack=cfg.stack,
+            bundle_bucket=values[0],
+            bundle_key=bundle.key,
+            bundle_sha256=bundle.sha256,
+            mode=mode,
             group_name=group_name(cfg) if group else None,
             launch_hook=LAUNCH_HOOK if group else None,
             terminate_hook=TERMINATE_HOOK if group else None,
-            service_port=cfg.service_port, metrics_namespace=METRICS_NAMESPACE,
-            **dict(zip(names, values[1:], strict=True)))
+            service_port=cfg.service_port,
+            metrics_namespace=METRICS_NAMESPACE,
+            **dict(zip(names, values[1:], strict=True)),
+        )
         return base64.b64encode(render_user_data(spec).encode()).decode()
 
     return pulumi.Output.all(bucket, *[(extra or {})[n] for n in names]).apply(render)

@@ -51,16 +51,18 @@ class OfflineRun:
 
     def custom(self) -> list[Registered]:
         """Cloud resources (not components, not providers, not the stack)."""
-        return [r for r in self.resources
-                if r.custom and not r.type.startswith("pulumi:")]
+        return [r for r in self.resources if r.custom and not r.type.startswith("pulumi:")]
 
     def of_type(self, type_: str) -> list[Registered]:
         return [r for r in self.resources if r.type == type_]
 
     def tagged(self, type_: str, role: str) -> list[Registered]:
         """Resources of `type_` whose `torchfleet-role` tag is `role` (gpu-node, monitoring)."""
-        return [r for r in self.of_type(type_)
-                if (r.inputs.get("tags") or {}).get("torchfleet-role") == role]
+        return [
+            r
+            for r in self.of_type(type_)
+            if (r.inputs.get("tags") or {}).get("torchfleet-role") == role
+        ]
 
 
 def _octet(name: str) -> int:
@@ -81,10 +83,14 @@ class OfflineMocks(pulumi.runtime.Mocks):
         n = _octet(args.name)
         if args.typ in ("aws:ec2/instance:Instance", "alicloud:ecs/instance:Instance"):
             # A private address the program fixed is kept; no public one where none is asked.
-            public = args.inputs.get("associatePublicIpAddress") is not False \
+            public = (
+                args.inputs.get("associatePublicIpAddress") is not False
                 and args.inputs.get("internetMaxBandwidthOut", 1) != 0
-            out.update(publicIp=f"203.0.113.{n}" if public else "",
-                       privateIp=args.inputs.get("privateIp") or f"10.42.0.{n}")
+            )
+            out.update(
+                publicIp=f"203.0.113.{n}" if public else "",
+                privateIp=args.inputs.get("privateIp") or f"10.42.0.{n}",
+            )
             if args.typ.startswith("aws:"):
                 out["spotInstanceRequestId"] = f"sir-{n:08x}"
         elif args.typ == "aws:lb/loadBalancer:LoadBalancer":
@@ -120,11 +126,18 @@ class OfflineMocks(pulumi.runtime.Mocks):
         if args.token == "aws:ec2/getAmi:getAmi":
             return {"id": FAKE_AMI, "imageId": FAKE_AMI, "name": "offline-plan-image"}
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            return {"accountId": FAKE_ACCOUNT, "arn": f"arn:aws:iam::{FAKE_ACCOUNT}:user/offline",
-                    "id": FAKE_ACCOUNT, "userId": "OFFLINE"}
+            return {
+                "accountId": FAKE_ACCOUNT,
+                "arn": f"arn:aws:iam::{FAKE_ACCOUNT}:user/offline",
+                "id": FAKE_ACCOUNT,
+                "userId": "OFFLINE",
+            }
         if args.token == "alicloud:ecs/getImages:getImages":
-            return {"id": "images", "ids": [FAKE_ALI_IMAGE],
-                    "images": [{"id": FAKE_ALI_IMAGE, "name": FAKE_ALI_IMAGE}]}
+            return {
+                "id": "images",
+                "ids": [FAKE_ALI_IMAGE],
+                "images": [{"id": FAKE_ALI_IMAGE, "name": FAKE_ALI_IMAGE}],
+            }
         if args.token in KUBERNETES_MODE_INVOKES:
             return KUBERNETES_MODE_INVOKES[args.token](args.args)
         raise UnexpectedInvoke(f"the offline mocks do not answer {args.token!r}")
@@ -132,26 +145,35 @@ class OfflineMocks(pulumi.runtime.Mocks):
 
 # -- mode: kubernetes: what the clusters hand back ---------------------------------------------
 
-FAKE_KUBECONFIG = ('{"apiVersion": "v1", "kind": "Config", "clusters": [], "contexts": [], '
-                   '"users": []}')
+FAKE_KUBECONFIG = (
+    '{"apiVersion": "v1", "kind": "Config", "clusters": [], "contexts": [], "users": []}'
+)
 # The newest ACK patch release per minor the offline plan pretends the region offers.
 FAKE_ACK_VERSIONS = ("1.33.3-aliyun.1", "1.34.2-aliyun.1", "1.35.1-aliyun.1")
 
 
 def _kubernetes_mode_outputs(typ: str, name: str, n: int) -> dict[str, Any]:
     if typ == "aws:eks/cluster:Cluster":
-        return {"endpoint": f"https://{n:02X}EXAMPLE.gr7.eks.example.internal",
-                "certificateAuthority": {"data": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0t"},
-                "identities": [{"oidcs": [{
-                    "issuer": f"https://oidc.eks.example.internal/id/{n:02X}EXAMPLE"}]}],
-                "vpcConfig": {"clusterSecurityGroupId": f"sg-0{n:016x}"}}
+        return {
+            "endpoint": f"https://{n:02X}EXAMPLE.gr7.eks.example.internal",
+            "certificateAuthority": {"data": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0t"},
+            "identities": [
+                {"oidcs": [{"issuer": f"https://oidc.eks.example.internal/id/{n:02X}EXAMPLE"}]}
+            ],
+            "vpcConfig": {"clusterSecurityGroupId": f"sg-0{n:016x}"},
+        }
     if typ == "aws:eks/nodeGroup:NodeGroup":
         return {"resources": [{"autoscalingGroups": [{"name": f"eks-{name}-asg"}]}]}
     if typ == "alicloud:cs/managedKubernetes:ManagedKubernetes":
-        return {"slbId": f"lb-{name}", "rrsaMetadata": {
-            "enabled": True, "rrsaOidcIssuerUrl": f"https://oidc-ack.example.internal/{name}",
-            "ramOidcProviderName": f"ack-rrsa-{name}",
-            "ramOidcProviderArn": f"acs:ram::123456789:oidc-provider/ack-rrsa-{name}"}}
+        return {
+            "slbId": f"lb-{name}",
+            "rrsaMetadata": {
+                "enabled": True,
+                "rrsaOidcIssuerUrl": f"https://oidc-ack.example.internal/{name}",
+                "ramOidcProviderName": f"ack-rrsa-{name}",
+                "ramOidcProviderArn": f"acs:ram::123456789:oidc-provider/ack-rrsa-{name}",
+            },
+        }
     if typ == "alicloud:cs/nodePool:NodePool":
         return {"scalingGroupId": f"asg-{name}", "nodePoolId": f"np-{name}"}
     return {}
@@ -159,11 +181,17 @@ def _kubernetes_mode_outputs(typ: str, name: str, n: int) -> dict[str, Any]:
 
 KUBERNETES_MODE_INVOKES = {
     "alicloud:cs/getClusterCredential:getClusterCredential": lambda args: {
-        "id": "credential", "clusterId": args.get("clusterId"), "kubeConfig": FAKE_KUBECONFIG,
-        "certificateAuthorities": [], "expiration": "2026-03-03T10:17:00Z"},
+        "id": "credential",
+        "clusterId": args.get("clusterId"),
+        "kubeConfig": FAKE_KUBECONFIG,
+        "certificateAuthorities": [],
+        "expiration": "2026-03-03T10:17:00Z",
+    },
     "alicloud:cs/getKubernetesVersion:getKubernetesVersion": lambda args: {
-        "id": "versions", "clusterType": args.get("clusterType"),
-        "metadatas": [{"version": v, "runtimes": []} for v in FAKE_ACK_VERSIONS]},
+        "id": "versions",
+        "clusterType": args.get("clusterType"),
+        "metadatas": [{"version": v, "runtimes": []} for v in FAKE_ACK_VERSIONS],
+    },
 }
 
 
@@ -178,9 +206,9 @@ class RecordingMonitor(MockMonitor):
     def RegisterResource(self, request):  # the gRPC method it overrides
         response = super().RegisterResource(request)
         self.registrations.append(
-            (response.urn, request.type, request.name, request.parent, bool(request.custom)))
-        self.options[response.urn] = (tuple(request.dependencies),
-                                      tuple(request.replaceOnChanges))
+            (response.urn, request.type, request.name, request.parent, bool(request.custom))
+        )
+        self.options[response.urn] = (tuple(request.dependencies), tuple(request.replaceOnChanges))
         return response
 
 
@@ -189,8 +217,9 @@ def config_strings(values: dict[str, Any]) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
 
 
-def run_offline(stack: str, config_values: dict[str, Any],
-                monitor: RecordingMonitor | None = None) -> OfflineRun:
+def run_offline(
+    stack: str, config_values: dict[str, Any], monitor: RecordingMonitor | None = None
+) -> OfflineRun:
     """Run the program for `stack` with `config_values` (full keys, e.g. "torchfleet:region").
     Pass a `monitor` to see what was registered even when the program raises."""
     from infra import program  # imported here: the caller may set TORCHFLEET_* env first
@@ -207,12 +236,19 @@ def run_offline(stack: str, config_values: dict[str, Any],
         outputs = program.run()
         return pulumi.Output.all(**outputs).apply(lambda values: resolved.update(values))
 
-    _sync_await(run_pulumi_func(
-        lambda: _sync_await(pulumi.Output.from_input(body()).future())))
+    _sync_await(run_pulumi_func(lambda: _sync_await(pulumi.Output.from_input(body()).future())))
     resources = [
-        Registered(urn, typ, name, parent, custom, mocks.inputs.get((typ, name), {}),
-                   *monitor.options.get(urn, ((), ())))
-        for urn, typ, name, parent, custom in monitor.registrations]
+        Registered(
+            urn,
+            typ,
+            name,
+            parent,
+            custom,
+            mocks.inputs.get((typ, name), {}),
+            *monitor.options.get(urn, ((), ())),
+        )
+        for urn, typ, name, parent, custom in monitor.registrations
+    ]
     if not [r for r in resources if r.custom and not r.type.startswith("pulumi:")]:
         raise RuntimeError(f"stack {stack}: the program registered no cloud resource")
     if not resolved:

@@ -25,33 +25,115 @@ KUBERNETES_STACKS = ("aws-k8s", "alicloud-k8s")  # mode: kubernetes (EKS, ACK)
 ALL_STACKS = STACKS + KUBERNETES_STACKS
 # Input properties worth a glance, by their (camelCase) name at any depth.
 KEY_PROPERTIES = {
-    "cidrBlock", "availabilityZone", "zoneId", "instanceType", "instanceTypes", "imageId",
-    "httpTokens", "encrypted", "systemDiskEncrypted", "volumeSize", "systemDiskSize",
-    "marketType", "maxPrice", "spotInstanceType", "instanceInterruptionBehavior", "spotStrategy",
-    "spotPriceLimit", "priceLimit", "spotInterruptionBehavior", "autoReleaseTime",
-    "instanceChargeType", "minSize", "maxSize", "desiredCapacity", "onDemandBaseCapacity",
-    "onDemandPercentageAboveBaseCapacity", "spotAllocationStrategy", "spotMaxPrice",
-    "capacityRebalance", "multiAzPolicy", "spotInstanceRemedy", "compensateWithOnDemand",
-    "recurrence", "timeZone", "scheduleExpression", "scheduleExpressionTimezone", "startTime",
-    "launchTime", "recurrenceValue", "templateName", "path", "healthCheckUri", "port",
-    "fromPort", "toPort", "portRange", "cidrBlocks", "cidrIp", "ipProtocol", "internal",
-    "addressType", "frontendPort", "backendPort", "limitAmount", "policyArn", "type", "arn",
+    "cidrBlock",
+    "availabilityZone",
+    "zoneId",
+    "instanceType",
+    "instanceTypes",
+    "imageId",
+    "httpTokens",
+    "encrypted",
+    "systemDiskEncrypted",
+    "volumeSize",
+    "systemDiskSize",
+    "marketType",
+    "maxPrice",
+    "spotInstanceType",
+    "instanceInterruptionBehavior",
+    "spotStrategy",
+    "spotPriceLimit",
+    "priceLimit",
+    "spotInterruptionBehavior",
+    "autoReleaseTime",
+    "instanceChargeType",
+    "minSize",
+    "maxSize",
+    "desiredCapacity",
+    "onDemandBaseCapacity",
+    "onDemandPercentageAboveBaseCapacity",
+    "spotAllocationStrategy",
+    "spotMaxPrice",
+    "capacityRebalance",
+    "multiAzPolicy",
+    "spotInstanceRemedy",
+    "compensateWithOnDemand",
+    "recurrence",
+    "timeZone",
+    "scheduleExpression",
+    "scheduleExpressionTimezone",
+    "startTime",
+    "launchTime",
+    "recurrenceValue",
+    "templateName",
+    "path",
+    "healthCheckUri",
+    "port",
+    "fromPort",
+    "toPort",
+    "portRange",
+    "cidrBlocks",
+    "cidrIp",
+    "ipProtocol",
+    "internal",
+    "addressType",
+    "frontendPort",
+    "backendPort",
+    "limitAmount",
+    "policyArn",
+    "type",
+    "arn",
     "entry",
     "region",
     # bootstrap, bundle, hooks and scaling
-    "key", "bucketPrefix", "sseAlgorithm", "status", "objectOwnership", "blockPublicAcls",
-    "blockPublicAccess", "acl", "tlsVersions", "healthCheckGracePeriod", "defaultInstanceWarmup",
-    "healthCheckType", "healthCheckTypes", "protectFromScaleIn", "strategy", "version",
-    "minHealthyPercentage", "autoRollback", "poolState", "reuseOnScaleIn",
-    "maxGroupPreparedCapacity", "scalingConfigurationName", "parentImage",
+    "key",
+    "bucketPrefix",
+    "sseAlgorithm",
+    "status",
+    "objectOwnership",
+    "blockPublicAcls",
+    "blockPublicAccess",
+    "acl",
+    "tlsVersions",
+    "healthCheckGracePeriod",
+    "defaultInstanceWarmup",
+    "healthCheckType",
+    "healthCheckTypes",
+    "protectFromScaleIn",
+    "strategy",
+    "version",
+    "minHealthyPercentage",
+    "autoRollback",
+    "poolState",
+    "reuseOnScaleIn",
+    "maxGroupPreparedCapacity",
+    "scalingConfigurationName",
+    "parentImage",
     # monitoring host and its private subnet
-    "privateIp", "associatePublicIpAddress", "mapPublicIpOnLaunch", "internetMaxBandwidthOut",
-    "cidrIpv4", "cidrIpv6", "natType", "sourceVswitchId",
+    "privateIp",
+    "associatePublicIpAddress",
+    "mapPublicIpOnLaunch",
+    "internetMaxBandwidthOut",
+    "cidrIpv4",
+    "cidrIpv6",
+    "natType",
+    "sourceVswitchId",
     # mode: kubernetes
-    "amiType", "capacityType", "endpointPublicAccess", "publicAccessCidrs", "clusterSpec",
-    "chart", "spotPriceLimits", "loadBalancerSourceRanges", "minReplicas",
-    "maxReplicas", "terminationGracePeriodSeconds", "maxUnavailable", "averageValue",
-    "slbInternetEnabled", "nvidia.com/gpu", "image",
+    "amiType",
+    "capacityType",
+    "endpointPublicAccess",
+    "publicAccessCidrs",
+    "clusterSpec",
+    "chart",
+    "spotPriceLimits",
+    "loadBalancerSourceRanges",
+    "minReplicas",
+    "maxReplicas",
+    "terminationGracePeriodSeconds",
+    "maxUnavailable",
+    "averageValue",
+    "slbInternetEnabled",
+    "nvidia.com/gpu",
+    "image",
 }
 
 
@@ -63,8 +145,12 @@ def load_stack_config(stack: str, path: Path | None = None) -> dict[str, Any]:
     values = data.get("config") or {}
     for key, value in values.items():
         if isinstance(value, dict) and set(value) == {"secure"}:
-            raise ConfigError([f"{key} is a Pulumi secret: the offline plan cannot decrypt it; "
-                               "set a plain value in a copy of the stack file"])
+            raise ConfigError(
+                [
+                    f"{key} is a Pulumi secret: the offline plan cannot decrypt it; "
+                    "set a plain value in a copy of the stack file"
+                ]
+            )
     return values
 
 
@@ -116,8 +202,9 @@ def render_tree(run: OfflineRun) -> list[str]:
         lines.extend(pad + line for line in _wrap(key_properties(node) if node.custom else []))
         kids = children.get(node.urn, [])
         for i, kid in enumerate(kids):
-            walk(kid, indent + ("" if top else ("   " if last else "│  ")), i == len(kids) - 1,
-                 False)
+            walk(
+                kid, indent + ("" if top else ("   " if last else "│  ")), i == len(kids) - 1, False
+            )
 
     for root in roots:
         walk(root, "", True, True)
@@ -125,9 +212,11 @@ def render_tree(run: OfflineRun) -> list[str]:
 
 
 def cost_rows(costs: dict[str, dict[str, Any]]) -> list[str]:
-    head = (f"{'stack':<14} {'type':<22} {'nodes':>5} {'od/spot':>7} {'$/h on-demand':>13} "
-            f"{'$/h spot cap':>12} {'$/h typical':>11} {'h/month':>7} {'$/mo 24x7 OD':>12} "
-            f"{'$/mo worst':>10} {'$/mo typical':>12}")
+    head = (
+        f"{'stack':<14} {'type':<22} {'nodes':>5} {'od/spot':>7} {'$/h on-demand':>13} "
+        f"{'$/h spot cap':>12} {'$/h typical':>11} {'h/month':>7} {'$/mo 24x7 OD':>12} "
+        f"{'$/mo worst':>10} {'$/mo typical':>12}"
+    )
     rows = [head, "-" * len(head)]
     for stack, c in costs.items():
         rows.append(
@@ -136,10 +225,15 @@ def cost_rows(costs: dict[str, dict[str, Any]]) -> list[str]:
             f"{c['on_demand_usd_per_hour']:>13.3f} {c['spot_cap_usd_per_hour']:>12.3f} "
             f"{c['spot_typical_usd_per_hour']:>11.3f} {c['hours_per_month']:>7.1f} "
             f"{c['monthly_on_demand_24x7_usd']:>12.2f} {c['monthly_worst_case_usd']:>10.2f} "
-            f"{c['monthly_typical_usd']:>12.2f}")
+            f"{c['monthly_typical_usd']:>12.2f}"
+        )
     sources = sorted({c["price_source"] for c in costs.values()})
-    rows += ["", "worst = schedule applied, spot nodes at their cap; typical = schedule applied, "
-             "spot at the family's typical spot/on-demand ratio.", *("prices: " + s for s in sources)]
+    rows += [
+        "",
+        "worst = schedule applied, spot nodes at their cap; typical = schedule applied, "
+        "spot at the family's typical spot/on-demand ratio.",
+        *("prices: " + s for s in sources),
+    ]
     return rows
 
 
@@ -151,85 +245,126 @@ def scaling_lines(run: OfflineRun) -> list[str]:
         i = r.inputs
         refresh = i.get("instanceRefresh", {})
         warm = i.get("warmPool")
-        lines.append(f"group {i['name']}: {int(i['minSize'])}..{int(i['maxSize'])} nodes, "
-                     f"health {i['healthCheckType']} (grace {int(i['healthCheckGracePeriod'])} s), "
-                     f"warm-up {int(i['defaultInstanceWarmup'])} s, instance refresh "
-                     f"{refresh.get('strategy')} on a new launch template version"
-                     + (f", warm pool {warm['poolState']} (min {int(warm.get('minSize', 0))})"
-                        if warm else ""))
+        lines.append(
+            f"group {i['name']}: {int(i['minSize'])}..{int(i['maxSize'])} nodes, "
+            f"health {i['healthCheckType']} (grace {int(i['healthCheckGracePeriod'])} s), "
+            f"warm-up {int(i['defaultInstanceWarmup'])} s, instance refresh "
+            f"{refresh.get('strategy')} on a new launch template version"
+            + (
+                f", warm pool {warm['poolState']} (min {int(warm.get('minSize', 0))})"
+                if warm
+                else ""
+            )
+        )
     for r in run.of_type("aws:autoscaling/lifecycleHook:LifecycleHook"):
         i = r.inputs
-        lines.append(f"hook {i['name']}: {i['lifecycleTransition']}, {i['defaultResult']} after "
-                     f"{int(i['heartbeatTimeout'])} s without a heartbeat")
+        lines.append(
+            f"hook {i['name']}: {i['lifecycleTransition']}, {i['defaultResult']} after "
+            f"{int(i['heartbeatTimeout'])} s without a heartbeat"
+        )
     for r in run.of_type("aws:autoscaling/policy:Policy"):
         tt = r.inputs["targetTrackingConfiguration"]
-        metric = (tt.get("predefinedMetricSpecification", {}).get("predefinedMetricType")
-                  or "{namespace}/{metricName} ({statistic})".format(
-                      **tt["customizedMetricSpecification"]))
-        lines.append(f"policy {r.inputs['name']}: target tracking {metric} = {tt['targetValue']:g}"
-                     + (" (scale-out only)" if tt.get("disableScaleIn") else ""))
+        metric = tt.get("predefinedMetricSpecification", {}).get(
+            "predefinedMetricType"
+        ) or "{namespace}/{metricName} ({statistic})".format(**tt["customizedMetricSpecification"])
+        lines.append(
+            f"policy {r.inputs['name']}: target tracking {metric} = {tt['targetValue']:g}"
+            + (" (scale-out only)" if tt.get("disableScaleIn") else "")
+        )
     for r in run.of_type("alicloud:ess/scalingGroup:ScalingGroup"):
         i = r.inputs
-        lines.append(f"group {i['scalingGroupName']}: {int(i['minSize'])}..{int(i['maxSize'])} "
-                     f"nodes, health {'+'.join(i.get('healthCheckTypes', ['ECS']))}, removal "
-                     f"{', '.join(i['removalPolicies'])}")
+        lines.append(
+            f"group {i['scalingGroupName']}: {int(i['minSize'])}..{int(i['maxSize'])} "
+            f"nodes, health {'+'.join(i.get('healthCheckTypes', ['ECS']))}, removal "
+            f"{', '.join(i['removalPolicies'])}"
+        )
     for r in run.of_type("alicloud:ess/lifecycleHook:LifecycleHook"):
         i = r.inputs
-        lines.append(f"hook {i['name']}: {i['lifecycleTransition']}, {i['defaultResult']} after "
-                     f"{int(i['heartbeatTimeout'])} s without a heartbeat")
+        lines.append(
+            f"hook {i['name']}: {i['lifecycleTransition']}, {i['defaultResult']} after "
+            f"{int(i['heartbeatTimeout'])} s without a heartbeat"
+        )
     rules = {f"{r.name}-id": r for r in run.of_type("alicloud:ess/scalingRule:ScalingRule")}
     for r in run.of_type("alicloud:ess/alarm:Alarm"):
         i = r.inputs
-        conds = i.get("expressions") or [{"metricName": i["metricName"],
-                                          "comparisonOperator": i["comparisonOperator"],
-                                          "threshold": i["threshold"], "period": i["period"]}]
+        conds = i.get("expressions") or [
+            {
+                "metricName": i["metricName"],
+                "comparisonOperator": i["comparisonOperator"],
+                "threshold": i["threshold"],
+                "period": i["period"],
+            }
+        ]
         when = f" {i.get('expressionsLogicOperator', '')} ".join(
-            f"{c['metricName']} {c['comparisonOperator']} {c['threshold']}" for c in conds)
-        steps = [f"{int(a['scalingAdjustment']):+d}" for rid, rule in rules.items()
-                 if any(rid in action for action in i["alarmActions"])
-                 for a in rule.inputs["stepAdjustments"]]
-        lines.append(f"alarm {i['name']}: {when} (Average, {int(i['evaluationCount'])} x "
-                     f"{int(conds[0]['period'])} s) -> step rule {'/'.join(steps)} nodes")
+            f"{c['metricName']} {c['comparisonOperator']} {c['threshold']}" for c in conds
+        )
+        steps = [
+            f"{int(a['scalingAdjustment']):+d}"
+            for rid, rule in rules.items()
+            if any(rid in action for action in i["alarmActions"])
+            for a in rule.inputs["stepAdjustments"]
+        ]
+        lines.append(
+            f"alarm {i['name']}: {when} (Average, {int(i['evaluationCount'])} x "
+            f"{int(conds[0]['period'])} s) -> step rule {'/'.join(steps)} nodes"
+        )
     order = ("group", "hook", "policy", "alarm")
     return sorted(lines, key=lambda line: (order.index(line.split(" ", 1)[0]), line))
 
 
 def monitoring_lines(run: OfflineRun) -> list[str]:
     """The monitoring host and what its security groups admit, from what was registered."""
-    hosts = [r for r in run.of_type("aws:ec2/instance:Instance")
-             + run.of_type("alicloud:ecs/instance:Instance")
-             if (r.inputs.get("tags") or {}).get("torchfleet-role") == "monitoring"]
+    hosts = [
+        r
+        for r in run.of_type("aws:ec2/instance:Instance")
+        + run.of_type("alicloud:ecs/instance:Instance")
+        if (r.inputs.get("tags") or {}).get("torchfleet-role") == "monitoring"
+    ]
     lines = []
     for r in hosts:
         i = r.inputs
         disk = i.get("rootBlockDevice", {}).get("volumeSize") or i.get("systemDiskSize")
-        lines.append(f"host {r.name}: {i['instanceType']} at {i['privateIp']} (private, no "
-                     f"public address), {int(disk)} GiB encrypted disk, metadata tokens "
-                     f"{i.get('metadataOptions', {}).get('httpTokens') or i.get('httpTokens')}")
+        lines.append(
+            f"host {r.name}: {i['instanceType']} at {i['privateIp']} (private, no "
+            f"public address), {int(disk)} GiB encrypted disk, metadata tokens "
+            f"{i.get('metadataOptions', {}).get('httpTokens') or i.get('httpTokens')}"
+        )
     if not hosts:
         return lines
-    groups = {f"{sg.name}-id": sg.name for sg in run.of_type("aws:ec2/securityGroup:SecurityGroup")
-              + run.of_type("alicloud:ecs/securityGroup:SecurityGroup")}
+    groups = {
+        f"{sg.name}-id": sg.name
+        for sg in run.of_type("aws:ec2/securityGroup:SecurityGroup")
+        + run.of_type("alicloud:ecs/securityGroup:SecurityGroup")
+    }
     for sg in run.of_type("aws:ec2/securityGroup:SecurityGroup"):
         for rule in sg.inputs.get("ingress", []):
             sources = [groups.get(g, g) for g in rule.get("securityGroups", [])]
             if any(src.endswith("-monitoring") for src in sources):
-                lines.append(f"{sg.name} admits tcp {int(rule['fromPort'])} from "
-                             f"{', '.join(sources)}")
+                lines.append(
+                    f"{sg.name} admits tcp {int(rule['fromPort'])} from {', '.join(sources)}"
+                )
     for rule in run.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"):
         i = rule.inputs
-        source = groups.get(i.get("referencedSecurityGroupId", ""), "") or i.get("cidrIpv4") \
+        source = (
+            groups.get(i.get("referencedSecurityGroupId", ""), "")
+            or i.get("cidrIpv4")
             or i.get("cidrIpv6")
-        lines.append(f"{groups.get(i['securityGroupId'])} admits {i['ipProtocol']} "
-                     f"{int(i['fromPort'])} from {source}")
+        )
+        lines.append(
+            f"{groups.get(i['securityGroupId'])} admits {i['ipProtocol']} "
+            f"{int(i['fromPort'])} from {source}"
+        )
     for rule in run.of_type("alicloud:ecs/securityGroupRule:SecurityGroupRule"):
         i = rule.inputs
         source = groups.get(i.get("sourceSecurityGroupId", ""))
         target = groups.get(i["securityGroupId"], "")
-        if i["type"] == "ingress" and (target.endswith("-monitoring")
-                                       or (source or "").endswith("-monitoring")):
-            lines.append(f"{target} admits {i['ipProtocol']} {i['portRange'].split('/')[0]} "
-                         f"from {source or i.get('cidrIp') or i.get('ipv6CidrIp')}")
+        if i["type"] == "ingress" and (
+            target.endswith("-monitoring") or (source or "").endswith("-monitoring")
+        ):
+            lines.append(
+                f"{target} admits {i['ipProtocol']} {i['portRange'].split('/')[0]} "
+                f"from {source or i.get('cidrIp') or i.get('ipv6CidrIp')}"
+            )
     return [lines[0], *sorted(lines[1:])]
 
 
@@ -242,27 +377,33 @@ def estimate_lines() -> list[str]:
 
 
 def bounds_rows(costs: dict[str, dict[str, Any]]) -> list[str]:
-    head = (f"{'stack':<14} {'min':>4} {'max':>4} {'$/h cap @min':>12} {'$/h cap @max':>12} "
-            f"{'$/mo worst @min':>15} {'$/mo worst @max':>15} {'$/mo warm pool':>14} "
-            f"{'monitoring':<12} {'$/mo monitoring':>15}")
+    head = (
+        f"{'stack':<14} {'min':>4} {'max':>4} {'$/h cap @min':>12} {'$/h cap @max':>12} "
+        f"{'$/mo worst @min':>15} {'$/mo worst @max':>15} {'$/mo warm pool':>14} "
+        f"{'monitoring':<12} {'$/mo monitoring':>15}"
+    )
     rows = [head, "-" * len(head)]
     for stack, c in costs.items():
-        rows.append(f"{stack:<14} {c['min_nodes']:>4} {c['max_nodes']:>4} "
-                    f"{c['spot_cap_usd_per_hour_at_min']:>12.3f} "
-                    f"{c['spot_cap_usd_per_hour_at_max']:>12.3f} "
-                    f"{c['monthly_worst_at_min_usd']:>15.2f} {c['monthly_worst_at_max_usd']:>15.2f} "
-                    f"{c['warm_pool_usd_per_month']:>14.2f} "
-                    f"{c.get('monitoring_instance_type') or '-':<12} "
-                    f"{c.get('monitoring_usd_per_month', 0.0):>15.2f}")
+        rows.append(
+            f"{stack:<14} {c['min_nodes']:>4} {c['max_nodes']:>4} "
+            f"{c['spot_cap_usd_per_hour_at_min']:>12.3f} "
+            f"{c['spot_cap_usd_per_hour_at_max']:>12.3f} "
+            f"{c['monthly_worst_at_min_usd']:>15.2f} {c['monthly_worst_at_max_usd']:>15.2f} "
+            f"{c['warm_pool_usd_per_month']:>14.2f} "
+            f"{c.get('monitoring_instance_type') or '-':<12} "
+            f"{c.get('monitoring_usd_per_month', 0.0):>15.2f}"
+        )
     return rows
 
 
 def cluster_rows(clusters: dict[str, dict[str, Any]]) -> list[str]:
     """Kubernetes stacks: the fixed part (control plane, system nodes) and the GPU pool at its
     min and max, beside the steady-size estimate above."""
-    head = (f"{'stack':<14} {'$/h control':>11} {'system':>6} {'$/h system':>10} "
-            f"{'$/h fixed':>9} {'GPU min-max':>11} {'$/h GPU min':>11} {'$/h GPU max':>11} "
-            f"{'GPU h/mo':>8} {'$/mo fixed':>10} {'$/mo at min':>11} {'$/mo at max':>11}")
+    head = (
+        f"{'stack':<14} {'$/h control':>11} {'system':>6} {'$/h system':>10} "
+        f"{'$/h fixed':>9} {'GPU min-max':>11} {'$/h GPU min':>11} {'$/h GPU max':>11} "
+        f"{'GPU h/mo':>8} {'$/mo fixed':>10} {'$/mo at min':>11} {'$/mo at max':>11}"
+    )
     rows = [head, "-" * len(head)]
     for stack, c in clusters.items():
         rows.append(
@@ -271,24 +412,40 @@ def cluster_rows(clusters: dict[str, dict[str, Any]]) -> list[str]:
             f"{str(c['gpu_nodes_min']) + '-' + str(c['gpu_nodes_max']):>11} "
             f"{c['gpu_min_usd_per_hour']:>11.3f} {c['gpu_max_usd_per_hour']:>11.3f} "
             f"{c['gpu_hours_per_month']:>8.1f} {c['monthly_fixed_usd']:>10.2f} "
-            f"{c['monthly_min_usd']:>11.2f} {c['monthly_max_usd']:>11.2f}")
+            f"{c['monthly_min_usd']:>11.2f} {c['monthly_max_usd']:>11.2f}"
+        )
     sources = sorted({c["price_source"] for c in clusters.values()})
-    rows += ["", "fixed = control plane + system nodes, 730 h/month (a schedule or the TTL empties "
-             "only the GPU pool; the cluster bills until `pulumi destroy`); GPU spot nodes at "
-             "their cap.", *("control plane: " + s for s in sources)]
+    rows += [
+        "",
+        "fixed = control plane + system nodes, 730 h/month (a schedule or the TTL empties "
+        "only the GPU pool; the cluster bills until `pulumi destroy`); GPU spot nodes at "
+        "their cap.",
+        *("control plane: " + s for s in sources),
+    ]
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.plan", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stacks", nargs="*", default=[], metavar="STACK",
-                        help=f"stack name(s): {', '.join(ALL_STACKS)}")
+    parser = argparse.ArgumentParser(
+        prog="python -m infra.plan",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "stacks",
+        nargs="*",
+        default=[],
+        metavar="STACK",
+        help=f"stack name(s): {', '.join(ALL_STACKS)}",
+    )
     parser.add_argument("--config", type=Path, help="stack file (default: Pulumi.<STACK>.yaml)")
     parser.add_argument("--all", action="store_true", help="every example stack")
     parser.add_argument("--json", action="store_true", help="outputs and resources as JSON")
-    parser.add_argument("--boot", choices=BOOT_MODES,
-                        help="plan with torchfleet:boot set to this (what `make bake` shows)")
+    parser.add_argument(
+        "--boot",
+        choices=BOOT_MODES,
+        help="plan with torchfleet:boot set to this (what `make bake` shows)",
+    )
     args = parser.parse_args(argv)
     stacks = list(ALL_STACKS) if args.all else args.stacks
     if not stacks:
@@ -311,18 +468,38 @@ def main(argv: list[str] | None = None) -> int:
         if run.outputs.get("cluster_cost"):
             clusters[stack] = run.outputs["cluster_cost"]
         if args.json:
-            print(json.dumps({"stack": stack, "outputs": run.outputs, "resources": [
-                {"type": r.type, "name": r.name, "custom": r.custom, "inputs": r.inputs}
-                for r in run.resources]}, default=str, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "stack": stack,
+                        "outputs": run.outputs,
+                        "resources": [
+                            {"type": r.type, "name": r.name, "custom": r.custom, "inputs": r.inputs}
+                            for r in run.resources
+                        ],
+                    },
+                    default=str,
+                    indent=2,
+                )
+            )
             continue
         print("=" * 100)
-        print(f"{TITLE} — stack {stack}: {len(run.custom())} cloud resources in "
-              f"{len(run.resources) - len(run.custom())} components/providers")
+        print(
+            f"{TITLE} — stack {stack}: {len(run.custom())} cloud resources in "
+            f"{len(run.resources) - len(run.custom())} components/providers"
+        )
         print("=" * 100)
         print("\n".join(render_tree(run)))
         print("\noutputs:")
-        for key in ("endpoint", "ttl_expiry", "ssh_tunnel", "discovery", "cluster",
-                    "bundle_url", "bundle_version"):
+        for key in (
+            "endpoint",
+            "ttl_expiry",
+            "ssh_tunnel",
+            "discovery",
+            "cluster",
+            "bundle_url",
+            "bundle_version",
+        ):
             if run.outputs.get(key) is not None:
                 print(f"  {key}: {run.outputs[key]}")
         if run.outputs.get("cluster"):
@@ -331,13 +508,14 @@ def main(argv: list[str] | None = None) -> int:
             continue  # mode: kubernetes has pods, not an Ansible inventory
         hosts = run.outputs["inventory"]["all"]["children"]["gpu_nodes"].get("hosts") or {}
         watcher = run.outputs["inventory"]["all"]["children"].get("monitoring", {}).get("hosts")
-        print(f"  inventory: {len(hosts)} host(s) in group gpu_nodes"
-              + ("" if hosts else " (group mode: nodes are found by tag, see discovery)")
-              + (f"; {', '.join(watcher)} in group monitoring" if watcher else ""))
+        print(
+            f"  inventory: {len(hosts)} host(s) in group gpu_nodes"
+            + ("" if hosts else " (group mode: nodes are found by tag, see discovery)")
+            + (f"; {', '.join(watcher)} in group monitoring" if watcher else "")
+        )
         monitoring = monitoring_lines(run)
         if monitoring:
-            print("\nmonitoring (Prometheus, Alertmanager, the nodes' journals; "
-                  "roles/monitoring):")
+            print("\nmonitoring (Prometheus, Alertmanager, the nodes' journals; roles/monitoring):")
             print("\n".join("  " + line for line in monitoring))
         scaling = scaling_lines(run)
         if scaling:
@@ -347,12 +525,16 @@ def main(argv: list[str] | None = None) -> int:
     if not args.json:
         print(f"COST ESTIMATE ({TITLE})")
         print("\n".join(cost_rows(costs)))
-        print("\nat the scaling bounds (spot at its cap, schedule applied; warm pool: stopped "
-              "root volumes only; every total includes the monitoring host: instance + NAT "
-              "gateway 730 h + disk, traffic not priced)")
+        print(
+            "\nat the scaling bounds (spot at its cap, schedule applied; warm pool: stopped "
+            "root volumes only; every total includes the monitoring host: instance + NAT "
+            "gateway 730 h + disk, traffic not priced)"
+        )
         print("\n".join(bounds_rows(costs)))
-        print("\nlaunch -> ready per boot path (infra/lifecycle.py: measured parts only, the "
-              "rest named)")
+        print(
+            "\nlaunch -> ready per boot path (infra/lifecycle.py: measured parts only, the "
+            "rest named)"
+        )
         print("\n".join("  " + line for line in estimate_lines()))
         if clusters:
             print(f"\nCLUSTER COST (mode: kubernetes; {TITLE})")

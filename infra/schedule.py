@@ -111,7 +111,9 @@ class UtcRecurrence:
     weekdays: str
 
 
-def ess_recurrence(sched: Schedule, at: time, days: tuple[str, ...], now: datetime) -> UtcRecurrence:
+def ess_recurrence(
+    sched: Schedule, at: time, days: tuple[str, ...], now: datetime
+) -> UtcRecurrence:
     """ESS takes UTC only, so the local time is converted with the zone's offset at `now` (a DST
     change shifts the action by an hour until the next deploy) and the weekdays move with it when
     the conversion crosses midnight."""

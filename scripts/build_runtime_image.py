@@ -72,23 +72,33 @@ def default_base(matrix: Matrix, profile: str) -> str:
     if prof.toolkit_version:
         for distro in hosts:
             if distro.name.startswith("ubuntu-") and matrix.toolkit_from_repo(prof, distro.name):
-                return CUDA_IMAGE.format(toolkit=prof.toolkit_version, release=distro.name.split("-", 1)[1])
-        raise BuildError(f"profile {profile}: no Ubuntu in compat/matrix.yml has its toolkit packages "
-                         f"and one of its Pythons ({pythons}); pass --base")
+                return CUDA_IMAGE.format(
+                    toolkit=prof.toolkit_version, release=distro.name.split("-", 1)[1]
+                )
+        raise BuildError(
+            f"profile {profile}: no Ubuntu in compat/matrix.yml has its toolkit packages "
+            f"and one of its Pythons ({pythons}); pass --base"
+        )
     for distro in hosts:
         if distro.name.startswith("debian-"):
             return CPU_IMAGE.format(release=distro.name.split("-", 1)[1])
-    raise BuildError(f"profile {profile}: no Debian in compat/matrix.yml has one of its Pythons; pass --base")
+    raise BuildError(
+        f"profile {profile}: no Debian in compat/matrix.yml has one of its Pythons; pass --base"
+    )
 
 
-def pytorch_pins(profile: dict[str, Any], torch: str | None = None, torchvision: str | None = None) -> dict[str, str]:
+def pytorch_pins(
+    profile: dict[str, Any], torch: str | None = None, torchvision: str | None = None
+) -> dict[str, str]:
     """torch, torchvision, numpy and the extra index the `pytorch` role installs on a node of
     this profile, from the role's own defaults (Jinja2, rendered against the profile)."""
     defaults = yaml.safe_load(PYTORCH_DEFAULTS.read_text())
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
 
     def render(key: str, **values: Any) -> str:
-        return env.from_string(str(defaults[key])).render(torchfleet_profile=profile, **values).strip()
+        return (
+            env.from_string(str(defaults[key])).render(torchfleet_profile=profile, **values).strip()
+        )
 
     torch = torch or render("pytorch_torch_version")
     if torchvision is None:
@@ -126,8 +136,10 @@ def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
 
 
 def runtime_wheel() -> Path:
-    out = run([sys.executable, str(WHEEL_BUILDER), str(REPO / "runtime"), str(WHEEL_CACHE)],
-              capture_output=True)
+    out = run(
+        [sys.executable, str(WHEEL_BUILDER), str(REPO / "runtime"), str(WHEEL_CACHE)],
+        capture_output=True,
+    )
     if out.returncode != 0:
         raise BuildError(f"building the runtime wheel failed:\n{out.stderr.strip()}")
     return Path(json.loads(out.stdout)["wheel"])
@@ -163,14 +175,20 @@ def make_context(opts: argparse.Namespace, wheel: Path) -> Path:
             for pem in [item] if item.is_file() else sorted(item.glob("*.crt")):
                 shutil.copy2(pem, certs / pem.name)
         if not any(certs.iterdir()):
-            raise BuildError(f"--extra-ca-certs {' '.join(map(str, opts.extra_ca_certs))}: no *.crt file")
+            raise BuildError(
+                f"--extra-ca-certs {' '.join(map(str, opts.extra_ca_certs))}: no *.crt file"
+            )
     if opts.model:
         shutil.copytree(opts.model, ctx / "model")
     return ctx
 
 
 def ensure_base(engine: str, base: str) -> None:
-    exists = [engine, "image", "exists", base] if engine == "podman" else [engine, "image", "inspect", base]
+    exists = (
+        [engine, "image", "exists", base]
+        if engine == "podman"
+        else [engine, "image", "inspect", base]
+    )
     if run(exists, capture_output=True).returncode == 0:
         return
     log(f"pulling the base image {base}")
@@ -180,14 +198,18 @@ def ensure_base(engine: str, base: str) -> None:
         raise BuildError(
             f"cannot pull the base image {base}: {reason}\n"
             "No registry reachable? Build on a base image you have locally, e.g.\n"
-            "  make image BASE=localhost/torchfleet-bookworm:latest PROFILE=cpu WHEELHOUSE=.cache/wheelhouse-cp311")
+            "  make image BASE=localhost/torchfleet-bookworm:latest PROFILE=cpu WHEELHOUSE=.cache/wheelhouse-cp311"
+        )
 
 
 def git_revision() -> str:
     head = run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True)
     if head.returncode != 0:
         return ""
-    dirty = run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True)
+    dirty = run(
+        ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+    )
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
@@ -198,22 +220,50 @@ def image_size(engine: str, tag: str) -> int:
 
 def parse_cli(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--profile", help="CUDA profile of compat/matrix.yml (default: its default_profile)")
+    p.add_argument(
+        "--profile", help="CUDA profile of compat/matrix.yml (default: its default_profile)"
+    )
     p.add_argument("--base", help="base image (default: derived from the profile, see above)")
-    p.add_argument("--torch", help="torch version instead of the profile's pin (e.g. PyPI's 1.12.1)")
-    p.add_argument("--torchvision", help="torchvision version instead of the profile's ('' for none)")
+    p.add_argument(
+        "--torch", help="torch version instead of the profile's pin (e.g. PyPI's 1.12.1)"
+    )
+    p.add_argument(
+        "--torchvision", help="torchvision version instead of the profile's ('' for none)"
+    )
     p.add_argument("--index-url", help="primary package index (a mirror; default: pip's)")
-    p.add_argument("--wheel-index", help="extra index with torch's CUDA builds (default: the profile's)")
-    p.add_argument("--wheelhouse", type=Path, help="directory of wheels to install from offline (no index)")
-    p.add_argument("--extra-ca-certs", type=Path, nargs="+", metavar="PATH",
-                   help="PEM *.crt files or directories of them to trust in the image (TLS inspection)")
-    p.add_argument("--extras", help="runtime extras to install, comma-separated: gpu (GPU metrics), onnx")
-    p.add_argument("--model", type=Path, help="a model directory to bake into /models (target baked)")
-    p.add_argument("--tag", help="image name (default: localhost/torchfleet-runtime:VERSION-PROFILE[-baked])")
-    p.add_argument("--engine", default=os.environ.get("CONTAINER_ENGINE") or ("podman" if shutil.which("podman") else "docker"),
-                   choices=("podman", "docker"), help="container engine (default: podman if installed)")
+    p.add_argument(
+        "--wheel-index", help="extra index with torch's CUDA builds (default: the profile's)"
+    )
+    p.add_argument(
+        "--wheelhouse", type=Path, help="directory of wheels to install from offline (no index)"
+    )
+    p.add_argument(
+        "--extra-ca-certs",
+        type=Path,
+        nargs="+",
+        metavar="PATH",
+        help="PEM *.crt files or directories of them to trust in the image (TLS inspection)",
+    )
+    p.add_argument(
+        "--extras", help="runtime extras to install, comma-separated: gpu (GPU metrics), onnx"
+    )
+    p.add_argument(
+        "--model", type=Path, help="a model directory to bake into /models (target baked)"
+    )
+    p.add_argument(
+        "--tag", help="image name (default: localhost/torchfleet-runtime:VERSION-PROFILE[-baked])"
+    )
+    p.add_argument(
+        "--engine",
+        default=os.environ.get("CONTAINER_ENGINE")
+        or ("podman" if shutil.which("podman") else "docker"),
+        choices=("podman", "docker"),
+        help="container engine (default: podman if installed)",
+    )
     p.add_argument("--no-cache", action="store_true", help="rebuild every layer")
-    p.add_argument("--print-args", action="store_true", help="print the build arguments as JSON and stop")
+    p.add_argument(
+        "--print-args", action="store_true", help="print the build arguments as JSON and stop"
+    )
     opts = p.parse_args(argv)
     for name in ("wheelhouse", "model"):
         value = getattr(opts, name)
@@ -238,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         version = wheel.name.split("-")[1]
         args["RUNTIME_VERSION"] = version
         tag = opts.tag or f"localhost/torchfleet-runtime:{version}-{args['CUDA_PROFILE']}" + (
-            "-baked" if opts.model else "")
+            "-baked" if opts.model else ""
+        )
         ensure_base(opts.engine, args["BASE"])
         ctx = make_context(opts, wheel)
         try:
@@ -250,23 +301,42 @@ def main(argv: list[str] | None = None) -> int:
             for key, value in args.items():
                 cmd += ["--build-arg", f"{key}={value}"]
             created = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            cmd += ["--label", f"org.opencontainers.image.created={created}",
-                    "--label", f"org.opencontainers.image.revision={git_revision()}", str(ctx)]
-            log(f"building {tag} ({target}) on {args['BASE']}, profile {args['CUDA_PROFILE']}, torch {args['TORCH']}")
+            cmd += [
+                "--label",
+                f"org.opencontainers.image.created={created}",
+                "--label",
+                f"org.opencontainers.image.revision={git_revision()}",
+                str(ctx),
+            ]
+            log(
+                f"building {tag} ({target}) on {args['BASE']}, profile {args['CUDA_PROFILE']}, torch {args['TORCH']}"
+            )
             started = time.monotonic()
             built = run(cmd, stdout=sys.stderr, env=dict(os.environ, DOCKER_BUILDKIT="1"))
             seconds = time.monotonic() - started
         finally:
             shutil.rmtree(ctx, ignore_errors=True)
         if built.returncode != 0:
-            raise BuildError(f"{opts.engine} build failed (exit {built.returncode}); its output is above")
+            raise BuildError(
+                f"{opts.engine} build failed (exit {built.returncode}); its output is above"
+            )
     except BuildError as exc:
         print(f"build_runtime_image: {exc}", file=sys.stderr)
         return 1
     size = image_size(opts.engine, tag)
     log(f"built {tag} in {seconds:.0f} s, {size / 1e6:.0f} MB")
-    print(json.dumps({"image": tag, "size_bytes": size, "build_s": round(seconds, 1), "base": args["BASE"],
-                      "target": target, "build_args": args}))
+    print(
+        json.dumps(
+            {
+                "image": tag,
+                "size_bytes": size,
+                "build_s": round(seconds, 1),
+                "base": args["BASE"],
+                "target": target,
+                "build_args": args,
+            }
+        )
+    )
     return 0
 
 

@@ -1,9 +1,10 @@
 """Fail on Python 3.9+ syntax or stdlib APIs in code that must run on Python 3.8 nodes.
 
-ruff (target py38, rule FA102) flags PEP 585/604 annotations; this check adds what a linter
-does not: the 3.8 grammar itself (match, parenthesised context managers, relaxed decorators,
-except*), builtin generics used at run time (`list[int]` outside annotations), and stdlib
-APIs that appeared after 3.8. The real proof is the legacy Molecule scenario, which runs the
+ruff (target py38) flags PEP 585/604 annotations (FA102) and the 3.8 grammar itself (match,
+parenthesised context managers: "invalid-syntax"); this check adds what ruff does not see:
+builtin generics used at run time (`list[int]` outside annotations) and stdlib APIs that
+appeared after 3.8 (tests/repo/test_check_py38.py shows which is which). It still parses
+with the 3.8 grammar, so it stands alone as well. The real proof is the legacy Molecule scenario, which runs the
 runtime on Python 3.9 + torch 1.12.1; this check is the fast guard for 3.8 syntax.
 
 Usage: python scripts/check_py38.py PATH... ; exits 1 and lists file:line: problem.
@@ -28,7 +29,11 @@ NEW_APIS = {
     "aiter": "3.10",
     "anext": "3.10",
 }
-NEW_KEYWORDS = {("zip", "strict"): "3.10", ("dataclass", "slots"): "3.10", ("dataclass", "kw_only"): "3.10"}
+NEW_KEYWORDS = {
+    ("zip", "strict"): "3.10",
+    ("dataclass", "slots"): "3.10",
+    ("dataclass", "kw_only"): "3.10",
+}
 
 
 def _annotation_nodes(tree: ast.AST) -> set[int]:
@@ -74,7 +79,9 @@ def check_source(source: str, filename: str = "<string>") -> list[str]:
             and node.value.id in BUILTIN_GENERICS
             and id(node) not in in_annotation
         ):
-            problems.append(f"{filename}:{line}: {node.value.id}[...] at run time needs 3.9 (use typing)")
+            problems.append(
+                f"{filename}:{line}: {node.value.id}[...] at run time needs 3.9 (use typing)"
+            )
         elif isinstance(node, ast.Attribute) and node.attr in NEW_APIS:
             problems.append(f"{filename}:{line}: .{node.attr} needs Python {NEW_APIS[node.attr]}")
         elif isinstance(node, ast.Name) and node.id in ("aiter", "anext"):
@@ -84,7 +91,9 @@ def check_source(source: str, filename: str = "<string>") -> list[str]:
             for kw in node.keywords:
                 version = NEW_KEYWORDS.get((name, kw.arg))
                 if version:
-                    problems.append(f"{filename}:{line}: {name}({kw.arg}=...) needs Python {version}")
+                    problems.append(
+                        f"{filename}:{line}: {name}({kw.arg}=...) needs Python {version}"
+                    )
     return problems
 
 

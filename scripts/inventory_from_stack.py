@@ -26,8 +26,9 @@ from infra.matrix import REPO_ROOT
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("stack")
     parser.add_argument("--input", help="a file with `pulumi stack output --json`, or - for stdin")
     parser.add_argument("--out-dir", type=Path, default=REPO_ROOT / "inventories")
@@ -39,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     path = write(args.stack, inv, args.out_dir, writer="scripts/inventory_from_stack.py")
     hosts = hosts_of(inv)
-    print(f"wrote {path} ({len(hosts)} host(s)"
-          + (", group mode: nodes found by tag)" if not hosts else ")"))
+    print(
+        f"wrote {path} ({len(hosts)} host(s)"
+        + (", group mode: nodes found by tag)" if not hosts else ")")
+    )
     return 0
 
 

@@ -8,8 +8,9 @@ export PATH="$PWD/.venv/bin:$PATH"
 part=${1:-all}
 
 run_lint() {
-  echo "== ruff"
+  echo "== ruff (lint, and the formatting ruff format writes)"
   ruff check .
+  ruff format --check .
   echo "== runtime/ and the preflight probe (node code) parse as Python 3.8"
   python scripts/check_py38.py runtime/src roles/preflight/library
   if [ -d roles ] && compgen -G "roles/*/tasks" >/dev/null; then

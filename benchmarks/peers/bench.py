@@ -124,7 +124,13 @@ def versions(servers: list[str]) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "wrk": _out(["wrk", "--version"]).splitlines()[0] if shutil.which("wrk") else None,
-        "torchfleet_runtime": _out([sys.executable, "-c", "import importlib.metadata as m; print(m.version('torchfleet-runtime'))"]),
+        "torchfleet_runtime": _out(
+            [
+                sys.executable,
+                "-c",
+                "import importlib.metadata as m; print(m.version('torchfleet-runtime'))",
+            ]
+        ),
         "torchfleet_commit": _out(["git", "-C", str(ROOT), "rev-parse", "HEAD"]),
         "runtime_dirty": bool(_out(["git", "-C", str(ROOT), "status", "--porcelain", "runtime"])),
     }
@@ -153,7 +159,9 @@ def versions(servers: list[str]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- one server run
 
 
-def first_request(srv: Server, body: bytes, expected: list[float], timeout: float) -> dict[str, Any]:
+def first_request(
+    srv: Server, body: bytes, expected: list[float], timeout: float
+) -> dict[str, Any]:
     """One POST on a fresh connection right after ready. A server that is "ready" but cannot
     answer yet is retried every 50 ms (its figure then shows the gap); its answer must match."""
     t0 = time.perf_counter()
@@ -165,7 +173,9 @@ def first_request(srv: Server, body: bytes, expected: list[float], timeout: floa
         status, data = http_call(srv.port, "POST", srv.predict_path, body, timeout=timeout)
     out["first_ok_after_ms"] = round((time.perf_counter() - t0) * 1000, 2)
     if status != 200:
-        raise RuntimeError(f"{srv.name}: no 200 within {timeout:g} s of ready (last {status}: {data[:300]!r})")
+        raise RuntimeError(
+            f"{srv.name}: no 200 within {timeout:g} s of ready (last {status}: {data[:300]!r})"
+        )
     out.update(check_answer(srv.name, data, expected))
     return out
 
@@ -178,8 +188,12 @@ def check_answer(name: str, data: bytes, expected: list[float]) -> dict[str, Any
     if len(got) != len(expected):
         raise RuntimeError(f"{name}: {len(got)} outputs, expected {len(expected)}")
     diff = max(abs(a - b) for a, b in zip(got, expected, strict=True))
-    if not all(math.isclose(a, b, rel_tol=RTOL, abs_tol=ATOL) for a, b in zip(got, expected, strict=True)):
-        raise RuntimeError(f"{name}: the answer differs from the in-process output (max |diff| {diff:.3g})")
+    if not all(
+        math.isclose(a, b, rel_tol=RTOL, abs_tol=ATOL) for a, b in zip(got, expected, strict=True)
+    ):
+        raise RuntimeError(
+            f"{name}: the answer differs from the in-process output (max |diff| {diff:.3g})"
+        )
     return {"correct": True, "max_abs_diff": diff}
 
 
@@ -191,7 +205,13 @@ def run_server(
     work = WORK / model.name / f"run-{key.replace('@', '-')}-{rep}"
     if work.exists():
         shutil.rmtree(work)
-    run: dict[str, Any] = {"key": key, "server": name, "threads": settings.threads, "repetition": rep, "levels": []}
+    run: dict[str, Any] = {
+        "key": key,
+        "server": name,
+        "threads": settings.threads,
+        "repetition": rep,
+        "levels": [],
+    }
     srv = Server(name, model, work, settings)
     body = model.body.read_bytes()
     url = f"http://127.0.0.1:{srv.port}{srv.predict_path}"
@@ -203,12 +223,19 @@ def run_server(
             run["idle_rss_mb"] = round(mem.sample()[0], 1)
             if name == "torchfleet":
                 info = http_call(srv.port, "GET", "/v1/model")[1]
-                run["model_info"] = {k: v for k, v in json.loads(info or b"{}").items()
-                                     if k in ("max_batch_size", "batch_cap_method", "warmed_batch_sizes")}
+                run["model_info"] = {
+                    k: v
+                    for k, v in json.loads(info or b"{}").items()
+                    if k in ("max_batch_size", "batch_cap_method", "warmed_batch_sizes")
+                }
             log(
                 f"  [{key} rep {rep}] ready {run['start_to_ready_s']:.2f} s, first request "
                 f"{run['first_request_ms']:.1f} ms (status {run['first_status']}), answer ok"
-                + (f", max_batch_size {run['model_info'].get('max_batch_size')}" if "model_info" in run else "")
+                + (
+                    f", max_batch_size {run['model_info'].get('max_batch_size')}"
+                    if "model_info" in run
+                    else ""
+                )
             )
             for c in levels:
                 if args.warmup > 0:
@@ -218,7 +245,9 @@ def run_server(
                 # answer 503): measure from a quiet server
                 quiet_s = quiesce(srv.proc.pid, args.quiesce_max)
                 cpu0 = proctree.cpu_s(srv.proc.pid)
-                res, raw = wrk.run(url, model.body, c, args.duration, args.wrk_threads, args.request_timeout)
+                res, raw = wrk.run(
+                    url, model.body, c, args.duration, args.wrk_threads, args.request_timeout
+                )
                 cpu = proctree.cpu_s(srv.proc.pid) - cpu0
                 lv = {"concurrency": c, **res.as_dict(), "quiesce_s": quiet_s}
                 # fewer answers than connections: the latency is longer than the window
@@ -229,7 +258,8 @@ def run_server(
                 run["levels"].append(lv)
                 lat = res.latency_ms
                 log(
-                    f"    c={c:<3} {res.req_per_s:7.1f} req/s  p50 {lat['p50'] or 0:7.1f}  p99 {lat['p99'] or 0:7.1f} ms"
+                    f"    c={c:<3} {res.req_per_s:7.1f} req/s  p50 {lat['p50'] or 0:7.1f}  "
+                    f"p99 {lat['p99'] or 0:7.1f} ms"
                     f"  cpu/req {lv['cpu_ms_per_req'] or 0:6.2f} ms  errors {res.errors}"
                 )
             # SIGTERM -> exit is timed from an idle server, not one still computing what the
@@ -243,7 +273,13 @@ def run_server(
         log(f"  [{key} rep {rep}] FAILED: {run['error']}")
     finally:
         stop = srv.stop()
-        run.update({k: stop[k] for k in ("sigterm_to_exit_s", "root_exit_s", "killed", "exit_code") if k in stop})
+        run.update(
+            {
+                k: stop[k]
+                for k in ("sigterm_to_exit_s", "root_exit_s", "killed", "exit_code")
+                if k in stop
+            }
+        )
     if "error" not in run:
         shutil.rmtree(work, ignore_errors=True)  # logs kept only for failed runs
     return run
@@ -264,9 +300,20 @@ def offline(model: models.ModelFiles, threads: str, seconds: float) -> dict[str,
     env = base_env(Settings(threads=threads))
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent)
     p = subprocess.run(
-        [sys.executable, "-m", "peerbench.offline", str(model.model),
-         "--shape", ",".join(map(str, model.input_shape)), "--seconds", str(seconds)],
-        capture_output=True, text=True, env=env, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "peerbench.offline",
+            str(model.model),
+            "--shape",
+            ",".join(map(str, model.input_shape)),
+            "--seconds",
+            str(seconds),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
     )
     if p.returncode != 0:
         raise RuntimeError(f"offline measurement failed: {p.stderr[-2000:]}")
@@ -287,15 +334,23 @@ def bench_model(name: str, args: argparse.Namespace, t_begin: float) -> dict[str
         "label": args.label,
         "tool": "benchmarks/peers/bench.py",
         "model": {
-            "name": name, "parameters": model.parameters, "input_shape": list(model.input_shape),
-            "body_bytes": model.body.stat().st_size, "file": "see benchmarks/peers/peerbench/models.py",
+            "name": name,
+            "parameters": model.parameters,
+            "input_shape": list(model.input_shape),
+            "body_bytes": model.body.stat().st_size,
+            "file": "see benchmarks/peers/peerbench/models.py",
         },
         "machine": machine(),
         "load_average": {"start": loadavg()},
         "config": {
-            "servers": args.servers, "repetitions": args.repetitions, "duration_s": args.duration,
-            "warmup_s": args.warmup, "concurrency": args.concurrency, "omp1_levels": args.omp1_levels,
-            "wrk_threads": args.wrk_threads, "request_timeout_s": args.request_timeout,
+            "servers": args.servers,
+            "repetitions": args.repetitions,
+            "duration_s": args.duration,
+            "warmup_s": args.warmup,
+            "concurrency": args.concurrency,
+            "omp1_levels": args.omp1_levels,
+            "wrk_threads": args.wrk_threads,
+            "request_timeout_s": args.request_timeout,
             "peer_batching": {"max_batch_size": args.peer_batch, "max_wait_ms": args.peer_wait_ms},
             "thread_policy": "every server and the offline measurement: torch's default threads "
             "(OMP/MKL_NUM_THREADS unset); the @omp1 rows set OMP_NUM_THREADS=MKL_NUM_THREADS=1 for all",
@@ -309,17 +364,28 @@ def bench_model(name: str, args: argparse.Namespace, t_begin: float) -> dict[str
     for s in settings_list:
         log(f"offline best-batch throughput (threads: {s.threads}) ...")
         result["offline"][s.threads] = off = offline(model, s.threads, args.offline_seconds)
-        log(f"  best {off['best']['items_per_s']:.1f} items/s at batch {off['best']['batch']} "
-            f"({off['threads']} torch threads); batch 1: {off['results'][0]['items_per_s']:.1f}")
+        log(
+            f"  best {off['best']['items_per_s']:.1f} items/s at batch {off['best']['batch']} "
+            f"({off['threads']} torch threads); batch 1: {off['results'][0]['items_per_s']:.1f}"
+        )
     for rep in range(1, args.repetitions + 1):
         for s in settings_list:
             order = args.servers[rep - 1 :] + args.servers[: rep - 1]  # rotate: no fixed position
             for srv in order:
                 if time.monotonic() - t_begin > args.max_minutes * 60:
-                    result["runs"].append({"key": report.run_key(srv, s.threads), "server": srv, "threads": s.threads,
-                                           "repetition": rep, "error": f"skipped: over --max-minutes {args.max_minutes:g}"})
+                    result["runs"].append(
+                        {
+                            "key": report.run_key(srv, s.threads),
+                            "server": srv,
+                            "threads": s.threads,
+                            "repetition": rep,
+                            "error": f"skipped: over --max-minutes {args.max_minutes:g}",
+                        }
+                    )
                     continue
-                log(f"-- {name} rep {rep}/{args.repetitions}: {report.run_key(srv, s.threads)}  (load {loadavg()[0]})")
+                log(
+                    f"-- {name} rep {rep}/{args.repetitions}: {report.run_key(srv, s.threads)}  (load {loadavg()[0]})"
+                )
                 result["runs"].append(run_server(srv, model, s, rep, args))
     result["load_average"]["end"] = loadavg()
     result["summary"] = summary = report.summarize(result["runs"])
@@ -334,25 +400,68 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", type=csv_choice(models.MODELS), default=list(models.MODELS))
     ap.add_argument("--servers", type=csv_choice(SERVERS), default=list(SERVERS))
-    ap.add_argument("--repetitions", type=int, default=3, help="runs per server (median reported; default 3)")
-    ap.add_argument("--duration", type=float, default=4.0, help="measured seconds per level (default 4)")
-    ap.add_argument("--warmup", type=float, default=2.0, help="seconds of load before each level, discarded (default 2)")
-    ap.add_argument("--concurrency", type=csv_ints, default=[1, 8, 32, 64], help="levels (default 1,8,32,64)")
-    ap.add_argument("--omp1-levels", type=lambda t: csv_ints(t) if t else [], default=[32],
-                    help="levels also run with OMP_NUM_THREADS=1 for every server ('' for none; default 32)")
-    ap.add_argument("--peer-batch", type=int, default=16, help="the peers' max batch size (default 16)")
-    ap.add_argument("--peer-wait-ms", type=float, default=10.0, help="the peers' max batch wait (default 10 ms)")
-    ap.add_argument("--wrk-threads", type=int, default=2, help="wrk threads (default 2; at most the connections)")
-    ap.add_argument("--quiesce-max", type=float, default=15.0,
-                    help="after each warm-up, wait up to this long for the server to go idle (default 15)")
-    ap.add_argument("--offline-seconds", type=float, default=1.0, help="seconds per offline batch size")
+    ap.add_argument(
+        "--repetitions", type=int, default=3, help="runs per server (median reported; default 3)"
+    )
+    ap.add_argument(
+        "--duration", type=float, default=4.0, help="measured seconds per level (default 4)"
+    )
+    ap.add_argument(
+        "--warmup",
+        type=float,
+        default=2.0,
+        help="seconds of load before each level, discarded (default 2)",
+    )
+    ap.add_argument(
+        "--concurrency", type=csv_ints, default=[1, 8, 32, 64], help="levels (default 1,8,32,64)"
+    )
+    ap.add_argument(
+        "--omp1-levels",
+        type=lambda t: csv_ints(t) if t else [],
+        default=[32],
+        help="levels also run with OMP_NUM_THREADS=1 for every server ('' for none; default 32)",
+    )
+    ap.add_argument(
+        "--peer-batch", type=int, default=16, help="the peers' max batch size (default 16)"
+    )
+    ap.add_argument(
+        "--peer-wait-ms", type=float, default=10.0, help="the peers' max batch wait (default 10 ms)"
+    )
+    ap.add_argument(
+        "--wrk-threads",
+        type=int,
+        default=2,
+        help="wrk threads (default 2; at most the connections)",
+    )
+    ap.add_argument(
+        "--quiesce-max",
+        type=float,
+        default=15.0,
+        help="after each warm-up, wait up to this long for the server to go idle (default 15)",
+    )
+    ap.add_argument(
+        "--offline-seconds", type=float, default=1.0, help="seconds per offline batch size"
+    )
     ap.add_argument("--ready-timeout", type=float, default=180.0)
-    ap.add_argument("--request-timeout", type=float, default=30.0, help="wrk --timeout and the first request's")
-    ap.add_argument("--max-minutes", type=float, default=40.0, help="start no server run after this (default 40)")
+    ap.add_argument(
+        "--request-timeout", type=float, default=30.0, help="wrk --timeout and the first request's"
+    )
+    ap.add_argument(
+        "--max-minutes",
+        type=float,
+        default=40.0,
+        help="start no server run after this (default 40)",
+    )
     ap.add_argument("--label", default="", help="e.g. baseline: stored in the results")
-    ap.add_argument("--note", default="", help="free text stored in the results (e.g. what else ran)")
-    ap.add_argument("--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)")
-    ap.add_argument("--keep-wrk-output", action="store_true", help="store wrk's raw stdout per level")
+    ap.add_argument(
+        "--note", default="", help="free text stored in the results (e.g. what else ran)"
+    )
+    ap.add_argument(
+        "--out", type=Path, default=RESULTS, help="results folder (default benchmarks/results)"
+    )
+    ap.add_argument(
+        "--keep-wrk-output", action="store_true", help="store wrk's raw stdout per level"
+    )
     args = ap.parse_args(argv)
     # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C, so every started server is stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -362,11 +471,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("wrk is not installed: run benchmarks/peers/install.sh (or apt-get install wrk)")
     t_begin = time.monotonic()
     per_level = args.warmup + args.duration
-    est = len(args.models) * args.repetitions * len(args.servers) * (
-        len(args.concurrency) * per_level + len(args.omp1_levels) * per_level + 2 * 12
+    est = (
+        len(args.models)
+        * args.repetitions
+        * len(args.servers)
+        * (len(args.concurrency) * per_level + len(args.omp1_levels) * per_level + 2 * 12)
     )
-    log(f"peer benchmark: {', '.join(args.servers)} on {', '.join(args.models)}; about {est / 60:.0f} min "
-        f"(load average now {loadavg()})")
+    log(
+        f"peer benchmark: {', '.join(args.servers)} on {', '.join(args.models)}; about {est / 60:.0f} min "
+        f"(load average now {loadavg()})"
+    )
     vers = versions(args.servers)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.models:
@@ -376,16 +490,22 @@ def main(argv: list[str] | None = None) -> int:
         result["elapsed_s"] = round(time.monotonic() - t_begin, 1)
         title = (
             f"== peers, model {name} ({result['model']['parameters'] / 1e6:.1f} M params, "
-            f"{'x'.join(map(str, result['model']['input_shape']))}, {result['model']['body_bytes'] / 1000:.0f} KB JSON); "
-            f"{result['machine']['cpus']} CPUs {result['machine']['cpu_model']}; load {result['load_average']['start']} -> "
+            f"{'x'.join(map(str, result['model']['input_shape']))}, "
+            f"{result['model']['body_bytes'] / 1000:.0f} KB JSON); "
+            f"{result['machine']['cpus']} CPUs {result['machine']['cpu_model']}; "
+            f"load {result['load_average']['start']} -> "
             f"{result['load_average']['end']}; {args.repetitions} reps x {args.duration:g} s"
             + (f"; {args.label}" if args.label else "")
         )
         log("\n" + report.render(result["summary"], result["ratios"], title))
         for t, o in result["offline"].items():
-            log(f"offline best ({t} threads): {o['best']['items_per_s']:.1f} items/s at batch {o['best']['batch']}")
+            log(
+                f"offline best ({t} threads): {o['best']['items_per_s']:.1f} items/s at batch {o['best']['batch']}"
+            )
         if "omp1_changes_ranking" in result["ratios"]:
-            log(f"OMP_NUM_THREADS=1 changes the ranking at: {result['ratios']['omp1_changes_ranking']}")
+            log(
+                f"OMP_NUM_THREADS=1 changes the ranking at: {result['ratios']['omp1_changes_ranking']}"
+            )
         out = args.out / f"peers_{name}.json"
         out.write_text(json.dumps(result, indent=1) + "\n")
         log(f"wrote {out}")

@@ -21,8 +21,12 @@ from infra.interface import Deployment
 from infra.monitoring import DISTRO as MONITORING_DISTRO
 
 
-def resolve_image(cfg: StackConfig, opts: pulumi.InvokeOptions, distro: str | None = None,
-                  instance_type: str | None = None) -> pulumi.Output[str]:
+def resolve_image(
+    cfg: StackConfig,
+    opts: pulumi.InvokeOptions,
+    distro: str | None = None,
+    instance_type: str | None = None,
+) -> pulumi.Output[str]:
     """The GPU nodes' image (`image`, or the newest of `image_distro` for their type), or with
     `distro` the newest system image of that distro for `instance_type` (the monitoring host)."""
     if cfg.image != "auto" and distro is None:
@@ -30,14 +34,21 @@ def resolve_image(cfg: StackConfig, opts: pulumi.InvokeOptions, distro: str | No
     distro, itype = distro or cfg.image_distro, instance_type or cfg.instance_type.name
     q = images.query("alicloud", distro)
     found = alicloud.ecs.get_images_output(
-        owners=q.owner, name_regex=q.name_pattern, most_recent=True, architecture="x86_64",
-        instance_type=itype, opts=opts)
+        owners=q.owner,
+        name_regex=q.name_pattern,
+        most_recent=True,
+        architecture="x86_64",
+        instance_type=itype,
+        opts=opts,
+    )
 
     def first(ids: list[str]) -> str:
         if not ids:
             key = "image" if distro == cfg.image_distro else "monitoring"
-            raise ValueError(f"torchfleet:{key}: no {distro} image for {itype} in {cfg.region}"
-                             + ("; set an image id" if key == "image" else ""))
+            raise ValueError(
+                f"torchfleet:{key}: no {distro} image for {itype} in {cfg.region}"
+                + ("; set an image id" if key == "image" else "")
+            )
         return ids[0]
 
     return found.ids.apply(first)
@@ -50,8 +61,9 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
         from infra.alicloud.cluster import deploy_kubernetes
 
         network = AlicloudNetwork("net", cfg, tags, opts=opts)
-        cluster, deployment = deploy_kubernetes(cfg, tags, network, opts,
-                                                pulumi.InvokeOptions(provider=provider))
+        cluster, deployment = deploy_kubernetes(
+            cfg, tags, network, opts, pulumi.InvokeOptions(provider=provider)
+        )
         AlicloudTeardown("teardown", cfg, tags, cluster, expiry, opts=opts)
         return deployment
     image_id = resolve_image(cfg, pulumi.InvokeOptions(provider=provider))
@@ -62,9 +74,13 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
     deployment = fleet.deployment
     deployment.extra_outputs.update(store.outputs)
     if cfg.monitoring:
-        image = resolve_image(cfg, pulumi.InvokeOptions(provider=provider),
-                              distro=MONITORING_DISTRO,
-                              instance_type=cfg.monitoring.instance_type.name)
-        deployment.monitoring = AlicloudMonitoring("monitoring", cfg, tags, network, fleet.key,
-                                                   image, opts=opts).host
+        image = resolve_image(
+            cfg,
+            pulumi.InvokeOptions(provider=provider),
+            distro=MONITORING_DISTRO,
+            instance_type=cfg.monitoring.instance_type.name,
+        )
+        deployment.monitoring = AlicloudMonitoring(
+            "monitoring", cfg, tags, network, fleet.key, image, opts=opts
+        ).host
     return deployment

@@ -56,8 +56,13 @@ PUBLIC_BANDWIDTH_MBPS = 100  # nodes pull images through their own address, as t
 LOG_COMPONENTS = ["apiserver", "kcm", "scheduler", "ccm", "controlplane-events"]
 LOG_TTL_DAYS = {"dev": "14", "prod": "90"}
 # node-lifecycle-controller and ack-node-problem-detector: what the pools' auto repair needs.
-ADDONS = ("flannel", "csi-plugin", "csi-provisioner", "ack-node-problem-detector",
-          "node-lifecycle-controller")
+ADDONS = (
+    "flannel",
+    "csi-plugin",
+    "csi-provisioner",
+    "ack-node-problem-detector",
+    "node-lifecycle-controller",
+)
 OSS_FUSE_SERVICE_ACCOUNT = "system:serviceaccount:ack-csi-fuse:csi-fuse-ossfs"
 CREDENTIAL_MINUTES = 240  # the kubeconfig Pulumi uses: temporary, re-read on every deploy
 LB_ANNOTATION = "service.beta.kubernetes.io/alibaba-cloud-loadbalancer-"
@@ -66,26 +71,36 @@ LB_ANNOTATION = "service.beta.kubernetes.io/alibaba-cloud-loadbalancer-"
 def ack_version(minor: str, opts: pulumi.InvokeOptions) -> pulumi.Output[str]:
     """The newest patch release ACK offers for `minor` (e.g. 1.35 -> 1.35.1-aliyun.1)."""
     found = alicloud.cs.get_kubernetes_version_output(
-        cluster_type="ManagedKubernetes", profile="Default", opts=opts)
+        cluster_type="ManagedKubernetes", profile="Default", opts=opts
+    )
 
     def pick(metadatas: list[Any]) -> str:
         versions = [m.version for m in metadatas]
         ours = [v for v in versions if v.startswith(minor + ".")]
         if not ours:
-            raise ValueError(f"torchfleet:kubernetes.version = {minor!r}: ACK offers no {minor} "
-                             f"release here; it offers {', '.join(sorted(versions)) or 'none'}")
+            raise ValueError(
+                f"torchfleet:kubernetes.version = {minor!r}: ACK offers no {minor} "
+                f"release here; it offers {', '.join(sorted(versions)) or 'none'}"
+            )
 
         def key(v: str) -> tuple[int, ...]:
             return tuple(int(p) for p in v.split("-")[0].split("."))
+
         return max(ours, key=key)
 
     return found.metadatas.apply(pick)
 
 
 class AckCluster(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str],
-                 network: AlicloudNetwork, opts: pulumi.ResourceOptions | None = None,
-                 invoke_opts: pulumi.InvokeOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        tags: dict[str, str],
+        network: AlicloudNetwork,
+        opts: pulumi.ResourceOptions | None = None,
+        invoke_opts: pulumi.InvokeOptions | None = None,
+    ):
         super().__init__("torchfleet:alicloud:Cluster", name, None, opts)
         k = cfg.kubernetes
         assert k
@@ -96,86 +111,163 @@ class AckCluster(pulumi.ComponentResource):
         switches = [s.id for s in network.switches]
 
         key = alicloud.kms.Key(
-            f"{name}-secrets", description=f"torchfleet {cfg.stack}: ACK Secrets encryption",
-            key_spec="Aliyun_AES_256", key_usage="ENCRYPT/DECRYPT", protection_level="SOFTWARE",
-            automatic_rotation="Enabled", rotation_interval="365d", pending_window_in_days=30,
-            tags=tags, opts=child)
+            f"{name}-secrets",
+            description=f"torchfleet {cfg.stack}: ACK Secrets encryption",
+            key_spec="Aliyun_AES_256",
+            key_usage="ENCRYPT/DECRYPT",
+            protection_level="SOFTWARE",
+            automatic_rotation="Enabled",
+            rotation_interval="365d",
+            pending_window_in_days=30,
+            tags=tags,
+            opts=child,
+        )
         self.cluster = alicloud.cs.ManagedKubernetes(
-            f"{name}-ack", name=cfg.name, cluster_spec=CLUSTER_SPEC, profile="Default",
-            version=ack_version(k.version, invoke), vswitch_ids=switches,
-            pod_cidr=POD_CIDR, service_cidr=SERVICE_CIDR, new_nat_gateway=False,
-            slb_internet_enabled=False, encryption_provider_key=key.id,
-            enable_rrsa=True, deletion_protection=cfg.env == "prod",
+            f"{name}-ack",
+            name=cfg.name,
+            cluster_spec=CLUSTER_SPEC,
+            profile="Default",
+            version=ack_version(k.version, invoke),
+            vswitch_ids=switches,
+            pod_cidr=POD_CIDR,
+            service_cidr=SERVICE_CIDR,
+            new_nat_gateway=False,
+            slb_internet_enabled=False,
+            encryption_provider_key=key.id,
+            enable_rrsa=True,
+            deletion_protection=cfg.env == "prod",
             control_plane_log_components=LOG_COMPONENTS,
             control_plane_log_ttl=LOG_TTL_DAYS[cfg.env],
             audit_log_config=alicloud.cs.ManagedKubernetesAuditLogConfigArgs(enabled=True),
             addons=[alicloud.cs.ManagedKubernetesAddonArgs(name=a) for a in ADDONS],
-            tags=tags, opts=child)
+            tags=tags,
+            opts=child,
+        )
         login = alicloud.ecs.EcsKeyPair(
-            f"{name}-key", key_pair_name=f"{cfg.name}-nodes", public_key=cfg.ssh_public_key,
-            tags=tags, opts=child)
+            f"{name}-key",
+            key_pair_name=f"{cfg.name}-nodes",
+            public_key=cfg.ssh_public_key,
+            tags=tags,
+            opts=child,
+        )
 
         common: dict[str, Any] = dict(
-            cluster_id=self.cluster.id, vswitch_ids=switches, instance_charge_type="PostPaid",
-            image_type=NODE_IMAGE, key_name=login.key_pair_name,
-            system_disk_category="cloud_essd", system_disk_encrypted=True,
+            cluster_id=self.cluster.id,
+            vswitch_ids=switches,
+            instance_charge_type="PostPaid",
+            image_type=NODE_IMAGE,
+            key_name=login.key_pair_name,
+            system_disk_category="cloud_essd",
+            system_disk_encrypted=True,
             instance_metadata_options=alicloud.cs.NodePoolInstanceMetadataOptionsArgs(
-                http_tokens="required"),
-            internet_charge_type="PayByTraffic", internet_max_bandwidth_out=PUBLIC_BANDWIDTH_MBPS,
+                http_tokens="required"
+            ),
+            internet_charge_type="PayByTraffic",
+            internet_max_bandwidth_out=PUBLIC_BANDWIDTH_MBPS,
             management=alicloud.cs.NodePoolManagementArgs(
-                enable=True, auto_repair=True, max_unavailable=1),
+                enable=True, auto_repair=True, max_unavailable=1
+            ),
         )
         self.system_pool = alicloud.cs.NodePool(
-            f"{name}-system", node_pool_name=f"{cfg.name}-system",
-            instance_types=[k.system.instance_type], desired_size=k.system.count,
-            system_disk_size=SYSTEM_DISK_GB, spot_strategy="NoSpot",
-            labels=[alicloud.cs.NodePoolLabelArgs(key=key_, value=v)
-                    for key_, v in addons.SYSTEM_LABELS.items()],
-            tags=tags, **common, opts=child)
+            f"{name}-system",
+            node_pool_name=f"{cfg.name}-system",
+            instance_types=[k.system.instance_type],
+            desired_size=k.system.count,
+            system_disk_size=SYSTEM_DISK_GB,
+            spot_strategy="NoSpot",
+            labels=[
+                alicloud.cs.NodePoolLabelArgs(key=key_, value=v)
+                for key_, v in addons.SYSTEM_LABELS.items()
+            ],
+            tags=tags,
+            **common,
+            opts=child,
+        )
 
         spot: dict[str, Any] = {"spot_strategy": "NoSpot"}
         if cfg.spot.enabled:
             spot = dict(
                 spot_strategy="SpotWithPriceLimit",
-                spot_price_limits=[alicloud.cs.NodePoolSpotPriceLimitArgs(
-                    instance_type=t.name, price_limit=f"{cfg.spot_cap(t):.3f}")
-                    for t in cfg.instance_types],
+                spot_price_limits=[
+                    alicloud.cs.NodePoolSpotPriceLimitArgs(
+                        instance_type=t.name, price_limit=f"{cfg.spot_cap(t):.3f}"
+                    )
+                    for t in cfg.instance_types
+                ],
                 on_demand_base_capacity=cfg.spot.on_demand_base,
                 on_demand_percentage_above_base_capacity=0,
                 spot_instance_pools=len(cfg.instance_types),
-                spot_instance_remedy=True, compensate_with_on_demand=True)
+                spot_instance_remedy=True,
+                compensate_with_on_demand=True,
+            )
         self.gpu_pool = alicloud.cs.NodePool(
-            f"{name}-gpu", node_pool_name=f"{cfg.name}-gpu",
+            f"{name}-gpu",
+            node_pool_name=f"{cfg.name}-gpu",
             instance_types=[t.name for t in cfg.instance_types],
-            system_disk_size=cfg.disk_gb, multi_az_policy="COST_OPTIMIZED",
+            system_disk_size=cfg.disk_gb,
+            multi_az_policy="COST_OPTIMIZED",
             scaling_config=alicloud.cs.NodePoolScalingConfigArgs(
-                enable=True, min_size=cfg.nodes.min, max_size=cfg.nodes.max, type="gpu"),
-            labels=[alicloud.cs.NodePoolLabelArgs(key=key_, value=v)
-                    for key_, v in gpu_node_labels().items()],
-            taints=[alicloud.cs.NodePoolTaintArgs(key=GPU_TAINT[0], value=GPU_TAINT[1],
-                                                  effect=GPU_TAINT[2])],
-            tags=node_tags, **spot, **common, opts=child)
+                enable=True, min_size=cfg.nodes.min, max_size=cfg.nodes.max, type="gpu"
+            ),
+            labels=[
+                alicloud.cs.NodePoolLabelArgs(key=key_, value=v)
+                for key_, v in gpu_node_labels().items()
+            ],
+            taints=[
+                alicloud.cs.NodePoolTaintArgs(
+                    key=GPU_TAINT[0], value=GPU_TAINT[1], effect=GPU_TAINT[2]
+                )
+            ],
+            tags=node_tags,
+            **spot,
+            **common,
+            opts=child,
+        )
         alicloud.cs.AutoscalingConfig(
-            f"{name}-autoscaler", cluster_id=self.cluster.id, scaler_type="cluster-autoscaler",
-            expander="least-waste", scale_up_from_zero=True, scale_down_enabled=True,
-            unneeded_duration="10m", cool_down_duration="10m", scan_interval="30s",
-            utilization_threshold="0.5", gpu_utilization_threshold="0.5",
+            f"{name}-autoscaler",
+            cluster_id=self.cluster.id,
+            scaler_type="cluster-autoscaler",
+            expander="least-waste",
+            scale_up_from_zero=True,
+            scale_down_enabled=True,
+            unneeded_duration="10m",
+            cool_down_duration="10m",
+            scan_interval="30s",
+            utilization_threshold="0.5",
+            gpu_utilization_threshold="0.5",
             # The runtime's scratch emptyDirs hold nothing worth keeping a node for.
-            skip_nodes_with_local_storage=False, skip_nodes_with_system_pods=True,
+            skip_nodes_with_local_storage=False,
+            skip_nodes_with_system_pods=True,
             max_graceful_termination_sec=termination_grace_s() + 30,
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                depends_on=[self.gpu_pool])))
-        self.scaled_pools = [ScaledPool("gpu", self.gpu_pool.scaling_group_id, cfg.nodes.min,
-                                        cfg.nodes.max, cfg.nodes.desired)]
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(depends_on=[self.gpu_pool])
+            ),
+        )
+        self.scaled_pools = [
+            ScaledPool(
+                "gpu",
+                self.gpu_pool.scaling_group_id,
+                cfg.nodes.min,
+                cfg.nodes.max,
+                cfg.nodes.desired,
+            )
+        ]
 
         self.clients_acl = None
         if cfg.client_cidrs:
             self.clients_acl = alicloud.slb.Acl(
-                f"{name}-clients", name=f"{cfg.name}-k8s-clients",
-                entry_lists=[alicloud.slb.AclEntryListArgs(entry=c, comment="client")
-                             for c in cfg.client_cidrs], tags=tags, opts=child)
+                f"{name}-clients",
+                name=f"{cfg.name}-k8s-clients",
+                entry_lists=[
+                    alicloud.slb.AclEntryListArgs(entry=c, comment="client")
+                    for c in cfg.client_cidrs
+                ],
+                tags=tags,
+                opts=child,
+            )
         credential = alicloud.cs.get_cluster_credential_output(
-            cluster_id=self.cluster.id, temporary_duration_minutes=CREDENTIAL_MINUTES, opts=invoke)
+            cluster_id=self.cluster.id, temporary_duration_minutes=CREDENTIAL_MINUTES, opts=invoke
+        )
         self.kubeconfig = pulumi.Output.secret(credential.kube_config)
         self.switch_id = network.switches[0].id
         self.register_outputs({"cluster_id": self.cluster.id})
@@ -188,45 +280,96 @@ class AckCluster(pulumi.ComponentResource):
         prefix = cfg.kubernetes.model_prefix
         rrsa = self.cluster.rrsa_metadata
         trust = pulumi.Output.all(rrsa.ram_oidc_provider_arn, rrsa.rrsa_oidc_issuer_url).apply(
-            lambda a: json.dumps({"Version": "1", "Statement": [{
-                "Action": "sts:AssumeRole", "Effect": "Allow",
-                "Principal": {"Federated": [a[0]]},
-                "Condition": {"StringEquals": {
-                    "oidc:aud": "sts.aliyuncs.com", "oidc:iss": a[1],
-                    "oidc:sub": OSS_FUSE_SERVICE_ACCOUNT}}}]}))
+            lambda a: json.dumps(
+                {
+                    "Version": "1",
+                    "Statement": [
+                        {
+                            "Action": "sts:AssumeRole",
+                            "Effect": "Allow",
+                            "Principal": {"Federated": [a[0]]},
+                            "Condition": {
+                                "StringEquals": {
+                                    "oidc:aud": "sts.aliyuncs.com",
+                                    "oidc:iss": a[1],
+                                    "oidc:sub": OSS_FUSE_SERVICE_ACCOUNT,
+                                }
+                            },
+                        }
+                    ],
+                }
+            )
+        )
         role = alicloud.ram.Role(
-            f"{self.name}-model-reader", role_name=f"{cfg.name}-model-reader",
-            assume_role_policy_document=trust, force=True,
+            f"{self.name}-model-reader",
+            role_name=f"{cfg.name}-model-reader",
+            assume_role_policy_document=trust,
+            force=True,
             description=f"torchfleet {cfg.stack}: read the model prefix (OSS CSI, RRSA)",
-            tags=self.tags, opts=self.child)
+            tags=self.tags,
+            opts=self.child,
+        )
         policy = alicloud.ram.Policy(
-            f"{self.name}-model-reader", policy_name=f"{cfg.name}-model-reader",
-            description="read the model prefix", force=True, tags=self.tags,
-            policy_document=json.dumps({"Version": "1", "Statement": [
-                {"Effect": "Allow", "Action": ["oss:ListObjects"],
-                 "Resource": [f"acs:oss:*:*:{cfg.model_bucket}"],
-                 "Condition": {"StringLike": {"oss:Prefix": [f"{prefix}*"]}}},
-                {"Effect": "Allow", "Action": ["oss:GetObject"],
-                 "Resource": [f"acs:oss:*:*:{cfg.model_bucket}/{prefix}*"]}]}),
-            opts=self.child)
+            f"{self.name}-model-reader",
+            policy_name=f"{cfg.name}-model-reader",
+            description="read the model prefix",
+            force=True,
+            tags=self.tags,
+            policy_document=json.dumps(
+                {
+                    "Version": "1",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Action": ["oss:ListObjects"],
+                            "Resource": [f"acs:oss:*:*:{cfg.model_bucket}"],
+                            "Condition": {"StringLike": {"oss:Prefix": [f"{prefix}*"]}},
+                        },
+                        {
+                            "Effect": "Allow",
+                            "Action": ["oss:GetObject"],
+                            "Resource": [f"acs:oss:*:*:{cfg.model_bucket}/{prefix}*"],
+                        },
+                    ],
+                }
+            ),
+            opts=self.child,
+        )
         alicloud.ram.RolePolicyAttachment(
-            f"{self.name}-model-reader", policy_name=policy.policy_name, policy_type="Custom",
-            role_name=role.role_name, opts=self.child)
+            f"{self.name}-model-reader",
+            policy_name=policy.policy_name,
+            policy_type="Custom",
+            role_name=role.role_name,
+            opts=self.child,
+        )
         pv_name = f"{cfg.name}-model"
-        return pv_name, [{"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {
-            "name": pv_name, "labels": {"app.kubernetes.io/part-of": PROJECT}},
-            "spec": {
-                "capacity": {"storage": "10Gi"},  # required by the API, ignored by the driver
-                "accessModes": ["ReadOnlyMany"], "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": "",
-                "claimRef": {"namespace": cfg.kubernetes.namespace, "name": MODEL_CLAIM},
-                "csi": {"driver": "ossplugin.csi.alibabacloud.com", "volumeHandle": pv_name,
-                        "readOnly": True, "volumeAttributes": {
-                            "bucket": cfg.model_bucket, "path": f"/{prefix}",
+        return pv_name, [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": pv_name, "labels": {"app.kubernetes.io/part-of": PROJECT}},
+                "spec": {
+                    "capacity": {"storage": "10Gi"},  # required by the API, ignored by the driver
+                    "accessModes": ["ReadOnlyMany"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "",
+                    "claimRef": {"namespace": cfg.kubernetes.namespace, "name": MODEL_CLAIM},
+                    "csi": {
+                        "driver": "ossplugin.csi.alibabacloud.com",
+                        "volumeHandle": pv_name,
+                        "readOnly": True,
+                        "volumeAttributes": {
+                            "bucket": cfg.model_bucket,
+                            "path": f"/{prefix}",
                             "url": f"oss-{cfg.region}-internal.aliyuncs.com",
                             "otherOpts": "-o ro -o allow_other -o uid=10001 -o gid=10001",
-                            "authType": "rrsa", "roleName": role.role_name}},
-            }}]
+                            "authType": "rrsa",
+                            "roleName": role.role_name,
+                        },
+                    },
+                },
+            }
+        ]
 
     def placement(self, model_claim: str | None) -> Placement:
         cfg = self.cfg
@@ -237,19 +380,30 @@ class AckCluster(pulumi.ComponentResource):
         if not cfg.client_cidrs:
             annotations[LB_ANNOTATION + "vswitch-id"] = self.switch_id
         if self.clients_acl is not None:
-            annotations.update({LB_ANNOTATION + "acl-status": "on",
-                                LB_ANNOTATION + "acl-id": self.clients_acl.id,
-                                LB_ANNOTATION + "acl-type": "white"})
-        return Placement(gpu_node_labels=gpu_node_labels(), service_annotations=annotations,
-                         model_claim=model_claim)
+            annotations.update(
+                {
+                    LB_ANNOTATION + "acl-status": "on",
+                    LB_ANNOTATION + "acl-id": self.clients_acl.id,
+                    LB_ANNOTATION + "acl-type": "white",
+                }
+            )
+        return Placement(
+            gpu_node_labels=gpu_node_labels(),
+            service_annotations=annotations,
+            model_claim=model_claim,
+        )
 
     def releases(self) -> list[addons.Release]:
         return [addons.prometheus(self.cfg), addons.prometheus_adapter(self.cfg)]
 
 
-def deploy_kubernetes(cfg: StackConfig, tags: dict[str, str], network: AlicloudNetwork,
-                      opts: pulumi.ResourceOptions, invoke_opts: pulumi.InvokeOptions
-                      ) -> tuple[AckCluster, Deployment]:
+def deploy_kubernetes(
+    cfg: StackConfig,
+    tags: dict[str, str],
+    network: AlicloudNetwork,
+    opts: pulumi.ResourceOptions,
+    invoke_opts: pulumi.InvokeOptions,
+) -> tuple[AckCluster, Deployment]:
     """The cluster and the runtime on it; the caller adds the teardown."""
     from infra.k8s.component import KubernetesApp, lb_endpoint  # pulumi_kubernetes: this mode
 
@@ -257,17 +411,28 @@ def deploy_kubernetes(cfg: StackConfig, tags: dict[str, str], network: AlicloudN
     cluster = AckCluster("cluster", cfg, tags, network, opts=opts, invoke_opts=invoke_opts)
     volume, volumes = cluster.model_volume()
     app = KubernetesApp(
-        "app", cfg, cluster.kubeconfig, cluster.placement(MODEL_CLAIM if volume else None),
-        cluster.releases(), volumes,
-        opts=pulumi.ResourceOptions(depends_on=[cluster.system_pool, cluster.gpu_pool]))
+        "app",
+        cfg,
+        cluster.kubeconfig,
+        cluster.placement(MODEL_CLAIM if volume else None),
+        cluster.releases(),
+        volumes,
+        opts=pulumi.ResourceOptions(depends_on=[cluster.system_pool, cluster.gpu_pool]),
+    )
     return cluster, Deployment(
-        nodes=[], endpoint=app.service.status.apply(lb_endpoint), login_user="",
+        nodes=[],
+        endpoint=app.service.status.apply(lb_endpoint),
+        login_user="",
         extra_outputs={
-            "cluster": {"name": cfg.name, "id": cluster.cluster.id,
-                        "version": cluster.cluster.version,
-                        "spot_caps_usd_per_hour": {t.name: cfg.spot_cap(t)
-                                                   for t in cfg.instance_types}
-                        if cfg.spot.enabled else {}},
+            "cluster": {
+                "name": cfg.name,
+                "id": cluster.cluster.id,
+                "version": cluster.cluster.version,
+                "spot_caps_usd_per_hour": {t.name: cfg.spot_cap(t) for t in cfg.instance_types}
+                if cfg.spot.enabled
+                else {},
+            },
             "kubeconfig": cluster.kubeconfig,
             "cluster_cost": cluster_cost(cfg).as_dict(),
-        })
+        },
+    )

@@ -35,34 +35,63 @@ from infra.schedule import iso_utc
 
 # What a node may call on its own group (CONTRACT-fleet.md): find and complete its lifecycle
 # action, keep it alive while it works.
-ESS_NODE_ACTIONS = ["ess:CompleteLifecycleAction", "ess:RecordLifecycleActionHeartbeat",
-                    "ess:DescribeLifecycleHooks", "ess:DescribeLifecycleActions",
-                    "ess:DescribeScalingActivities", "ess:DescribeScalingInstances"]
+ESS_NODE_ACTIONS = [
+    "ess:CompleteLifecycleAction",
+    "ess:RecordLifecycleActionHeartbeat",
+    "ess:DescribeLifecycleHooks",
+    "ess:DescribeLifecycleActions",
+    "ess:DescribeScalingActivities",
+    "ess:DescribeScalingInstances",
+]
 
 PUBLIC_BANDWIDTH_MBPS = 100  # pay-by-traffic egress for packages and wheels
 
 
 def _role_policy(service: str) -> str:
-    return json.dumps({"Version": "1", "Statement": [{
-        "Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": [service]}}]})
+    return json.dumps(
+        {
+            "Version": "1",
+            "Statement": [
+                {"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": [service]}}
+            ],
+        }
+    )
 
 
 def _lifecycle_policy(cfg: StackConfig):
     def document(group_id: str) -> str:
-        return json.dumps({"Version": "1", "Statement": [
-            {"Effect": "Allow", "Action": ESS_NODE_ACTIONS,
-             "Resource": [f"acs:ess:{cfg.region}:*:scalinggroup/{group_id}"]},
-            # No DescribeScalingGroups: the user-data hands the agent its group id
-            # (CONTRACT-fleet.md, fleet-node 1.7).
-            # CloudMonitor has no resource-level permission for custom metrics.
-            {"Effect": "Allow", "Action": ["cms:PutCustomMetric"], "Resource": ["*"]}]})
+        return json.dumps(
+            {
+                "Version": "1",
+                "Statement": [
+                    {
+                        "Effect": "Allow",
+                        "Action": ESS_NODE_ACTIONS,
+                        "Resource": [f"acs:ess:{cfg.region}:*:scalinggroup/{group_id}"],
+                    },
+                    # No DescribeScalingGroups: the user-data hands the agent its group id
+                    # (CONTRACT-fleet.md, fleet-node 1.7).
+                    # CloudMonitor has no resource-level permission for custom metrics.
+                    {"Effect": "Allow", "Action": ["cms:PutCustomMetric"], "Resource": ["*"]},
+                ],
+            }
+        )
+
     return document
 
 
 class AlicloudFleet(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str],
-                 network: AlicloudNetwork, store: AlicloudBundleStore, image_id: pulumi.Input[str],
-                 expiry: datetime | None, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        tags: dict[str, str],
+        network: AlicloudNetwork,
+        store: AlicloudBundleStore,
+        image_id: pulumi.Input[str],
+        expiry: datetime | None,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("torchfleet:alicloud:Fleet", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.cfg, self.name, self.child, self.store = cfg, name, child, store
@@ -70,22 +99,60 @@ class AlicloudFleet(pulumi.ComponentResource):
         image = images.query("alicloud", cfg.image_distro)
 
         self.key = alicloud.ecs.EcsKeyPair(
-            f"{name}-key", key_pair_name=f"{cfg.name}-key", public_key=cfg.ssh_public_key,
-            tags=tags, opts=child)
+            f"{name}-key",
+            key_pair_name=f"{cfg.name}-key",
+            public_key=cfg.ssh_public_key,
+            tags=tags,
+            opts=child,
+        )
         self.role = alicloud.ram.Role(
-            f"{name}-node-role", role_name=f"{cfg.name}-node",
+            f"{name}-node-role",
+            role_name=f"{cfg.name}-node",
             assume_role_policy_document=_role_policy("ecs.aliyuncs.com"),
-            description=f"torchfleet {cfg.stack} GPU nodes", force=True, tags=tags, opts=child)
+            description=f"torchfleet {cfg.stack} GPU nodes",
+            force=True,
+            tags=tags,
+            opts=child,
+        )
         if cfg.model_bucket:
-            self._grant("models", "read the model bucket", json.dumps({"Version": "1", "Statement": [
-                {"Effect": "Allow", "Action": ["oss:ListObjects"],
-                 "Resource": [f"acs:oss:*:*:{cfg.model_bucket}"]},
-                {"Effect": "Allow", "Action": ["oss:GetObject"],
-                 "Resource": [f"acs:oss:*:*:{cfg.model_bucket}/*"]}]}))
+            self._grant(
+                "models",
+                "read the model bucket",
+                json.dumps(
+                    {
+                        "Version": "1",
+                        "Statement": [
+                            {
+                                "Effect": "Allow",
+                                "Action": ["oss:ListObjects"],
+                                "Resource": [f"acs:oss:*:*:{cfg.model_bucket}"],
+                            },
+                            {
+                                "Effect": "Allow",
+                                "Action": ["oss:GetObject"],
+                                "Resource": [f"acs:oss:*:*:{cfg.model_bucket}/*"],
+                            },
+                        ],
+                    }
+                ),
+            )
         # The bootstrap reads its stack's bundle prefix and nothing else of the bucket.
-        self.grants = [self._grant("bundle", "read this stack's node bundle", store.read_arn.apply(
-            lambda arn: json.dumps({"Version": "1", "Statement": [
-                {"Effect": "Allow", "Action": ["oss:GetObject"], "Resource": [arn]}]})))]
+        self.grants = [
+            self._grant(
+                "bundle",
+                "read this stack's node bundle",
+                store.read_arn.apply(
+                    lambda arn: json.dumps(
+                        {
+                            "Version": "1",
+                            "Statement": [
+                                {"Effect": "Allow", "Action": ["oss:GetObject"], "Resource": [arn]}
+                            ],
+                        }
+                    )
+                ),
+            )
+        ]
 
         if cfg.mode == "instances":
             self.instances = self._instances(network, image_id, expiry)
@@ -93,22 +160,38 @@ class AlicloudFleet(pulumi.ComponentResource):
         else:
             self.group, clb = self._group(network, image_id)
             self.deployment = Deployment(
-                nodes=[], endpoint=clb.address.apply(lambda a: f"http://{a}/"),
+                nodes=[],
+                endpoint=clb.address.apply(lambda a: f"http://{a}/"),
                 login_user=image.login_user,
-                discovery={"cloud": "alicloud", "region": cfg.region,
-                           "tags": {NODE_ROLE_TAG[0]: NODE_ROLE_TAG[1], "stack": cfg.stack},
-                           "scaling_group_name": group_name(cfg)})
+                discovery={
+                    "cloud": "alicloud",
+                    "region": cfg.region,
+                    "tags": {NODE_ROLE_TAG[0]: NODE_ROLE_TAG[1], "stack": cfg.stack},
+                    "scaling_group_name": group_name(cfg),
+                },
+            )
         self.register_outputs({})
 
-    def _grant(self, suffix: str, why: str, document: pulumi.Input[str]
-               ) -> alicloud.ram.RolePolicyAttachment:
+    def _grant(
+        self, suffix: str, why: str, document: pulumi.Input[str]
+    ) -> alicloud.ram.RolePolicyAttachment:
         cfg, name, child = self.cfg, self.name, self.child
         policy = alicloud.ram.Policy(
-            f"{name}-node-{suffix}", policy_name=f"{cfg.name}-{suffix}", description=why,
-            policy_document=document, force=True, tags=self.node_tags, opts=child)
+            f"{name}-node-{suffix}",
+            policy_name=f"{cfg.name}-{suffix}",
+            description=why,
+            policy_document=document,
+            force=True,
+            tags=self.node_tags,
+            opts=child,
+        )
         return alicloud.ram.RolePolicyAttachment(
-            f"{name}-node-{suffix}", policy_name=policy.policy_name, policy_type="Custom",
-            role_name=self.role.role_name, opts=child)
+            f"{name}-node-{suffix}",
+            policy_name=policy.policy_name,
+            policy_type="Custom",
+            role_name=self.role.role_name,
+            opts=child,
+        )
 
     def _spot_args(self) -> dict:
         cfg = self.cfg
@@ -116,8 +199,9 @@ class AlicloudFleet(pulumi.ComponentResource):
             return {"spot_strategy": "NoSpot"}
         return {"spot_strategy": "SpotWithPriceLimit"}
 
-    def _instances(self, network: AlicloudNetwork, image_id: pulumi.Input[str],
-                   expiry: datetime | None) -> list[alicloud.ecs.Instance]:
+    def _instances(
+        self, network: AlicloudNetwork, image_id: pulumi.Input[str], expiry: datetime | None
+    ) -> list[alicloud.ecs.Instance]:
         cfg, name = self.cfg, self.name
         out = []
         for i in range(cfg.nodes.count):
@@ -125,65 +209,110 @@ class AlicloudFleet(pulumi.ComponentResource):
             zone = cfg.zones[i % len(cfg.zones)]
             spot = {}
             if cfg.spot.enabled:
-                spot = {"spot_price_limit": cfg.spot_cap(cfg.instance_type),
-                        "spot_interruption_behavior": cfg.spot.interruption.capitalize()}
-            out.append(alicloud.ecs.Instance(
-                f"{name}-node-{i}",
-                instance_name=f"{cfg.stack}-gpu-{i}", host_name=f"{cfg.stack}-gpu-{i}",
-                availability_zone=zone, vswitch_id=switch.id, security_groups=[network.sg.id],
-                instance_type=cfg.instance_type.name, image_id=image_id,
-                key_name=self.key.key_pair_name, role_name=self.role.role_name,
-                # auto-release and spot both need pay-as-you-go
-                instance_charge_type="PostPaid",
-                **self._spot_args(), **spot,
-                auto_release_time=iso_utc(expiry) if expiry else None,
-                system_disk_category="cloud_essd", system_disk_size=cfg.disk_gb,
-                system_disk_encrypted=True,
-                internet_charge_type="PayByTraffic",
-                internet_max_bandwidth_out=PUBLIC_BANDWIDTH_MBPS,
-                http_endpoint="enabled", http_tokens="required",
-                user_data=user_data(cfg, self.store.bucket.bucket, mode=cfg.bootstrap_mode,
-                                    group=False),
-                tags=self.node_tags, volume_tags=self.node_tags,
-                opts=pulumi.ResourceOptions.merge(self.child, pulumi.ResourceOptions(
-                    # cloud-init configures a node once per instance: ECS would apply new
-                    # user-data in place (a reboot), leaving the node on its old bundle. A new
-                    # bundle is a new instance instead.
-                    replace_on_changes=["userData"],
-                    depends_on=[self.store.object, *self.grants]))))
+                spot = {
+                    "spot_price_limit": cfg.spot_cap(cfg.instance_type),
+                    "spot_interruption_behavior": cfg.spot.interruption.capitalize(),
+                }
+            out.append(
+                alicloud.ecs.Instance(
+                    f"{name}-node-{i}",
+                    instance_name=f"{cfg.stack}-gpu-{i}",
+                    host_name=f"{cfg.stack}-gpu-{i}",
+                    availability_zone=zone,
+                    vswitch_id=switch.id,
+                    security_groups=[network.sg.id],
+                    instance_type=cfg.instance_type.name,
+                    image_id=image_id,
+                    key_name=self.key.key_pair_name,
+                    role_name=self.role.role_name,
+                    # auto-release and spot both need pay-as-you-go
+                    instance_charge_type="PostPaid",
+                    **self._spot_args(),
+                    **spot,
+                    auto_release_time=iso_utc(expiry) if expiry else None,
+                    system_disk_category="cloud_essd",
+                    system_disk_size=cfg.disk_gb,
+                    system_disk_encrypted=True,
+                    internet_charge_type="PayByTraffic",
+                    internet_max_bandwidth_out=PUBLIC_BANDWIDTH_MBPS,
+                    http_endpoint="enabled",
+                    http_tokens="required",
+                    user_data=user_data(
+                        cfg, self.store.bucket.bucket, mode=cfg.bootstrap_mode, group=False
+                    ),
+                    tags=self.node_tags,
+                    volume_tags=self.node_tags,
+                    opts=pulumi.ResourceOptions.merge(
+                        self.child,
+                        pulumi.ResourceOptions(
+                            # cloud-init configures a node once per instance: ECS would apply new
+                            # user-data in place (a reboot), leaving the node on its old bundle. A new
+                            # bundle is a new instance instead.
+                            replace_on_changes=["userData"],
+                            depends_on=[self.store.object, *self.grants],
+                        ),
+                    ),
+                )
+            )
         return out
 
-    def _group(self, network: AlicloudNetwork, image_id: pulumi.Input[str]
-               ) -> tuple[alicloud.ess.ScalingGroup, alicloud.slb.ApplicationLoadBalancer]:
+    def _group(
+        self, network: AlicloudNetwork, image_id: pulumi.Input[str]
+    ) -> tuple[alicloud.ess.ScalingGroup, alicloud.slb.ApplicationLoadBalancer]:
         cfg, name, child = self.cfg, self.name, self.child
         public = bool(cfg.client_cidrs)
         clb = alicloud.slb.ApplicationLoadBalancer(
-            f"{name}-clb", load_balancer_name=f"{cfg.name}-clb",
+            f"{name}-clb",
+            load_balancer_name=f"{cfg.name}-clb",
             address_type="internet" if public else "intranet",
             vswitch_id=None if public else network.switches[0].id,
-            load_balancer_spec="slb.s2.small", payment_type="PayAsYouGo",
-            master_zone_id=cfg.zones[0], slave_zone_id=cfg.zones[1], tags=self.node_tags,
-            opts=child)
+            load_balancer_spec="slb.s2.small",
+            payment_type="PayAsYouGo",
+            master_zone_id=cfg.zones[0],
+            slave_zone_id=cfg.zones[1],
+            tags=self.node_tags,
+            opts=child,
+        )
         acl_args: dict = {"acl_status": "off"}
         if public:
             acl = alicloud.slb.Acl(
-                f"{name}-clients", name=f"{cfg.name}-clients",
-                entry_lists=[alicloud.slb.AclEntryListArgs(entry=c, comment="client")
-                             for c in cfg.client_cidrs],
-                tags=self.node_tags, opts=child)
+                f"{name}-clients",
+                name=f"{cfg.name}-clients",
+                entry_lists=[
+                    alicloud.slb.AclEntryListArgs(entry=c, comment="client")
+                    for c in cfg.client_cidrs
+                ],
+                tags=self.node_tags,
+                opts=child,
+            )
             acl_args = {"acl_status": "on", "acl_type": "white", "acl_id": acl.id}
         alicloud.slb.Listener(
-            f"{name}-http", load_balancer_id=clb.id, frontend_port=LB_PORT,
-            backend_port=cfg.service_port, protocol="http", bandwidth=-1,
-            health_check="on", health_check_type="http", health_check_uri=HEALTH_PATH,
-            health_check_connect_port=cfg.service_port, health_check_http_code="http_2xx",
-            health_check_interval=5, health_check_timeout=5, healthy_threshold=2,
-            unhealthy_threshold=3, **acl_args, opts=child)
+            f"{name}-http",
+            load_balancer_id=clb.id,
+            frontend_port=LB_PORT,
+            backend_port=cfg.service_port,
+            protocol="http",
+            bandwidth=-1,
+            health_check="on",
+            health_check_type="http",
+            health_check_uri=HEALTH_PATH,
+            health_check_connect_port=cfg.service_port,
+            health_check_http_code="http_2xx",
+            health_check_interval=5,
+            health_check_timeout=5,
+            healthy_threshold=2,
+            unhealthy_threshold=3,
+            **acl_args,
+            opts=child,
+        )
 
         assert cfg.scaling is not None
         group = alicloud.ess.ScalingGroup(
-            f"{name}-group", scaling_group_name=group_name(cfg),
-            min_size=cfg.nodes.min, max_size=cfg.nodes.max, desired_capacity=cfg.nodes.desired,
+            f"{name}-group",
+            scaling_group_name=group_name(cfg),
+            min_size=cfg.nodes.min,
+            max_size=cfg.nodes.max,
+            desired_capacity=cfg.nodes.desired,
             vswitch_ids=[s.id for s in network.switches],
             loadbalancer_ids=[clb.id],
             # The CLB's /readyz check decides health: a node that stops being ready is
@@ -195,48 +324,83 @@ class AlicloudFleet(pulumi.ComponentResource):
             multi_az_policy="COST_OPTIMIZED",
             on_demand_base_capacity=cfg.spot.on_demand_base if cfg.spot.enabled else cfg.nodes.max,
             on_demand_percentage_above_base_capacity=(
-                cfg.spot.on_demand_percentage if cfg.spot.enabled else 100),
+                cfg.spot.on_demand_percentage if cfg.spot.enabled else 100
+            ),
             spot_instance_pools=len(cfg.instance_types) if cfg.spot.enabled else None,
             spot_instance_remedy=cfg.spot.enabled,  # replace spot before it is reclaimed
             compensate_with_on_demand=cfg.spot.enabled,  # on-demand when spot is short
             # Old-bundle nodes go first (see the module docstring on rolling).
             removal_policies=["OldestScalingConfiguration", "OldestInstance"],
-            default_cooldown=300, tags=self.node_tags,
+            default_cooldown=300,
+            tags=self.node_tags,
             # Scaling rules and scheduled tasks move the desired size; a deploy must not move it
             # back.
             opts=pulumi.ResourceOptions.merge(
-                child, pulumi.ResourceOptions(ignore_changes=["desiredCapacity"])))
+                child, pulumi.ResourceOptions(ignore_changes=["desiredCapacity"])
+            ),
+        )
         metrics = alicloud.cms.MonitorGroup(
-            f"{name}-metrics", monitor_group_name=f"{cfg.name}-metrics", tags=self.node_tags,
-            opts=child)
-        self.grants.append(self._grant("lifecycle", "complete own lifecycle actions, publish "
-                                       "load metrics", group.id.apply(_lifecycle_policy(cfg))))
+            f"{name}-metrics",
+            monitor_group_name=f"{cfg.name}-metrics",
+            tags=self.node_tags,
+            opts=child,
+        )
+        self.grants.append(
+            self._grant(
+                "lifecycle",
+                "complete own lifecycle actions, publish load metrics",
+                group.id.apply(_lifecycle_policy(cfg)),
+            )
+        )
         hooks = scaling.lifecycle_hooks(name, cfg, group, child)
         self.rules = scaling.register(name, cfg, group, metrics, child)
         spot_limits = None
         if cfg.spot.enabled:
-            spot_limits = [alicloud.ess.ScalingConfigurationSpotPriceLimitArgs(
-                instance_type=t.name, price_limit=cfg.spot_cap(t)) for t in cfg.instance_types]
+            spot_limits = [
+                alicloud.ess.ScalingConfigurationSpotPriceLimitArgs(
+                    instance_type=t.name, price_limit=cfg.spot_cap(t)
+                )
+                for t in cfg.instance_types
+            ]
         bundle = self.store.bundle
         alicloud.ess.ScalingConfiguration(
-            f"{name}-config", scaling_group_id=group.id,
+            f"{name}-config",
+            scaling_group_id=group.id,
             # One configuration per bundle (see the module docstring on rolling).
             scaling_configuration_name=f"{cfg.name}-{bundle.sha256[:12]}",
-            image_id=image_id, instance_types=[t.name for t in cfg.instance_types],
-            instance_name=f"{cfg.stack}-gpu", security_group_ids=[network.sg.id],
-            key_name=self.key.key_pair_name, role_name=self.role.role_name,
-            **self._spot_args(), spot_price_limits=spot_limits,
-            system_disk_category="cloud_essd", system_disk_size=cfg.disk_gb,
+            image_id=image_id,
+            instance_types=[t.name for t in cfg.instance_types],
+            instance_name=f"{cfg.stack}-gpu",
+            security_group_ids=[network.sg.id],
+            key_name=self.key.key_pair_name,
+            role_name=self.role.role_name,
+            **self._spot_args(),
+            spot_price_limits=spot_limits,
+            system_disk_category="cloud_essd",
+            system_disk_size=cfg.disk_gb,
             system_disk_encrypted=True,
-            internet_charge_type="PayByTraffic", internet_max_bandwidth_out=PUBLIC_BANDWIDTH_MBPS,
+            internet_charge_type="PayByTraffic",
+            internet_max_bandwidth_out=PUBLIC_BANDWIDTH_MBPS,
             http_endpoint="enabled",
-            user_data=user_data(cfg, self.store.bucket.bucket, mode=cfg.bootstrap_mode,
-                                group=True, extra={"group_id": group.id,
-                                                   "metrics_group_id": metrics.id}),
-            tags=self.node_tags, active=True, enable=True, force_delete=True,
+            user_data=user_data(
+                cfg,
+                self.store.bucket.bucket,
+                mode=cfg.bootstrap_mode,
+                group=True,
+                extra={"group_id": group.id, "metrics_group_id": metrics.id},
+            ),
+            tags=self.node_tags,
+            active=True,
+            enable=True,
+            force_delete=True,
             # This configuration enables the group: its first nodes need the bundle, the
             # grants and the hooks in place.
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                replace_on_changes=["userData", "imageId"],
-                depends_on=[self.store.object, *self.grants, *hooks])))
+            opts=pulumi.ResourceOptions.merge(
+                child,
+                pulumi.ResourceOptions(
+                    replace_on_changes=["userData", "imageId"],
+                    depends_on=[self.store.object, *self.grants, *hooks],
+                ),
+            ),
+        )
         return group, clb

@@ -17,24 +17,45 @@ from infra.interface import MONITORING_ROLE_TAG, MonitoringHost
 
 
 class AlicloudMonitoring(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str],
-                 network: AlicloudNetwork, key: alicloud.ecs.EcsKeyPair,
-                 image_id: pulumi.Input[str], opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        tags: dict[str, str],
+        network: AlicloudNetwork,
+        key: alicloud.ecs.EcsKeyPair,
+        image_id: pulumi.Input[str],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("torchfleet:alicloud:Monitoring", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         assert cfg.monitoring and network.monitoring_sg and network.services_switch
         host = monitoring.host_name(cfg)
         host_tags = {**tags, MONITORING_ROLE_TAG[0]: MONITORING_ROLE_TAG[1]}
         instance = alicloud.ecs.Instance(
-            f"{name}-host", instance_name=host, host_name=host,
-            availability_zone=cfg.zones[0], vswitch_id=network.services_switch.id,
-            private_ip=monitoring.address(cfg), security_groups=[network.monitoring_sg.id],
-            instance_type=cfg.monitoring.instance_type.name, image_id=image_id,
-            key_name=key.key_pair_name, instance_charge_type="PostPaid", spot_strategy="NoSpot",
+            f"{name}-host",
+            instance_name=host,
+            host_name=host,
+            availability_zone=cfg.zones[0],
+            vswitch_id=network.services_switch.id,
+            private_ip=monitoring.address(cfg),
+            security_groups=[network.monitoring_sg.id],
+            instance_type=cfg.monitoring.instance_type.name,
+            image_id=image_id,
+            key_name=key.key_pair_name,
+            instance_charge_type="PostPaid",
+            spot_strategy="NoSpot",
             internet_max_bandwidth_out=0,  # no public address
-            system_disk_category="cloud_essd", system_disk_size=cfg.monitoring.disk_gb,
-            system_disk_encrypted=True, http_endpoint="enabled", http_tokens="required",
-            tags=host_tags, volume_tags=host_tags, opts=child)
-        self.host = MonitoringHost(name=host, private_ip=instance.private_ip,
-                                   login_user=monitoring.login_user(cfg))
+            system_disk_category="cloud_essd",
+            system_disk_size=cfg.monitoring.disk_gb,
+            system_disk_encrypted=True,
+            http_endpoint="enabled",
+            http_tokens="required",
+            tags=host_tags,
+            volume_tags=host_tags,
+            opts=child,
+        )
+        self.host = MonitoringHost(
+            name=host, private_ip=instance.private_ip, login_user=monitoring.login_user(cfg)
+        )
         self.register_outputs({"private_ip": instance.private_ip})

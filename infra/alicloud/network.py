@@ -25,89 +25,197 @@ CLB_SOURCE_RANGE = "100.64.0.0/10"
 
 
 class AlicloudNetwork(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str],
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("torchfleet:alicloud:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.vpc = alicloud.vpc.Network(
-            f"{name}-vpc", vpc_name=f"{cfg.name}-vpc", cidr_block=cfg.vpc_cidr,
-            description=f"torchfleet {cfg.stack}", tags=tags, opts=child)
+            f"{name}-vpc",
+            vpc_name=f"{cfg.name}-vpc",
+            cidr_block=cfg.vpc_cidr,
+            description=f"torchfleet {cfg.stack}",
+            tags=tags,
+            opts=child,
+        )
         self.switches: list[alicloud.vpc.Switch] = []
         for zone, cidr in zip(cfg.zones, zone_subnets(cfg.vpc_cidr, len(cfg.zones)), strict=True):
-            self.switches.append(alicloud.vpc.Switch(
-                f"{name}-{zone}", vpc_id=self.vpc.id, cidr_block=cidr, zone_id=zone,
-                vswitch_name=f"{cfg.name}-{zone}", tags=tags, opts=child))
+            self.switches.append(
+                alicloud.vpc.Switch(
+                    f"{name}-{zone}",
+                    vpc_id=self.vpc.id,
+                    cidr_block=cidr,
+                    zone_id=zone,
+                    vswitch_name=f"{cfg.name}-{zone}",
+                    tags=tags,
+                    opts=child,
+                )
+            )
 
         self.sg = alicloud.ecs.SecurityGroup(
-            f"{name}-nodes", vpc_id=self.vpc.id, security_group_name=f"{cfg.name}-nodes",
-            description=f"torchfleet {cfg.stack}: GPU nodes", tags=tags, opts=child)
+            f"{name}-nodes",
+            vpc_id=self.vpc.id,
+            security_group_name=f"{cfg.name}-nodes",
+            description=f"torchfleet {cfg.stack}: GPU nodes",
+            tags=tags,
+            opts=child,
+        )
 
         self.monitoring_sg: alicloud.ecs.SecurityGroup | None = None
         self.services_switch: alicloud.vpc.Switch | None = None
         if cfg.monitoring:
             self.services_switch = self._services_switch(name, cfg, tags, child)
             self.monitoring_sg = alicloud.ecs.SecurityGroup(
-                f"{name}-monitoring", vpc_id=self.vpc.id,
+                f"{name}-monitoring",
+                vpc_id=self.vpc.id,
                 security_group_name=f"{cfg.name}-monitoring",
-                description=f"torchfleet {cfg.stack}: monitoring host", tags=tags, opts=child)
+                description=f"torchfleet {cfg.stack}: monitoring host",
+                tags=tags,
+                opts=child,
+            )
 
-        def rule(suffix: str, kind: str, protocol: str, ports: str, cidr: str | None, why: str,
-                 group: alicloud.ecs.SecurityGroup | None = None,
-                 source: alicloud.ecs.SecurityGroup | None = None) -> None:
+        def rule(
+            suffix: str,
+            kind: str,
+            protocol: str,
+            ports: str,
+            cidr: str | None,
+            why: str,
+            group: alicloud.ecs.SecurityGroup | None = None,
+            source: alicloud.ecs.SecurityGroup | None = None,
+        ) -> None:
             """`cidr`, or the members of security group `source`, may reach `group`."""
             v6 = cidr is not None and ipaddress.ip_network(cidr).version == 6
             alicloud.ecs.SecurityGroupRule(
-                f"{name}-{suffix}", security_group_id=(group or self.sg).id, type=kind,
-                ip_protocol=protocol, port_range=ports, policy="accept", priority=1,
-                nic_type="intranet", description=why,
-                cidr_ip=None if v6 else cidr, ipv6_cidr_ip=cidr if v6 else None,
-                source_security_group_id=source.id if source else None, opts=child)
+                f"{name}-{suffix}",
+                security_group_id=(group or self.sg).id,
+                type=kind,
+                ip_protocol=protocol,
+                port_range=ports,
+                policy="accept",
+                priority=1,
+                nic_type="intranet",
+                description=why,
+                cidr_ip=None if v6 else cidr,
+                ipv6_cidr_ip=cidr if v6 else None,
+                source_security_group_id=source.id if source else None,
+                opts=child,
+            )
 
         for i, cidr in enumerate(cfg.admin_cidrs):
-            rule(f"ssh-{i}", "ingress", "tcp", f"{SSH_PORT}/{SSH_PORT}", cidr,
-                 "SSH from admin networks")
+            rule(
+                f"ssh-{i}",
+                "ingress",
+                "tcp",
+                f"{SSH_PORT}/{SSH_PORT}",
+                cidr,
+                "SSH from admin networks",
+            )
         port = f"{cfg.service_port}/{cfg.service_port}"
         rule("service-vpc", "ingress", "tcp", port, cfg.vpc_cidr, "service port from the VPC")
         if cfg.mode == "group":
-            rule("service-clb", "ingress", "tcp", port, CLB_SOURCE_RANGE,
-                 "service port from the load balancer")
+            rule(
+                "service-clb",
+                "ingress",
+                "tcp",
+                port,
+                CLB_SOURCE_RANGE,
+                "service port from the load balancer",
+            )
         rule("egress", "egress", "all", "-1/-1", "0.0.0.0/0", "packages, wheels, models")
         if self.monitoring_sg is not None:
             mon = self.monitoring_sg
             for job, scrape in monitoring.scrape_ports(cfg).items():
-                rule(f"scrape-{job}", "ingress", "tcp", f"{scrape}/{scrape}", None,
-                     f"{job} scrape from monitoring", source=mon)
+                rule(
+                    f"scrape-{job}",
+                    "ingress",
+                    "tcp",
+                    f"{scrape}/{scrape}",
+                    None,
+                    f"{job} scrape from monitoring",
+                    source=mon,
+                )
             journal = monitoring.journal_port(cfg)
-            rule("monitoring-journal", "ingress", "tcp", f"{journal}/{journal}", None,
-                 "journal upload from the GPU nodes", group=mon, source=self.sg)
+            rule(
+                "monitoring-journal",
+                "ingress",
+                "tcp",
+                f"{journal}/{journal}",
+                None,
+                "journal upload from the GPU nodes",
+                group=mon,
+                source=self.sg,
+            )
             for i, cidr in enumerate(cfg.admin_cidrs):
-                rule(f"monitoring-ssh-{i}", "ingress", "tcp", f"{SSH_PORT}/{SSH_PORT}", cidr,
-                     "SSH from admin networks", group=mon)
-            rule("monitoring-egress", "egress", "all", "-1/-1", "0.0.0.0/0",
-                 "packages, the nodes' scrape ports", group=mon)
-        self.register_outputs({"vpc_id": self.vpc.id,
-                               "vswitch_ids": [s.id for s in self.switches]})
+                rule(
+                    f"monitoring-ssh-{i}",
+                    "ingress",
+                    "tcp",
+                    f"{SSH_PORT}/{SSH_PORT}",
+                    cidr,
+                    "SSH from admin networks",
+                    group=mon,
+                )
+            rule(
+                "monitoring-egress",
+                "egress",
+                "all",
+                "-1/-1",
+                "0.0.0.0/0",
+                "packages, the nodes' scrape ports",
+                group=mon,
+            )
+        self.register_outputs({"vpc_id": self.vpc.id, "vswitch_ids": [s.id for s in self.switches]})
 
-    def _services_switch(self, name: str, cfg: StackConfig, tags: dict[str, str],
-                         child: pulumi.ResourceOptions) -> alicloud.vpc.Switch:
+    def _services_switch(
+        self, name: str, cfg: StackConfig, tags: dict[str, str], child: pulumi.ResourceOptions
+    ) -> alicloud.vpc.Switch:
         """The address plan's last block as a vSwitch in the first zone, and the NAT gateway its
         host (which has no public address) reaches the package archive through."""
         switch = alicloud.vpc.Switch(
-            f"{name}-services", vpc_id=self.vpc.id, cidr_block=services_subnet(cfg.vpc_cidr),
-            zone_id=cfg.zones[0], vswitch_name=f"{cfg.name}-services", tags=tags, opts=child)
+            f"{name}-services",
+            vpc_id=self.vpc.id,
+            cidr_block=services_subnet(cfg.vpc_cidr),
+            zone_id=cfg.zones[0],
+            vswitch_name=f"{cfg.name}-services",
+            tags=tags,
+            opts=child,
+        )
         nat = alicloud.vpc.NatGateway(
-            f"{name}-nat", vpc_id=self.vpc.id, vswitch_id=switch.id, nat_type="Enhanced",
-            network_type="internet", payment_type="PayAsYouGo", internet_charge_type="PayByLcu",
-            nat_gateway_name=f"{cfg.name}-nat", description=f"torchfleet {cfg.stack}: egress of "
-            "the services vSwitch", tags=tags, opts=child)
+            f"{name}-nat",
+            vpc_id=self.vpc.id,
+            vswitch_id=switch.id,
+            nat_type="Enhanced",
+            network_type="internet",
+            payment_type="PayAsYouGo",
+            internet_charge_type="PayByLcu",
+            nat_gateway_name=f"{cfg.name}-nat",
+            description=f"torchfleet {cfg.stack}: egress of the services vSwitch",
+            tags=tags,
+            opts=child,
+        )
         eip = alicloud.ecs.EipAddress(
-            f"{name}-nat", address_name=f"{cfg.name}-nat", payment_type="PayAsYouGo",
-            internet_charge_type="PayByTraffic", bandwidth="100", tags=tags, opts=child)
+            f"{name}-nat",
+            address_name=f"{cfg.name}-nat",
+            payment_type="PayAsYouGo",
+            internet_charge_type="PayByTraffic",
+            bandwidth="100",
+            tags=tags,
+            opts=child,
+        )
         bound = alicloud.ecs.EipAssociation(
-            f"{name}-nat", allocation_id=eip.id, instance_id=nat.id, instance_type="Nat",
-            opts=child)
+            f"{name}-nat", allocation_id=eip.id, instance_id=nat.id, instance_type="Nat", opts=child
+        )
         alicloud.vpc.SnatEntry(
-            f"{name}-services-snat", snat_table_id=nat.snat_table_ids, source_vswitch_id=switch.id,
-            snat_ip=eip.ip_address, snat_entry_name=f"{cfg.name}-services",
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[bound])))
+            f"{name}-services-snat",
+            snat_table_id=nat.snat_table_ids,
+            source_vswitch_id=switch.id,
+            snat_ip=eip.ip_address,
+            snat_entry_name=f"{cfg.name}-services",
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[bound])),
+        )
         return switch

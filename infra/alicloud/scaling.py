@@ -35,18 +35,27 @@ from infra.nodeboot import LAUNCH_HOOK, QUEUE_METRIC, REQUEST_METRIC, TERMINATE_
 def hooks(cfg: StackConfig) -> list[dict[str, Any]]:
     assert cfg.scaling is not None
     return [
-        {"name": LAUNCH_HOOK, "lifecycle_transition": "SCALE_OUT", "default_result": "ABANDON",
-         "heartbeat_timeout": cfg.scaling.launch_timeout_s},
-        {"name": TERMINATE_HOOK, "lifecycle_transition": "SCALE_IN", "default_result": "CONTINUE",
-         "heartbeat_timeout": terminate_timeout_s(cfg.stack)},
+        {
+            "name": LAUNCH_HOOK,
+            "lifecycle_transition": "SCALE_OUT",
+            "default_result": "ABANDON",
+            "heartbeat_timeout": cfg.scaling.launch_timeout_s,
+        },
+        {
+            "name": TERMINATE_HOOK,
+            "lifecycle_transition": "SCALE_IN",
+            "default_result": "CONTINUE",
+            "heartbeat_timeout": terminate_timeout_s(cfg.stack),
+        },
     ]
 
 
 def targets(cfg: StackConfig) -> dict[str, float]:
     """Per-node targets by metric: RequestRate in requests/s (the config's per-minute figure)."""
     assert cfg.scaling is not None
-    queue = (cfg.scaling.queue_depth_per_node
-             or queue_depth_target(cfg.stack, cfg.scaling.requests_per_node))
+    queue = cfg.scaling.queue_depth_per_node or queue_depth_target(
+        cfg.stack, cfg.scaling.requests_per_node
+    )
     return {REQUEST_METRIC: round(cfg.scaling.requests_per_node / 60, 3), QUEUE_METRIC: queue}
 
 
@@ -58,60 +67,105 @@ def scale_in_ratio(cfg: StackConfig) -> float:
     return smallest / (smallest + 1)
 
 
-def lifecycle_hooks(name: str, cfg: StackConfig, group: alicloud.ess.ScalingGroup,
-                    child: pulumi.ResourceOptions) -> list[alicloud.ess.LifecycleHook]:
-    return [alicloud.ess.LifecycleHook(f"{name}-{hook['name'].removeprefix('torchfleet-')}-hook",
-                                       scaling_group_id=group.id, **hook, opts=child)
-            for hook in hooks(cfg)]
+def lifecycle_hooks(
+    name: str, cfg: StackConfig, group: alicloud.ess.ScalingGroup, child: pulumi.ResourceOptions
+) -> list[alicloud.ess.LifecycleHook]:
+    return [
+        alicloud.ess.LifecycleHook(
+            f"{name}-{hook['name'].removeprefix('torchfleet-')}-hook",
+            scaling_group_id=group.id,
+            **hook,
+            opts=child,
+        )
+        for hook in hooks(cfg)
+    ]
 
 
-def register(name: str, cfg: StackConfig, group: alicloud.ess.ScalingGroup,
-             metrics_group: alicloud.cms.MonitorGroup, child: pulumi.ResourceOptions
-             ) -> list[alicloud.ess.ScalingRule]:
+def register(
+    name: str,
+    cfg: StackConfig,
+    group: alicloud.ess.ScalingGroup,
+    metrics_group: alicloud.cms.MonitorGroup,
+    child: pulumi.ResourceOptions,
+) -> list[alicloud.ess.ScalingRule]:
     assert cfg.scaling is not None
     cms_group = metrics_group.id.apply(int)
     rules = []
     for metric, target in targets(cfg).items():
         out = alicloud.ess.ScalingRule(
-            f"{name}-{metric.lower()}-out", scaling_group_id=group.id,
+            f"{name}-{metric.lower()}-out",
+            scaling_group_id=group.id,
             scaling_rule_name=f"{cfg.name}-{metric.lower()}-out",
-            scaling_rule_type="StepScalingRule", adjustment_type="QuantityChangeInCapacity",
+            scaling_rule_type="StepScalingRule",
+            adjustment_type="QuantityChangeInCapacity",
             estimated_instance_warmup=INSTANCE_WARMUP_S,
             # Bounds are relative to the alarm's threshold (the target).
             step_adjustments=[
                 alicloud.ess.ScalingRuleStepAdjustmentArgs(
-                    metric_interval_lower_bound="0", metric_interval_upper_bound=str(target),
-                    scaling_adjustment=1),
+                    metric_interval_lower_bound="0",
+                    metric_interval_upper_bound=str(target),
+                    scaling_adjustment=1,
+                ),
                 alicloud.ess.ScalingRuleStepAdjustmentArgs(
-                    metric_interval_lower_bound=str(target), scaling_adjustment=2)],
-            opts=child)
+                    metric_interval_lower_bound=str(target), scaling_adjustment=2
+                ),
+            ],
+            opts=child,
+        )
         alicloud.ess.Alarm(
-            f"{name}-{metric.lower()}-high", name=f"{cfg.name}-{metric.lower()}-high",
+            f"{name}-{metric.lower()}-high",
+            name=f"{cfg.name}-{metric.lower()}-high",
             description=f"{metric} per node >= {target}: add nodes",
-            scaling_group_id=group.id, alarm_actions=[out.ari], metric_type="custom",
-            cloud_monitor_group_id=cms_group, metric_name=metric, statistics="Average",
-            period=METRIC_PERIOD_S, evaluation_count=SCALE_OUT_PERIODS,
-            comparison_operator=">=", threshold=str(target), opts=child)
+            scaling_group_id=group.id,
+            alarm_actions=[out.ari],
+            metric_type="custom",
+            cloud_monitor_group_id=cms_group,
+            metric_name=metric,
+            statistics="Average",
+            period=METRIC_PERIOD_S,
+            evaluation_count=SCALE_OUT_PERIODS,
+            comparison_operator=">=",
+            threshold=str(target),
+            opts=child,
+        )
         rules.append(out)
     if cfg.scaling.scale_in:
         ratio = scale_in_ratio(cfg)
         shrink = alicloud.ess.ScalingRule(
-            f"{name}-in", scaling_group_id=group.id, scaling_rule_name=f"{cfg.name}-in",
-            scaling_rule_type="StepScalingRule", adjustment_type="QuantityChangeInCapacity",
+            f"{name}-in",
+            scaling_group_id=group.id,
+            scaling_rule_name=f"{cfg.name}-in",
+            scaling_rule_type="StepScalingRule",
+            adjustment_type="QuantityChangeInCapacity",
             estimated_instance_warmup=INSTANCE_WARMUP_S,
-            step_adjustments=[alicloud.ess.ScalingRuleStepAdjustmentArgs(
-                metric_interval_upper_bound="0", scaling_adjustment=-1)],
-            opts=child)
+            step_adjustments=[
+                alicloud.ess.ScalingRuleStepAdjustmentArgs(
+                    metric_interval_upper_bound="0", scaling_adjustment=-1
+                )
+            ],
+            opts=child,
+        )
         alicloud.ess.Alarm(
-            f"{name}-low", name=f"{cfg.name}-load-low",
+            f"{name}-low",
+            name=f"{cfg.name}-load-low",
             description=f"every signal below {ratio:.2f} x its target: remove a node",
-            scaling_group_id=group.id, alarm_actions=[shrink.ari], metric_type="custom",
-            cloud_monitor_group_id=cms_group, evaluation_count=SCALE_IN_PERIODS,
+            scaling_group_id=group.id,
+            alarm_actions=[shrink.ari],
+            metric_type="custom",
+            cloud_monitor_group_id=cms_group,
+            evaluation_count=SCALE_IN_PERIODS,
             expressions_logic_operator="&&",
-            expressions=[alicloud.ess.AlarmExpressionArgs(
-                metric_name=metric, statistics="Average", period=METRIC_PERIOD_S,
-                comparison_operator="<", threshold=round(target * ratio, 3))
-                for metric, target in targets(cfg).items()],
-            opts=child)
+            expressions=[
+                alicloud.ess.AlarmExpressionArgs(
+                    metric_name=metric,
+                    statistics="Average",
+                    period=METRIC_PERIOD_S,
+                    comparison_operator="<",
+                    threshold=round(target * ratio, 3),
+                )
+                for metric, target in targets(cfg).items()
+            ],
+            opts=child,
+        )
         rules.append(shrink)
     return rules

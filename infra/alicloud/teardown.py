@@ -21,13 +21,22 @@ from infra.schedule import deploy_time, ess_recurrence, iso_utc, quartz_cron
 
 # ESS refuses recurrences ending more than 365 days after creation; OOS needs an end date too.
 MAX_RECURRENCE = timedelta(days=360)
-OOS_TEMPLATES = {"stop": "ACS-ECS-ScheduleToStopInstances",
-                 "start": "ACS-ECS-ScheduleToStartInstances"}
+OOS_TEMPLATES = {
+    "stop": "ACS-ECS-ScheduleToStopInstances",
+    "start": "ACS-ECS-ScheduleToStartInstances",
+}
 
 
 class AlicloudTeardown(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str], fleet: AlicloudFleet,
-                 expiry: datetime | None, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        tags: dict[str, str],
+        fleet: AlicloudFleet,
+        expiry: datetime | None,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("torchfleet:alicloud:Teardown", name, None, opts)
         self.child = pulumi.ResourceOptions(parent=self)
         self.cfg, self.tags, self.name = cfg, tags, name
@@ -40,75 +49,164 @@ class AlicloudTeardown(pulumi.ComponentResource):
         if cfg.mode == "kubernetes":
             # `fleet` is the ACK cluster: its GPU node pool's ESS scaling group.
             for pool in fleet.scaled_pools:
-                self._group_tasks(f"{name}-{pool.name}", f"{cfg.name}-{pool.name}",
-                                  pool.group_name, pool.min, pool.max, pool.desired, now, expiry)
+                self._group_tasks(
+                    f"{name}-{pool.name}",
+                    f"{cfg.name}-{pool.name}",
+                    pool.group_name,
+                    pool.min,
+                    pool.max,
+                    pool.desired,
+                    now,
+                    expiry,
+                )
         self.register_outputs({})
 
     def _oos_schedules(self, fleet: AlicloudFleet) -> None:
         cfg, name, child, s = self.cfg, self.name, self.child, self.cfg.schedule
         assert s is not None
         role = alicloud.ram.Role(
-            f"{name}-oos", role_name=f"{cfg.name}-oos",
-            assume_role_policy_document=json.dumps({"Version": "1", "Statement": [{
-                "Action": "sts:AssumeRole", "Effect": "Allow",
-                "Principal": {"Service": ["oos.aliyuncs.com"]}}]}),
+            f"{name}-oos",
+            role_name=f"{cfg.name}-oos",
+            assume_role_policy_document=json.dumps(
+                {
+                    "Version": "1",
+                    "Statement": [
+                        {
+                            "Action": "sts:AssumeRole",
+                            "Effect": "Allow",
+                            "Principal": {"Service": ["oos.aliyuncs.com"]},
+                        }
+                    ],
+                }
+            ),
             description=f"torchfleet {cfg.stack}: start/stop GPU nodes on schedule",
-            force=True, tags=self.tags, opts=child)
+            force=True,
+            tags=self.tags,
+            opts=child,
+        )
         policy = alicloud.ram.Policy(
-            f"{name}-oos", policy_name=f"{cfg.name}-oos", description="start/stop GPU nodes",
-            policy_document=json.dumps({"Version": "1", "Statement": [
-                {"Effect": "Allow", "Action": ["ecs:StartInstance", "ecs:StopInstance"],
-                 "Resource": [f"acs:ecs:{cfg.region}:*:instance/*"]},
-                {"Effect": "Allow", "Action": ["ecs:DescribeInstances"], "Resource": ["*"]}]}),
-            force=True, tags=self.tags, opts=child)
+            f"{name}-oos",
+            policy_name=f"{cfg.name}-oos",
+            description="start/stop GPU nodes",
+            policy_document=json.dumps(
+                {
+                    "Version": "1",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Action": ["ecs:StartInstance", "ecs:StopInstance"],
+                            "Resource": [f"acs:ecs:{cfg.region}:*:instance/*"],
+                        },
+                        {"Effect": "Allow", "Action": ["ecs:DescribeInstances"], "Resource": ["*"]},
+                    ],
+                }
+            ),
+            force=True,
+            tags=self.tags,
+            opts=child,
+        )
         attach = alicloud.ram.RolePolicyAttachment(
-            f"{name}-oos", policy_name=policy.policy_name, policy_type="Custom",
-            role_name=role.role_name, opts=child)
-        targets = {"Type": "Tags", "RegionId": cfg.region, "Tags": [
-            {"Key": "stack", "Value": cfg.stack},
-            {"Key": NODE_ROLE_TAG[0], "Value": NODE_ROLE_TAG[1]}]}
+            f"{name}-oos",
+            policy_name=policy.policy_name,
+            policy_type="Custom",
+            role_name=role.role_name,
+            opts=child,
+        )
+        targets = {
+            "Type": "Tags",
+            "RegionId": cfg.region,
+            "Tags": [
+                {"Key": "stack", "Value": cfg.stack},
+                {"Key": NODE_ROLE_TAG[0], "Value": NODE_ROLE_TAG[1]},
+            ],
+        }
         for action, at, days in (("start", s.start, s.days), ("stop", s.stop, s.stop_days)):
             alicloud.oos.Execution(
-                f"{name}-{action}", template_name=OOS_TEMPLATES[action], mode="Automatic",
+                f"{name}-{action}",
+                template_name=OOS_TEMPLATES[action],
+                mode="Automatic",
                 description=f"torchfleet {cfg.stack}: {action} the GPU nodes on schedule",
-                parameters=role.role_name.apply(lambda role_name, at=at, days=days: json.dumps({
-                    "regionId": cfg.region, "cron": quartz_cron(at, days),
-                    "timeZone": s.timezone, "endDate": iso_utc(self.end),
-                    "targets": targets, "OOSAssumeRole": role_name})),
+                parameters=role.role_name.apply(
+                    lambda role_name, at=at, days=days: json.dumps(
+                        {
+                            "regionId": cfg.region,
+                            "cron": quartz_cron(at, days),
+                            "timeZone": s.timezone,
+                            "endDate": iso_utc(self.end),
+                            "targets": targets,
+                            "OOSAssumeRole": role_name,
+                        }
+                    )
+                ),
                 tags=self.tags,
-                opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                    depends_on=[attach, *fleet.instances])))
+                opts=pulumi.ResourceOptions.merge(
+                    child, pulumi.ResourceOptions(depends_on=[attach, *fleet.instances])
+                ),
+            )
 
-    def _ess_schedules(self, fleet: AlicloudFleet, now: datetime,
-                       expiry: datetime | None) -> None:
+    def _ess_schedules(self, fleet: AlicloudFleet, now: datetime, expiry: datetime | None) -> None:
         cfg = self.cfg
-        self._group_tasks(self.name, cfg.name, fleet.group.id, cfg.nodes.min, cfg.nodes.max,
-                          cfg.nodes.desired, now, expiry)
+        self._group_tasks(
+            self.name,
+            cfg.name,
+            fleet.group.id,
+            cfg.nodes.min,
+            cfg.nodes.max,
+            cfg.nodes.desired,
+            now,
+            expiry,
+        )
 
-    def _group_tasks(self, name: str, task_prefix: str, group_id: pulumi.Input[str], lo: int,
-                     hi: int, desired: int, now: datetime, expiry: datetime | None) -> None:
+    def _group_tasks(
+        self,
+        name: str,
+        task_prefix: str,
+        group_id: pulumi.Input[str],
+        lo: int,
+        hi: int,
+        desired: int,
+        now: datetime,
+        expiry: datetime | None,
+    ) -> None:
         """Working hours at lo/hi/desired, zero outside them and from the TTL on."""
         cfg, child = self.cfg, self.child
         # ESS wants the first launch within 90 days; later deploys must not churn it.
         keep = pulumi.ResourceOptions.merge(
-            child, pulumi.ResourceOptions(ignore_changes=["launchTime", "recurrenceEndTime"]))
+            child, pulumi.ResourceOptions(ignore_changes=["launchTime", "recurrenceEndTime"])
+        )
         if cfg.schedule:
             s = cfg.schedule
-            plan = (("start", s.start, s.days, lo, hi, desired),
-                    ("stop", s.stop, s.stop_days, 0, 0, 0))
+            plan = (
+                ("start", s.start, s.days, lo, hi, desired),
+                ("stop", s.stop, s.stop_days, 0, 0, 0),
+            )
             for action, at, days, lo_, hi_, desired_ in plan:
                 rec = ess_recurrence(s, at, days, now)
                 alicloud.ess.ScheduledTask(
-                    f"{name}-{action}", scheduled_task_name=f"{task_prefix}-{action}",
+                    f"{name}-{action}",
+                    scheduled_task_name=f"{task_prefix}-{action}",
                     description=f"working hours: {action} ({s.timezone} {at:%H:%M})",
-                    scaling_group_id=group_id, launch_time=rec.launch_time,
-                    recurrence_type="Weekly", recurrence_value=rec.weekdays,
+                    scaling_group_id=group_id,
+                    launch_time=rec.launch_time,
+                    recurrence_type="Weekly",
+                    recurrence_value=rec.weekdays,
                     recurrence_end_time=iso_utc(self.end),
-                    min_value=lo_, max_value=hi_, desired_capacity=desired_, task_enabled=True,
-                    opts=keep)
+                    min_value=lo_,
+                    max_value=hi_,
+                    desired_capacity=desired_,
+                    task_enabled=True,
+                    opts=keep,
+                )
         if expiry:
             alicloud.ess.ScheduledTask(
-                f"{name}-ttl", scheduled_task_name=f"{task_prefix}-ttl",
-                description="TTL: empty the group", scaling_group_id=group_id,
-                launch_time=iso_utc(expiry, seconds=False), min_value=0, max_value=0,
-                desired_capacity=0, task_enabled=True, opts=child)
+                f"{name}-ttl",
+                scheduled_task_name=f"{task_prefix}-ttl",
+                description="TTL: empty the group",
+                scaling_group_id=group_id,
+                launch_time=iso_utc(expiry, seconds=False),
+                min_value=0,
+                max_value=0,
+                desired_capacity=0,
+                task_enabled=True,
+                opts=child,
+            )

@@ -30,8 +30,9 @@ def partition(region: str) -> str:
     return "aws"
 
 
-def resolve_image(cfg: StackConfig, opts: pulumi.InvokeOptions,
-                  distro: str | None = None) -> pulumi.Output[str]:
+def resolve_image(
+    cfg: StackConfig, opts: pulumi.InvokeOptions, distro: str | None = None
+) -> pulumi.Output[str]:
     """The GPU nodes' image (`image`, or the newest of `image_distro`), or with `distro` the
     newest official image of that distro (the monitoring host's)."""
     if cfg.image != "auto" and distro is None:
@@ -62,22 +63,39 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
 
         network = AwsNetwork("net", cfg, tags, opts=opts)
         cluster, deployment = deploy_kubernetes(cfg, tags, network, arn_partition, opts)
-        AwsTeardown("teardown", cfg, tags, cluster, expiry, arn_partition, account, opts=opts,
-                    monthly_estimate_usd=cluster_cost(cfg).monthly_max_usd)
+        AwsTeardown(
+            "teardown",
+            cfg,
+            tags,
+            cluster,
+            expiry,
+            arn_partition,
+            account,
+            opts=opts,
+            monthly_estimate_usd=cluster_cost(cfg).monthly_max_usd,
+        )
         return deployment
     image_id = resolve_image(cfg, invoke)
     network = AwsNetwork("net", cfg, tags, opts=opts)
     store = AwsBundleStore("bundle", cfg, tags, opts=opts)
     if cfg.boot == "bake":
-        image_id = AwsBake("bake", cfg, tags, network, store, image_id, arn_partition,
-                           opts=opts).image_id
-    fleet = AwsFleet("fleet", cfg, tags, network, store, image_id, account, arn_partition,
-                     opts=opts)
+        image_id = AwsBake(
+            "bake", cfg, tags, network, store, image_id, arn_partition, opts=opts
+        ).image_id
+    fleet = AwsFleet(
+        "fleet", cfg, tags, network, store, image_id, account, arn_partition, opts=opts
+    )
     AwsTeardown("teardown", cfg, tags, fleet, expiry, arn_partition, account, opts=opts)
     deployment = fleet.deployment
     deployment.extra_outputs.update(store.outputs)
     if cfg.monitoring:
         deployment.monitoring = AwsMonitoring(
-            "monitoring", cfg, tags, network, fleet.key,
-            resolve_image(cfg, invoke, distro=MONITORING_DISTRO), opts=opts).host
+            "monitoring",
+            cfg,
+            tags,
+            network,
+            fleet.key,
+            resolve_image(cfg, invoke, distro=MONITORING_DISTRO),
+            opts=opts,
+        ).host
     return deployment

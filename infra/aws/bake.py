@@ -64,61 +64,114 @@ phases:
 
 
 class AwsBake(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str], network: AwsNetwork,
-                 store: AwsBundleStore, parent_image: pulumi.Input[str], arn_partition: str,
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        tags: dict[str, str],
+        network: AwsNetwork,
+        store: AwsBundleStore,
+        parent_image: pulumi.Input[str],
+        arn_partition: str,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("torchfleet:aws:Bake", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         sha = store.bundle.sha256[:12]
         # The bake is a whole cold converge on a GPU builder (not a heartbeat gap).
         timeout = COLD_BOOTSTRAP_BUDGET_S
-        role = aws.iam.Role(f"{name}-role", assume_role_policy=assume_role("ec2.amazonaws.com"),
-                            description=f"torchfleet {cfg.stack} image builder instance",
-                            tags=tags, opts=child)
-        for suffix, policy in (("builder", "EC2InstanceProfileForImageBuilder"),
-                               ("ssm", "AmazonSSMManagedInstanceCore")):
+        role = aws.iam.Role(
+            f"{name}-role",
+            assume_role_policy=assume_role("ec2.amazonaws.com"),
+            description=f"torchfleet {cfg.stack} image builder instance",
+            tags=tags,
+            opts=child,
+        )
+        for suffix, policy in (
+            ("builder", "EC2InstanceProfileForImageBuilder"),
+            ("ssm", "AmazonSSMManagedInstanceCore"),
+        ):
             aws.iam.RolePolicyAttachment(
-                f"{name}-{suffix}", role=role.name,
-                policy_arn=f"arn:{arn_partition}:iam::aws:policy/{policy}", opts=child)
-        aws.iam.RolePolicy(f"{name}-bundle", role=role.id,
-                           policy=store.read_arn.apply(bundle_read_policy), opts=child)
-        profile = aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags,
-                                          opts=child)
+                f"{name}-{suffix}",
+                role=role.name,
+                policy_arn=f"arn:{arn_partition}:iam::aws:policy/{policy}",
+                opts=child,
+            )
+        aws.iam.RolePolicy(
+            f"{name}-bundle",
+            role=role.id,
+            policy=store.read_arn.apply(bundle_read_policy),
+            opts=child,
+        )
+        profile = aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags, opts=child)
         component = aws.imagebuilder.Component(
-            f"{name}-wait", name=f"{cfg.name}-bake-wait-{sha}", platform="Linux",
-            version="1.0.0", data=wait_component(timeout),
-            description="wait for the torchfleet bake", tags=tags, opts=child)
+            f"{name}-wait",
+            name=f"{cfg.name}-bake-wait-{sha}",
+            platform="Linux",
+            version="1.0.0",
+            data=wait_component(timeout),
+            description="wait for the torchfleet bake",
+            tags=tags,
+            opts=child,
+        )
         root = images.query("aws", cfg.image_distro).root_device
         recipe = aws.imagebuilder.ImageRecipe(
-            f"{name}-recipe", name=f"{cfg.name}-{sha}", version="1.0.0",
+            f"{name}-recipe",
+            name=f"{cfg.name}-{sha}",
+            version="1.0.0",
             parent_image=parent_image,
             components=[aws.imagebuilder.ImageRecipeComponentArgs(component_arn=component.arn)],
-            block_device_mappings=[aws.imagebuilder.ImageRecipeBlockDeviceMappingArgs(
-                device_name=root, ebs=aws.imagebuilder.ImageRecipeBlockDeviceMappingEbsArgs(
-                    volume_size=cfg.disk_gb, volume_type="gp3", encrypted="true",
-                    delete_on_termination="true"))],
-            user_data_base64=user_data(cfg, store.bucket.bucket, mode="bake", group=False,
-                                       extra={"poweroff": False}),
-            ami_tags={**tags, "torchfleet-bundle": store.bundle.sha256}, tags=tags, opts=child)
+            block_device_mappings=[
+                aws.imagebuilder.ImageRecipeBlockDeviceMappingArgs(
+                    device_name=root,
+                    ebs=aws.imagebuilder.ImageRecipeBlockDeviceMappingEbsArgs(
+                        volume_size=cfg.disk_gb,
+                        volume_type="gp3",
+                        encrypted="true",
+                        delete_on_termination="true",
+                    ),
+                )
+            ],
+            user_data_base64=user_data(
+                cfg, store.bucket.bucket, mode="bake", group=False, extra={"poweroff": False}
+            ),
+            ami_tags={**tags, "torchfleet-bundle": store.bundle.sha256},
+            tags=tags,
+            opts=child,
+        )
         infrastructure = aws.imagebuilder.InfrastructureConfiguration(
-            f"{name}-infra", name=f"{cfg.name}-bake", instance_profile_name=profile.name,
+            f"{name}-infra",
+            name=f"{cfg.name}-bake",
+            instance_profile_name=profile.name,
             # The fleet's own type: the roles' GPU-only steps run where a GPU is.
             instance_types=[cfg.instance_type.name],
-            subnet_id=network.subnets[0].id, security_group_ids=[network.node_sg.id],
+            subnet_id=network.subnets[0].id,
+            security_group_ids=[network.node_sg.id],
             terminate_instance_on_failure=True,
-            instance_metadata_options=aws.imagebuilder
-            .InfrastructureConfigurationInstanceMetadataOptionsArgs(
-                http_tokens="required", http_put_response_hop_limit=1),
-            resource_tags=tags, tags=tags, opts=child)
+            instance_metadata_options=aws.imagebuilder.InfrastructureConfigurationInstanceMetadataOptionsArgs(
+                http_tokens="required", http_put_response_hop_limit=1
+            ),
+            resource_tags=tags,
+            tags=tags,
+            opts=child,
+        )
         image = aws.imagebuilder.Image(
-            f"{name}-image", image_recipe_arn=recipe.arn,
+            f"{name}-image",
+            image_recipe_arn=recipe.arn,
             infrastructure_configuration_arn=infrastructure.arn,
             # The wait component is the test: it fails the build when the bake failed.
             image_tests_configuration=aws.imagebuilder.ImageImageTestsConfigurationArgs(
-                image_tests_enabled=False),
+                image_tests_enabled=False
+            ),
             tags=tags,
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                custom_timeouts=pulumi.CustomTimeouts(create=f"{timeout // 60 + 30}m"))))
+            opts=pulumi.ResourceOptions.merge(
+                child,
+                pulumi.ResourceOptions(
+                    custom_timeouts=pulumi.CustomTimeouts(create=f"{timeout // 60 + 30}m")
+                ),
+            ),
+        )
         self.image_id: pulumi.Output[str] = image.output_resources.apply(
-            lambda res: res[0].amis[0].image)
+            lambda res: res[0].amis[0].image
+        )
         self.register_outputs({"image_id": self.image_id})

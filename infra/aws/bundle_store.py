@@ -21,69 +21,121 @@ from infra.nodeboot import NONCURRENT_DAYS, bundle_url, stack_bundle
 
 
 class AwsBundleStore(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str],
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("torchfleet:aws:Bundle", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.bundle = stack_bundle(cfg)
         self.prefix = f"bundles/{cfg.stack}/"
         # A reproducible build artefact: destroying the stack may delete it with the bucket.
-        self.bucket = aws.s3.Bucket(f"{name}-bucket", bucket_prefix=f"{cfg.name}-bundles-",
-                                    force_destroy=True, tags=tags, opts=child)
+        self.bucket = aws.s3.Bucket(
+            f"{name}-bucket",
+            bucket_prefix=f"{cfg.name}-bundles-",
+            force_destroy=True,
+            tags=tags,
+            opts=child,
+        )
         bucket_id = self.bucket.id
         ownership = aws.s3.BucketOwnershipControls(
-            f"{name}-ownership", bucket=bucket_id,
+            f"{name}-ownership",
+            bucket=bucket_id,
             rule=aws.s3.BucketOwnershipControlsRuleArgs(object_ownership="BucketOwnerEnforced"),
-            opts=child)
+            opts=child,
+        )
         public = aws.s3.BucketPublicAccessBlock(
-            f"{name}-private", bucket=bucket_id, block_public_acls=True, block_public_policy=True,
-            ignore_public_acls=True, restrict_public_buckets=True, opts=child)
+            f"{name}-private",
+            bucket=bucket_id,
+            block_public_acls=True,
+            block_public_policy=True,
+            ignore_public_acls=True,
+            restrict_public_buckets=True,
+            opts=child,
+        )
         encryption = aws.s3.BucketServerSideEncryptionConfiguration(
-            f"{name}-sse", bucket=bucket_id,
-            rules=[aws.s3.BucketServerSideEncryptionConfigurationRuleArgs(
-                apply_server_side_encryption_by_default=aws.s3
-                .BucketServerSideEncryptionConfigurationRuleApplyServerSideEncryptionByDefaultArgs(
-                    sse_algorithm="AES256"))],
-            opts=child)
+            f"{name}-sse",
+            bucket=bucket_id,
+            rules=[
+                aws.s3.BucketServerSideEncryptionConfigurationRuleArgs(
+                    apply_server_side_encryption_by_default=aws.s3.BucketServerSideEncryptionConfigurationRuleApplyServerSideEncryptionByDefaultArgs(
+                        sse_algorithm="AES256"
+                    )
+                )
+            ],
+            opts=child,
+        )
         versioning = aws.s3.BucketVersioning(
-            f"{name}-versioning", bucket=bucket_id,
+            f"{name}-versioning",
+            bucket=bucket_id,
             versioning_configuration=aws.s3.BucketVersioningVersioningConfigurationArgs(
-                status="Enabled"),
-            opts=child)
+                status="Enabled"
+            ),
+            opts=child,
+        )
         aws.s3.BucketLifecycleConfiguration(
-            f"{name}-lifecycle", bucket=bucket_id,
-            rules=[aws.s3.BucketLifecycleConfigurationRuleArgs(
-                id="expire-old-bundles", status="Enabled",
-                filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix="bundles/"),
-                noncurrent_version_expiration=aws.s3
-                .BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
-                    noncurrent_days=NONCURRENT_DAYS),
-                abort_incomplete_multipart_upload=aws.s3
-                .BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
-                    days_after_initiation=1))],
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                depends_on=[versioning])))
+            f"{name}-lifecycle",
+            bucket=bucket_id,
+            rules=[
+                aws.s3.BucketLifecycleConfigurationRuleArgs(
+                    id="expire-old-bundles",
+                    status="Enabled",
+                    filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix="bundles/"),
+                    noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
+                        noncurrent_days=NONCURRENT_DAYS
+                    ),
+                    abort_incomplete_multipart_upload=aws.s3.BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
+                        days_after_initiation=1
+                    ),
+                )
+            ],
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(depends_on=[versioning])
+            ),
+        )
         policy = aws.s3.BucketPolicy(
-            f"{name}-tls-only", bucket=bucket_id,
-            policy=self.bucket.arn.apply(lambda arn: json.dumps({
-                "Version": "2012-10-17", "Statement": [{
-                    "Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*",
-                    "Action": "s3:*", "Resource": [arn, f"{arn}/*"],
-                    "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]})),
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[public])))
+            f"{name}-tls-only",
+            bucket=bucket_id,
+            policy=self.bucket.arn.apply(
+                lambda arn: json.dumps(
+                    {
+                        "Version": "2012-10-17",
+                        "Statement": [
+                            {
+                                "Sid": "DenyInsecureTransport",
+                                "Effect": "Deny",
+                                "Principal": "*",
+                                "Action": "s3:*",
+                                "Resource": [arn, f"{arn}/*"],
+                                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                            }
+                        ],
+                    }
+                )
+            ),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[public])),
+        )
         self.object = aws.s3.BucketObjectv2(
-            f"{name}-object", bucket=bucket_id, key=self.bundle.key,
-            source=pulumi.FileAsset(str(self.bundle.path)), content_type="application/gzip",
+            f"{name}-object",
+            bucket=bucket_id,
+            key=self.bundle.key,
+            source=pulumi.FileAsset(str(self.bundle.path)),
+            content_type="application/gzip",
             metadata={"sha256": self.bundle.sha256, "version": self.bundle.version},
             tags=tags,
             # Encrypted and versioned from its first byte; readable only once the policy holds.
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                depends_on=[ownership, encryption, versioning, policy])))
+            opts=pulumi.ResourceOptions.merge(
+                child,
+                pulumi.ResourceOptions(depends_on=[ownership, encryption, versioning, policy]),
+            ),
+        )
         self.read_arn = self.bucket.arn.apply(lambda arn: f"{arn}/{self.prefix}*")
         self.outputs = {
             "bundle_sha256": self.bundle.sha256,
-            "bundle_url": self.bucket.bucket.apply(
-                lambda b: bundle_url(cfg, b, self.bundle.key)),
+            "bundle_url": self.bucket.bucket.apply(lambda b: bundle_url(cfg, b, self.bundle.key)),
             "bundle_version": self.bundle.version,
         }
         self.register_outputs({"bucket": self.bucket.bucket, "key": self.bundle.key})

@@ -47,8 +47,12 @@ SYSTEM_DISK_GB = 50
 LOG_TYPES = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
 LOG_RETENTION_DAYS = {"dev": 14, "prod": 90}
 CLUSTER_POLICIES = ("AmazonEKSClusterPolicy",)
-NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy",
-                 "AmazonEC2ContainerRegistryPullOnly", "AmazonSSMManagedInstanceCore")
+NODE_POLICIES = (
+    "AmazonEKSWorkerNodePolicy",
+    "AmazonEKS_CNI_Policy",
+    "AmazonEC2ContainerRegistryPullOnly",
+    "AmazonSSMManagedInstanceCore",
+)
 S3_CSI_ADDON = "aws-mountpoint-s3-csi-driver"
 S3_CSI_SERVICE_ACCOUNT = "kube-system:s3-csi-driver-sa"
 AUTOSCALER_SERVICE_ACCOUNT = "kube-system:cluster-autoscaler"
@@ -56,33 +60,74 @@ TAINT_EFFECT = {"NoSchedule": "NO_SCHEDULE"}  # EKS API spelling of the Kubernet
 
 
 def _assume(service: str) -> str:
-    return json.dumps({"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]})
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}
+            ],
+        }
+    )
 
 
-def kubeconfig(name: pulumi.Input[str], endpoint: pulumi.Input[str], ca: pulumi.Input[str],
-               region: str) -> pulumi.Output[str]:
+def kubeconfig(
+    name: pulumi.Input[str], endpoint: pulumi.Input[str], ca: pulumi.Input[str], region: str
+) -> pulumi.Output[str]:
     """A kubeconfig that gets short-lived tokens from `aws eks get-token` (the AWS CLI where
     Pulumi runs, with the same credentials): no long-lived secret in the state."""
+
     def render(args: list[str]) -> str:
         cluster, server, data = args
-        return json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": cluster,
-            "clusters": [{"name": cluster, "cluster": {"server": server,
-                                                       "certificate-authority-data": data}}],
-            "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": cluster}}],
-            "users": [{"name": cluster, "user": {"exec": {
-                "apiVersion": "client.authentication.k8s.io/v1beta1", "command": "aws",
-                "args": ["eks", "get-token", "--cluster-name", cluster, "--region", region,
-                         "--output", "json"],
-                "interactiveMode": "Never"}}}],
-        })
+        return json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": cluster,
+                "clusters": [
+                    {
+                        "name": cluster,
+                        "cluster": {"server": server, "certificate-authority-data": data},
+                    }
+                ],
+                "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": cluster}}],
+                "users": [
+                    {
+                        "name": cluster,
+                        "user": {
+                            "exec": {
+                                "apiVersion": "client.authentication.k8s.io/v1beta1",
+                                "command": "aws",
+                                "args": [
+                                    "eks",
+                                    "get-token",
+                                    "--cluster-name",
+                                    cluster,
+                                    "--region",
+                                    region,
+                                    "--output",
+                                    "json",
+                                ],
+                                "interactiveMode": "Never",
+                            }
+                        },
+                    }
+                ],
+            }
+        )
+
     return pulumi.Output.all(name, endpoint, ca).apply(render)
 
 
 class EksCluster(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str], network: AwsNetwork,
-                 arn_partition: str, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        tags: dict[str, str],
+        network: AwsNetwork,
+        arn_partition: str,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("torchfleet:aws:Cluster", name, None, opts)
         assert cfg.kubernetes
         self.cfg, self.tags, self.name, self.partition = cfg, tags, name, arn_partition
@@ -90,77 +135,142 @@ class EksCluster(pulumi.ComponentResource):
         self.cluster_name = cfg.name
 
         key = aws.kms.Key(
-            f"{name}-secrets", description=f"torchfleet {cfg.stack}: EKS Secrets encryption",
-            enable_key_rotation=True, deletion_window_in_days=30, tags=tags, opts=child)
-        role = aws.iam.Role(f"{name}-cluster-role", assume_role_policy=_assume("eks.amazonaws.com"),
-                            description=f"torchfleet {cfg.stack} EKS control plane", tags=tags,
-                            opts=child)
-        attachments = [aws.iam.RolePolicyAttachment(
-            f"{name}-cluster-{p}", role=role.name, policy_arn=self._managed(p), opts=child)
-            for p in CLUSTER_POLICIES]
-        kms_use = aws.iam.RolePolicy(f"{name}-cluster-kms", role=role.id, policy=key.arn.apply(
-            lambda arn: json.dumps({"Version": "2012-10-17", "Statement": [{
-                "Effect": "Allow", "Resource": [arn],
-                "Action": ["kms:Encrypt", "kms:Decrypt", "kms:DescribeKey", "kms:ListGrants",
-                           "kms:CreateGrant"]}]})), opts=child)
+            f"{name}-secrets",
+            description=f"torchfleet {cfg.stack}: EKS Secrets encryption",
+            enable_key_rotation=True,
+            deletion_window_in_days=30,
+            tags=tags,
+            opts=child,
+        )
+        role = aws.iam.Role(
+            f"{name}-cluster-role",
+            assume_role_policy=_assume("eks.amazonaws.com"),
+            description=f"torchfleet {cfg.stack} EKS control plane",
+            tags=tags,
+            opts=child,
+        )
+        attachments = [
+            aws.iam.RolePolicyAttachment(
+                f"{name}-cluster-{p}", role=role.name, policy_arn=self._managed(p), opts=child
+            )
+            for p in CLUSTER_POLICIES
+        ]
+        kms_use = aws.iam.RolePolicy(
+            f"{name}-cluster-kms",
+            role=role.id,
+            policy=key.arn.apply(
+                lambda arn: json.dumps(
+                    {
+                        "Version": "2012-10-17",
+                        "Statement": [
+                            {
+                                "Effect": "Allow",
+                                "Resource": [arn],
+                                "Action": [
+                                    "kms:Encrypt",
+                                    "kms:Decrypt",
+                                    "kms:DescribeKey",
+                                    "kms:ListGrants",
+                                    "kms:CreateGrant",
+                                ],
+                            }
+                        ],
+                    }
+                )
+            ),
+            opts=child,
+        )
         logs = aws.cloudwatch.LogGroup(
-            f"{name}-logs", name=f"/aws/eks/{self.cluster_name}/cluster",
-            retention_in_days=LOG_RETENTION_DAYS[cfg.env], tags=tags, opts=child)
+            f"{name}-logs",
+            name=f"/aws/eks/{self.cluster_name}/cluster",
+            retention_in_days=LOG_RETENTION_DAYS[cfg.env],
+            tags=tags,
+            opts=child,
+        )
 
         public_v4, _ = split_cidrs(cfg.admin_cidrs)  # EKS takes IPv4 public-access CIDRs only
         self.cluster = aws.eks.Cluster(
-            f"{name}-eks", name=self.cluster_name, version=cfg.kubernetes.version,
+            f"{name}-eks",
+            name=self.cluster_name,
+            version=cfg.kubernetes.version,
             role_arn=role.arn,
             vpc_config=aws.eks.ClusterVpcConfigArgs(
                 subnet_ids=[s.id for s in network.subnets],
-                endpoint_private_access=True, endpoint_public_access=bool(public_v4),
-                public_access_cidrs=public_v4 or None),
+                endpoint_private_access=True,
+                endpoint_public_access=bool(public_v4),
+                public_access_cidrs=public_v4 or None,
+            ),
             encryption_config=aws.eks.ClusterEncryptionConfigArgs(
                 provider=aws.eks.ClusterEncryptionConfigProviderArgs(key_arn=key.arn),
-                resources=["secrets"]),
+                resources=["secrets"],
+            ),
             enabled_cluster_log_types=LOG_TYPES,
             access_config=aws.eks.ClusterAccessConfigArgs(
-                authentication_mode="API", bootstrap_cluster_creator_admin_permissions=True),
+                authentication_mode="API", bootstrap_cluster_creator_admin_permissions=True
+            ),
             upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type="STANDARD"),
             tags=tags,
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                depends_on=[*attachments, kms_use, logs])))
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(depends_on=[*attachments, kms_use, logs])
+            ),
+        )
         issuer = self.cluster.identities.apply(lambda ids: ids[0].oidcs[0].issuer)
         self.oidc = aws.iam.OpenIdConnectProvider(
-            f"{name}-oidc", url=issuer, client_id_lists=["sts.amazonaws.com"], tags=tags,
-            opts=child)
+            f"{name}-oidc", url=issuer, client_id_lists=["sts.amazonaws.com"], tags=tags, opts=child
+        )
         self.issuer_host = issuer.apply(lambda url: url.removeprefix("https://"))
 
         # Load balancers: the cloud provider puts internal ones in subnets tagged so.
         for i, subnet in enumerate(network.subnets):
-            role_tag = "kubernetes.io/role/elb" if cfg.client_cidrs else \
-                "kubernetes.io/role/internal-elb"
-            aws.ec2.Tag(f"{name}-subnet-{i}-lb", resource_id=subnet.id, key=role_tag, value="1",
-                        opts=child)
+            role_tag = (
+                "kubernetes.io/role/elb" if cfg.client_cidrs else "kubernetes.io/role/internal-elb"
+            )
+            aws.ec2.Tag(
+                f"{name}-subnet-{i}-lb", resource_id=subnet.id, key=role_tag, value="1", opts=child
+            )
 
-        node_role = aws.iam.Role(f"{name}-node-role", assume_role_policy=_assume("ec2.amazonaws.com"),
-                                 description=f"torchfleet {cfg.stack} EKS nodes", tags=tags,
-                                 opts=child)
-        node_attachments = [aws.iam.RolePolicyAttachment(
-            f"{name}-node-{p}", role=node_role.name, policy_arn=self._managed(p), opts=child)
-            for p in NODE_POLICIES]
-        groups_opts = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-            depends_on=node_attachments,
-            # The autoscaler and the schedules move the size; a deploy must not move it back.
-            ignore_changes=["scalingConfig.desiredSize"]))
+        node_role = aws.iam.Role(
+            f"{name}-node-role",
+            assume_role_policy=_assume("ec2.amazonaws.com"),
+            description=f"torchfleet {cfg.stack} EKS nodes",
+            tags=tags,
+            opts=child,
+        )
+        node_attachments = [
+            aws.iam.RolePolicyAttachment(
+                f"{name}-node-{p}", role=node_role.name, policy_arn=self._managed(p), opts=child
+            )
+            for p in NODE_POLICIES
+        ]
+        groups_opts = pulumi.ResourceOptions.merge(
+            child,
+            pulumi.ResourceOptions(
+                depends_on=node_attachments,
+                # The autoscaler and the schedules move the size; a deploy must not move it back.
+                ignore_changes=["scalingConfig.desiredSize"],
+            ),
+        )
         security = [self.cluster.vpc_config.cluster_security_group_id, network.node_sg.id]
 
         system = cfg.kubernetes.system
         self.system_group = aws.eks.NodeGroup(
-            f"{name}-system", cluster_name=self.cluster.name, node_role_arn=node_role.arn,
-            node_group_name_prefix=f"{cfg.name}-system-", subnet_ids=[s.id for s in network.subnets],
-            ami_type=SYSTEM_AMI, capacity_type="ON_DEMAND", instance_types=[system.instance_type],
+            f"{name}-system",
+            cluster_name=self.cluster.name,
+            node_role_arn=node_role.arn,
+            node_group_name_prefix=f"{cfg.name}-system-",
+            subnet_ids=[s.id for s in network.subnets],
+            ami_type=SYSTEM_AMI,
+            capacity_type="ON_DEMAND",
+            instance_types=[system.instance_type],
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
-                min_size=system.count, max_size=system.count, desired_size=system.count),
+                min_size=system.count, max_size=system.count, desired_size=system.count
+            ),
             launch_template=self._template("system", SYSTEM_DISK_GB, security),
             labels=dict(addons.SYSTEM_LABELS),
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
-            tags=tags, opts=groups_opts)
+            tags=tags,
+            opts=groups_opts,
+        )
 
         node_tags = with_name(tags, f"{cfg.name}-gpu", **dict([NODE_ROLE_TAG]))
         gpu_template = self._template("gpu", cfg.disk_gb, security, node_tags)
@@ -168,69 +278,119 @@ class EksCluster(pulumi.ComponentResource):
         self.scaled_pools: list[ScaledPool] = []
         for pool in pools.split(cfg):
             group = aws.eks.NodeGroup(
-                f"{name}-{pool.name}", cluster_name=self.cluster.name,
-                node_role_arn=node_role.arn, node_group_name_prefix=f"{cfg.name}-{pool.name}-",
-                subnet_ids=[s.id for s in network.subnets], ami_type=GPU_AMI,
+                f"{name}-{pool.name}",
+                cluster_name=self.cluster.name,
+                node_role_arn=node_role.arn,
+                node_group_name_prefix=f"{cfg.name}-{pool.name}-",
+                subnet_ids=[s.id for s in network.subnets],
+                ami_type=GPU_AMI,
                 capacity_type="SPOT" if pool.spot else "ON_DEMAND",
                 instance_types=[t.name for t in cfg.instance_types],
                 scaling_config=aws.eks.NodeGroupScalingConfigArgs(
-                    min_size=pool.min, max_size=pool.max, desired_size=pool.desired),
+                    min_size=pool.min, max_size=pool.max, desired_size=pool.desired
+                ),
                 launch_template=gpu_template,
-                labels={**gpu_node_labels(), "nvidia.com/gpu.present": "true",
-                        "torchfleet-pool": pool.name},
-                taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT[0], value=GPU_TAINT[1],
-                                                   effect=TAINT_EFFECT[GPU_TAINT[2]])],
+                labels={
+                    **gpu_node_labels(),
+                    "nvidia.com/gpu.present": "true",
+                    "torchfleet-pool": pool.name,
+                },
+                taints=[
+                    aws.eks.NodeGroupTaintArgs(
+                        key=GPU_TAINT[0], value=GPU_TAINT[1], effect=TAINT_EFFECT[GPU_TAINT[2]]
+                    )
+                ],
                 update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
                 node_repair_config=aws.eks.NodeGroupNodeRepairConfigArgs(enabled=True),
-                tags={**node_tags, "torchfleet-pool": pool.name}, opts=groups_opts)
+                tags={**node_tags, "torchfleet-pool": pool.name},
+                opts=groups_opts,
+            )
             self.gpu_groups[pool.name] = group
             asg = group.resources.apply(lambda rs: rs[0].autoscaling_groups[0].name)
             self.scaled_pools.append(ScaledPool(pool.name, asg, pool.min, pool.max, pool.desired))
 
-        self.autoscaler_role = self._irsa("autoscaler", AUTOSCALER_SERVICE_ACCOUNT,
-                                          self._autoscaler_policy())
-        self.kubeconfig = kubeconfig(self.cluster.name, self.cluster.endpoint,
-                                     self.cluster.certificate_authority.apply(lambda c: c.data),
-                                     cfg.region)
+        self.autoscaler_role = self._irsa(
+            "autoscaler", AUTOSCALER_SERVICE_ACCOUNT, self._autoscaler_policy()
+        )
+        self.kubeconfig = kubeconfig(
+            self.cluster.name,
+            self.cluster.endpoint,
+            self.cluster.certificate_authority.apply(lambda c: c.data),
+            cfg.region,
+        )
         self.register_outputs({"cluster_name": self.cluster.name})
 
     def _managed(self, policy: str) -> str:
         return f"arn:{self.partition}:iam::aws:policy/{policy}"
 
-    def _template(self, kind: str, disk_gb: int, security: list[Any],
-                  node_tags: dict[str, str] | None = None) -> aws.eks.NodeGroupLaunchTemplateArgs:
+    def _template(
+        self, kind: str, disk_gb: int, security: list[Any], node_tags: dict[str, str] | None = None
+    ) -> aws.eks.NodeGroupLaunchTemplateArgs:
         cfg, node_tags = self.cfg, node_tags or with_name(self.tags, f"{self.cfg.name}-{kind}")
         template = aws.ec2.LaunchTemplate(
-            f"{self.name}-{kind}-lt", name_prefix=f"{cfg.name}-{kind}-",
+            f"{self.name}-{kind}-lt",
+            name_prefix=f"{cfg.name}-{kind}-",
             description=f"torchfleet {cfg.stack} EKS {kind} nodes",
             vpc_security_group_ids=security,
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1,
-                instance_metadata_tags="disabled"),
-            block_device_mappings=[aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
-                device_name=ROOT_DEVICE, ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
-                    volume_size=disk_gb, volume_type="gp3", encrypted="true",
-                    delete_on_termination="true"))],
+                http_endpoint="enabled",
+                http_tokens="required",
+                http_put_response_hop_limit=1,
+                instance_metadata_tags="disabled",
+            ),
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name=ROOT_DEVICE,
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        volume_size=disk_gb,
+                        volume_type="gp3",
+                        encrypted="true",
+                        delete_on_termination="true",
+                    ),
+                )
+            ],
             monitoring=aws.ec2.LaunchTemplateMonitoringArgs(enabled=True),
             tag_specifications=[
                 aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=r, tags=node_tags)
-                for r in ("instance", "volume", "network-interface")],
-            update_default_version=True, tags=self.tags, opts=self.child)
+                for r in ("instance", "volume", "network-interface")
+            ],
+            update_default_version=True,
+            tags=self.tags,
+            opts=self.child,
+        )
         return aws.eks.NodeGroupLaunchTemplateArgs(
-            id=template.id, version=template.latest_version.apply(str))
+            id=template.id, version=template.latest_version.apply(str)
+        )
 
     def _irsa(self, suffix: str, service_account: str, policy: pulumi.Input[str]) -> aws.iam.Role:
         """A role only `service_account` (namespace:name) of this cluster can assume."""
-        trust = pulumi.Output.all(self.oidc.arn, self.issuer_host).apply(lambda a: json.dumps({
-            "Version": "2012-10-17", "Statement": [{
-                "Effect": "Allow", "Principal": {"Federated": a[0]},
-                "Action": "sts:AssumeRoleWithWebIdentity",
-                "Condition": {"StringEquals": {
-                    f"{a[1]}:sub": f"system:serviceaccount:{service_account}",
-                    f"{a[1]}:aud": "sts.amazonaws.com"}}}]}))
-        role = aws.iam.Role(f"{self.name}-{suffix}", assume_role_policy=trust,
-                            description=f"torchfleet {self.cfg.stack}: {service_account}",
-                            tags=self.tags, opts=self.child)
+        trust = pulumi.Output.all(self.oidc.arn, self.issuer_host).apply(
+            lambda a: json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"Federated": a[0]},
+                            "Action": "sts:AssumeRoleWithWebIdentity",
+                            "Condition": {
+                                "StringEquals": {
+                                    f"{a[1]}:sub": f"system:serviceaccount:{service_account}",
+                                    f"{a[1]}:aud": "sts.amazonaws.com",
+                                }
+                            },
+                        }
+                    ],
+                }
+            )
+        )
+        role = aws.iam.Role(
+            f"{self.name}-{suffix}",
+            assume_role_policy=trust,
+            description=f"torchfleet {self.cfg.stack}: {service_account}",
+            tags=self.tags,
+            opts=self.child,
+        )
         aws.iam.RolePolicy(f"{self.name}-{suffix}", role=role.id, policy=policy, opts=self.child)
         return role
 
@@ -238,18 +398,38 @@ class EksCluster(pulumi.ComponentResource):
         # Describe* calls take no resource scoping in IAM; the calls that change capacity are
         # limited to the groups EKS tags as this cluster's.
         owned = f"aws:ResourceTag/k8s.io/cluster-autoscaler/{self.cluster_name}"
-        return json.dumps({"Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Resource": ["*"], "Action": [
-                "autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
-                "autoscaling:DescribeLaunchConfigurations", "autoscaling:DescribeScalingActivities",
-                "autoscaling:DescribeTags", "ec2:DescribeImages", "ec2:DescribeInstanceTypes",
-                "ec2:DescribeLaunchTemplateVersions", "ec2:GetInstanceTypesFromInstanceRequirements",
-                "eks:DescribeNodegroup"]},
-            {"Effect": "Allow", "Resource": ["*"],
-             "Action": ["autoscaling:SetDesiredCapacity",
-                        "autoscaling:TerminateInstanceInAutoScalingGroup"],
-             "Condition": {"StringEquals": {owned: "owned"}}},
-        ]})
+        return json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Effect": "Allow",
+                        "Resource": ["*"],
+                        "Action": [
+                            "autoscaling:DescribeAutoScalingGroups",
+                            "autoscaling:DescribeAutoScalingInstances",
+                            "autoscaling:DescribeLaunchConfigurations",
+                            "autoscaling:DescribeScalingActivities",
+                            "autoscaling:DescribeTags",
+                            "ec2:DescribeImages",
+                            "ec2:DescribeInstanceTypes",
+                            "ec2:DescribeLaunchTemplateVersions",
+                            "ec2:GetInstanceTypesFromInstanceRequirements",
+                            "eks:DescribeNodegroup",
+                        ],
+                    },
+                    {
+                        "Effect": "Allow",
+                        "Resource": ["*"],
+                        "Action": [
+                            "autoscaling:SetDesiredCapacity",
+                            "autoscaling:TerminateInstanceInAutoScalingGroup",
+                        ],
+                        "Condition": {"StringEquals": {owned: "owned"}},
+                    },
+                ],
+            }
+        )
 
     def model_volume(self) -> tuple[str | None, list[dict[str, Any]]]:
         """The model bucket prefix as a read-only volume, through the S3 CSI add-on."""
@@ -259,39 +439,80 @@ class EksCluster(pulumi.ComponentResource):
             return None, []
         bucket = f"arn:{self.partition}:s3:::{cfg.model_bucket}"
         prefix = cfg.kubernetes.model_prefix
-        role = self._irsa("model-reader", S3_CSI_SERVICE_ACCOUNT, json.dumps({
-            "Version": "2012-10-17", "Statement": [
-                {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [bucket],
-                 "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}},
-                {"Effect": "Allow", "Action": ["s3:GetObject"],
-                 "Resource": [f"{bucket}/{prefix}*"]}]}))
-        aws.eks.Addon(f"{self.name}-s3-csi", cluster_name=self.cluster.name,
-                      addon_name=S3_CSI_ADDON, service_account_role_arn=role.arn,
-                      resolve_conflicts_on_create="OVERWRITE",
-                      resolve_conflicts_on_update="OVERWRITE", tags=self.tags,
-                      opts=pulumi.ResourceOptions.merge(self.child, pulumi.ResourceOptions(
-                          depends_on=[self.system_group])))
+        role = self._irsa(
+            "model-reader",
+            S3_CSI_SERVICE_ACCOUNT,
+            json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Action": ["s3:ListBucket"],
+                            "Resource": [bucket],
+                            "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+                        },
+                        {
+                            "Effect": "Allow",
+                            "Action": ["s3:GetObject"],
+                            "Resource": [f"{bucket}/{prefix}*"],
+                        },
+                    ],
+                }
+            ),
+        )
+        aws.eks.Addon(
+            f"{self.name}-s3-csi",
+            cluster_name=self.cluster.name,
+            addon_name=S3_CSI_ADDON,
+            service_account_role_arn=role.arn,
+            resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="OVERWRITE",
+            tags=self.tags,
+            opts=pulumi.ResourceOptions.merge(
+                self.child, pulumi.ResourceOptions(depends_on=[self.system_group])
+            ),
+        )
         pv_name = f"{cfg.name}-model"
-        return pv_name, [{"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {
-            "name": pv_name, "labels": {"app.kubernetes.io/part-of": PROJECT}},
-            "spec": {
-                "capacity": {"storage": "10Gi"},  # required by the API, ignored by the driver
-                "accessModes": ["ReadOnlyMany"], "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": "",
-                "claimRef": {"namespace": cfg.kubernetes.namespace, "name": MODEL_CLAIM},
-                "mountOptions": ["read-only", f"region {cfg.region}", f"prefix {prefix}",
-                                 "allow-other", "uid=10001", "gid=10001"],
-                "csi": {"driver": "s3.csi.aws.com", "volumeHandle": pv_name, "readOnly": True,
-                        "volumeAttributes": {"bucketName": cfg.model_bucket}},
-            }}]
+        return pv_name, [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": pv_name, "labels": {"app.kubernetes.io/part-of": PROJECT}},
+                "spec": {
+                    "capacity": {"storage": "10Gi"},  # required by the API, ignored by the driver
+                    "accessModes": ["ReadOnlyMany"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "",
+                    "claimRef": {"namespace": cfg.kubernetes.namespace, "name": MODEL_CLAIM},
+                    "mountOptions": [
+                        "read-only",
+                        f"region {cfg.region}",
+                        f"prefix {prefix}",
+                        "allow-other",
+                        "uid=10001",
+                        "gid=10001",
+                    ],
+                    "csi": {
+                        "driver": "s3.csi.aws.com",
+                        "volumeHandle": pv_name,
+                        "readOnly": True,
+                        "volumeAttributes": {"bucketName": cfg.model_bucket},
+                    },
+                },
+            }
+        ]
 
     def placement(self, model_claim: str | None) -> Placement:
         cfg = self.cfg
         annotations = {"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}
         if not cfg.client_cidrs:
             annotations["service.beta.kubernetes.io/aws-load-balancer-internal"] = "true"
-        return Placement(gpu_node_labels=gpu_node_labels(), service_annotations=annotations,
-                         model_claim=model_claim)
+        return Placement(
+            gpu_node_labels=gpu_node_labels(),
+            service_annotations=annotations,
+            model_claim=model_claim,
+        )
 
     def releases(self) -> list[addons.Release]:
         cfg = self.cfg
@@ -299,16 +520,21 @@ class EksCluster(pulumi.ComponentResource):
         return [
             addons.device_plugin(cfg),
             addons.node_termination_handler(cfg),
-            addons.cluster_autoscaler(cfg, self.cluster.name, self.autoscaler_role.arn,
-                                      f".*{cfg.name}-gpu-spot-.*"),
+            addons.cluster_autoscaler(
+                cfg, self.cluster.name, self.autoscaler_role.arn, f".*{cfg.name}-gpu-spot-.*"
+            ),
             addons.prometheus(cfg),
             addons.prometheus_adapter(cfg),
         ]
 
 
-def deploy_kubernetes(cfg: StackConfig, tags: dict[str, str], network: AwsNetwork,
-                      arn_partition: str, opts: pulumi.ResourceOptions
-                      ) -> tuple[EksCluster, Deployment]:
+def deploy_kubernetes(
+    cfg: StackConfig,
+    tags: dict[str, str],
+    network: AwsNetwork,
+    arn_partition: str,
+    opts: pulumi.ResourceOptions,
+) -> tuple[EksCluster, Deployment]:
     """The cluster and the runtime on it; the caller adds the teardown."""
     from infra.k8s.component import KubernetesApp, lb_endpoint  # pulumi_kubernetes: this mode
 
@@ -316,18 +542,30 @@ def deploy_kubernetes(cfg: StackConfig, tags: dict[str, str], network: AwsNetwor
     cluster = EksCluster("cluster", cfg, tags, network, arn_partition, opts=opts)
     volume, volumes = cluster.model_volume()
     app = KubernetesApp(
-        "app", cfg, cluster.kubeconfig, cluster.placement(MODEL_CLAIM if volume else None),
-        cluster.releases(), volumes,
-        opts=pulumi.ResourceOptions(depends_on=[cluster.system_group,
-                                                *cluster.gpu_groups.values()]))
+        "app",
+        cfg,
+        cluster.kubeconfig,
+        cluster.placement(MODEL_CLAIM if volume else None),
+        cluster.releases(),
+        volumes,
+        opts=pulumi.ResourceOptions(
+            depends_on=[cluster.system_group, *cluster.gpu_groups.values()]
+        ),
+    )
     return cluster, Deployment(
-        nodes=[], endpoint=app.service.status.apply(lb_endpoint), login_user="",
+        nodes=[],
+        endpoint=app.service.status.apply(lb_endpoint),
+        login_user="",
         extra_outputs={
-            "cluster": {"name": cluster.cluster.name, "version": cfg.kubernetes.version,
-                        "endpoint": cluster.cluster.endpoint,
-                        "spot_caps_usd_per_hour": {t.name: cfg.spot_cap(t)
-                                                   for t in cfg.instance_types}
-                        if cfg.spot.enabled else {}},
+            "cluster": {
+                "name": cluster.cluster.name,
+                "version": cfg.kubernetes.version,
+                "endpoint": cluster.cluster.endpoint,
+                "spot_caps_usd_per_hour": {t.name: cfg.spot_cap(t) for t in cfg.instance_types}
+                if cfg.spot.enabled
+                else {},
+            },
             "kubeconfig": pulumi.Output.secret(cluster.kubeconfig),
             "cluster_cost": cluster_cost(cfg).as_dict(),
-        })
+        },
+    )

@@ -37,48 +37,93 @@ REFRESH_MIN_HEALTHY_PERCENT = 50
 
 
 class AwsFleet(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str], network: AwsNetwork,
-                 store: AwsBundleStore, image_id: pulumi.Input[str], account: pulumi.Input[str],
-                 arn_partition: str, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        tags: dict[str, str],
+        network: AwsNetwork,
+        store: AwsBundleStore,
+        image_id: pulumi.Input[str],
+        account: pulumi.Input[str],
+        arn_partition: str,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("torchfleet:aws:Fleet", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.cfg = cfg
         node_tags = with_name(tags, f"{cfg.name}-node", **dict([NODE_ROLE_TAG]))
         image = images.query("aws", cfg.image_distro)
 
-        self.key = key = aws.ec2.KeyPair(f"{name}-key", key_name_prefix=f"{cfg.name}-",
-                                         public_key=cfg.ssh_public_key, tags=tags, opts=child)
+        self.key = key = aws.ec2.KeyPair(
+            f"{name}-key",
+            key_name_prefix=f"{cfg.name}-",
+            public_key=cfg.ssh_public_key,
+            tags=tags,
+            opts=child,
+        )
         role = aws.iam.Role(
-            f"{name}-node-role", assume_role_policy=assume_role("ec2.amazonaws.com"),
-            description=f"torchfleet {cfg.stack} GPU nodes", tags=tags, opts=child)
+            f"{name}-node-role",
+            assume_role_policy=assume_role("ec2.amazonaws.com"),
+            description=f"torchfleet {cfg.stack} GPU nodes",
+            tags=tags,
+            opts=child,
+        )
         # Session Manager access (an SSH alternative that needs no open port) and nothing else.
         aws.iam.RolePolicyAttachment(
-            f"{name}-node-ssm", role=role.name,
+            f"{name}-node-ssm",
+            role=role.name,
             policy_arn=f"arn:{arn_partition}:iam::aws:policy/AmazonSSMManagedInstanceCore",
-            opts=child)
+            opts=child,
+        )
         if cfg.model_bucket:
             bucket = f"arn:{arn_partition}:s3:::{cfg.model_bucket}"
-            aws.iam.RolePolicy(f"{name}-node-models", role=role.id, policy=json.dumps({
-                "Version": "2012-10-17", "Statement": [
-                    {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [bucket]},
-                    {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"{bucket}/*"]},
-                ]}), opts=child)
+            aws.iam.RolePolicy(
+                f"{name}-node-models",
+                role=role.id,
+                policy=json.dumps(
+                    {
+                        "Version": "2012-10-17",
+                        "Statement": [
+                            {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [bucket]},
+                            {
+                                "Effect": "Allow",
+                                "Action": ["s3:GetObject"],
+                                "Resource": [f"{bucket}/*"],
+                            },
+                        ],
+                    }
+                ),
+                opts=child,
+            )
         # What the bootstrap needs before anything runs: these grants exist before any node.
-        self.grants = [aws.iam.RolePolicy(
-            f"{name}-node-bundle", role=role.id, policy=store.read_arn.apply(bundle_read_policy),
-            opts=child)]
+        self.grants = [
+            aws.iam.RolePolicy(
+                f"{name}-node-bundle",
+                role=role.id,
+                policy=store.read_arn.apply(bundle_read_policy),
+                opts=child,
+            )
+        ]
         if cfg.mode == "group":
             arn = pulumi.Output.from_input(account).apply(
-                lambda a: group_arn(arn_partition, cfg.region, a, group_name(cfg)))
-            self.grants.append(aws.iam.RolePolicy(
-                f"{name}-node-lifecycle", role=role.id, policy=arn.apply(lifecycle_policy),
-                opts=child))
+                lambda a: group_arn(arn_partition, cfg.region, a, group_name(cfg))
+            )
+            self.grants.append(
+                aws.iam.RolePolicy(
+                    f"{name}-node-lifecycle",
+                    role=role.id,
+                    policy=arn.apply(lifecycle_policy),
+                    opts=child,
+                )
+            )
         profile = aws.iam.InstanceProfile(f"{name}-node", role=role.name, tags=tags, opts=child)
 
         # The bundle's sha256 is inside: a new bundle is a new template version (group) and a
         # new instance (instances mode, below).
-        self.user_data = user_data(cfg, store.bucket.bucket, mode=cfg.bootstrap_mode,
-                                   group=cfg.mode == "group")
+        self.user_data = user_data(
+            cfg, store.bucket.bucket, mode=cfg.bootstrap_mode, group=cfg.mode == "group"
+        )
         spot_instances = cfg.mode == "instances" and cfg.spot.enabled
         # Only a persistent request can be stopped (by a schedule) and restarted.
         self.persistent_spot = spot_instances and cfg.spot.interruption in ("stop", "hibernate")
@@ -92,28 +137,43 @@ class AwsFleet(pulumi.ComponentResource):
             vpc_security_group_ids=[network.node_sg.id],
             iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=profile.arn),
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1,
-                instance_metadata_tags="enabled"),
-            block_device_mappings=[aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
-                device_name=image.root_device,
-                ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
-                    volume_size=cfg.disk_gb, volume_type="gp3", encrypted="true",
-                    delete_on_termination="true"))],
+                http_endpoint="enabled",
+                http_tokens="required",
+                http_put_response_hop_limit=1,
+                instance_metadata_tags="enabled",
+            ),
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name=image.root_device,
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        volume_size=cfg.disk_gb,
+                        volume_type="gp3",
+                        encrypted="true",
+                        delete_on_termination="true",
+                    ),
+                )
+            ],
             instance_market_options=self._spot_options() if spot_instances else None,
-            hibernation_options=(aws.ec2.LaunchTemplateHibernationOptionsArgs(configured=True)
-                                 if spot_instances and cfg.spot.interruption == "hibernate"
-                                 else None),
+            hibernation_options=(
+                aws.ec2.LaunchTemplateHibernationOptionsArgs(configured=True)
+                if spot_instances and cfg.spot.interruption == "hibernate"
+                else None
+            ),
             monitoring=aws.ec2.LaunchTemplateMonitoringArgs(enabled=True),
             user_data=self.user_data,
             tag_specifications=[
                 aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=node_tags)
-                for kind in ("instance", "volume", "network-interface")],
+                for kind in ("instance", "volume", "network-interface")
+            ],
             update_default_version=True,
-            tags=tags, opts=child)
+            tags=tags,
+            opts=child,
+        )
 
         # A node fetches the bundle at boot: the object and the grants come first.
-        needs = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-            depends_on=[store.object, *self.grants]))
+        needs = pulumi.ResourceOptions.merge(
+            child, pulumi.ResourceOptions(depends_on=[store.object, *self.grants])
+        )
         if cfg.mode == "instances":
             self.instances = self._instances(name, node_tags, network, needs)
             self.deployment = instances_deployment(cfg, self.instances, image.login_user)
@@ -121,15 +181,22 @@ class AwsFleet(pulumi.ComponentResource):
             self.group, alb, target = self._group(name, tags, node_tags, network, child, needs)
             self.policies = scaling.register(name, cfg, self.group, alb, target, child)
             self.deployment = Deployment(
-                nodes=[], endpoint=alb.dns_name.apply(lambda d: f"http://{d}/"),
+                nodes=[],
+                endpoint=alb.dns_name.apply(lambda d: f"http://{d}/"),
                 login_user=image.login_user,
                 # running by tag; `group_name` lets an inventory keep the InService ones (a
                 # node still in its launch hook is running but bootstrapping itself)
-                discovery={"cloud": "aws", "region": cfg.region,
-                           "filters": {f"tag:{NODE_ROLE_TAG[0]}": NODE_ROLE_TAG[1],
-                                       "tag:stack": cfg.stack,
-                                       "instance-state-name": "running"},
-                           "group_name": group_name(cfg)})
+                discovery={
+                    "cloud": "aws",
+                    "region": cfg.region,
+                    "filters": {
+                        f"tag:{NODE_ROLE_TAG[0]}": NODE_ROLE_TAG[1],
+                        "tag:stack": cfg.stack,
+                        "instance-state-name": "running",
+                    },
+                    "group_name": group_name(cfg),
+                },
+            )
         self.register_outputs({"launch_template_id": self.template.id})
 
     def _spot_options(self) -> aws.ec2.LaunchTemplateInstanceMarketOptionsArgs:
@@ -140,51 +207,95 @@ class AwsFleet(pulumi.ComponentResource):
             spot_options=aws.ec2.LaunchTemplateInstanceMarketOptionsSpotOptionsArgs(
                 max_price=f"{cfg.spot_cap(cfg.instance_type):.4f}",
                 spot_instance_type="persistent" if persistent else "one-time",
-                instance_interruption_behavior=cfg.spot.interruption))
+                instance_interruption_behavior=cfg.spot.interruption,
+            ),
+        )
 
-    def _instances(self, name: str, node_tags: dict[str, str], network: AwsNetwork,
-                   child: pulumi.ResourceOptions) -> list[aws.ec2.Instance]:
+    def _instances(
+        self,
+        name: str,
+        node_tags: dict[str, str],
+        network: AwsNetwork,
+        child: pulumi.ResourceOptions,
+    ) -> list[aws.ec2.Instance]:
         cfg = self.cfg
         out = []
         for i in range(cfg.nodes.count):
             subnet = network.subnets[i % len(network.subnets)]
-            out.append(aws.ec2.Instance(
-                f"{name}-node-{i}",
-                launch_template=aws.ec2.InstanceLaunchTemplateArgs(
-                    id=self.template.id, version=self.template.latest_version.apply(str)),
-                subnet_id=subnet.id,
-                # cloud-init configures a node once per instance: user-data changed in place
-                # (a stop/start by default) would leave it on its old bundle. The instance's own
-                # copy of the template's user-data makes a new bundle a new instance.
-                user_data_base64=self.user_data, user_data_replace_on_change=True,
-                tags={**node_tags, "Name": f"{cfg.stack}-gpu-{i}"},
-                volume_tags={**node_tags, "Name": f"{cfg.stack}-gpu-{i}"},
-                opts=child))
+            out.append(
+                aws.ec2.Instance(
+                    f"{name}-node-{i}",
+                    launch_template=aws.ec2.InstanceLaunchTemplateArgs(
+                        id=self.template.id, version=self.template.latest_version.apply(str)
+                    ),
+                    subnet_id=subnet.id,
+                    # cloud-init configures a node once per instance: user-data changed in place
+                    # (a stop/start by default) would leave it on its old bundle. The instance's own
+                    # copy of the template's user-data makes a new bundle a new instance.
+                    user_data_base64=self.user_data,
+                    user_data_replace_on_change=True,
+                    tags={**node_tags, "Name": f"{cfg.stack}-gpu-{i}"},
+                    volume_tags={**node_tags, "Name": f"{cfg.stack}-gpu-{i}"},
+                    opts=child,
+                )
+            )
         return out
 
-    def _group(self, name: str, tags: dict[str, str], node_tags: dict[str, str],
-               network: AwsNetwork, child: pulumi.ResourceOptions, needs: pulumi.ResourceOptions
-               ) -> tuple[aws.autoscaling.Group, aws.lb.LoadBalancer, aws.lb.TargetGroup]:
+    def _group(
+        self,
+        name: str,
+        tags: dict[str, str],
+        node_tags: dict[str, str],
+        network: AwsNetwork,
+        child: pulumi.ResourceOptions,
+        needs: pulumi.ResourceOptions,
+    ) -> tuple[aws.autoscaling.Group, aws.lb.LoadBalancer, aws.lb.TargetGroup]:
         cfg = self.cfg
         assert network.lb_sg is not None and cfg.scaling is not None
         subnet_ids = [s.id for s in network.subnets]
         target = aws.lb.TargetGroup(
-            f"{name}-tg", port=cfg.service_port, protocol="HTTP", vpc_id=network.vpc.id,
-            target_type="instance", deregistration_delay=DEREGISTRATION_DELAY_S,
+            f"{name}-tg",
+            port=cfg.service_port,
+            protocol="HTTP",
+            vpc_id=network.vpc.id,
+            target_type="instance",
+            deregistration_delay=DEREGISTRATION_DELAY_S,
             health_check=aws.lb.TargetGroupHealthCheckArgs(
-                enabled=True, path=HEALTH_PATH, matcher="200", protocol="HTTP",
-                port="traffic-port", interval=LB_HEALTH_INTERVAL_S, timeout=LB_HEALTH_TIMEOUT_S,
-                healthy_threshold=LB_HEALTHY_THRESHOLD, unhealthy_threshold=LB_UNHEALTHY_THRESHOLD),
-            tags=tags, opts=child)
+                enabled=True,
+                path=HEALTH_PATH,
+                matcher="200",
+                protocol="HTTP",
+                port="traffic-port",
+                interval=LB_HEALTH_INTERVAL_S,
+                timeout=LB_HEALTH_TIMEOUT_S,
+                healthy_threshold=LB_HEALTHY_THRESHOLD,
+                unhealthy_threshold=LB_UNHEALTHY_THRESHOLD,
+            ),
+            tags=tags,
+            opts=child,
+        )
         alb = aws.lb.LoadBalancer(
-            f"{name}-alb", load_balancer_type="application", internal=not cfg.client_cidrs,
-            security_groups=[network.lb_sg.id], subnets=subnet_ids,
-            drop_invalid_header_fields=True, idle_timeout=60, tags=tags, opts=child)
+            f"{name}-alb",
+            load_balancer_type="application",
+            internal=not cfg.client_cidrs,
+            security_groups=[network.lb_sg.id],
+            subnets=subnet_ids,
+            drop_invalid_header_fields=True,
+            idle_timeout=60,
+            tags=tags,
+            opts=child,
+        )
         aws.lb.Listener(
-            f"{name}-http", load_balancer_arn=alb.arn, port=LB_PORT, protocol="HTTP",
-            default_actions=[aws.lb.ListenerDefaultActionArgs(
-                type="forward", target_group_arn=target.arn)],
-            tags=tags, opts=child)
+            f"{name}-http",
+            load_balancer_arn=alb.arn,
+            port=LB_PORT,
+            protocol="HTTP",
+            default_actions=[
+                aws.lb.ListenerDefaultActionArgs(type="forward", target_group_arn=target.arn)
+            ],
+            tags=tags,
+            opts=child,
+        )
 
         # A pinned version, not "$Latest": only a changed version number in the group's launch
         # template makes the provider start an instance refresh (a new bundle -> new user-data
@@ -196,12 +307,15 @@ class AwsFleet(pulumi.ComponentResource):
         group = aws.autoscaling.Group(
             f"{name}-asg",
             name=group_name(cfg),  # fixed: the user-data and the node's grants name it
-            min_size=cfg.nodes.min, max_size=cfg.nodes.max, desired_capacity=cfg.nodes.desired,
+            min_size=cfg.nodes.min,
+            max_size=cfg.nodes.max,
+            desired_capacity=cfg.nodes.desired,
             vpc_zone_identifiers=subnet_ids,
             capacity_rebalance=cfg.spot.enabled,
             # The launching hook keeps a node out of service until /readyz is 200, so the grace
             # and the warm-up cover only the ALB's view and one metric period (infra.lifecycle).
-            health_check_type="ELB", health_check_grace_period=HEALTH_GRACE_S,
+            health_check_type="ELB",
+            health_check_grace_period=HEALTH_GRACE_S,
             default_instance_warmup=INSTANCE_WARMUP_S,
             target_group_arns=[target.arn],
             protect_from_scale_in=protect,
@@ -212,18 +326,27 @@ class AwsFleet(pulumi.ComponentResource):
             # Hooks that exist before the first node launches (a separate LifecycleHook comes
             # after the group, too late for its first nodes); infra.aws.scaling keeps them
             # up to date afterwards.
-            initial_lifecycle_hooks=[aws.autoscaling.GroupInitialLifecycleHookArgs(**hook)
-                                     for hook in scaling.hooks(cfg)],
-            launch_template=(aws.autoscaling.GroupLaunchTemplateArgs(
-                id=self.template.id, version=version) if warm else None),
+            initial_lifecycle_hooks=[
+                aws.autoscaling.GroupInitialLifecycleHookArgs(**hook) for hook in scaling.hooks(cfg)
+            ],
+            launch_template=(
+                aws.autoscaling.GroupLaunchTemplateArgs(id=self.template.id, version=version)
+                if warm
+                else None
+            ),
             mixed_instances_policy=None if warm else self._mixed(version),
             # Stopped, already-bootstrapped nodes: a scale-out starts one instead of launching
             # and converging a new one; scale-in returns nodes to the pool.
             warm_pool=aws.autoscaling.GroupWarmPoolArgs(
-                pool_state="Stopped", min_size=warm.min_size,
+                pool_state="Stopped",
+                min_size=warm.min_size,
                 max_group_prepared_capacity=warm.max_prepared,
                 instance_reuse_policy=aws.autoscaling.GroupWarmPoolInstanceReusePolicyArgs(
-                    reuse_on_scale_in=True)) if warm else None,
+                    reuse_on_scale_in=True
+                ),
+            )
+            if warm
+            else None,
             instance_refresh=aws.autoscaling.GroupInstanceRefreshArgs(
                 strategy="Rolling",
                 preferences=aws.autoscaling.GroupInstanceRefreshPreferencesArgs(
@@ -232,13 +355,19 @@ class AwsFleet(pulumi.ComponentResource):
                     skip_matching=True,
                     # A bundle whose nodes never get ready rolls back, not the whole fleet down.
                     auto_rollback=True,
-                    scale_in_protected_instances="Refresh" if protect else None)),
-            tags=[aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=True)
-                  for k, v in node_tags.items()],
+                    scale_in_protected_instances="Refresh" if protect else None,
+                ),
+            ),
+            tags=[
+                aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=True)
+                for k, v in node_tags.items()
+            ],
             # Scaling policies and schedules move the desired size; a deploy must not move it
             # back.
             opts=pulumi.ResourceOptions.merge(
-                needs, pulumi.ResourceOptions(ignore_changes=["desiredCapacity"])))
+                needs, pulumi.ResourceOptions(ignore_changes=["desiredCapacity"])
+            ),
+        )
         return group, alb, target
 
     def _mixed(self, version: pulumi.Output[str]) -> aws.autoscaling.GroupMixedInstancesPolicyArgs:
@@ -249,14 +378,22 @@ class AwsFleet(pulumi.ComponentResource):
         distribution = aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs(
             on_demand_base_capacity=cfg.spot.on_demand_base if cfg.spot.enabled else cfg.nodes.max,
             on_demand_percentage_above_base_capacity=(
-                cfg.spot.on_demand_percentage if cfg.spot.enabled else 100),
+                cfg.spot.on_demand_percentage if cfg.spot.enabled else 100
+            ),
             spot_allocation_strategy="price-capacity-optimized",
-            spot_max_price=f"{cap:.4f}" if cfg.spot.enabled else None)
+            spot_max_price=f"{cap:.4f}" if cfg.spot.enabled else None,
+        )
         return aws.autoscaling.GroupMixedInstancesPolicyArgs(
             launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
-                launch_template_specification=aws.autoscaling
-                .GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
-                    launch_template_id=self.template.id, version=version),
-                overrides=[aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(
-                    instance_type=t.name) for t in cfg.instance_types]),
-            instances_distribution=distribution)
+                launch_template_specification=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
+                    launch_template_id=self.template.id, version=version
+                ),
+                overrides=[
+                    aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(
+                        instance_type=t.name
+                    )
+                    for t in cfg.instance_types
+                ],
+            ),
+            instances_distribution=distribution,
+        )

@@ -10,31 +10,63 @@ from infra.nodeboot import METRICS_NAMESPACE
 
 
 def assume_role(service: str) -> str:
-    return json.dumps({"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]})
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}
+            ],
+        }
+    )
 
 
 def bundle_read_policy(prefix_arn: str) -> str:
     """GetObject on `arn:...:<bucket>/bundles/<stack>/*` and nothing else of the bucket."""
-    return json.dumps({"Version": "2012-10-17", "Statement": [{
-        "Sid": "ReadTheStackBundle", "Effect": "Allow", "Action": ["s3:GetObject"],
-        "Resource": [prefix_arn]}]})
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "ReadTheStackBundle",
+                    "Effect": "Allow",
+                    "Action": ["s3:GetObject"],
+                    "Resource": [prefix_arn],
+                }
+            ],
+        }
+    )
 
 
 def group_arn(arn_partition: str, region: str, account: str, group: str) -> str:
     # The group's uuid is unknown before it exists; its name is fixed (infra.nodeboot).
-    return (f"arn:{arn_partition}:autoscaling:{region}:{account}:autoScalingGroup:*:"
-            f"autoScalingGroupName/{group}")
+    return (
+        f"arn:{arn_partition}:autoscaling:{region}:{account}:autoScalingGroup:*:"
+        f"autoScalingGroupName/{group}"
+    )
 
 
 def lifecycle_policy(group: str) -> str:
-    return json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Sid": "OwnLifecycleActions", "Effect": "Allow",
-         "Action": ["autoscaling:CompleteLifecycleAction",
-                    "autoscaling:RecordLifecycleActionHeartbeat"],
-         "Resource": [group]},
-        # PutMetricData has no resource-level permission: the namespace condition scopes it.
-        {"Sid": "PublishLoadMetrics", "Effect": "Allow", "Action": ["cloudwatch:PutMetricData"],
-         "Resource": "*",
-         "Condition": {"StringEquals": {"cloudwatch:namespace": METRICS_NAMESPACE}}},
-    ]})
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "OwnLifecycleActions",
+                    "Effect": "Allow",
+                    "Action": [
+                        "autoscaling:CompleteLifecycleAction",
+                        "autoscaling:RecordLifecycleActionHeartbeat",
+                    ],
+                    "Resource": [group],
+                },
+                # PutMetricData has no resource-level permission: the namespace condition scopes it.
+                {
+                    "Sid": "PublishLoadMetrics",
+                    "Effect": "Allow",
+                    "Action": ["cloudwatch:PutMetricData"],
+                    "Resource": "*",
+                    "Condition": {"StringEquals": {"cloudwatch:namespace": METRICS_NAMESPACE}},
+                },
+            ],
+        }
+    )

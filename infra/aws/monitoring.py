@@ -21,41 +21,71 @@ from infra.tags import with_name
 
 def discovery_policy() -> str:
     """EC2 discovery's reads; `*` because EC2 scopes neither action to a resource."""
-    return json.dumps({"Version": "2012-10-17", "Statement": [{
-        "Sid": "PrometheusEc2Discovery", "Effect": "Allow",
-        "Action": list(monitoring.DISCOVERY_ACTIONS), "Resource": "*"}]})
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "PrometheusEc2Discovery",
+                    "Effect": "Allow",
+                    "Action": list(monitoring.DISCOVERY_ACTIONS),
+                    "Resource": "*",
+                }
+            ],
+        }
+    )
 
 
 class AwsMonitoring(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str], network: AwsNetwork,
-                 key: aws.ec2.KeyPair, image_id: pulumi.Input[str],
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        tags: dict[str, str],
+        network: AwsNetwork,
+        key: aws.ec2.KeyPair,
+        image_id: pulumi.Input[str],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("torchfleet:aws:Monitoring", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         assert cfg.monitoring and network.monitoring_sg and network.services_subnet
         host = monitoring.host_name(cfg)
         host_tags = with_name(tags, host, **dict([MONITORING_ROLE_TAG]))
         role = aws.iam.Role(
-            f"{name}-role", assume_role_policy=assume_role("ec2.amazonaws.com"),
-            description=f"torchfleet {cfg.stack} monitoring host (EC2 discovery)", tags=tags,
-            opts=child)
-        aws.iam.RolePolicy(f"{name}-discovery", role=role.id, policy=discovery_policy(),
-                           opts=child)
-        profile = aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags,
-                                          opts=child)
+            f"{name}-role",
+            assume_role_policy=assume_role("ec2.amazonaws.com"),
+            description=f"torchfleet {cfg.stack} monitoring host (EC2 discovery)",
+            tags=tags,
+            opts=child,
+        )
+        aws.iam.RolePolicy(f"{name}-discovery", role=role.id, policy=discovery_policy(), opts=child)
+        profile = aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags, opts=child)
         instance = aws.ec2.Instance(
-            f"{name}-host", ami=image_id, instance_type=cfg.monitoring.instance_type.name,
-            subnet_id=network.services_subnet.id, private_ip=monitoring.address(cfg),
+            f"{name}-host",
+            ami=image_id,
+            instance_type=cfg.monitoring.instance_type.name,
+            subnet_id=network.services_subnet.id,
+            private_ip=monitoring.address(cfg),
             associate_public_ip_address=False,
             vpc_security_group_ids=[network.monitoring_sg.id],
-            iam_instance_profile=profile.name, key_name=key.key_name,
+            iam_instance_profile=profile.name,
+            key_name=key.key_name,
             # Prometheus runs on the host: hop limit 1 keeps the token off containers.
             metadata_options=aws.ec2.InstanceMetadataOptionsArgs(
-                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1),
+                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
+            ),
             root_block_device=aws.ec2.InstanceRootBlockDeviceArgs(
-                volume_size=cfg.monitoring.disk_gb, volume_type="gp3", encrypted=True,
-                delete_on_termination=True),
-            tags=host_tags, volume_tags=host_tags, opts=child)
-        self.host = MonitoringHost(name=host, private_ip=instance.private_ip,
-                                   login_user=monitoring.login_user(cfg))
+                volume_size=cfg.monitoring.disk_gb,
+                volume_type="gp3",
+                encrypted=True,
+                delete_on_termination=True,
+            ),
+            tags=host_tags,
+            volume_tags=host_tags,
+            opts=child,
+        )
+        self.host = MonitoringHost(
+            name=host, private_ip=instance.private_ip, login_user=monitoring.login_user(cfg)
+        )
         self.register_outputs({"private_ip": instance.private_ip})

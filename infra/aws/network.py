@@ -20,29 +20,49 @@ SSH_PORT = 22
 
 
 class AwsNetwork(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str],
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("torchfleet:aws:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.vpc = aws.ec2.Vpc(
-            f"{name}-vpc", cidr_block=cfg.vpc_cidr, enable_dns_hostnames=True,
-            enable_dns_support=True, tags=with_name(tags, f"{cfg.name}-vpc"), opts=child)
+            f"{name}-vpc",
+            cidr_block=cfg.vpc_cidr,
+            enable_dns_hostnames=True,
+            enable_dns_support=True,
+            tags=with_name(tags, f"{cfg.name}-vpc"),
+            opts=child,
+        )
         igw = aws.ec2.InternetGateway(
-            f"{name}-igw", vpc_id=self.vpc.id, tags=with_name(tags, f"{cfg.name}-igw"), opts=child)
+            f"{name}-igw", vpc_id=self.vpc.id, tags=with_name(tags, f"{cfg.name}-igw"), opts=child
+        )
         routes = aws.ec2.RouteTable(
-            f"{name}-public", vpc_id=self.vpc.id,
+            f"{name}-public",
+            vpc_id=self.vpc.id,
             routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", gateway_id=igw.id)],
-            tags=with_name(tags, f"{cfg.name}-public"), opts=child)
+            tags=with_name(tags, f"{cfg.name}-public"),
+            opts=child,
+        )
         self.subnets: list[aws.ec2.Subnet] = []
         for zone, cidr in zip(cfg.zones, zone_subnets(cfg.vpc_cidr, len(cfg.zones)), strict=True):
             subnet = aws.ec2.Subnet(
-                f"{name}-{zone}", vpc_id=self.vpc.id, cidr_block=cidr, availability_zone=zone,
+                f"{name}-{zone}",
+                vpc_id=self.vpc.id,
+                cidr_block=cidr,
+                availability_zone=zone,
                 # Nodes pull drivers and wheels; a public address is cheaper than a NAT gateway
                 # and the security group still admits nothing from outside but SSH from admins.
                 map_public_ip_on_launch=True,
-                tags=with_name(tags, f"{cfg.name}-{zone}"), opts=child)
+                tags=with_name(tags, f"{cfg.name}-{zone}"),
+                opts=child,
+            )
             aws.ec2.RouteTableAssociation(
-                f"{name}-{zone}-route", subnet_id=subnet.id, route_table_id=routes.id, opts=child)
+                f"{name}-{zone}-route", subnet_id=subnet.id, route_table_id=routes.id, opts=child
+            )
             self.subnets.append(subnet)
 
         self.lb_sg: aws.ec2.SecurityGroup | None = None
@@ -50,15 +70,31 @@ class AwsNetwork(pulumi.ComponentResource):
             # An internal ALB (VPC only) unless client CIDRs are named.
             clients_v4, clients_v6 = split_cidrs(cfg.client_cidrs or (cfg.vpc_cidr,))
             self.lb_sg = aws.ec2.SecurityGroup(
-                f"{name}-lb", vpc_id=self.vpc.id,
+                f"{name}-lb",
+                vpc_id=self.vpc.id,
                 description=f"torchfleet {cfg.stack}: load balancer",
-                ingress=[aws.ec2.SecurityGroupIngressArgs(
-                    protocol="tcp", from_port=LB_PORT, to_port=LB_PORT, cidr_blocks=clients_v4,
-                    ipv6_cidr_blocks=clients_v6, description="inference clients")],
-                egress=[aws.ec2.SecurityGroupEgressArgs(
-                    protocol="tcp", from_port=cfg.service_port, to_port=cfg.service_port,
-                    cidr_blocks=[cfg.vpc_cidr], description="to the nodes' service port")],
-                tags=with_name(tags, f"{cfg.name}-lb"), opts=child)
+                ingress=[
+                    aws.ec2.SecurityGroupIngressArgs(
+                        protocol="tcp",
+                        from_port=LB_PORT,
+                        to_port=LB_PORT,
+                        cidr_blocks=clients_v4,
+                        ipv6_cidr_blocks=clients_v6,
+                        description="inference clients",
+                    )
+                ],
+                egress=[
+                    aws.ec2.SecurityGroupEgressArgs(
+                        protocol="tcp",
+                        from_port=cfg.service_port,
+                        to_port=cfg.service_port,
+                        cidr_blocks=[cfg.vpc_cidr],
+                        description="to the nodes' service port",
+                    )
+                ],
+                tags=with_name(tags, f"{cfg.name}-lb"),
+                opts=child,
+            )
 
         # Created before the nodes' group, which names it; its own rules come after it.
         self.monitoring_sg: aws.ec2.SecurityGroup | None = None
@@ -66,81 +102,152 @@ class AwsNetwork(pulumi.ComponentResource):
         if cfg.monitoring:
             self.services_subnet = self._services_subnet(name, cfg, tags, child)
             self.monitoring_sg = aws.ec2.SecurityGroup(
-                f"{name}-monitoring", vpc_id=self.vpc.id,
+                f"{name}-monitoring",
+                vpc_id=self.vpc.id,
                 description=f"torchfleet {cfg.stack}: monitoring host",
                 # ingress: separate rules below (they name the nodes' group, created after)
-                egress=[aws.ec2.SecurityGroupEgressArgs(
-                    protocol="-1", from_port=0, to_port=0, cidr_blocks=["0.0.0.0/0"],
-                    description="packages, the EC2 API, the nodes' scrape ports")],
-                tags=with_name(tags, f"{cfg.name}-monitoring"), opts=child)
+                egress=[
+                    aws.ec2.SecurityGroupEgressArgs(
+                        protocol="-1",
+                        from_port=0,
+                        to_port=0,
+                        cidr_blocks=["0.0.0.0/0"],
+                        description="packages, the EC2 API, the nodes' scrape ports",
+                    )
+                ],
+                tags=with_name(tags, f"{cfg.name}-monitoring"),
+                opts=child,
+            )
 
         admin_v4, admin_v6 = split_cidrs(cfg.admin_cidrs)
-        scrapes = [] if self.monitoring_sg is None else [
-            aws.ec2.SecurityGroupIngressArgs(
-                protocol="tcp", from_port=port, to_port=port,
-                security_groups=[self.monitoring_sg.id], description=f"{job} scrape from monitoring")
-            for job, port in monitoring.scrape_ports(cfg).items()]
+        scrapes = (
+            []
+            if self.monitoring_sg is None
+            else [
+                aws.ec2.SecurityGroupIngressArgs(
+                    protocol="tcp",
+                    from_port=port,
+                    to_port=port,
+                    security_groups=[self.monitoring_sg.id],
+                    description=f"{job} scrape from monitoring",
+                )
+                for job, port in monitoring.scrape_ports(cfg).items()
+            ]
+        )
         service = (
             aws.ec2.SecurityGroupIngressArgs(
-                protocol="tcp", from_port=cfg.service_port, to_port=cfg.service_port,
-                security_groups=[self.lb_sg.id], description="service port from the load balancer")
-            if self.lb_sg is not None else
-            aws.ec2.SecurityGroupIngressArgs(
-                protocol="tcp", from_port=cfg.service_port, to_port=cfg.service_port,
-                cidr_blocks=[cfg.vpc_cidr], description="service port from inside the VPC"))
+                protocol="tcp",
+                from_port=cfg.service_port,
+                to_port=cfg.service_port,
+                security_groups=[self.lb_sg.id],
+                description="service port from the load balancer",
+            )
+            if self.lb_sg is not None
+            else aws.ec2.SecurityGroupIngressArgs(
+                protocol="tcp",
+                from_port=cfg.service_port,
+                to_port=cfg.service_port,
+                cidr_blocks=[cfg.vpc_cidr],
+                description="service port from inside the VPC",
+            )
+        )
         self.node_sg = aws.ec2.SecurityGroup(
-            f"{name}-nodes", vpc_id=self.vpc.id, description=f"torchfleet {cfg.stack}: GPU nodes",
+            f"{name}-nodes",
+            vpc_id=self.vpc.id,
+            description=f"torchfleet {cfg.stack}: GPU nodes",
             ingress=[
                 aws.ec2.SecurityGroupIngressArgs(
-                    protocol="tcp", from_port=SSH_PORT, to_port=SSH_PORT, cidr_blocks=admin_v4,
-                    ipv6_cidr_blocks=admin_v6, description="SSH from admin networks"),
+                    protocol="tcp",
+                    from_port=SSH_PORT,
+                    to_port=SSH_PORT,
+                    cidr_blocks=admin_v4,
+                    ipv6_cidr_blocks=admin_v6,
+                    description="SSH from admin networks",
+                ),
                 service,
                 *scrapes,
             ],
-            egress=[aws.ec2.SecurityGroupEgressArgs(
-                protocol="-1", from_port=0, to_port=0, cidr_blocks=["0.0.0.0/0"],
-                ipv6_cidr_blocks=["::/0"], description="packages, wheels, models")],
-            tags=with_name(tags, f"{cfg.name}-nodes"), opts=child)
+            egress=[
+                aws.ec2.SecurityGroupEgressArgs(
+                    protocol="-1",
+                    from_port=0,
+                    to_port=0,
+                    cidr_blocks=["0.0.0.0/0"],
+                    ipv6_cidr_blocks=["::/0"],
+                    description="packages, wheels, models",
+                )
+            ],
+            tags=with_name(tags, f"{cfg.name}-nodes"),
+            opts=child,
+        )
         if self.monitoring_sg is not None:
             self._monitoring_ingress(name, cfg, tags, child)
-        self.register_outputs({"vpc_id": self.vpc.id,
-                               "subnet_ids": [s.id for s in self.subnets]})
+        self.register_outputs({"vpc_id": self.vpc.id, "subnet_ids": [s.id for s in self.subnets]})
 
-    def _services_subnet(self, name: str, cfg: StackConfig, tags: dict[str, str],
-                         child: pulumi.ResourceOptions) -> aws.ec2.Subnet:
+    def _services_subnet(
+        self, name: str, cfg: StackConfig, tags: dict[str, str], child: pulumi.ResourceOptions
+    ) -> aws.ec2.Subnet:
         """The private subnet of the address plan's last block, in the first zone, whose
         default route is a NAT gateway in that zone's public subnet."""
         subnet = aws.ec2.Subnet(
-            f"{name}-services", vpc_id=self.vpc.id, cidr_block=services_subnet(cfg.vpc_cidr),
-            availability_zone=cfg.zones[0], map_public_ip_on_launch=False,
-            tags=with_name(tags, f"{cfg.name}-services"), opts=child)
-        eip = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags=with_name(tags, f"{cfg.name}-nat"),
-                          opts=child)
+            f"{name}-services",
+            vpc_id=self.vpc.id,
+            cidr_block=services_subnet(cfg.vpc_cidr),
+            availability_zone=cfg.zones[0],
+            map_public_ip_on_launch=False,
+            tags=with_name(tags, f"{cfg.name}-services"),
+            opts=child,
+        )
+        eip = aws.ec2.Eip(
+            f"{name}-nat", domain="vpc", tags=with_name(tags, f"{cfg.name}-nat"), opts=child
+        )
         nat = aws.ec2.NatGateway(
-            f"{name}-nat", allocation_id=eip.allocation_id, subnet_id=self.subnets[0].id,
-            tags=with_name(tags, f"{cfg.name}-nat"), opts=child)
+            f"{name}-nat",
+            allocation_id=eip.allocation_id,
+            subnet_id=self.subnets[0].id,
+            tags=with_name(tags, f"{cfg.name}-nat"),
+            opts=child,
+        )
         routes = aws.ec2.RouteTable(
-            f"{name}-private", vpc_id=self.vpc.id,
+            f"{name}-private",
+            vpc_id=self.vpc.id,
             routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", nat_gateway_id=nat.id)],
-            tags=with_name(tags, f"{cfg.name}-private"), opts=child)
+            tags=with_name(tags, f"{cfg.name}-private"),
+            opts=child,
+        )
         aws.ec2.RouteTableAssociation(
-            f"{name}-services-route", subnet_id=subnet.id, route_table_id=routes.id, opts=child)
+            f"{name}-services-route", subnet_id=subnet.id, route_table_id=routes.id, opts=child
+        )
         return subnet
 
-    def _monitoring_ingress(self, name: str, cfg: StackConfig, tags: dict[str, str],
-                            child: pulumi.ResourceOptions) -> None:
+    def _monitoring_ingress(
+        self, name: str, cfg: StackConfig, tags: dict[str, str], child: pulumi.ResourceOptions
+    ) -> None:
         """Everything the monitoring host admits: the nodes' journal upload, SSH from admins."""
         assert self.monitoring_sg is not None
         port = monitoring.journal_port(cfg)
         aws.vpc.SecurityGroupIngressRule(
-            f"{name}-monitoring-journal", security_group_id=self.monitoring_sg.id,
-            ip_protocol="tcp", from_port=port, to_port=port,
+            f"{name}-monitoring-journal",
+            security_group_id=self.monitoring_sg.id,
+            ip_protocol="tcp",
+            from_port=port,
+            to_port=port,
             referenced_security_group_id=self.node_sg.id,
-            description="journal upload from the GPU nodes", tags=tags, opts=child)
+            description="journal upload from the GPU nodes",
+            tags=tags,
+            opts=child,
+        )
         for i, cidr in enumerate(cfg.admin_cidrs):
             v6 = ":" in cidr
             aws.vpc.SecurityGroupIngressRule(
-                f"{name}-monitoring-ssh-{i}", security_group_id=self.monitoring_sg.id,
-                ip_protocol="tcp", from_port=SSH_PORT, to_port=SSH_PORT,
-                cidr_ipv4=None if v6 else cidr, cidr_ipv6=cidr if v6 else None,
-                description="SSH from admin networks", tags=tags, opts=child)
+                f"{name}-monitoring-ssh-{i}",
+                security_group_id=self.monitoring_sg.id,
+                ip_protocol="tcp",
+                from_port=SSH_PORT,
+                to_port=SSH_PORT,
+                cidr_ipv4=None if v6 else cidr,
+                cidr_ipv6=cidr if v6 else None,
+                description="SSH from admin networks",
+                tags=tags,
+                opts=child,
+            )

@@ -24,49 +24,80 @@ from infra.nodeboot import LAUNCH_HOOK, METRICS_NAMESPACE, QUEUE_METRIC, TERMINA
 def hooks(cfg: StackConfig) -> list[dict[str, Any]]:
     assert cfg.scaling is not None
     return [
-        {"name": LAUNCH_HOOK, "lifecycle_transition": "autoscaling:EC2_INSTANCE_LAUNCHING",
-         "default_result": "ABANDON", "heartbeat_timeout": cfg.scaling.launch_timeout_s},
-        {"name": TERMINATE_HOOK, "lifecycle_transition": "autoscaling:EC2_INSTANCE_TERMINATING",
-         "default_result": "CONTINUE", "heartbeat_timeout": terminate_timeout_s(cfg.stack)},
+        {
+            "name": LAUNCH_HOOK,
+            "lifecycle_transition": "autoscaling:EC2_INSTANCE_LAUNCHING",
+            "default_result": "ABANDON",
+            "heartbeat_timeout": cfg.scaling.launch_timeout_s,
+        },
+        {
+            "name": TERMINATE_HOOK,
+            "lifecycle_transition": "autoscaling:EC2_INSTANCE_TERMINATING",
+            "default_result": "CONTINUE",
+            "heartbeat_timeout": terminate_timeout_s(cfg.stack),
+        },
     ]
 
 
 def queue_target(cfg: StackConfig) -> float:
     assert cfg.scaling is not None
-    return (cfg.scaling.queue_depth_per_node
-            or queue_depth_target(cfg.stack, cfg.scaling.requests_per_node))
+    return cfg.scaling.queue_depth_per_node or queue_depth_target(
+        cfg.stack, cfg.scaling.requests_per_node
+    )
 
 
-def register(name: str, cfg: StackConfig, group: aws.autoscaling.Group,
-             alb: aws.lb.LoadBalancer, target: aws.lb.TargetGroup,
-             child: pulumi.ResourceOptions) -> list[aws.autoscaling.Policy]:
+def register(
+    name: str,
+    cfg: StackConfig,
+    group: aws.autoscaling.Group,
+    alb: aws.lb.LoadBalancer,
+    target: aws.lb.TargetGroup,
+    child: pulumi.ResourceOptions,
+) -> list[aws.autoscaling.Policy]:
     assert cfg.scaling is not None
     for hook in hooks(cfg):
         aws.autoscaling.LifecycleHook(
             f"{name}-{hook['name'].removeprefix('torchfleet-')}-hook",
-            autoscaling_group_name=group.name, **hook, opts=child)
+            autoscaling_group_name=group.name,
+            **hook,
+            opts=child,
+        )
     disable_in = not cfg.scaling.scale_in
     requests = aws.autoscaling.Policy(
-        f"{name}-requests", name=f"{cfg.name}-requests-per-node",
-        autoscaling_group_name=group.name, policy_type="TargetTrackingScaling",
+        f"{name}-requests",
+        name=f"{cfg.name}-requests-per-node",
+        autoscaling_group_name=group.name,
+        policy_type="TargetTrackingScaling",
         target_tracking_configuration=aws.autoscaling.PolicyTargetTrackingConfigurationArgs(
-            target_value=cfg.scaling.requests_per_node, disable_scale_in=disable_in,
-            predefined_metric_specification=aws.autoscaling
-            .PolicyTargetTrackingConfigurationPredefinedMetricSpecificationArgs(
+            target_value=cfg.scaling.requests_per_node,
+            disable_scale_in=disable_in,
+            predefined_metric_specification=aws.autoscaling.PolicyTargetTrackingConfigurationPredefinedMetricSpecificationArgs(
                 predefined_metric_type="ALBRequestCountPerTarget",
-                resource_label=pulumi.Output.concat(alb.arn_suffix, "/", target.arn_suffix))),
-        opts=child)
+                resource_label=pulumi.Output.concat(alb.arn_suffix, "/", target.arn_suffix),
+            ),
+        ),
+        opts=child,
+    )
     queue = aws.autoscaling.Policy(
-        f"{name}-queue", name=f"{cfg.name}-queue-depth-per-node",
-        autoscaling_group_name=group.name, policy_type="TargetTrackingScaling",
+        f"{name}-queue",
+        name=f"{cfg.name}-queue-depth-per-node",
+        autoscaling_group_name=group.name,
+        policy_type="TargetTrackingScaling",
         target_tracking_configuration=aws.autoscaling.PolicyTargetTrackingConfigurationArgs(
-            target_value=queue_target(cfg), disable_scale_in=disable_in,
-            customized_metric_specification=aws.autoscaling
-            .PolicyTargetTrackingConfigurationCustomizedMetricSpecificationArgs(
-                namespace=METRICS_NAMESPACE, metric_name=QUEUE_METRIC, statistic="Average",
+            target_value=queue_target(cfg),
+            disable_scale_in=disable_in,
+            customized_metric_specification=aws.autoscaling.PolicyTargetTrackingConfigurationCustomizedMetricSpecificationArgs(
+                namespace=METRICS_NAMESPACE,
+                metric_name=QUEUE_METRIC,
+                statistic="Average",
                 unit="Count",
-                metric_dimensions=[aws.autoscaling
-                                   .PolicyTargetTrackingConfigurationCustomizedMetricSpecificationMetricDimensionArgs(
-                                       name="AutoScalingGroupName", value=group_name(cfg))])),
-        opts=child)
+                metric_dimensions=[
+                    aws.autoscaling.PolicyTargetTrackingConfigurationCustomizedMetricSpecificationMetricDimensionArgs(
+                        name="AutoScalingGroupName", value=group_name(cfg)
+                    )
+                ],
+            ),
+        ),
+        opts=child,
+    )
     return [requests, queue]

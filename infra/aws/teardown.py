@@ -35,10 +35,19 @@ def _at(when: datetime) -> str:
 
 
 class AwsTeardown(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: StackConfig, tags: dict[str, str], fleet: AwsFleet,
-                 expiry: datetime | None, arn_partition: str, account: pulumi.Input[str],
-                 opts: pulumi.ResourceOptions | None = None, *,
-                 monthly_estimate_usd: float | None = None):
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        tags: dict[str, str],
+        fleet: AwsFleet,
+        expiry: datetime | None,
+        arn_partition: str,
+        account: pulumi.Input[str],
+        opts: pulumi.ResourceOptions | None = None,
+        *,
+        monthly_estimate_usd: float | None = None,
+    ):
         """`monthly_estimate_usd`: the worst-case month the auto budget covers, when the
         fleet's cost is more than infra/cost.py prices (mode: kubernetes adds its cluster)."""
         super().__init__("torchfleet:aws:Teardown", name, None, opts)
@@ -51,99 +60,181 @@ class AwsTeardown(pulumi.ComponentResource):
         if cfg.mode == "kubernetes":
             # `fleet` is the EKS cluster: its GPU node groups' Auto Scaling groups.
             for pool in fleet.scaled_pools:
-                self._asg_schedules(f"{name}-{pool.name}", pool.group_name, pool.min,
-                                    pool.max, pool.desired, expiry)
+                self._asg_schedules(
+                    f"{name}-{pool.name}", pool.group_name, pool.min, pool.max, pool.desired, expiry
+                )
         if cfg.budget:
             self._budget(monthly_estimate_usd)
         self.register_outputs({})
 
-    def _instance_schedules(self, fleet: AwsFleet, expiry: datetime | None,
-                            arn_partition: str, account: pulumi.Input[str]) -> None:
+    def _instance_schedules(
+        self,
+        fleet: AwsFleet,
+        expiry: datetime | None,
+        arn_partition: str,
+        account: pulumi.Input[str],
+    ) -> None:
         cfg, name, child = self.cfg, self.name, self.child
         ids = pulumi.Output.all(*[i.id for i in fleet.instances])
         arns = pulumi.Output.all(*[i.arn for i in fleet.instances])
         persistent = fleet.persistent_spot
         requests = pulumi.Output.all(*[i.spot_instance_request_id for i in fleet.instances])
-        request_arns = pulumi.Output.all(account, requests).apply(lambda v: [
-            f"arn:{arn_partition}:ec2:{cfg.region}:{v[0]}:spot-instances-request/{r}"
-            for r in v[1]])
+        request_arns = pulumi.Output.all(account, requests).apply(
+            lambda v: [
+                f"arn:{arn_partition}:ec2:{cfg.region}:{v[0]}:spot-instances-request/{r}"
+                for r in v[1]
+            ]
+        )
         role = aws.iam.Role(
-            f"{name}-scheduler", description=f"torchfleet {cfg.stack}: start/stop/expire nodes",
-            assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [{
-                "Effect": "Allow", "Principal": {"Service": "scheduler.amazonaws.com"},
-                "Action": "sts:AssumeRole"}]}),
-            tags=self.tags, opts=child)
+            f"{name}-scheduler",
+            description=f"torchfleet {cfg.stack}: start/stop/expire nodes",
+            assume_role_policy=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"Service": "scheduler.amazonaws.com"},
+                            "Action": "sts:AssumeRole",
+                        }
+                    ],
+                }
+            ),
+            tags=self.tags,
+            opts=child,
+        )
+
         def grants(values: list) -> str:
-            statements = [{
-                "Effect": "Allow",
-                "Action": ["ec2:StartInstances", "ec2:StopInstances", "ec2:TerminateInstances"],
-                "Resource": list(values[0])}]
+            statements = [
+                {
+                    "Effect": "Allow",
+                    "Action": ["ec2:StartInstances", "ec2:StopInstances", "ec2:TerminateInstances"],
+                    "Resource": list(values[0]),
+                }
+            ]
             if persistent and expiry:
-                statements.append({"Effect": "Allow", "Action": ["ec2:CancelSpotInstanceRequests"],
-                                   "Resource": list(values[1])})
+                statements.append(
+                    {
+                        "Effect": "Allow",
+                        "Action": ["ec2:CancelSpotInstanceRequests"],
+                        "Resource": list(values[1]),
+                    }
+                )
             return json.dumps({"Version": "2012-10-17", "Statement": statements})
 
-        aws.iam.RolePolicy(f"{name}-scheduler", role=role.id,
-                           policy=pulumi.Output.all(arns, request_arns).apply(grants), opts=child)
-        group = aws.scheduler.ScheduleGroup(f"{name}-group", name_prefix=f"{cfg.name}-",
-                                            tags=self.tags, opts=child)
+        aws.iam.RolePolicy(
+            f"{name}-scheduler",
+            role=role.id,
+            policy=pulumi.Output.all(arns, request_arns).apply(grants),
+            opts=child,
+        )
+        group = aws.scheduler.ScheduleGroup(
+            f"{name}-group", name_prefix=f"{cfg.name}-", tags=self.tags, opts=child
+        )
         end = iso_utc(expiry) if expiry else None
 
-        def schedule(suffix: str, expression: str, tz: str, action: str,
-                     target_input: pulumi.Output[str] | None = None, **extra) -> None:
+        def schedule(
+            suffix: str,
+            expression: str,
+            tz: str,
+            action: str,
+            target_input: pulumi.Output[str] | None = None,
+            **extra,
+        ) -> None:
             what = "the GPU nodes' spot requests" if action == "cancel" else "the GPU nodes"
             aws.scheduler.Schedule(
-                f"{name}-{suffix}", group_name=group.name,
+                f"{name}-{suffix}",
+                group_name=group.name,
                 description=f"torchfleet {cfg.stack}: {action} {what}",
-                schedule_expression=expression, schedule_expression_timezone=tz,
+                schedule_expression=expression,
+                schedule_expression_timezone=tz,
                 flexible_time_window=aws.scheduler.ScheduleFlexibleTimeWindowArgs(mode="OFF"),
                 target=aws.scheduler.ScheduleTargetArgs(
-                    arn=EC2_ACTIONS[action], role_arn=role.arn,
-                    input=target_input or ids.apply(
-                        lambda i: json.dumps({"InstanceIds": list(i)}))),
-                opts=child, **extra)
+                    arn=EC2_ACTIONS[action],
+                    role_arn=role.arn,
+                    input=target_input or ids.apply(lambda i: json.dumps({"InstanceIds": list(i)})),
+                ),
+                opts=child,
+                **extra,
+            )
 
         if cfg.schedule:
             s = cfg.schedule
             schedule("start", eventbridge_cron(s.start, s.days), s.timezone, "start", end_date=end)
-            schedule("stop", eventbridge_cron(s.stop, s.stop_days), s.timezone, "stop",
-                     end_date=end)
+            schedule(
+                "stop", eventbridge_cron(s.stop, s.stop_days), s.timezone, "stop", end_date=end
+            )
         if expiry:
             terminate_at = expiry
             if persistent:
-                schedule("ttl-spot", _at(expiry), "UTC", "cancel",
-                         target_input=requests.apply(
-                             lambda r: json.dumps({"SpotInstanceRequestIds": list(r)})),
-                         action_after_completion="DELETE")
+                schedule(
+                    "ttl-spot",
+                    _at(expiry),
+                    "UTC",
+                    "cancel",
+                    target_input=requests.apply(
+                        lambda r: json.dumps({"SpotInstanceRequestIds": list(r)})
+                    ),
+                    action_after_completion="DELETE",
+                )
                 terminate_at = expiry + TTL_TERMINATE_AFTER
-            schedule("ttl", _at(terminate_at), "UTC", "terminate",
-                     action_after_completion="DELETE")
+            schedule("ttl", _at(terminate_at), "UTC", "terminate", action_after_completion="DELETE")
 
     def _group_schedules(self, fleet: AwsFleet, expiry: datetime | None) -> None:
         cfg = self.cfg
-        self._asg_schedules(self.name, fleet.group.name, cfg.nodes.min, cfg.nodes.max,
-                            cfg.nodes.desired, expiry)
+        self._asg_schedules(
+            self.name, fleet.group.name, cfg.nodes.min, cfg.nodes.max, cfg.nodes.desired, expiry
+        )
 
-    def _asg_schedules(self, name: str, group: pulumi.Input[str], lo: int, hi: int,
-                       desired: int, expiry: datetime | None) -> None:
+    def _asg_schedules(
+        self,
+        name: str,
+        group: pulumi.Input[str],
+        lo: int,
+        hi: int,
+        desired: int,
+        expiry: datetime | None,
+    ) -> None:
         """Working hours at lo/hi/desired, zero outside them and from the TTL on."""
         cfg, child = self.cfg, self.child
         end = iso_utc(expiry) if expiry else None
         if cfg.schedule:
             s = cfg.schedule
             aws.autoscaling.Schedule(
-                f"{name}-start", autoscaling_group_name=group, scheduled_action_name="work-start",
-                recurrence=unix_cron(s.start, s.days), time_zone=s.timezone,
-                min_size=lo, max_size=hi, desired_capacity=desired, end_time=end, opts=child)
+                f"{name}-start",
+                autoscaling_group_name=group,
+                scheduled_action_name="work-start",
+                recurrence=unix_cron(s.start, s.days),
+                time_zone=s.timezone,
+                min_size=lo,
+                max_size=hi,
+                desired_capacity=desired,
+                end_time=end,
+                opts=child,
+            )
             aws.autoscaling.Schedule(
-                f"{name}-stop", autoscaling_group_name=group, scheduled_action_name="work-stop",
-                recurrence=unix_cron(s.stop, s.stop_days), time_zone=s.timezone,
-                min_size=0, max_size=0, desired_capacity=0, end_time=end, opts=child)
+                f"{name}-stop",
+                autoscaling_group_name=group,
+                scheduled_action_name="work-stop",
+                recurrence=unix_cron(s.stop, s.stop_days),
+                time_zone=s.timezone,
+                min_size=0,
+                max_size=0,
+                desired_capacity=0,
+                end_time=end,
+                opts=child,
+            )
         if expiry:
             aws.autoscaling.Schedule(
-                f"{name}-ttl", autoscaling_group_name=group, scheduled_action_name="ttl-expiry",
-                start_time=iso_utc(expiry), min_size=0, max_size=0, desired_capacity=0,
-                opts=child)
+                f"{name}-ttl",
+                autoscaling_group_name=group,
+                scheduled_action_name="ttl-expiry",
+                start_time=iso_utc(expiry),
+                min_size=0,
+                max_size=0,
+                desired_capacity=0,
+                opts=child,
+            )
 
     def _budget(self, monthly_estimate_usd: float | None = None) -> None:
         cfg = self.cfg
@@ -155,14 +246,28 @@ class AwsTeardown(pulumi.ComponentResource):
         limit = cfg.budget.monthly_usd or max(1.0, math.ceil(monthly_estimate_usd * 1.1))
         notify = [
             aws.budgets.BudgetNotificationArgs(
-                comparison_operator="GREATER_THAN", threshold=cfg.budget.threshold_percent,
-                threshold_type="PERCENTAGE", notification_type=kind,
-                subscriber_email_addresses=list(cfg.budget.alert_emails))
-            for kind in ("FORECASTED", "ACTUAL")]
+                comparison_operator="GREATER_THAN",
+                threshold=cfg.budget.threshold_percent,
+                threshold_type="PERCENTAGE",
+                notification_type=kind,
+                subscriber_email_addresses=list(cfg.budget.alert_emails),
+            )
+            for kind in ("FORECASTED", "ACTUAL")
+        ]
         aws.budgets.Budget(
-            f"{self.name}-budget", name_prefix=f"{cfg.name}-", budget_type="COST",
-            limit_amount=f"{limit:.2f}", limit_unit="USD", time_unit="MONTHLY",
+            f"{self.name}-budget",
+            name_prefix=f"{cfg.name}-",
+            budget_type="COST",
+            limit_amount=f"{limit:.2f}",
+            limit_unit="USD",
+            time_unit="MONTHLY",
             # Needs `stack` activated as a cost allocation tag in the billing console.
-            cost_filters=[aws.budgets.BudgetCostFilterArgs(
-                name="TagKeyValue", values=[f"user:stack${cfg.stack}"])],
-            notifications=notify, tags=self.tags, opts=self.child)
+            cost_filters=[
+                aws.budgets.BudgetCostFilterArgs(
+                    name="TagKeyValue", values=[f"user:stack${cfg.stack}"]
+                )
+            ],
+            notifications=notify,
+            tags=self.tags,
+            opts=self.child,
+        )

@@ -33,8 +33,10 @@ MAX_USER_DATA = {"aws": 16 * 1024, "alicloud": 32 * 1024}
 CLOUDS = ("aws", "alicloud")
 MODES = ("cold", "baked", "bake")
 # Overrides for tests (moto, a fake metadata service): one per API the agent calls.
-ENDPOINTS = {"aws": ("s3", "autoscaling", "cloudwatch", "imds"),
-             "alicloud": ("oss", "ess", "cms", "imds")}
+ENDPOINTS = {
+    "aws": ("s3", "autoscaling", "cloudwatch", "imds"),
+    "alicloud": ("oss", "ess", "cms", "imds"),
+}
 
 
 class BootstrapError(ValueError):
@@ -77,15 +79,19 @@ def _problems(spec: BootstrapSpec) -> list[str]:
     if spec.mode not in MODES:
         out.append(f"mode={spec.mode!r}: allowed {', '.join(MODES)}")
     if not re.fullmatch(r"[0-9a-f]{64}", spec.bundle_sha256 or ""):
-        out.append(f"bundle_sha256={spec.bundle_sha256!r}: allowed 64 lowercase hex digits "
-                   "(infra.bundle.Bundle.sha256)")
+        out.append(
+            f"bundle_sha256={spec.bundle_sha256!r}: allowed 64 lowercase hex digits "
+            "(infra.bundle.Bundle.sha256)"
+        )
     for name in ("region", "stack", "bundle_bucket", "bundle_key"):
         if not getattr(spec, name):
             out.append(f"{name} is empty: allowed a non-empty string")
     for hook in ("launch_hook", "terminate_hook"):
         if getattr(spec, hook) and not spec.group_name:
-            out.append(f"{hook}={getattr(spec, hook)!r} without group_name: lifecycle hooks "
-                       "belong to a scaling group")
+            out.append(
+                f"{hook}={getattr(spec, hook)!r} without group_name: lifecycle hooks "
+                "belong to a scaling group"
+            )
     if not 1 <= int(spec.service_port) <= 65535:
         out.append(f"service_port={spec.service_port!r}: allowed 1..65535")
     allowed = ENDPOINTS.get(spec.cloud, ())
@@ -112,8 +118,13 @@ def node_agent(cloud: str) -> str:
     keep_blank: set[int] = set()
     for node in ast.walk(ast.parse(src)):
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             doc = body[0]
             assert doc.end_lineno is not None
             if len(body) == 1:  # the docstring was the whole body
@@ -127,8 +138,9 @@ def node_agent(cloud: str) -> str:
             lines[row - 1] = lines[row - 1][:col].rstrip()
         elif tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
             keep_blank.update(range(tok.start[0], tok.end[0]))  # inside a multi-line string
-    out = [line for i, line in enumerate(lines)
-           if i not in drop and (line.strip() or i in keep_blank)]
+    out = [
+        line for i, line in enumerate(lines) if i not in drop and (line.strip() or i in keep_blank)
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -148,22 +160,36 @@ def render_user_data(spec: BootstrapSpec) -> str:
     problems = _problems(spec)
     if problems:
         raise BootstrapError(problems)
-    settings = {**asdict(spec), "endpoints": dict(sorted(spec.endpoints.items())),
-                "pip_args": list(spec.pip_args)}
+    settings = {
+        **asdict(spec),
+        "endpoints": dict(sorted(spec.endpoints.items())),
+        "pip_args": list(spec.pip_args),
+    }
     # mtime=0: the compressed agent, and so the user-data, depends on the agent's text only.
-    agent = base64.b64encode(gzip.compress(node_agent(spec.cloud).encode(), compresslevel=9,
-                                           mtime=0)).decode()
-    template = "".join(line for line in TEMPLATE.read_text().splitlines(keepends=True)
-                       if not line.startswith("##"))
+    agent = base64.b64encode(
+        gzip.compress(node_agent(spec.cloud).encode(), compresslevel=9, mtime=0)
+    ).decode()
+    template = "".join(
+        line for line in TEMPLATE.read_text().splitlines(keepends=True) if not line.startswith("##")
+    )
     text = string.Template(template).substitute(
-        stack=spec.stack, cloud=spec.cloud, mode=spec.mode, bundle_key=spec.bundle_key,
-        node_json=_block(json.dumps(settings, indent=2, sort_keys=True)), agent=agent,
+        stack=spec.stack,
+        cloud=spec.cloud,
+        mode=spec.mode,
+        bundle_key=spec.bundle_key,
+        node_json=_block(json.dumps(settings, indent=2, sort_keys=True)),
+        agent=agent,
         unit_bootstrap=_block(unit("torchfleet-bootstrap.service")),
         unit_lifecycle=_block(unit("torchfleet-lifecycle.service")),
         unit_metrics=_block(unit("torchfleet-metrics.service")),
-        unit_metrics_timer=_block(unit("torchfleet-metrics.timer")))
+        unit_metrics_timer=_block(unit("torchfleet-metrics.timer")),
+    )
     size = len(text.encode())
     if size > MAX_USER_DATA[spec.cloud]:
-        raise BootstrapError([f"the rendered user-data is {size} bytes; {spec.cloud} allows "
-                              f"{MAX_USER_DATA[spec.cloud]}"])
+        raise BootstrapError(
+            [
+                f"the rendered user-data is {size} bytes; {spec.cloud} allows "
+                f"{MAX_USER_DATA[spec.cloud]}"
+            ]
+        )
     return text

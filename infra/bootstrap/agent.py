@@ -70,7 +70,9 @@ WATCH_POLL_S = {"aws": 5, "alicloud": 15}
 # (>= 2.14), so 3.9 gets 2.15 and 3.8 is no controller (controller() installs python3.9).
 # Resolved by pip running on each Python (markers differ: botocore wants urllib3 < 1.27 below
 # 3.10, cryptography typing-extensions below 3.11). Before "|" every cloud, after it AWS only.
-_COMMON = "jinja2==3.1.6 markupsafe==3.0.4 python-dateutil==2.9.0.post0 six==1.17.0 jmespath==1.1.0 "
+_COMMON = (
+    "jinja2==3.1.6 markupsafe==3.0.4 python-dateutil==2.9.0.post0 six==1.17.0 jmespath==1.1.0 "
+)
 PINS = {
     (3, 9): _COMMON + "ansible-core==2.15.13 resolvelib==1.0.1 packaging==26.3 pyyaml==6.0.3 "
     "cryptography==50.0.2 cffi==2.0.0 pycparser==2.23 importlib-resources==5.0.7 "
@@ -95,8 +97,11 @@ def pins(version, cloud):
     """The bootstrap venv's requirements for a controller Python (major, minor)."""
     if tuple(version) not in PINS:
         known = ", ".join(f"{a}.{b}" for a, b in sorted(PINS))
-        raise Failure("venv", f"Python {version[0]}.{version[1]} cannot run the pinned "
-                              f"ansible-core (supported: {known})")
+        raise Failure(
+            "venv",
+            f"Python {version[0]}.{version[1]} cannot run the pinned "
+            f"ansible-core (supported: {known})",
+        )
     every, aws = PINS[tuple(version)].split("|")
     return (every + (" " + aws if cloud == "aws" else "")).split()
 
@@ -178,7 +183,9 @@ class Imds:
             _, body = http("PUT", self.base + "/latest/api/token", {self.ttl_header: "21600"})
             self.token, self.expires = body.decode(), time.time() + 21000
         try:
-            return http("GET", f"{self.base}/latest/meta-data/{path}", {self.token_header: self.token})[1].decode()
+            return http(
+                "GET", f"{self.base}/latest/meta-data/{path}", {self.token_header: self.token}
+            )[1].decode()
         except urllib.error.HTTPError as err:
             if err.code == 404:
                 return default
@@ -191,15 +198,22 @@ class Aws:
 
     def __init__(self, cfg):
         self.cfg, self.endpoints = cfg, cfg.get("endpoints") or {}
-        self.imds = Imds(self.endpoints.get("imds", "http://169.254.169.254"),
-                         "X-aws-ec2-metadata-token", "X-aws-ec2-metadata-token-ttl-seconds")
+        self.imds = Imds(
+            self.endpoints.get("imds", "http://169.254.169.254"),
+            "X-aws-ec2-metadata-token",
+            "X-aws-ec2-metadata-token-ttl-seconds",
+        )
         self._clients = {}
 
     def identity(self):
         m = self.imds.get
-        return {"instance_id": m("instance-id"), "region": m("placement/region", self.cfg["region"]),
-                "instance_type": m("instance-type"), "spot": m("instance-life-cycle") == "spot",
-                "target": m("autoscaling/target-lifecycle-state")}
+        return {
+            "instance_id": m("instance-id"),
+            "region": m("placement/region", self.cfg["region"]),
+            "instance_type": m("instance-type"),
+            "spot": m("instance-life-cycle") == "spot",
+            "target": m("autoscaling/target-lifecycle-state"),
+        }
 
     def target_state(self):
         return self.imds.get("autoscaling/target-lifecycle-state")
@@ -212,7 +226,8 @@ class Aws:
                 os.environ["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = self.endpoints["imds"]
             os.environ["AWS_EC2_METADATA_V1_DISABLED"] = "true"
             self._clients[service] = boto3.session.Session(region_name=self.cfg["region"]).client(
-                service, endpoint_url=self.endpoints.get(service))
+                service, endpoint_url=self.endpoints.get(service)
+            )
         return self._clients[service]
 
     def fetch(self, bucket, key, dest):
@@ -220,8 +235,11 @@ class Aws:
 
     def _hook(self, call, hook, instance_id, **extra):
         getattr(self.client("autoscaling"), call)(
-            LifecycleHookName=hook, AutoScalingGroupName=self.cfg["group_name"],
-            InstanceId=instance_id, **extra)
+            LifecycleHookName=hook,
+            AutoScalingGroupName=self.cfg["group_name"],
+            InstanceId=instance_id,
+            **extra,
+        )
 
     def lifecycle(self, hook, result, instance_id):
         self._hook("complete_lifecycle_action", hook, instance_id, LifecycleActionResult=result)
@@ -233,9 +251,14 @@ class Aws:
         dims = [{"Name": "AutoScalingGroupName", "Value": self.cfg["group_name"]}]
         self.client("cloudwatch").put_metric_data(
             Namespace=self.cfg.get("metrics_namespace", "torchfleet"),
-            MetricData=[{"MetricName": name, "Dimensions": dims, "Value": float(value), "Unit": unit}
-                        for name, (value, unit) in sorted(values.items())
-                        if name != "RequestRate"])  # the ALB counts requests per target itself
+            MetricData=[
+                {"MetricName": name, "Dimensions": dims, "Value": float(value), "Unit": unit}
+                for name, (value, unit) in sorted(values.items())
+                if name != "RequestRate"
+            ],
+        )  # the ALB counts requests per target itself
+
+
 # <<< cloud aws
 
 
@@ -248,20 +271,32 @@ def rpc_signature(secret, method, params):
     """Alibaba Cloud RPC signature v1: HMAC-SHA1 over the sorted, percent-encoded query."""
     query = "&".join(_quote(k) + "=" + _quote(v) for k, v in sorted(params.items()))
     to_sign = method + "&%2F&" + _quote(query)
-    return base64.b64encode(hmac.new((secret + "&").encode(), to_sign.encode(), hashlib.sha1).digest()).decode()
+    return base64.b64encode(
+        hmac.new((secret + "&").encode(), to_sign.encode(), hashlib.sha1).digest()
+    ).decode()
 
 
 def rpc_call(endpoint, version, action, creds, region, **params):
     """One signed Alibaba Cloud RPC call (GET, JSON); creds: AccessKeyId, AccessKeySecret and
     optionally SecurityToken (STS)."""
-    params.update(Action=action, Version=version, Format="JSON", AccessKeyId=creds["AccessKeyId"],
-                  SignatureMethod="HMAC-SHA1", SignatureVersion="1.0",
-                  SignatureNonce=uuid.uuid4().hex, Timestamp=now(), RegionId=region)
+    params.update(
+        Action=action,
+        Version=version,
+        Format="JSON",
+        AccessKeyId=creds["AccessKeyId"],
+        SignatureMethod="HMAC-SHA1",
+        SignatureVersion="1.0",
+        SignatureNonce=uuid.uuid4().hex,
+        Timestamp=now(),
+        RegionId=region,
+    )
     if creds.get("SecurityToken"):
         params["SecurityToken"] = creds["SecurityToken"]
     params["Signature"] = rpc_signature(creds["AccessKeySecret"], "GET", params)
     try:
-        return json.loads(http("GET", endpoint + "/?" + urllib.parse.urlencode(params), timeout=20)[1])
+        return json.loads(
+            http("GET", endpoint + "/?" + urllib.parse.urlencode(params), timeout=20)[1]
+        )
     except urllib.error.HTTPError as err:
         raise RuntimeError(f"{action}: HTTP {err.code} {err.read()[:300]!r}") from None
 
@@ -270,14 +305,27 @@ def oss_v4_authorization(ak, secret, region, method, bucket, key, query, headers
     """OSS V4 (OSS4-HMAC-SHA256) Authorization header; `headers` hold the x-oss-* ones."""
     stamp = when.strftime("%Y%m%dT%H%M%SZ")
     scope = f"{stamp[:8]}/{region}/oss/aliyun_v4_request"
-    signed = sorted((k.lower(), v) for k, v in headers.items()
-                    if k.lower().startswith("x-oss-") or k.lower() in ("content-type", "content-md5"))
-    canonical = "\n".join([
-        method, urllib.parse.quote(f"/{bucket}/{key}", safe="/"),
-        "&".join(k + ("=" + v if v else "") for k, v in sorted((_quote(k), _quote(v)) for k, v in query.items())),
-        "".join(f"{k}:{v}\n" for k, v in signed), "",
-        headers.get("x-oss-content-sha256", "UNSIGNED-PAYLOAD")])
-    to_sign = "\n".join(["OSS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    signed = sorted(
+        (k.lower(), v)
+        for k, v in headers.items()
+        if k.lower().startswith("x-oss-") or k.lower() in ("content-type", "content-md5")
+    )
+    canonical = "\n".join(
+        [
+            method,
+            urllib.parse.quote(f"/{bucket}/{key}", safe="/"),
+            "&".join(
+                k + ("=" + v if v else "")
+                for k, v in sorted((_quote(k), _quote(v)) for k, v in query.items())
+            ),
+            "".join(f"{k}:{v}\n" for k, v in signed),
+            "",
+            headers.get("x-oss-content-sha256", "UNSIGNED-PAYLOAD"),
+        ]
+    )
+    to_sign = "\n".join(
+        ["OSS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()]
+    )
     k = ("aliyun_v4" + secret).encode()
     for part in (stamp[:8], region, "oss", "aliyun_v4_request"):
         k = hmac.new(k, part.encode(), hashlib.sha256).digest()
@@ -291,14 +339,22 @@ class Alicloud:
 
     def __init__(self, cfg):
         self.cfg, self.region, self.endpoints = cfg, cfg["region"], cfg.get("endpoints") or {}
-        self.imds = Imds(self.endpoints.get("imds", "http://100.100.100.200"),
-                         "X-aliyun-ecs-metadata-token", "X-aliyun-ecs-metadata-token-ttl-seconds")
+        self.imds = Imds(
+            self.endpoints.get("imds", "http://100.100.100.200"),
+            "X-aliyun-ecs-metadata-token",
+            "X-aliyun-ecs-metadata-token-ttl-seconds",
+        )
         self._creds, self._ids = None, {}
 
     def identity(self):
         m = self.imds.get
-        ident = {"instance_id": m("instance-id"), "region": m("region-id", self.region),
-                 "instance_type": m("instance/instance-type"), "spot": None, "target": None}
+        ident = {
+            "instance_id": m("instance-id"),
+            "region": m("region-id", self.region),
+            "instance_type": m("instance/instance-type"),
+            "spot": None,
+            "target": None,
+        }
         if self.cfg.get("group_name"):
             inst = self.scaling_instance(ident["instance_id"])
             ident["spot"] = inst.get("SpotStrategy", "NoSpot") not in ("NoSpot", "")
@@ -308,14 +364,25 @@ class Alicloud:
     def credentials(self):
         if not self._creds or time.time() > self._creds["refresh"]:
             role = self.imds.get("ram/security-credentials/").split()[0]
-            self._creds = dict(json.loads(self.imds.get("ram/security-credentials/" + role)),
-                               refresh=time.time() + 600)
+            self._creds = dict(
+                json.loads(self.imds.get("ram/security-credentials/" + role)),
+                refresh=time.time() + 600,
+            )
         return self._creds
 
     def rpc(self, service, version, action, **params):
-        default = {"ess": "https://ess.aliyuncs.com", "cms": f"https://metrics.{self.region}.aliyuncs.com"}
-        return rpc_call(self.endpoints.get(service, default[service]), version, action,
-                        self.credentials(), self.region, **params)
+        default = {
+            "ess": "https://ess.aliyuncs.com",
+            "cms": f"https://metrics.{self.region}.aliyuncs.com",
+        }
+        return rpc_call(
+            self.endpoints.get(service, default[service]),
+            version,
+            action,
+            self.credentials(),
+            self.region,
+            **params,
+        )
 
     def ess(self, action, **params):
         return self.rpc("ess", "2014-08-28", action, **params)
@@ -332,7 +399,11 @@ class Alicloud:
         return self._ids["group"]
 
     def scaling_instance(self, instance_id):
-        found = self.ess("DescribeScalingInstances", ScalingGroupId=self.group_id(), **{"InstanceId.1": instance_id})
+        found = self.ess(
+            "DescribeScalingInstances",
+            ScalingGroupId=self.group_id(),
+            **{"InstanceId.1": instance_id},
+        )
         items = found.get("ScalingInstances", {}).get("ScalingInstance", [])
         return items[0] if items else {}
 
@@ -340,7 +411,11 @@ class Alicloud:
     def _target(inst):
         # No target-lifecycle-state in ECS metadata: the group's view of this node instead.
         state = inst.get("LifecycleState")
-        return "Terminated" if state in ("Removing:Wait", "Removing") else ("InService" if inst else None)
+        return (
+            "Terminated"
+            if state in ("Removing:Wait", "Removing")
+            else ("InService" if inst else None)
+        )
 
     def target_state(self):
         return self._target(self.scaling_instance(self.imds.get("instance-id")))
@@ -349,55 +424,99 @@ class Alicloud:
         """(hook id, token) of the pending action of `hook` for this node: look through the
         node's own scaling activity, then the group's activities in progress."""
         if hook not in self._ids:
-            hooks = self.ess("DescribeLifecycleHooks", ScalingGroupId=self.group_id(), LifecycleHookName=hook)
+            hooks = self.ess(
+                "DescribeLifecycleHooks", ScalingGroupId=self.group_id(), LifecycleHookName=hook
+            )
             found = hooks.get("LifecycleHooks", {}).get("LifecycleHook", [])
             if not found:
                 raise RuntimeError(f"scaling group {self.group_id()} has no lifecycle hook {hook}")
             self._ids[hook] = found[0]["LifecycleHookId"]
-        acts = self.ess("DescribeScalingActivities", ScalingGroupId=self.group_id(), StatusCode="InProgress", PageSize=50)
+        acts = self.ess(
+            "DescribeScalingActivities",
+            ScalingGroupId=self.group_id(),
+            StatusCode="InProgress",
+            PageSize=50,
+        )
         ids = [self.scaling_instance(instance_id).get("ScalingActivityId")] + [
-            a["ScalingActivityId"] for a in acts.get("ScalingActivities", {}).get("ScalingActivity", [])]
+            a["ScalingActivityId"]
+            for a in acts.get("ScalingActivities", {}).get("ScalingActivity", [])
+        ]
         for activity in dict.fromkeys(i for i in ids if i):
-            found = self.ess("DescribeLifecycleActions", ScalingActivityId=activity,
-                             LifecycleActionStatus="Pending", MaxResults=50)
+            found = self.ess(
+                "DescribeLifecycleActions",
+                ScalingActivityId=activity,
+                LifecycleActionStatus="Pending",
+                MaxResults=50,
+            )
             for act in found.get("LifecycleActions", {}).get("LifecycleAction", []):
-                if act.get("LifecycleHookId") == self._ids[hook] and \
-                        instance_id in act.get("InstanceIds", {}).get("InstanceId", []):
+                if act.get("LifecycleHookId") == self._ids[hook] and instance_id in act.get(
+                    "InstanceIds", {}
+                ).get("InstanceId", []):
                     return self._ids[hook], act["LifecycleActionToken"]
         raise RuntimeError(f"no pending {hook} action for {instance_id}")
 
     def lifecycle(self, hook, result, instance_id):
         hook_id, token = self._action(hook, instance_id)
-        self.ess("CompleteLifecycleAction", LifecycleHookId=hook_id, LifecycleActionToken=token,
-                 LifecycleActionResult=result, ClientToken=uuid.uuid4().hex)
+        self.ess(
+            "CompleteLifecycleAction",
+            LifecycleHookId=hook_id,
+            LifecycleActionToken=token,
+            LifecycleActionResult=result,
+            ClientToken=uuid.uuid4().hex,
+        )
 
     def heartbeat(self, hook, instance_id):
         hook_id, token = self._action(hook, instance_id)
-        self.ess("RecordLifecycleActionHeartbeat", LifecycleHookId=hook_id, LifecycleActionToken=token,
-                 heartbeatTimeout=600)
+        self.ess(
+            "RecordLifecycleActionHeartbeat",
+            LifecycleHookId=hook_id,
+            LifecycleActionToken=token,
+            heartbeatTimeout=600,
+        )
 
     def put_metrics(self, values):
         """To the stack's CloudMonitor application group, keyed the way ESS alarms on custom
         metrics match a group (dimension `scaling_group`)."""
         params, stamp = {}, str(int(time.time() * 1000))
         for i, (name, (value, _unit)) in enumerate(sorted(values.items()), 1):
-            item = {"MetricName": name, "Type": "0", "GroupId": self.cfg.get("metrics_group_id") or "0",
-                    "Time": stamp, "Dimensions": json.dumps({"scaling_group": self.group_id()}),
-                    "Values": json.dumps({"value": float(value)})}
+            item = {
+                "MetricName": name,
+                "Type": "0",
+                "GroupId": self.cfg.get("metrics_group_id") or "0",
+                "Time": stamp,
+                "Dimensions": json.dumps({"scaling_group": self.group_id()}),
+                "Values": json.dumps({"value": float(value)}),
+            }
             params.update({f"MetricList.{i}.{k}": v for k, v in item.items()})
         self.rpc("cms", "2019-01-01", "PutCustomMetric", **params)
 
     def fetch(self, bucket, key, dest):
         c, when = self.credentials(), datetime.datetime.now(datetime.timezone.utc)
-        headers = {"x-oss-date": when.strftime("%Y%m%dT%H%M%SZ"), "x-oss-content-sha256": "UNSIGNED-PAYLOAD"}
+        headers = {
+            "x-oss-date": when.strftime("%Y%m%dT%H%M%SZ"),
+            "x-oss-content-sha256": "UNSIGNED-PAYLOAD",
+        }
         if c.get("SecurityToken"):
             headers["x-oss-security-token"] = c["SecurityToken"]
         headers["Authorization"] = oss_v4_authorization(
-            c["AccessKeyId"], c["AccessKeySecret"], self.region, "GET", bucket, key, {}, headers, when)
-        base = self.endpoints.get("oss", f"https://{bucket}.oss-{self.region}-internal.aliyuncs.com")
+            c["AccessKeyId"],
+            c["AccessKeySecret"],
+            self.region,
+            "GET",
+            bucket,
+            key,
+            {},
+            headers,
+            when,
+        )
+        base = self.endpoints.get(
+            "oss", f"https://{bucket}.oss-{self.region}-internal.aliyuncs.com"
+        )
         req = urllib.request.Request(base + "/" + urllib.parse.quote(key), headers=headers)
         with urllib.request.urlopen(req, timeout=60) as resp, open(dest, "wb") as out:
             shutil.copyfileobj(resp, out, 1 << 20)
+
+
 # <<< cloud alicloud
 
 
@@ -463,8 +582,11 @@ def fetch_bundle(cfg, cloud, state):
         cloud.fetch(cfg["bundle_bucket"], cfg["bundle_key"], bundle + ".part")
         got = sha256_file(bundle + ".part")
         if got != want:
-            raise Failure("verify", f"bundle {cfg['bundle_bucket']}/{cfg['bundle_key']} has sha256 {got}, "
-                                    f"expected {want} (the stack's bundle_sha256): refusing to run it")
+            raise Failure(
+                "verify",
+                f"bundle {cfg['bundle_bucket']}/{cfg['bundle_key']} has sha256 {got}, "
+                f"expected {want} (the stack's bundle_sha256): refusing to run it",
+            )
         os.replace(bundle + ".part", bundle)
     state.stage("unpack")
     tree = os.path.join(WORK, "bundle-" + want[:16])
@@ -472,8 +594,14 @@ def fetch_bundle(cfg, cloud, state):
         shutil.rmtree(tree + ".tmp", ignore_errors=True)
         with tarfile.open(bundle) as tar:
             for m in tar.getmembers():  # our own verified archive; still refuse any escape
-                if m.name.startswith(("/", "..")) or "/../" in m.name or not (m.isfile() or m.isdir()):
-                    raise Failure("unpack", f"bundle member {m.name!r} is not a plain relative path")
+                if (
+                    m.name.startswith(("/", ".."))
+                    or "/../" in m.name
+                    or not (m.isfile() or m.isdir())
+                ):
+                    raise Failure(
+                        "unpack", f"bundle member {m.name!r} is not a plain relative path"
+                    )
             tar.extractall(tree + ".tmp")
         shutil.rmtree(tree, ignore_errors=True)
         os.replace(tree + ".tmp", tree)
@@ -485,12 +613,18 @@ def write_inventory(cfg, ident, tree):
     node's facts (from its metadata) as host vars, the stack's group_vars/ beside it."""
     node = read_json(os.path.join(tree, "node.json"))
     manifest = read_json(os.path.join(tree, "manifest.json"))
-    host = {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3",
-            "torchfleet_instance_type": ident["instance_type"]}
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "torchfleet_instance_type": ident["instance_type"],
+    }
     itype = node["instance_types"].get(ident["instance_type"] or "")
     # Not a catalog type: preflight detects the GPU and its capability itself.
-    host.update({"torchfleet_gpu_model": itype["gpu_model"]} if itype else
-                {"torchfleet_gpu_model": "", "torchfleet_compute_capability": ""})
+    host.update(
+        {"torchfleet_gpu_model": itype["gpu_model"]}
+        if itype
+        else {"torchfleet_gpu_model": "", "torchfleet_compute_capability": ""}
+    )
     if ident.get("spot") is not None:
         host["torchfleet_spot"] = ident["spot"]
     inv = os.path.join(WORK, "inventory")
@@ -499,15 +633,28 @@ def write_inventory(cfg, ident, tree):
     if os.path.lexists(link):
         os.remove(link)
     os.symlink(os.path.join(tree, "inventories", manifest["stack"], "group_vars"), link)
-    write_json(os.path.join(inv, "hosts.json"), {"all": {"children": {"gpu_nodes": {
-        "vars": node["group_vars"], "hosts": {ident["instance_id"]: host}}}}})
+    write_json(
+        os.path.join(inv, "hosts.json"),
+        {
+            "all": {
+                "children": {
+                    "gpu_nodes": {"vars": node["group_vars"], "hosts": {ident["instance_id"]: host}}
+                }
+            }
+        },
+    )
     # What must win over the stack's settings: the bundle's wheel, model downloads through
     # this agent, the port the load balancer checks.
     fetch = ["/usr/bin/python3", os.path.abspath(__file__), "fetch"]
-    write_json(os.path.join(WORK, "node-vars.json"), {
-        "inference_runtime_wheel": os.path.join(tree, manifest["runtime_wheel"]),
-        "inference_runtime_s3_command": fetch, "inference_runtime_oss_command": fetch,
-        "inference_runtime_port": cfg.get("service_port", 8080)})
+    write_json(
+        os.path.join(WORK, "node-vars.json"),
+        {
+            "inference_runtime_wheel": os.path.join(tree, manifest["runtime_wheel"]),
+            "inference_runtime_s3_command": fetch,
+            "inference_runtime_oss_command": fetch,
+            "inference_runtime_port": cfg.get("service_port", 8080),
+        },
+    )
     return os.path.join(inv, "hosts.json")
 
 
@@ -517,23 +664,55 @@ def ansible(tree, inventory, playbook, state):
     status = os.path.join(WORK, "ansible-status.json")
     if os.path.exists(status):
         os.remove(status)
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=os.path.join(tree, "roles"),
-               ANSIBLE_CALLBACK_PLUGINS=os.path.join(tree, "bootstrap", "callback_plugins"),
-               ANSIBLE_CALLBACKS_ENABLED="torchfleet_status", ANSIBLE_NOCOLOR="1",
-               ANSIBLE_RETRY_FILES_ENABLED="0", ANSIBLE_HOME=WORK + "/ansible",
-               ANSIBLE_LOCAL_TEMP=WORK + "/ansible/tmp", ANSIBLE_DEPRECATION_WARNINGS="0",
-               ANSIBLE_NO_TARGET_SYSLOG="1", TORCHFLEET_STATUS_FILE=status, HOME="/root", PATH=VENV + "/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    env = dict(
+        os.environ,
+        ANSIBLE_ROLES_PATH=os.path.join(tree, "roles"),
+        ANSIBLE_CALLBACK_PLUGINS=os.path.join(tree, "bootstrap", "callback_plugins"),
+        ANSIBLE_CALLBACKS_ENABLED="torchfleet_status",
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_RETRY_FILES_ENABLED="0",
+        ANSIBLE_HOME=WORK + "/ansible",
+        ANSIBLE_LOCAL_TEMP=WORK + "/ansible/tmp",
+        ANSIBLE_DEPRECATION_WARNINGS="0",
+        ANSIBLE_NO_TARGET_SYSLOG="1",
+        TORCHFLEET_STATUS_FILE=status,
+        HOME="/root",
+        PATH=VENV + "/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    )
     env.pop("ANSIBLE_CONFIG", None)
     started = time.time()
-    rc = run([VENV + "/bin/ansible-playbook", "-i", inventory, "-e", f"@{WORK}/node-vars.json",
-              os.path.join(tree, "playbooks", playbook)], env=env, cwd=tree).returncode
+    rc = run(
+        [
+            VENV + "/bin/ansible-playbook",
+            "-i",
+            inventory,
+            "-e",
+            f"@{WORK}/node-vars.json",
+            os.path.join(tree, "playbooks", playbook),
+        ],
+        env=env,
+        cwd=tree,
+    ).returncode
     report = read_json(status, {}) or {}
-    state.update(plays=[*(state["plays"] or []), {
-        "playbook": playbook, "rc": rc, "seconds": round(time.time() - started, 1), "stats": report.get("stats")}])
+    state.update(
+        plays=[
+            *(state["plays"] or []),
+            {
+                "playbook": playbook,
+                "rc": rc,
+                "seconds": round(time.time() - started, 1),
+                "stats": report.get("stats"),
+            },
+        ]
+    )
     if rc != 0:
         failed = report.get("failed") or {}
         task = failed.get("task") or report.get("task") or "unknown (see the journal)"
-        raise Failure("site", f"{playbook} failed at task '{task}': {failed.get('msg', f'rc {rc}')}", task=task)
+        raise Failure(
+            "site",
+            f"{playbook} failed at task '{task}': {failed.get('msg', f'rc {rc}')}",
+            task=task,
+        )
 
 
 def reboot_pending():
@@ -541,8 +720,11 @@ def reboot_pending():
     but not loaded (the nvidia_driver role refuses to reboot a node from a local play)."""
     if os.path.exists(REBOOT_FLAG):
         return REBOOT_FLAG
-    if not os.path.exists("/proc/driver/nvidia/version") and shutil.which("modinfo") and \
-            run(["modinfo", "-F", "version", "nvidia"], capture_output=True).returncode == 0:
+    if (
+        not os.path.exists("/proc/driver/nvidia/version")
+        and shutil.which("modinfo")
+        and run(["modinfo", "-F", "version", "nvidia"], capture_output=True).returncode == 0
+    ):
         return "the NVIDIA driver is installed but not loaded"
     return None
 
@@ -578,7 +760,9 @@ def complete(cfg, cloud, ident, hook, result, state):
     except Exception as err:
         if result == "CONTINUE":
             raise Failure("lifecycle", f"completing {cfg[hook]} failed: {err}") from err
-        log(f"could not {result} {cfg[hook]} ({err}): the hook's default result applies at its timeout")
+        log(
+            f"could not {result} {cfg[hook]} ({err}): the hook's default result applies at its timeout"
+        )
         return
     log(f"lifecycle {cfg[hook]} -> {result}")
     state.update(lifecycle=dict(state["lifecycle"] or {}, **{cfg[hook]: result}))
@@ -607,27 +791,56 @@ def bootstrap(argv):
         log(f"no {CONFIG}: nothing to do")
         return 1
     state = State()
-    if state["state"] == "ready" and state["bundle_sha256"] == cfg["bundle_sha256"] and this_machine(state):
+    if (
+        state["state"] == "ready"
+        and state["bundle_sha256"] == cfg["bundle_sha256"]
+        and this_machine(state)
+    ):
         log(f"already ready with bundle {cfg['bundle_sha256'][:12]}")
         start_watchers(cfg)
         return 0
     cloud = cloud_of(cfg)
     if not in_venv():  # the first process of this boot: a fresh bootstrap or a resumed one
         resumed = state["state"] == "running" and state["bundle_sha256"] == cfg["bundle_sha256"]
-        fresh = {} if resumed else {"started": now(), "started_epoch": time.time(), "stages": {},
-                                    "plays": [], "reboots": 0, "lifecycle": {}}
-        state.update(state="running", mode="baked" if state["state"] == "warmed" else cfg.get("mode", "cold"),
-                     bundle_sha256=cfg["bundle_sha256"], failed_task=None, error=None, finished=None,
-                     boots=(state["boots"] or 0) + 1 if resumed else 1, **fresh)
+        fresh = (
+            {}
+            if resumed
+            else {
+                "started": now(),
+                "started_epoch": time.time(),
+                "stages": {},
+                "plays": [],
+                "reboots": 0,
+                "lifecycle": {},
+            }
+        )
+        state.update(
+            state="running",
+            mode="baked" if state["state"] == "warmed" else cfg.get("mode", "cold"),
+            bundle_sha256=cfg["bundle_sha256"],
+            failed_task=None,
+            error=None,
+            finished=None,
+            boots=(state["boots"] or 0) + 1 if resumed else 1,
+            **fresh,
+        )
     ident, stop = state["identity"], threading.Event()
     try:
         if not in_venv():
             state.stage("identity")
             ident = cloud.identity()
             state.update(identity=ident)
-            log("instance {instance_id} ({instance_type}) in {region}, target {target}".format(**ident))
+            log(
+                "instance {instance_id} ({instance_type}) in {region}, target {target}".format(
+                    **ident
+                )
+            )
             state.stage("venv")
-            if os.listdir("/var/lib/dpkg/updates") if os.path.isdir("/var/lib/dpkg/updates") else []:
+            if (
+                os.listdir("/var/lib/dpkg/updates")
+                if os.path.isdir("/var/lib/dpkg/updates")
+                else []
+            ):
                 run(["dpkg", "--configure", "-a"])  # a reboot in the middle of a dpkg run
             ensure_venv(cfg)
             if cfg["cloud"] == "aws":
@@ -673,14 +886,18 @@ def bootstrap(argv):
         start_watchers(cfg)
         final = "warmed" if (ident.get("target") or "").startswith("Warmed:") else "ready"
         state.stage(final)
-        state.update(state=final, finished=now(), seconds=round(time.time() - state["started_epoch"], 1))
+        state.update(
+            state=final, finished=now(), seconds=round(time.time() - state["started_epoch"], 1)
+        )
         log(f"{final} in {state['seconds']:.0f} s (mode {state['mode']})")
         return 0
     except Exception as err:  # every failure is reported, named, and abandons the launch
         stop.set()
         if not isinstance(err, Failure):
             err = Failure(state["stage"], f"{type(err).__name__}: {err}")
-        state.update(state="failed", stage=err.stage, failed_task=err.task, error=err.message, finished=now())
+        state.update(
+            state="failed", stage=err.stage, failed_task=err.task, error=err.message, finished=now()
+        )
         log(f"FAILED in stage {err.stage}: {err.message}")
         if ident and cfg["cloud"] == "aws" and not in_venv():
             if not os.path.exists(VENV + "/bin/python"):
@@ -708,7 +925,9 @@ def lifecycle_watch(_argv):
             if target == "Terminated":
                 log("terminating: draining the runtime")
                 state.update(state="terminating")
-                run(["systemctl", "stop", RUNTIME])  # SIGTERM: /readyz 503, in-flight requests finish
+                run(
+                    ["systemctl", "stop", RUNTIME]
+                )  # SIGTERM: /readyz 503, in-flight requests finish
                 complete(cfg, cloud, ident, "terminate_hook", "CONTINUE", state)
                 return 0
             if target == "InService" and state["state"] == "warmed":  # a running warm pool node
@@ -736,8 +955,13 @@ def scrape(text, previous=None, now_s=None):
     if gpus:
         values["GpuUtilization"] = (100.0 * sum(gpus) / len(gpus), "Percent")
     sample = {"t": time.time() if now_s is None else now_s, "requests": requests}
-    if previous and sample["t"] > previous["t"] and requests >= previous["requests"]:  # else: a restart
-        values["RequestRate"] = ((requests - previous["requests"]) / (sample["t"] - previous["t"]), "Count/Second")
+    if (
+        previous and sample["t"] > previous["t"] and requests >= previous["requests"]
+    ):  # else: a restart
+        values["RequestRate"] = (
+            (requests - previous["requests"]) / (sample["t"] - previous["t"]),
+            "Count/Second",
+        )
     return values, sample
 
 
@@ -746,7 +970,9 @@ def publish_metrics(_argv):
     if not cfg.get("group_name") or State()["state"] != "ready":
         return 0
     try:
-        text = http("GET", f"http://127.0.0.1:{cfg.get('service_port', 8080)}/metrics", timeout=5)[1]
+        text = http("GET", f"http://127.0.0.1:{cfg.get('service_port', 8080)}/metrics", timeout=5)[
+            1
+        ]
     except OSError as err:
         log(f"no metrics from the runtime: {err}")
         return 0
@@ -774,14 +1000,23 @@ def prepare_image(state=None, poweroff=True):
     run(["systemctl", "disable", "--now", RUNTIME])  # a baked node starts it once its model is in
     for path in (MODELS, WORK, RUNTIME_CACHE):
         shutil.rmtree(path, ignore_errors=True)
-    write_json(IMAGE_RECORD, {"baked": now(), "bundle_sha256": state["bundle_sha256"],
-                                              "from_instance": (state["identity"] or {}).get("instance_id")})
+    write_json(
+        IMAGE_RECORD,
+        {
+            "baked": now(),
+            "bundle_sha256": state["bundle_sha256"],
+            "from_instance": (state["identity"] or {}).get("instance_id"),
+        },
+    )
     for path in (CONFIG, STATE):
         if os.path.exists(path):
             os.remove(path)
     if shutil.which("cloud-init") and run(["cloud-init", "clean", "--logs"]).returncode != 0:
-        raise Failure("prepare-image", "cloud-init clean failed (see the journal): the image would "
-                                       "not run cloud-init for the next instance")
+        raise Failure(
+            "prepare-image",
+            "cloud-init clean failed (see the journal): the image would "
+            "not run cloud-init for the next instance",
+        )
     shutil.rmtree(CLOUD_SEED, ignore_errors=True)  # a builder's NoCloud seed, unless mounted
     for path in MACHINE_IDS:
         if os.path.isfile(path) and not os.path.islink(path):
@@ -805,17 +1040,25 @@ def status(_argv):
     return 0
 
 
-COMMANDS = {"bootstrap": bootstrap, "abandon": abandon, "lifecycle-watch": lifecycle_watch,
-            "publish-metrics": publish_metrics, "fetch": fetch, "status": status,
-            "prepare-image": lambda _argv: prepare_image()}
+COMMANDS = {
+    "bootstrap": bootstrap,
+    "abandon": abandon,
+    "lifecycle-watch": lifecycle_watch,
+    "publish-metrics": publish_metrics,
+    "fetch": fetch,
+    "status": status,
+    "prepare-image": lambda _argv: prepare_image(),
+}
 
 
 def main(argv):
     if not argv or argv[0] not in COMMANDS:
         print("usage: torchfleet-node " + "|".join(COMMANDS), file=sys.stderr)
         return 2
-    if argv[0] in ("abandon", "lifecycle-watch", "publish-metrics", "fetch") and \
-            (read_json(CONFIG) or {}).get("cloud") == "aws":
+    if (
+        argv[0] in ("abandon", "lifecycle-watch", "publish-metrics", "fetch")
+        and (read_json(CONFIG) or {}).get("cloud") == "aws"
+    ):
         reexec_in_venv(argv)
     return COMMANDS[argv[0]](argv if argv[0] == "bootstrap" else argv[1:])
 

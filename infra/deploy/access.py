@@ -44,18 +44,36 @@ class SshTarget:
     common_args: tuple[str, ...]
 
     @classmethod
-    def from_hostvars(cls, name: str, hv: dict[str, Any],
-                      private_key: str | None = None) -> SshTarget:
-        return cls(host=name, address=str(hv.get("ansible_host") or name),
-                   port=int(hv.get("ansible_port") or 22), user=hv.get("ansible_user"),
-                   key_file=private_key or hv.get("ansible_ssh_private_key_file"),
-                   common_args=tuple(shlex.split(str(hv.get("ansible_ssh_common_args") or ""))))
+    def from_hostvars(
+        cls, name: str, hv: dict[str, Any], private_key: str | None = None
+    ) -> SshTarget:
+        return cls(
+            host=name,
+            address=str(hv.get("ansible_host") or name),
+            port=int(hv.get("ansible_port") or 22),
+            user=hv.get("ansible_user"),
+            key_file=private_key or hv.get("ansible_ssh_private_key_file"),
+            common_args=tuple(shlex.split(str(hv.get("ansible_ssh_common_args") or ""))),
+        )
 
     def command(self, local_port: int, remote_port: int) -> list[str]:
-        cmd = ["ssh", "-N", "-o", "ExitOnForwardFailure=yes", "-o", "BatchMode=yes",
-               "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=15", *self.common_args,
-               "-p", str(self.port),
-               "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}"]
+        cmd = [
+            "ssh",
+            "-N",
+            "-o",
+            "ExitOnForwardFailure=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=15",
+            "-o",
+            "ServerAliveInterval=15",
+            *self.common_args,
+            "-p",
+            str(self.port),
+            "-L",
+            f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}",
+        ]
         if self.key_file:
             cmd += ["-i", self.key_file, "-o", "IdentitiesOnly=yes"]
         return [*cmd, f"{self.user}@{self.address}" if self.user else self.address]
@@ -65,26 +83,37 @@ class SshTarget:
 def tunnel(target: SshTarget, remote_port: int, stage: str) -> Iterator[str]:
     """Yields http://127.0.0.1:<port> forwarded to the node's 127.0.0.1:<remote_port>."""
     local = free_loopback_port()
-    proc = subprocess.Popen(target.command(local, remote_port), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        target.command(local, remote_port),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + TUNNEL_TIMEOUT_S
         while True:
             if proc.poll() is not None:
                 err = (proc.stderr.read() if proc.stderr else "").strip()
-                raise StageError(stage, f"the SSH tunnel to {target.host} ({target.address}:"
-                                 f"{target.port}) closed: {err or 'ssh exited ' + str(proc.returncode)}",
-                                 host=target.host,
-                                 fix="check that the host is up and that SSH from here is "
-                                     "allowed (torchfleet:admin_cidrs), then re-run")
+                raise StageError(
+                    stage,
+                    f"the SSH tunnel to {target.host} ({target.address}:"
+                    f"{target.port}) closed: {err or 'ssh exited ' + str(proc.returncode)}",
+                    host=target.host,
+                    fix="check that the host is up and that SSH from here is "
+                    "allowed (torchfleet:admin_cidrs), then re-run",
+                )
             try:
                 with socket.create_connection(("127.0.0.1", local), timeout=1):
                     break  # ssh listens only once it is logged in (ExitOnForwardFailure)
             except OSError:
                 if time.monotonic() > deadline:
-                    raise StageError(stage, f"the SSH tunnel to {target.host} did not open in "
-                                     f"{TUNNEL_TIMEOUT_S:.0f} s", host=target.host,
-                                     fix="check SSH to the host, then re-run") from None
+                    raise StageError(
+                        stage,
+                        f"the SSH tunnel to {target.host} did not open in {TUNNEL_TIMEOUT_S:.0f} s",
+                        host=target.host,
+                        fix="check SSH to the host, then re-run",
+                    ) from None
                 time.sleep(0.2)
         yield f"http://127.0.0.1:{local}"
     finally:
@@ -98,17 +127,26 @@ def tunnel(target: SshTarget, remote_port: int, stage: str) -> Iterator[str]:
             proc.stderr.close()
 
 
-def http_request(method: str, url: str, body: bytes | None = None,
-                 headers: dict[str, str] | None = None,
-                 timeout: float = 30.0) -> tuple[int | None, bytes, float]:
+def http_request(
+    method: str,
+    url: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> tuple[int | None, bytes, float]:
     parts = urlsplit(url)
-    conn_type = (http.client.HTTPSConnection if parts.scheme == "https"
-                 else http.client.HTTPConnection)
+    conn_type = (
+        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    )
     conn = conn_type(parts.hostname or "127.0.0.1", parts.port, timeout=timeout)
     started = time.monotonic()
     try:
-        conn.request(method, (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
-                     body=body, headers=headers or {})
+        conn.request(
+            method,
+            (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+            body=body,
+            headers=headers or {},
+        )
         resp = conn.getresponse()
         data = resp.read()
         return resp.status, data, time.monotonic() - started

@@ -38,23 +38,29 @@ class Outputs:
 
 def plain(outputs: Any) -> Outputs:
     """An Automation API OutputMap (name -> OutputValue) as plain values."""
-    return Outputs({k: v.value for k, v in outputs.items()},
-                   frozenset(k for k, v in outputs.items() if v.secret))
+    return Outputs(
+        {k: v.value for k, v in outputs.items()},
+        frozenset(k for k, v in outputs.items() if v.secret),
+    )
 
 
 def open_stack(stack: str) -> auto.Stack:
     return auto.create_or_select_stack(stack_name=stack, work_dir=str(REPO_ROOT))
 
 
-def _select(stack: str, opener: Callable[[str], auto.Stack] | None,
-            stage: str = "provision") -> auto.Stack:
+def _select(
+    stack: str, opener: Callable[[str], auto.Stack] | None, stage: str = "provision"
+) -> auto.Stack:
     try:
         return (opener or open_stack)(stack)
     except auto.CommandError as err:
-        raise StageError(stage, f"selecting (or creating) stack {stack} in the backend failed",
-                         details=[line for line in str(err).splitlines() if line.strip()][-6:],
-                         fix="check the backend login (`pulumi whoami`) and the stack name "
-                             "(`pulumi stack ls`), then re-run") from err
+        raise StageError(
+            stage,
+            f"selecting (or creating) stack {stack} in the backend failed",
+            details=[line for line in str(err).splitlines() if line.strip()][-6:],
+            fix="check the backend login (`pulumi whoami`) and the stack name "
+            "(`pulumi stack ls`), then re-run",
+        ) from err
 
 
 def _to_log(console: Console) -> Callable[[str], None]:
@@ -64,41 +70,58 @@ def _to_log(console: Console) -> Callable[[str], None]:
 
 def _failed(verb: str, stack: str, progress: EngineProgress, err: Exception) -> StageError:
     if isinstance(err, auto.ConcurrentUpdateError):
-        return StageError("provision", f"another update of stack {stack} is in progress",
-                          fix=f"wait for it to finish, or `pulumi cancel -s {stack}` if it died, "
-                              "then re-run")
+        return StageError(
+            "provision",
+            f"another update of stack {stack} is in progress",
+            fix=f"wait for it to finish, or `pulumi cancel -s {stack}` if it died, then re-run",
+        )
     resource = progress.failures[0] if progress.failures else None
-    details = progress.diagnostics[-6:] or [
-        line for line in str(err).splitlines() if line.strip()][-8:]
-    what = (f"{resource.type} {urn_name(resource.urn)}" if resource
-            else "the update (no single resource failed)")
+    details = (
+        progress.diagnostics[-6:] or [line for line in str(err).splitlines() if line.strip()][-8:]
+    )
+    what = (
+        f"{resource.type} {urn_name(resource.urn)}"
+        if resource
+        else "the update (no single resource failed)"
+    )
     return StageError(
-        "provision", f"`pulumi {verb}` of stack {stack} failed at {what}",
-        task=urn_name(resource.urn) if resource else None, details=details,
+        "provision",
+        f"`pulumi {verb}` of stack {stack} failed at {what}",
+        task=urn_name(resource.urn) if resource else None,
+        details=details,
         fix=f"fix the cause above, then re-run: `pulumi {verb}` continues from the resources "
-            "already done (the run log has the engine's full output)")
+        "already done (the run log has the engine's full output)",
+    )
 
 
-def up(stack: str, console: Console,
-       opener: Callable[[str], auto.Stack] | None = None) -> Outputs:
+def up(stack: str, console: Console, opener: Callable[[str], auto.Stack] | None = None) -> Outputs:
     progress = EngineProgress(console)
     handle = _select(stack, opener)
     try:
-        result = handle.up(on_event=progress.on_event, on_output=_to_log(console),
-                           color="never", message="torchfleet up")
+        result = handle.up(
+            on_event=progress.on_event,
+            on_output=_to_log(console),
+            color="never",
+            message="torchfleet up",
+        )
     except auto.CommandError as err:
         raise _failed("up", stack, progress, err) from err
     console.line(f"  {progress.totals()}")
     return plain(result.outputs)
 
 
-def destroy(stack: str, console: Console,
-            opener: Callable[[str], auto.Stack] | None = None) -> None:
+def destroy(
+    stack: str, console: Console, opener: Callable[[str], auto.Stack] | None = None
+) -> None:
     progress = EngineProgress(console)
     handle = _select(stack, opener, "destroy")
     try:
-        handle.destroy(on_event=progress.on_event, on_output=_to_log(console), color="never",
-                       message="torchfleet down")
+        handle.destroy(
+            on_event=progress.on_event,
+            on_output=_to_log(console),
+            color="never",
+            message="torchfleet down",
+        )
     except auto.CommandError as err:
         error = _failed("destroy", stack, progress, err)
         error.stage = "destroy"
@@ -110,11 +133,14 @@ def outputs(stack: str, opener: Callable[[str], auto.Stack] | None = None) -> Ou
     try:
         result = (opener or open_stack)(stack).outputs()
     except auto.CommandError as err:
-        raise StageError("outputs", f"reading the outputs of stack {stack} failed",
-                         details=str(err).strip().splitlines()[-6:],
-                         fix=f"`pulumi stack ls` shows the stacks; `torchfleet up {stack}` "
-                             "creates this one") from err
+        raise StageError(
+            "outputs",
+            f"reading the outputs of stack {stack} failed",
+            details=str(err).strip().splitlines()[-6:],
+            fix=f"`pulumi stack ls` shows the stacks; `torchfleet up {stack}` creates this one",
+        ) from err
     if not result:
-        raise StageError("outputs", f"stack {stack} has no outputs (has `up` run?)",
-                         fix=f"torchfleet up {stack}")
+        raise StageError(
+            "outputs", f"stack {stack} has no outputs (has `up` run?)", fix=f"torchfleet up {stack}"
+        )
     return plain(result)

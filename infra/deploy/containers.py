@@ -33,8 +33,13 @@ IMAGE_SUITE = "bookworm"
 PREFIX = "torchfleet-demo-"
 LABEL = "io.torchfleet.demo"
 # systemd as PID 1 needs more file handles and processes than podman's defaults (DESIGN.md)
-RUN_OPTIONS = ("--systemd=always", "--ulimit", "nofile=10000:20000",
-               "--ulimit", "nproc=10000:10000")
+RUN_OPTIONS = (
+    "--systemd=always",
+    "--ulimit",
+    "nofile=10000:20000",
+    "--ulimit",
+    "nproc=10000:10000",
+)
 SSH_WAIT_S = 90.0
 
 
@@ -51,9 +56,23 @@ def ensure_ssh_key(path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
         pub.unlink(missing_ok=True)
-        made = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
-                               "torchfleet-throwaway", "-f", str(path)], capture_output=True,
-                              text=True, timeout=60)
+        made = subprocess.run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "torchfleet-throwaway",
+                "-f",
+                str(path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if made.returncode != 0:
             raise RuntimeError(f"ssh-keygen failed: {made.stderr.strip()}")
     path.chmod(0o600)
@@ -61,15 +80,22 @@ def ensure_ssh_key(path: Path) -> Path:
     return path
 
 
-def podman(*args: str, timeout: float = 120, check: bool = True,
-           stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(["podman", "--runtime", "runc", *args], capture_output=True, text=True,
-                         timeout=timeout, input=stdin)
+def podman(
+    *args: str, timeout: float = 120, check: bool = True, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(
+        ["podman", "--runtime", "runc", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=stdin,
+    )
     if check and out.returncode != 0:
-        raise StageError("nodes", f"podman {' '.join(args[:2])} failed: "
-                         f"{(out.stderr or out.stdout).strip()[-600:]}",
-                         fix="see podman's message; `make demo-clean` removes the demo's "
-                             "containers")
+        raise StageError(
+            "nodes",
+            f"podman {' '.join(args[:2])} failed: {(out.stderr or out.stdout).strip()[-600:]}",
+            fix="see podman's message; `make demo-clean` removes the demo's containers",
+        )
     return out
 
 
@@ -79,23 +105,38 @@ def ensure_image(log: Callable[[str], None] | None = None) -> str:
         return f"{IMAGE} present"
     if log:
         log(f"  building {IMAGE} (debootstrap, about a minute)")
-    out = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "build_image.sh"), IMAGE_SUITE],
-                         capture_output=True, text=True, timeout=1800)
+    out = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "build_image.sh"), IMAGE_SUITE],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if out.returncode != 0:
-        raise StageError("nodes", f"building {IMAGE} failed",
-                         details=(out.stdout + out.stderr).strip().splitlines()[-8:],
-                         fix="scripts/build_image.sh bookworm shows the whole error")
+        raise StageError(
+            "nodes",
+            f"building {IMAGE} failed",
+            details=(out.stdout + out.stderr).strip().splitlines()[-8:],
+            fix="scripts/build_image.sh bookworm shows the whole error",
+        )
     return out.stdout.strip().splitlines()[-1]
 
 
 def ensure_wheelhouse(abi: str = "cp311") -> Path:
     """The offline torch wheelhouse the node's pip installs from (tests/roles/prepare_wheelhouse.sh)."""
-    out = subprocess.run(["bash", str(REPO_ROOT / "tests" / "roles" / "prepare_wheelhouse.sh"),
-                          abi], capture_output=True, text=True, timeout=1800, cwd=REPO_ROOT)
+    out = subprocess.run(
+        ["bash", str(REPO_ROOT / "tests" / "roles" / "prepare_wheelhouse.sh"), abi],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=REPO_ROOT,
+    )
     if out.returncode != 0:
-        raise StageError("nodes", f"the {abi} wheelhouse is not ready",
-                         details=(out.stdout + out.stderr).strip().splitlines()[-6:],
-                         fix=f"run tests/roles/prepare_wheelhouse.sh {abi} and read its error")
+        raise StageError(
+            "nodes",
+            f"the {abi} wheelhouse is not ready",
+            details=(out.stdout + out.stderr).strip().splitlines()[-6:],
+            fix=f"run tests/roles/prepare_wheelhouse.sh {abi} and read its error",
+        )
     return (REPO_ROOT / ".cache" / f"wheelhouse-{abi}").resolve()
 
 
@@ -114,9 +155,12 @@ class ContainerNode:
 
 def check_prefix(prefix: str) -> None:
     if not prefix.startswith(PREFIX) or not prefix.replace("-", "").isalnum():
-        raise StageError("refused", f"the demo's container prefix {prefix!r} must start with "
-                         f"{PREFIX!r} and hold only letters, digits and dashes",
-                         fix="set TORCHFLEET_DEMO_PREFIX=torchfleet-demo-<name>- or unset it")
+        raise StageError(
+            "refused",
+            f"the demo's container prefix {prefix!r} must start with "
+            f"{PREFIX!r} and hold only letters, digits and dashes",
+            fix="set TORCHFLEET_DEMO_PREFIX=torchfleet-demo-<name>- or unset it",
+        )
 
 
 def _inspect(name: str) -> dict | None:
@@ -135,16 +179,20 @@ def _published(name: str, port: int) -> int:
 def _make_login_user(name: str, user: str, public_key: str) -> None:
     """The cloud image's login user: key-only SSH, passwordless sudo (become), as on EC2/ECS."""
     if user == "root":
-        script = ("install -d -m 700 /root/.ssh && cat > /root/.ssh/authorized_keys && "
-                  "chmod 600 /root/.ssh/authorized_keys")
+        script = (
+            "install -d -m 700 /root/.ssh && cat > /root/.ssh/authorized_keys && "
+            "chmod 600 /root/.ssh/authorized_keys"
+        )
     else:
-        script = (f"id {user} >/dev/null 2>&1 || useradd -m -s /bin/bash {user}; "
-                  f"install -d -m 700 -o {user} -g {user} /home/{user}/.ssh && "
-                  f"cat > /home/{user}/.ssh/authorized_keys && "
-                  f"chown {user}:{user} /home/{user}/.ssh/authorized_keys && "
-                  f"chmod 600 /home/{user}/.ssh/authorized_keys && "
-                  f"echo '{user} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/90-{user} && "
-                  f"chmod 440 /etc/sudoers.d/90-{user}")
+        script = (
+            f"id {user} >/dev/null 2>&1 || useradd -m -s /bin/bash {user}; "
+            f"install -d -m 700 -o {user} -g {user} /home/{user}/.ssh && "
+            f"cat > /home/{user}/.ssh/authorized_keys && "
+            f"chown {user}:{user} /home/{user}/.ssh/authorized_keys && "
+            f"chmod 600 /home/{user}/.ssh/authorized_keys && "
+            f"echo '{user} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/90-{user} && "
+            f"chmod 440 /etc/sudoers.d/90-{user}"
+        )
     podman("exec", "-i", name, "sh", "-c", script, stdin=public_key)
 
 
@@ -162,8 +210,9 @@ def _wait_ssh(port: int, deadline: float) -> bool:
     return False
 
 
-def start_nodes(prefix: str, count: int, key: Path, login_user: str, wheelhouse: Path,
-                known_hosts: Path) -> list[ContainerNode]:
+def start_nodes(
+    prefix: str, count: int, key: Path, login_user: str, wheelhouse: Path, known_hosts: Path
+) -> list[ContainerNode]:
     check_prefix(prefix)
     public_key = key.with_name(key.name + ".pub").read_text()
     nodes = []
@@ -171,37 +220,67 @@ def start_nodes(prefix: str, count: int, key: Path, login_user: str, wheelhouse:
         name = f"{prefix}node-{i}"
         info = _inspect(name)
         if info and info.get("Config", {}).get("Labels", {}).get(LABEL) != prefix:
-            raise StageError("refused", f"a container named {name} exists but is not this "
-                             "demo's (its label differs); refusing to touch it",
-                             fix="set TORCHFLEET_DEMO_PREFIX to another torchfleet-demo-<name>-")
+            raise StageError(
+                "refused",
+                f"a container named {name} exists but is not this "
+                "demo's (its label differs); refusing to touch it",
+                fix="set TORCHFLEET_DEMO_PREFIX to another torchfleet-demo-<name>-",
+            )
         created = info is None
         if created:
-            podman("run", "-d", "--name", name, "--hostname", name, "--label", f"{LABEL}={prefix}",
-                   *RUN_OPTIONS, "-p", "127.0.0.1::22", "-p", f"127.0.0.1::{SERVICE_PORT}",
-                   "-v", f"{wheelhouse}:/opt/wheelhouse:ro", IMAGE, "/sbin/init", timeout=300)
+            podman(
+                "run",
+                "-d",
+                "--name",
+                name,
+                "--hostname",
+                name,
+                "--label",
+                f"{LABEL}={prefix}",
+                *RUN_OPTIONS,
+                "-p",
+                "127.0.0.1::22",
+                "-p",
+                f"127.0.0.1::{SERVICE_PORT}",
+                "-v",
+                f"{wheelhouse}:/opt/wheelhouse:ro",
+                IMAGE,
+                "/sbin/init",
+                timeout=300,
+            )
         elif not info.get("State", {}).get("Running"):
             podman("start", name, timeout=300)
         _make_login_user(name, login_user, public_key)
-        ip = podman("container", "inspect", "-f", "{{.NetworkSettings.IPAddress}}",
-                    name).stdout.strip()
-        node = ContainerNode(name, ip, _published(name, 22), _published(name, SERVICE_PORT),
-                             created)
+        ip = podman(
+            "container", "inspect", "-f", "{{.NetworkSettings.IPAddress}}", name
+        ).stdout.strip()
+        node = ContainerNode(
+            name, ip, _published(name, 22), _published(name, SERVICE_PORT), created
+        )
         if created and known_hosts.exists():
-            subprocess.run(["ssh-keygen", "-f", str(known_hosts), "-R",
-                            f"[127.0.0.1]:{node.ssh_port}"], capture_output=True, timeout=30)
+            subprocess.run(
+                ["ssh-keygen", "-f", str(known_hosts), "-R", f"[127.0.0.1]:{node.ssh_port}"],
+                capture_output=True,
+                timeout=30,
+            )
         nodes.append(node)
     deadline = time.monotonic() + SSH_WAIT_S
     for node in nodes:
         if not _wait_ssh(node.ssh_port, deadline):
-            raise StageError("nodes", f"sshd in {node.name} did not answer on 127.0.0.1:"
-                             f"{node.ssh_port} within {SSH_WAIT_S:.0f} s", host=node.name,
-                             fix=f"`podman logs {node.name}`; `make demo-clean` and re-run")
+            raise StageError(
+                "nodes",
+                f"sshd in {node.name} did not answer on 127.0.0.1:"
+                f"{node.ssh_port} within {SSH_WAIT_S:.0f} s",
+                host=node.name,
+                fix=f"`podman logs {node.name}`; `make demo-clean` and re-run",
+            )
     return nodes
 
 
 def list_nodes(prefix: str) -> list[str]:
-    out = podman("ps", "-a", "--filter", f"label={LABEL}={prefix}", "--format", "{{.Names}}",
-                 check=False)
+    out = podman(
+        "ps", "-a", "--filter", f"label={LABEL}={prefix}", "--format", "{{.Names}}", check=False
+    )
     return [n for n in out.stdout.split() if n.startswith(prefix)]
 
 

@@ -57,22 +57,41 @@ def hostvars(inventory_dir: Path) -> dict[str, dict[str, Any]]:
     """Each host of group gpu_nodes with its variables as Ansible merges them (host vars over
     group_vars); Jinja is not rendered (the connection variables the stages read are plain)."""
     binary = BIN / "ansible-inventory"
-    out = subprocess.run([str(binary if binary.exists() else "ansible-inventory"), "-i",
-                          str(inventory_dir), "--list"], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, **ansible_env()}, cwd=REPO_ROOT)
+    out = subprocess.run(
+        [
+            str(binary if binary.exists() else "ansible-inventory"),
+            "-i",
+            str(inventory_dir),
+            "--list",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **ansible_env()},
+        cwd=REPO_ROOT,
+    )
     if out.returncode != 0:
-        raise StageError("inventory", f"ansible-inventory cannot read {inventory_dir}",
-                         details=out.stderr.strip().splitlines()[-6:],
-                         fix="fix the inventory (see the error), then re-run")
+        raise StageError(
+            "inventory",
+            f"ansible-inventory cannot read {inventory_dir}",
+            details=out.stderr.strip().splitlines()[-6:],
+            fix="fix the inventory (see the error), then re-run",
+        )
     data = json.loads(out.stdout)
     hosts = data.get(GROUP, {}).get("hosts", [])
     meta = data.get("_meta", {}).get("hostvars", {})
     return {h: meta.get(h, {}) for h in hosts}
 
 
-def run_playbook(playbook: str, inventory_dir: Path, run_dir: Path, console: Console,
-                 hosts: list[str], private_key: str | None = None,
-                 extravars: dict[str, Any] | None = None) -> PlaybookResult:
+def run_playbook(
+    playbook: str,
+    inventory_dir: Path,
+    run_dir: Path,
+    console: Console,
+    hosts: list[str],
+    private_key: str | None = None,
+    extravars: dict[str, Any] | None = None,
+) -> PlaybookResult:
     """Run playbooks/<playbook> (or a playbook at an absolute path)."""
     name = Path(playbook).stem
     private = run_dir / "ansible"
@@ -103,12 +122,19 @@ def run_playbook(playbook: str, inventory_dir: Path, run_dir: Path, console: Con
         if failure:
             details = [*failure.message.splitlines()[1:6], *details]
             raise StageError(
-                "converge", f"{playbook} failed: {failure.message.splitlines()[0]}",
-                host=failure.host, task=failure.task, details=details,
+                "converge",
+                f"{playbook} failed: {failure.message.splitlines()[0]}",
+                host=failure.host,
+                task=failure.task,
+                details=details,
                 fix="fix the cause above and re-run the same command: the roles are "
-                    "idempotent, converged hosts report changed=0")
+                "idempotent, converged hosts report changed=0",
+            )
         tail = (runner.stdout.read() if runner.stdout else "").strip().splitlines()[-6:]
-        raise StageError("converge", f"{playbook} ended {runner.status} (rc {runner.rc})",
-                         details=[*tail, *details],
-                         fix="see the playbook's stdout in the artifacts, then re-run")
+        raise StageError(
+            "converge",
+            f"{playbook} ended {runner.status} (rc {runner.rc})",
+            details=[*tail, *details],
+            fix="see the playbook's stdout in the artifacts, then re-run",
+        )
     return PlaybookResult(playbook, progress.stats, artifacts)

@@ -48,8 +48,12 @@ DEMO_ROOT = REPO_ROOT / ".cache" / "demo"
 BENCH_LEVELS = (1, 8)
 BENCH_SECONDS = 3.0
 # The container is not an L4 spot instance: these host facts of the stack output are replaced.
-CONTAINER_FACTS = {"torchfleet_gpu_model": "", "torchfleet_compute_capability": "",
-                   "torchfleet_cuda_profile": "cpu", "torchfleet_spot": False}
+CONTAINER_FACTS = {
+    "torchfleet_gpu_model": "",
+    "torchfleet_compute_capability": "",
+    "torchfleet_cuda_profile": "cpu",
+    "torchfleet_spot": False,
+}
 
 
 def state_dir(prefix: str) -> Path:
@@ -74,23 +78,31 @@ def login_user(outputs: dict[str, Any]) -> str:
     return str(next(iter(hosts.values()))["ansible_user"])
 
 
-def node_outputs(template: dict[str, Any], nodes: list[containers.ContainerNode],
-                 key: Path) -> dict[str, Any]:
+def node_outputs(
+    template: dict[str, Any], nodes: list[containers.ContainerNode], key: Path
+) -> dict[str, Any]:
     """`template` (the stack's outputs) with the addresses of the container nodes."""
     outputs = copy.deepcopy(template)
     hosts = outputs["inventory"]["all"]["children"][GROUP]["hosts"]
     if len(hosts) != len(nodes):
-        raise RuntimeError(f"the {SHAPE_STACK} program made {len(hosts)} hosts for {len(nodes)} "
-                           "nodes")
+        raise RuntimeError(
+            f"the {SHAPE_STACK} program made {len(hosts)} hosts for {len(nodes)} nodes"
+        )
     for (name, host), node in zip(sorted(hosts.items()), nodes, strict=True):
-        host.update(ansible_host="127.0.0.1", ansible_port=node.ssh_port, public_ip="127.0.0.1",
-                    private_ip=node.ip, **CONTAINER_FACTS)
+        host.update(
+            ansible_host="127.0.0.1",
+            ansible_port=node.ssh_port,
+            public_ip="127.0.0.1",
+            private_ip=node.ip,
+            **CONTAINER_FACTS,
+        )
         hosts[name] = host
     first, user = nodes[0], next(iter(hosts.values()))["ansible_user"]
     port = SERVICE_PORT
     outputs["endpoint"] = f"http://{first.ip}:{port}"
-    outputs["ssh_tunnel"] = (f"ssh -N -L {port}:{first.ip}:{port} -p {first.ssh_port} -i {shown(key)} "
-                             f"{user}@127.0.0.1")
+    outputs["ssh_tunnel"] = (
+        f"ssh -N -L {port}:{first.ip}:{port} -p {first.ssh_port} -i {shown(key)} {user}@127.0.0.1"
+    )
     return outputs
 
 
@@ -99,13 +111,16 @@ def write_group_vars(inventory_dir: Path, state: Path, key: Path) -> None:
     container node needs, as a Molecule scenario sets them (gpu_nodes beats all)."""
     group_vars = inventory_dir / "group_vars"
     group_vars.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(REPO_ROOT / "inventories" / SHAPE_STACK / "group_vars" / "all.yml",
-                    group_vars / "all.yml")
+    shutil.copyfile(
+        REPO_ROOT / "inventories" / SHAPE_STACK / "group_vars" / "all.yml", group_vars / "all.yml"
+    )
     demo = {
         "ansible_ssh_private_key_file": str(key),
-        "ansible_ssh_common_args": (f"-o StrictHostKeyChecking=accept-new -o UserKnownHostsFile="
-                                    f"{state / 'known_hosts'} -o IdentitiesOnly=yes "
-                                    "-o LogLevel=ERROR"),
+        "ansible_ssh_common_args": (
+            f"-o StrictHostKeyChecking=accept-new -o UserKnownHostsFile="
+            f"{state / 'known_hosts'} -o IdentitiesOnly=yes "
+            "-o LogLevel=ERROR"
+        ),
         "ansible_control_path_dir": str(state / "cp"),
         "ansible_python_interpreter": "/usr/bin/python3",
         "ansible_pipelining": True,
@@ -119,7 +134,8 @@ def write_group_vars(inventory_dir: Path, state: Path, key: Path) -> None:
     }
     (group_vars / "gpu_nodes.yml").write_text(
         "# Written by torchfleet demo: what a container node needs beyond the stack's settings.\n"
-        + yaml.safe_dump(demo, sort_keys=False))
+        + yaml.safe_dump(demo, sort_keys=False)
+    )
 
 
 def predictions(node: containers.ContainerNode, console: Console) -> list[int | None]:
@@ -132,17 +148,22 @@ def predictions(node: containers.ContainerNode, console: Console) -> list[int | 
     payload, headers = loadgen.build_payload(shape, dtype or "float32", batch=2, binary=False)
     code, body, took = http_request("POST", base + "/v1/predict", payload, headers)
     out = json.loads(body)["outputs"] if code == 200 else []
-    console.line(f"  JSON    POST {base}/v1/predict (2 instances, {len(payload) // 1024} KiB) -> "
-                 f"{code} in {took * 1000:.0f} ms: argmax {[r.index(max(r)) for r in out]}")
+    console.line(
+        f"  JSON    POST {base}/v1/predict (2 instances, {len(payload) // 1024} KiB) -> "
+        f"{code} in {took * 1000:.0f} ms: argmax {[r.index(max(r)) for r in out]}"
+    )
     codes.append(code)
     payload, headers = loadgen.build_payload(shape, dtype or "float32", batch=4, binary=True)
     code, body, took = http_request("POST", base + "/v1/predict", payload, headers)
     n = len(json.loads(body)["outputs"]) if code == 200 else 0
-    console.line(f"  binary  POST {base}/v1/predict (4 instances, raw {dtype}, X-Shape "
-                 f"{headers['X-Shape']}) -> {code} in {took * 1000:.0f} ms: {n} outputs")
+    console.line(
+        f"  binary  POST {base}/v1/predict (4 instances, raw {dtype}, X-Shape "
+        f"{headers['X-Shape']}) -> {code} in {took * 1000:.0f} ms: {n} outputs"
+    )
     codes.append(code)
-    code, body, _ = http_request("POST", base + "/v1/predict", b'{"inputs": [1, 2',
-                                 {"Content-Type": "application/json"})
+    code, body, _ = http_request(
+        "POST", base + "/v1/predict", b'{"inputs": [1, 2', {"Content-Type": "application/json"}
+    )
     console.line(f"  malformed JSON -> {code} {body.decode(errors='replace')[:120]}")
     live, _, _ = http_request("GET", base + "/livez")
     console.line(f"  and the node keeps serving: /livez -> {live}")
@@ -153,13 +174,17 @@ def benchmark(node: containers.ContainerNode, console: Console) -> None:
     target = loadgen.Target.parse(node.url)
     shape, dtype = loadgen.input_spec(loadgen.http_get_json(target, "/v1/model", 30))
     body, headers = loadgen.build_payload(shape, dtype or "float32", batch=1, binary=True)
-    levels = [loadgen.run_level(target, body, headers, c, 1, duration_s=BENCH_SECONDS)
-              for c in BENCH_LEVELS]
+    levels = [
+        loadgen.run_level(target, body, headers, c, 1, duration_s=BENCH_SECONDS)
+        for c in BENCH_LEVELS
+    ]
     for line in loadgen.render_levels(levels).splitlines():
         console.line(f"  {line}")
     load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
-    console.line(f"  load average {load} on {os.cpu_count()} CPUs while it ran: the client, the "
-                 "node and everything else on this machine share them")
+    console.line(
+        f"  load average {load} on {os.cpu_count()} CPUs while it ran: the client, the "
+        "node and everything else on this machine share them"
+    )
 
 
 def short_plan(console: Console) -> None:
@@ -169,8 +194,10 @@ def short_plan(console: Console) -> None:
         costs[stack] = run.outputs["cost"]
         kinds = Counter(r.type.split(":")[-1] for r in run.custom())
         hosts = run.outputs["inventory"]["all"]["children"][GROUP].get("hosts") or {}
-        console.line(f"  {stack}: {len(run.custom())} cloud resources, {len(hosts)} node(s), "
-                     f"endpoint {run.outputs['endpoint']}")
+        console.line(
+            f"  {stack}: {len(run.custom())} cloud resources, {len(hosts)} node(s), "
+            f"endpoint {run.outputs['endpoint']}"
+        )
         console.line("    " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
     console.line("")
     for line in cost_rows(costs):
@@ -203,15 +230,18 @@ class DemoResult:
 def clean(console: Console, prefix: str) -> int:
     removed = containers.remove_nodes(prefix)
     state = state_dir(prefix)
-    console.line(f"removed {len(removed)} container(s){': ' + ', '.join(removed) if removed else ''}")
+    console.line(
+        f"removed {len(removed)} container(s){': ' + ', '.join(removed) if removed else ''}"
+    )
     if state.exists():
         shutil.rmtree(state)
         console.line(f"removed {shown(state)} (keys, inventory, known_hosts, run logs)")
     return 0
 
 
-def run(console: Console, prefix: str, count: int, bench: bool = True,
-        plan: bool = True) -> DemoResult:
+def run(
+    console: Console, prefix: str, count: int, bench: bool = True, plan: bool = True
+) -> DemoResult:
     containers.check_prefix(prefix)
     state = state_dir(prefix)
     state.mkdir(parents=True, exist_ok=True)
@@ -220,46 +250,65 @@ def run(console: Console, prefix: str, count: int, bench: bool = True,
         return _run(console, prefix, count, bench, plan, state)
 
 
-def _run(console: Console, prefix: str, count: int, bench: bool, plan: bool,
-         state: Path) -> DemoResult:
+def _run(
+    console: Console, prefix: str, count: int, bench: bool, plan: bool, state: Path
+) -> DemoResult:
     folder = run_dir(SHAPE_STACK, state / "runs")  # as `up`'s .cache/runs/<stack>/<timestamp>/
     console.open_log(folder / "demo.log")
     # nodes, the four node stages of `up`, predictions, then the optional benchmark and plan
     steps = Steps(console, 6 + bench + plan)
     values = stack_values(SHAPE_STACK, count)
     cfg = stack_config.load(stack_config.raw_from_pulumi_config(values), SHAPE_STACK)
-    with steps("nodes", f"{count} systemd container node(s) standing in for {SHAPE_STACK}'s "
-                        f"{cfg.instance_type.name}"):
+    with steps(
+        "nodes",
+        f"{count} systemd container node(s) standing in for {SHAPE_STACK}'s "
+        f"{cfg.instance_type.name}",
+    ):
         missing = containers.missing_tools("podman", "runc", "ssh", "ssh-keygen")
         if missing:
-            raise StageError("nodes", f"missing tools: {', '.join(missing)}",
-                             fix="make setup (installs podman, runc, openssh-client)")
+            raise StageError(
+                "nodes",
+                f"missing tools: {', '.join(missing)}",
+                fix="make setup (installs podman, runc, openssh-client)",
+            )
         console.line(f"  image {containers.ensure_image(console.line)}")
         wheelhouse = containers.ensure_wheelhouse("cp311")
         key = containers.ensure_ssh_key(state / "ssh" / "id_ed25519")
         template = stack_outputs(count)
         login = login_user(template)
-        nodes = containers.start_nodes(prefix, count, key, login, wheelhouse,
-                                       state / "known_hosts")
+        nodes = containers.start_nodes(prefix, count, key, login, wheelhouse, state / "known_hosts")
         for n in nodes:
-            console.line(f"  {n.name}  {'started' if n.created else 'reused'}  ssh "
-                         f"127.0.0.1:{n.ssh_port} ({login}), runtime 127.0.0.1:{n.service_port}, "
-                         f"address {n.ip}")
+            console.line(
+                f"  {n.name}  {'started' if n.created else 'reused'}  ssh "
+                f"127.0.0.1:{n.ssh_port} ({login}), runtime 127.0.0.1:{n.service_port}, "
+                f"address {n.ip}"
+            )
     outputs = node_outputs(template, nodes, key)
     inventory_root = state / "inventories"
     write_group_vars(inventory_root / SHAPE_STACK, state, key)
     (folder / "outputs.json").write_text(json.dumps(outputs, indent=2, default=str))
-    summary = node_stages(SHAPE_STACK, outputs, cfg, steps, console, folder, NodeOptions(
-        inventory_root=inventory_root, writer="torchfleet demo (mock-engine outputs, container "
-                                              "addresses)"))
+    summary = node_stages(
+        SHAPE_STACK,
+        outputs,
+        cfg,
+        steps,
+        console,
+        folder,
+        NodeOptions(
+            inventory_root=inventory_root,
+            writer="torchfleet demo (mock-engine outputs, container addresses)",
+        ),
+    )
     codes: list[int | None] = []
-    with steps("predictions", "JSON, binary and a malformed request to each node's published "
-                              "port"):
+    with steps("predictions", "JSON, binary and a malformed request to each node's published port"):
         for n in nodes:
             codes += predictions(n, console)
     if bench:
-        with steps("benchmark", f"closed loop, {BENCH_SECONDS:g} s per level at concurrency "
-                                f"{','.join(map(str, BENCH_LEVELS))}, binary body"):
+        with steps(
+            "benchmark",
+            f"closed loop, {BENCH_SECONDS:g} s per level at concurrency "
+            f"{','.join(map(str, BENCH_LEVELS))}, binary body",
+        ):
             benchmark(nodes[0], console)
     if plan:
         with steps("plan", "offline plan and cost of aws-dev and alicloud-dev (mock engine)"):
@@ -270,4 +319,3 @@ def _run(console: Console, prefix: str, count: int, bench: bool, plan: bool,
 
 def not_done() -> str:
     return NOT_DONE.format(facts=", ".join(f"{k}={v!r}" for k, v in CONTAINER_FACTS.items()))
-

@@ -74,8 +74,9 @@ def targets(hosts: dict[str, dict[str, Any]], private_key: str | None) -> list[S
     return [SshTarget.from_hostvars(name, hv, private_key) for name, hv in hosts.items()]
 
 
-def endpoint_target(endpoint: str, hosts: dict[str, dict[str, Any]],
-                    ts: list[SshTarget]) -> SshTarget | None:
+def endpoint_target(
+    endpoint: str, hosts: dict[str, dict[str, Any]], ts: list[SshTarget]
+) -> SshTarget | None:
     """The node that owns the endpoint's address (instances mode: a node's private IP)."""
     host = urlsplit(endpoint).hostname
     for t in ts:
@@ -85,20 +86,36 @@ def endpoint_target(endpoint: str, hosts: dict[str, dict[str, Any]],
     return None
 
 
-def node_stages(stack: str, outputs: dict[str, Any], cfg: StackConfig | None, steps: Steps,
-                console: Console, run: Path, opts: NodeOptions) -> Summary:
+def node_stages(
+    stack: str,
+    outputs: dict[str, Any],
+    cfg: StackConfig | None,
+    steps: Steps,
+    console: Console,
+    run: Path,
+    opts: NodeOptions,
+) -> Summary:
     summary = Summary(stack, outputs, cfg, artifacts=shown(run))
     with steps("inventory", f"stack outputs -> {shown(opts.inventory_root / stack / 'stack.yml')}"):
         try:
             inv = inventory.inventory_of(outputs)
         except inventory.InventoryError as err:
-            raise StageError("inventory", str(err), fix="check the stack's `inventory` output "
-                             "(`pulumi stack output inventory`); a re-run of `up` rewrites it") from err
+            raise StageError(
+                "inventory",
+                str(err),
+                fix="check the stack's `inventory` output "
+                "(`pulumi stack output inventory`); a re-run of `up` rewrites it",
+            ) from err
         path = inventory.write(stack, inv, opts.inventory_root, writer=opts.writer)
         listed = inventory.hosts_of(inv)
-        console.line(f"  wrote {shown(path)}: " + (", ".join(
-            f"{h} ({v['ansible_host']})" for h, v in listed.items()) if listed else
-            "no hosts (group mode: the nodes are found by tag)"))
+        console.line(
+            f"  wrote {shown(path)}: "
+            + (
+                ", ".join(f"{h} ({v['ansible_host']})" for h, v in listed.items())
+                if listed
+                else "no hosts (group mode: the nodes are found by tag)"
+            )
+        )
     port = _service_port(outputs, cfg)
     endpoint = str(outputs.get("endpoint") or "")
     if not listed:
@@ -109,15 +126,19 @@ def node_stages(stack: str, outputs: dict[str, Any], cfg: StackConfig | None, st
         hosts = converge.hostvars(inventory_dir)
         for playbook in ("site.yml", "verify.yml"):
             console.line(f"  {playbook}")
-            result = converge.run_playbook(playbook, inventory_dir, run, console, list(hosts),
-                                           private_key=opts.private_key)
+            result = converge.run_playbook(
+                playbook, inventory_dir, run, console, list(hosts), private_key=opts.private_key
+            )
             if playbook == "site.yml":
                 changed = result.changed()
-                console.line(f"  site.yml: changed={changed}"
-                             + (" (already converged: nothing to change)" if changed == 0 else ""))
+                console.line(
+                    f"  site.yml: changed={changed}"
+                    + (" (already converged: nothing to change)" if changed == 0 else "")
+                )
     ts = targets(hosts, opts.private_key)
-    with steps("readiness", f"GET /readyz on every node until 200 (at most "
-                            f"{opts.ready_timeout_s:.0f} s)"):
+    with steps(
+        "readiness", f"GET /readyz on every node until 200 (at most {opts.ready_timeout_s:.0f} s)"
+    ):
         summary.nodes = readiness.wait_instances(ts, port, console, opts.ready_timeout_s)
     with steps("smoke", f"one prediction through the endpoint {endpoint}"):
         owner = endpoint_target(endpoint, hosts, ts)
@@ -125,58 +146,100 @@ def node_stages(stack: str, outputs: dict[str, Any], cfg: StackConfig | None, st
             summary.prediction = smoke.predict(endpoint, endpoint, "direct")
         else:
             with tunnel(owner, port, "smoke") as base:
-                summary.prediction = smoke.predict(base, endpoint,
-                                                   f"ssh tunnel through {owner.host}")
+                summary.prediction = smoke.predict(
+                    base, endpoint, f"ssh tunnel through {owner.host}"
+                )
         console.line(f"  {summary.prediction.describe()}")
     return summary
 
 
-def _group_stages(stack: str, outputs: dict[str, Any], cfg: StackConfig | None, steps: Steps,
-                  console: Console, summary: Summary) -> Summary:
+def _group_stages(
+    stack: str,
+    outputs: dict[str, Any],
+    cfg: StackConfig | None,
+    steps: Steps,
+    console: Console,
+    summary: Summary,
+) -> Summary:
     with steps("converge", "group mode: each node converges itself"):
-        console.line("  skipped here: the scaling group's nodes run the same site.yml from the "
-                     "stack's bundle at boot (cloud-init) and turn healthy only when /readyz is 200")
+        console.line(
+            "  skipped here: the scaling group's nodes run the same site.yml from the "
+            "stack's bundle at boot (cloud-init) and turn healthy only when /readyz is 200"
+        )
     cloud = cfg.cloud if cfg else str((outputs.get("discovery") or {}).get("cloud"))
     with steps("readiness", "the group's healthy count reaches desired"):
         health = readiness.wait_group(stack, cloud, outputs, console, GROUP_READY_TIMEOUT_S)
         if health:
             summary.group = f"{health.healthy}/{health.desired} healthy targets"
     with steps("smoke", f"one prediction through the endpoint {outputs.get('endpoint')}"):
-        summary.prediction = smoke.predict(str(outputs["endpoint"]), str(outputs["endpoint"]),
-                                           "direct")
+        summary.prediction = smoke.predict(
+            str(outputs["endpoint"]), str(outputs["endpoint"]), "direct"
+        )
         console.line(f"  {summary.prediction.describe()}")
     return summary
 
 
-def _preflight(steps: Steps, console: Console, stack: str, title: str,
-               need: tuple[str, ...], ssh_key: str | None = None) -> preflight.Preflight:
+def _preflight(
+    steps: Steps,
+    console: Console,
+    stack: str,
+    title: str,
+    need: tuple[str, ...],
+    ssh_key: str | None = None,
+) -> preflight.Preflight:
     with steps("preflight", title):
         pf = preflight.run(stack, ssh_key=ssh_key, need=need)
         for line in pf.lines():
             console.line(line)
         if pf.problems:
-            raise StageError("preflight", f"{len(pf.problems)} thing(s) missing (above); "
-                             "nothing was created",
-                             fix="fix each MISSING line, then re-run the same command")
+            raise StageError(
+                "preflight",
+                f"{len(pf.problems)} thing(s) missing (above); nothing was created",
+                fix="fix each MISSING line, then re-run the same command",
+            )
     return pf
 
 
-def up(stack: str, console: Console, ssh_key: str | None = None,
-       skip_provision: bool = False, ready_timeout_s: float = READY_TIMEOUT_S) -> Summary:
+def up(
+    stack: str,
+    console: Console,
+    ssh_key: str | None = None,
+    skip_provision: bool = False,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+) -> Summary:
     run = run_dir(stack)
     console.open_log(run / "up.log")
     steps = Steps(console, 6)
-    pf = _preflight(steps, console, stack, "what `up` needs, checked before anything is created",
-                    ("config", "credentials", "pulumi", "ssh"), ssh_key)
-    with steps("provision", f"pulumi up of stack {stack} (Automation API)"
-                            + (": skipped, reading the current outputs" if skip_provision else "")):
+    pf = _preflight(
+        steps,
+        console,
+        stack,
+        "what `up` needs, checked before anything is created",
+        ("config", "credentials", "pulumi", "ssh"),
+        ssh_key,
+    )
+    with steps(
+        "provision",
+        f"pulumi up of stack {stack} (Automation API)"
+        + (": skipped, reading the current outputs" if skip_provision else ""),
+    ):
         result = automation.outputs(stack) if skip_provision else automation.up(stack, console)
         (run / "outputs.json").write_text(json.dumps(result.masked(), indent=2, default=str))
-        console.line(f"  outputs: {', '.join(sorted(result.values))} (saved, secrets masked, in "
-                     f"{shown(run / 'outputs.json')})")
-    return node_stages(stack, result.values, pf.cfg, steps, console, run,
-                       NodeOptions(inventory_root=INVENTORIES, private_key=pf.ssh_key,
-                                   ready_timeout_s=ready_timeout_s))
+        console.line(
+            f"  outputs: {', '.join(sorted(result.values))} (saved, secrets masked, in "
+            f"{shown(run / 'outputs.json')})"
+        )
+    return node_stages(
+        stack,
+        result.values,
+        pf.cfg,
+        steps,
+        console,
+        run,
+        NodeOptions(
+            inventory_root=INVENTORIES, private_key=pf.ssh_key, ready_timeout_s=ready_timeout_s
+        ),
+    )
 
 
 def is_prod(stack: str, cfg: StackConfig | None) -> bool:
@@ -189,10 +252,14 @@ def down(stack: str, console: Console, yes: bool = False) -> None:
     steps = Steps(console, 2)
     pf = _preflight(steps, console, stack, "what `down` needs", ("config", "credentials", "pulumi"))
     if is_prod(stack, pf.cfg) and not yes:
-        raise StageError("refused", f"{stack} is a prod stack: `down` destroys its load "
-                         "balancer, group and every node", fix=f"torchfleet down {stack} --yes")
-    with steps("destroy", f"pulumi destroy of stack {stack}: nodes, network, schedules, TTL, "
-                          "budget"):
+        raise StageError(
+            "refused",
+            f"{stack} is a prod stack: `down` destroys its load balancer, group and every node",
+            fix=f"torchfleet down {stack} --yes",
+        )
+    with steps(
+        "destroy", f"pulumi destroy of stack {stack}: nodes, network, schedules, TTL, budget"
+    ):
         automation.destroy(stack, console)
         stale = INVENTORIES / stack / "stack.yml"
         if stale.exists():
@@ -214,8 +281,13 @@ def status(stack: str, console: Console, ssh_key: str | None = None) -> Summary:
         return status_of(stack, result.values, cfg, INVENTORIES, pf.ssh_key)
 
 
-def status_of(stack: str, outputs: dict[str, Any], cfg: StackConfig | None,
-              inventory_root: Path, private_key: str | None) -> Summary:
+def status_of(
+    stack: str,
+    outputs: dict[str, Any],
+    cfg: StackConfig | None,
+    inventory_root: Path,
+    private_key: str | None,
+) -> Summary:
     """What the stack's nodes say now: one look at each (no waiting), or the group's count."""
     inv = inventory.inventory_of(outputs)
     summary = Summary(stack, outputs, cfg)
@@ -226,8 +298,11 @@ def status_of(stack: str, outputs: dict[str, Any], cfg: StackConfig | None,
         summary.nodes = [readiness.probe(t, port) for t in targets(hosts, private_key)]
     elif (cfg.cloud if cfg else None) == "aws":
         health = readiness.aws_group_health(stack, outputs)
-        summary.group = (f"{health.healthy}/{health.desired} healthy targets ("
-                         + ", ".join(f"{k} {v}" for k, v in sorted(health.states.items())) + ")")
+        summary.group = (
+            f"{health.healthy}/{health.desired} healthy targets ("
+            + ", ".join(f"{k} {v}" for k, v in sorted(health.states.items()))
+            + ")"
+        )
     else:
         summary.group = "not read on alicloud by this version (`aliyun slb DescribeHealthStatus`)"
     return summary

@@ -37,8 +37,10 @@ from infra.plan import load_stack_config
 
 KEY_CANDIDATES = ("id_ed25519", "id_ecdsa", "id_rsa")
 SELF_MANAGED = ("file://", "s3://", "gs://", "azblob://", "postgres://")
-ALI_KEY_ENV = (("ALICLOUD_ACCESS_KEY", "ALICLOUD_SECRET_KEY"),
-               ("ALIBABA_CLOUD_ACCESS_KEY_ID", "ALIBABA_CLOUD_ACCESS_KEY_SECRET"))
+ALI_KEY_ENV = (
+    ("ALICLOUD_ACCESS_KEY", "ALICLOUD_SECRET_KEY"),
+    ("ALIBABA_CLOUD_ACCESS_KEY_ID", "ALIBABA_CLOUD_ACCESS_KEY_SECRET"),
+)
 
 
 @dataclass
@@ -71,11 +73,17 @@ class Preflight:
             head = f"  {mark:<7}  {c.name:<{width}}  "
             # paths and commands stay whole: wrap at spaces only
             keep = {"break_on_hyphens": False, "break_long_words": False}
-            out += textwrap.wrap(c.found, columns, initial_indent=head, subsequent_indent=pad,
-                                 **keep) or [head]
+            out += textwrap.wrap(
+                c.found, columns, initial_indent=head, subsequent_indent=pad, **keep
+            ) or [head]
             if not c.ok and c.fix:
-                out += textwrap.wrap("fix: " + c.fix, columns, initial_indent=pad,
-                                     subsequent_indent=pad + "     ", **keep)
+                out += textwrap.wrap(
+                    "fix: " + c.fix,
+                    columns,
+                    initial_indent=pad,
+                    subsequent_indent=pad + "     ",
+                    **keep,
+                )
         return out
 
 
@@ -91,22 +99,34 @@ def check_config(stack: str, path: Path | None = None) -> tuple[Check, StackConf
         values = load_stack_config(stack, path)
         cfg = stack_config.load(stack_config.raw_from_pulumi_config(values), stack)
     except FileNotFoundError as err:
-        return Check("stack config", False, str(err),
-                     f"create Pulumi.{stack}.yaml (copy an example stack file) or name an "
-                     "existing stack"), None
+        return Check(
+            "stack config",
+            False,
+            str(err),
+            f"create Pulumi.{stack}.yaml (copy an example stack file) or name an existing stack",
+        ), None
     except ConfigError as err:
         lines = "; ".join(err.problems)
-        return Check("stack config", False, f"Pulumi.{stack}.yaml: {lines}",
-                     "fix each value above in the stack file (`make plan STACK=...` checks "
-                     "it offline)"), None
+        return Check(
+            "stack config",
+            False,
+            f"Pulumi.{stack}.yaml: {lines}",
+            "fix each value above in the stack file (`make plan STACK=...` checks it offline)",
+        ), None
     cost = estimate(cfg)
-    size = (f"{cfg.nodes.count} node(s)" if cfg.mode == "instances"
-            else f"group {cfg.nodes.min}..{cfg.nodes.max} (desired {cfg.nodes.desired})")
-    return Check("stack config", True,
-                 f"Pulumi.{stack}.yaml valid: {cfg.cloud} {cfg.region}, {cfg.mode} mode, {size} "
-                 f"x {cfg.instance_type.name} ({cfg.instance_type.gpu_model}"
-                 f"{', spot' if cfg.spot.enabled else ''}), at most "
-                 f"${cost.spot_cap_usd_per_hour:.3f}/h"), cfg
+    size = (
+        f"{cfg.nodes.count} node(s)"
+        if cfg.mode == "instances"
+        else f"group {cfg.nodes.min}..{cfg.nodes.max} (desired {cfg.nodes.desired})"
+    )
+    return Check(
+        "stack config",
+        True,
+        f"Pulumi.{stack}.yaml valid: {cfg.cloud} {cfg.region}, {cfg.mode} mode, {size} "
+        f"x {cfg.instance_type.name} ({cfg.instance_type.gpu_model}"
+        f"{', spot' if cfg.spot.enabled else ''}), at most "
+        f"${cost.spot_cap_usd_per_hour:.3f}/h",
+    ), cfg
 
 
 # -- cloud credentials --------------------------------------------------------------------------
@@ -126,26 +146,44 @@ def check_aws(env: Mapping[str, str]) -> Check:
         creds = resolver.load_credentials()
     except botocore.exceptions.ProfileNotFound as err:
         profile = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE")
-        return Check("AWS credentials", False, f"{err} (AWS_PROFILE={profile})",
-                     "name a profile of ~/.aws/config or ~/.aws/credentials "
-                     "(`aws configure --profile NAME`), or unset AWS_PROFILE")
+        return Check(
+            "AWS credentials",
+            False,
+            f"{err} (AWS_PROFILE={profile})",
+            "name a profile of ~/.aws/config or ~/.aws/credentials "
+            "(`aws configure --profile NAME`), or unset AWS_PROFILE",
+        )
     except botocore.exceptions.BotoCoreError as err:
-        return Check("AWS credentials", False, f"the AWS credential chain failed: {err}",
-                     "fix the profile in ~/.aws/config (see the error), or export "
-                     "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+        return Check(
+            "AWS credentials",
+            False,
+            f"the AWS credential chain failed: {err}",
+            "fix the profile in ~/.aws/config (see the error), or export "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+        )
     if creds is None:
-        return Check("AWS credentials", False,
-                     "none in the AWS credential chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
-                     "AWS_PROFILE, ~/.aws/credentials, ~/.aws/config)",
-                     "export AWS_PROFILE=NAME (after `aws configure --profile NAME` or "
-                     "`aws sso login --profile NAME`), or export AWS_ACCESS_KEY_ID and "
-                     "AWS_SECRET_ACCESS_KEY")
-    where = {"env": "environment variables", "shared-credentials-file": "~/.aws/credentials",
-             "config-file": "~/.aws/config"}.get(creds.method, creds.method)
+        return Check(
+            "AWS credentials",
+            False,
+            "none in the AWS credential chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+            "AWS_PROFILE, ~/.aws/credentials, ~/.aws/config)",
+            "export AWS_PROFILE=NAME (after `aws configure --profile NAME` or "
+            "`aws sso login --profile NAME`), or export AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY",
+        )
+    where = {
+        "env": "environment variables",
+        "shared-credentials-file": "~/.aws/credentials",
+        "config-file": "~/.aws/config",
+    }.get(creds.method, creds.method)
     profile = env.get("AWS_PROFILE")
-    return Check("AWS credentials", True,
-                 f"from {where}" + (f" (profile {profile})" if profile else "")
-                 + " - not verified against AWS until `pulumi up`")
+    return Check(
+        "AWS credentials",
+        True,
+        f"from {where}"
+        + (f" (profile {profile})" if profile else "")
+        + " - not verified against AWS until `pulumi up`",
+    )
 
 
 def check_alicloud(env: Mapping[str, str], home: Path) -> Check:
@@ -153,36 +191,59 @@ def check_alicloud(env: Mapping[str, str], home: Path) -> Check:
         if env.get(key) and env.get(secret):
             return Check("Alibaba credentials", True, f"from {key}/{secret}")
         if env.get(key) or env.get(secret):
-            return Check("Alibaba credentials", False, f"only one of {key} and {secret} is set",
-                         f"export both {key} and {secret}")
-    fix = ("export ALICLOUD_ACCESS_KEY and ALICLOUD_SECRET_KEY, or `aliyun configure --profile "
-           "NAME` and export ALICLOUD_PROFILE=NAME")
+            return Check(
+                "Alibaba credentials",
+                False,
+                f"only one of {key} and {secret} is set",
+                f"export both {key} and {secret}",
+            )
+    fix = (
+        "export ALICLOUD_ACCESS_KEY and ALICLOUD_SECRET_KEY, or `aliyun configure --profile "
+        "NAME` and export ALICLOUD_PROFILE=NAME"
+    )
     path = Path(env.get("ALICLOUD_SHARED_CREDENTIALS_FILE") or home / ".aliyun" / "config.json")
     profile = env.get("ALICLOUD_PROFILE") or env.get("ALIBABA_CLOUD_PROFILE")
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        return Check("Alibaba credentials", False,
-                     "no ALICLOUD_ACCESS_KEY/ALICLOUD_SECRET_KEY and no " + str(path), fix)
+        return Check(
+            "Alibaba credentials",
+            False,
+            "no ALICLOUD_ACCESS_KEY/ALICLOUD_SECRET_KEY and no " + str(path),
+            fix,
+        )
     except (OSError, ValueError) as err:
         return Check("Alibaba credentials", False, f"{path} is unreadable: {err}", fix)
     profiles = {p.get("name"): p for p in data.get("profiles") or [] if isinstance(p, dict)}
     if not profile:
-        return Check("Alibaba credentials", False,
-                     f"{path} has profile(s) {', '.join(map(str, profiles)) or 'none'} but "
-                     "ALICLOUD_PROFILE is not set (the provider reads a profile only when named)",
-                     f"export ALICLOUD_PROFILE={data.get('current') or 'NAME'}")
+        return Check(
+            "Alibaba credentials",
+            False,
+            f"{path} has profile(s) {', '.join(map(str, profiles)) or 'none'} but "
+            "ALICLOUD_PROFILE is not set (the provider reads a profile only when named)",
+            f"export ALICLOUD_PROFILE={data.get('current') or 'NAME'}",
+        )
     p = profiles.get(profile)
     if p is None:
-        return Check("Alibaba credentials", False,
-                     f"ALICLOUD_PROFILE={profile} is not in {path} "
-                     f"(profiles: {', '.join(map(str, profiles)) or 'none'})", fix)
+        return Check(
+            "Alibaba credentials",
+            False,
+            f"ALICLOUD_PROFILE={profile} is not in {path} "
+            f"(profiles: {', '.join(map(str, profiles)) or 'none'})",
+            fix,
+        )
     if p.get("mode", "AK") == "AK" and not (p.get("access_key_id") and p.get("access_key_secret")):
-        return Check("Alibaba credentials", False,
-                     f"profile {profile} in {path} has no access_key_id/access_key_secret", fix)
-    return Check("Alibaba credentials", True,
-                 f"profile {profile} ({p.get('mode', 'AK')}) in {path} - not verified until "
-                 "`pulumi up`")
+        return Check(
+            "Alibaba credentials",
+            False,
+            f"profile {profile} in {path} has no access_key_id/access_key_secret",
+            fix,
+        )
+    return Check(
+        "Alibaba credentials",
+        True,
+        f"profile {profile} ({p.get('mode', 'AK')}) in {path} - not verified until `pulumi up`",
+    )
 
 
 # -- pulumi -------------------------------------------------------------------------------------
@@ -191,18 +252,29 @@ def check_alicloud(env: Mapping[str, str], home: Path) -> Check:
 def check_pulumi_cli(env: Mapping[str, str]) -> Check:
     path = _which("pulumi", env)
     if not path:
-        return Check("pulumi CLI", False, "`pulumi` is not on PATH (the Automation API drives "
-                     "the CLI)", "install the Pulumi CLI (https://www.pulumi.com/docs/install/) "
-                     "and put it on PATH")
+        return Check(
+            "pulumi CLI",
+            False,
+            "`pulumi` is not on PATH (the Automation API drives the CLI)",
+            "install the Pulumi CLI (https://www.pulumi.com/docs/install/) and put it on PATH",
+        )
     try:
-        out = subprocess.run([path, "version"], capture_output=True, text=True, timeout=60,
-                             env={**env, "PULUMI_SKIP_UPDATE_CHECK": "true"})
+        out = subprocess.run(
+            [path, "version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**env, "PULUMI_SKIP_UPDATE_CHECK": "true"},
+        )
     except (OSError, subprocess.TimeoutExpired) as err:
-        return Check("pulumi CLI", False, f"{path} does not run: {err}",
-                     "reinstall the Pulumi CLI")
+        return Check("pulumi CLI", False, f"{path} does not run: {err}", "reinstall the Pulumi CLI")
     if out.returncode != 0:
-        return Check("pulumi CLI", False, f"`{path} version` failed: {out.stderr.strip()[:300]}",
-                     "reinstall the Pulumi CLI")
+        return Check(
+            "pulumi CLI",
+            False,
+            f"`{path} version` failed: {out.stderr.strip()[:300]}",
+            "reinstall the Pulumi CLI",
+        )
     return Check("pulumi CLI", True, f"{path} {out.stdout.strip()}")
 
 
@@ -219,26 +291,47 @@ def _backend_url(env: Mapping[str, str], home: Path) -> tuple[str | None, str]:
     return (current, f"`pulumi login` ({creds})") if current else (None, "")
 
 
-def check_backend(stack: str, env: Mapping[str, str], home: Path, cli_ok: bool,
-                  stack_file: Path | None = None) -> list[Check]:
+def check_backend(
+    stack: str, env: Mapping[str, str], home: Path, cli_ok: bool, stack_file: Path | None = None
+) -> list[Check]:
     url, source = _backend_url(env, home)
-    fix = ("`pulumi login` (Pulumi Cloud), or a self-managed backend: `pulumi login "
-           "s3://BUCKET` / `pulumi login file://~/.pulumi-state`, or export PULUMI_BACKEND_URL")
+    fix = (
+        "`pulumi login` (Pulumi Cloud), or a self-managed backend: `pulumi login "
+        "s3://BUCKET` / `pulumi login file://~/.pulumi-state`, or export PULUMI_BACKEND_URL"
+    )
     if not url:
-        return [Check("pulumi backend", False, "not logged in to any backend (no "
-                      "PULUMI_BACKEND_URL, no PULUMI_ACCESS_TOKEN, no `pulumi login`)", fix)]
+        return [
+            Check(
+                "pulumi backend",
+                False,
+                "not logged in to any backend (no "
+                "PULUMI_BACKEND_URL, no PULUMI_ACCESS_TOKEN, no `pulumi login`)",
+                fix,
+            )
+        ]
     checks = []
     if cli_ok:
         try:
-            out = subprocess.run([_which("pulumi", env) or "pulumi", "whoami", "--json"],
-                                 capture_output=True, text=True, timeout=60, env=dict(env))
+            out = subprocess.run(
+                [_which("pulumi", env) or "pulumi", "whoami", "--json"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=dict(env),
+            )
             ok = out.returncode == 0
             found = (out.stdout if ok else out.stderr).strip()
         except (OSError, subprocess.TimeoutExpired) as err:
             ok, found = False, str(err)
         if not ok:
-            checks.append(Check("pulumi backend", False, f"{url} (from {source}): `pulumi "
-                                f"whoami` failed: {found[:300]}", fix))
+            checks.append(
+                Check(
+                    "pulumi backend",
+                    False,
+                    f"{url} (from {source}): `pulumi whoami` failed: {found[:300]}",
+                    fix,
+                )
+            )
             return checks
         try:
             who = json.loads(found)
@@ -247,8 +340,9 @@ def check_backend(stack: str, env: Mapping[str, str], home: Path, cli_ok: bool,
             pass
         checks.append(Check("pulumi backend", True, f"{found} (from {source})"))
     else:
-        checks.append(Check("pulumi backend", True, f"{url} (from {source}); unconfirmed "
-                            "without the CLI"))
+        checks.append(
+            Check("pulumi backend", True, f"{url} (from {source}); unconfirmed without the CLI")
+        )
     if url.startswith(SELF_MANAGED):
         stack_file = stack_file or REPO_ROOT / f"Pulumi.{stack}.yaml"
         settings: dict[str, Any] = {}
@@ -259,14 +353,20 @@ def check_backend(stack: str, env: Mapping[str, str], home: Path, cli_ok: bool,
         except (OSError, ValueError):
             pass
         has_kms = str(settings.get("secretsprovider", "passphrase")) != "passphrase"
-        if not has_kms and not (env.get("PULUMI_CONFIG_PASSPHRASE")
-                                or env.get("PULUMI_CONFIG_PASSPHRASE_FILE")):
-            checks.append(Check(
-                "secrets passphrase", False,
-                f"the self-managed backend {url} encrypts stack secrets with a passphrase, and "
-                "none is set", "export PULUMI_CONFIG_PASSPHRASE (or PULUMI_CONFIG_PASSPHRASE_FILE"
-                "), or use a KMS secrets provider (`pulumi stack change-secrets-provider "
-                "awskms://...`)"))
+        if not has_kms and not (
+            env.get("PULUMI_CONFIG_PASSPHRASE") or env.get("PULUMI_CONFIG_PASSPHRASE_FILE")
+        ):
+            checks.append(
+                Check(
+                    "secrets passphrase",
+                    False,
+                    f"the self-managed backend {url} encrypts stack secrets with a passphrase, and "
+                    "none is set",
+                    "export PULUMI_CONFIG_PASSPHRASE (or PULUMI_CONFIG_PASSPHRASE_FILE"
+                    "), or use a KMS secrets provider (`pulumi stack change-secrets-provider "
+                    "awskms://...`)",
+                )
+            )
     return checks
 
 
@@ -285,18 +385,31 @@ def _public_of(private: Path, env: Mapping[str, str]) -> str | None:
     keygen = _which("ssh-keygen", env)
     if not keygen:
         return None
-    out = subprocess.run([keygen, "-y", "-P", "", "-f", str(private)], capture_output=True,
-                         text=True, timeout=30, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        [keygen, "-y", "-P", "", "-f", str(private)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def check_ssh(cfg: StackConfig | None, env: Mapping[str, str], home: Path,
-              key: str | None) -> tuple[list[Check], str | None]:
+def check_ssh(
+    cfg: StackConfig | None, env: Mapping[str, str], home: Path, key: str | None
+) -> tuple[list[Check], str | None]:
     required = cfg is None or cfg.mode == "instances"
     checks = []
     if not _which("ssh", env):
-        checks.append(Check("ssh", False, "the ssh client is not installed",
-                            "install openssh-client (`make setup` does on Debian)", required))
+        checks.append(
+            Check(
+                "ssh",
+                False,
+                "the ssh client is not installed",
+                "install openssh-client (`make setup` does on Debian)",
+                required,
+            )
+        )
     if cfg is None:
         return checks, None
     want = _key_id(cfg.ssh_public_key)
@@ -306,32 +419,55 @@ def check_ssh(cfg: StackConfig | None, env: Mapping[str, str], home: Path,
     for path in candidates:
         looked.append(str(path))
         if path.exists() and (public := _public_of(path, env)) and _key_id(public) == want:
-            checks.append(Check("ssh key", True, f"{path} matches torchfleet:ssh_public_key",
-                                required=required))
+            checks.append(
+                Check(
+                    "ssh key", True, f"{path} matches torchfleet:ssh_public_key", required=required
+                )
+            )
             return checks, str(path)
     if env.get("SSH_AUTH_SOCK") and _which("ssh-add", env):
         looked.append("ssh-agent")
-        out = subprocess.run([_which("ssh-add", env) or "ssh-add", "-L"], capture_output=True,
-                             text=True, timeout=30, env=dict(env))
+        out = subprocess.run(
+            [_which("ssh-add", env) or "ssh-add", "-L"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=dict(env),
+        )
         if any(_key_id(line) == want for line in out.stdout.splitlines()):
-            checks.append(Check("ssh key", True, "ssh-agent holds the key of "
-                                "torchfleet:ssh_public_key", required=required))
+            checks.append(
+                Check(
+                    "ssh key",
+                    True,
+                    "ssh-agent holds the key of torchfleet:ssh_public_key",
+                    required=required,
+                )
+            )
             return checks, None
-    checks.append(Check(
-        "ssh key", False,
-        f"no private key here matches torchfleet:ssh_public_key ({shown}); looked at "
-        + ", ".join(looked),
-        f"set your own key: `pulumi config set -s {cfg.stack} torchfleet:ssh_public_key \"$(cat "
-        "~/.ssh/id_ed25519.pub)\"` (make one with `ssh-keygen -t ed25519`), or pass "
-        "--ssh-key PATH / load it into ssh-agent", required))
+    checks.append(
+        Check(
+            "ssh key",
+            False,
+            f"no private key here matches torchfleet:ssh_public_key ({shown}); looked at "
+            + ", ".join(looked),
+            f'set your own key: `pulumi config set -s {cfg.stack} torchfleet:ssh_public_key "$(cat '
+            '~/.ssh/id_ed25519.pub)"` (make one with `ssh-keygen -t ed25519`), or pass '
+            "--ssh-key PATH / load it into ssh-agent",
+            required,
+        )
+    )
     return checks, None
 
 
 # -- all of it ----------------------------------------------------------------------------------
 
 
-def run(stack: str, ssh_key: str | None = None, stack_file: Path | None = None,
-        need: tuple[str, ...] = ("config", "credentials", "pulumi", "ssh")) -> Preflight:
+def run(
+    stack: str,
+    ssh_key: str | None = None,
+    stack_file: Path | None = None,
+    need: tuple[str, ...] = ("config", "credentials", "pulumi", "ssh"),
+) -> Preflight:
     """Every check in `need`, in one pass; never stops at the first problem. Reads the process
     environment and $HOME, as the Pulumi CLI, the cloud providers and ssh will."""
     env = dict(os.environ)
@@ -349,8 +485,14 @@ def run(stack: str, ssh_key: str | None = None, stack_file: Path | None = None,
         elif cloud == "alicloud":
             result.checks.append(check_alicloud(env, home))
         else:
-            result.checks.append(Check("credentials", False, f"stack {stack!r} names no cloud "
-                                       "(stacks are <aws|alicloud>-<env>)", "rename the stack"))
+            result.checks.append(
+                Check(
+                    "credentials",
+                    False,
+                    f"stack {stack!r} names no cloud (stacks are <aws|alicloud>-<env>)",
+                    "rename the stack",
+                )
+            )
     if "pulumi" in need:
         cli = check_pulumi_cli(env)
         result.checks.append(cli)

@@ -24,11 +24,28 @@ from pathlib import Path
 from typing import IO, Any
 
 SLOW_TASK_S = 10.0  # non-terminal output: tasks that took at least this long get a line
-_OPS = {"create": "+", "update": "~", "delete": "-", "replace": "+-", "create-replacement": "++",
-        "delete-replaced": "--", "read": ">", "refresh": "~", "import": "="}
-_DONE = {"create": "created", "update": "updated", "delete": "deleted", "replace": "replaced",
-         "create-replacement": "created replacement", "delete-replaced": "deleted replaced",
-         "read": "read", "refresh": "refreshed", "import": "imported"}
+_OPS = {
+    "create": "+",
+    "update": "~",
+    "delete": "-",
+    "replace": "+-",
+    "create-replacement": "++",
+    "delete-replaced": "--",
+    "read": ">",
+    "refresh": "~",
+    "import": "=",
+}
+_DONE = {
+    "create": "created",
+    "update": "updated",
+    "delete": "deleted",
+    "replace": "replaced",
+    "create-replacement": "created replacement",
+    "delete-replaced": "deleted replaced",
+    "read": "read",
+    "refresh": "refreshed",
+    "import": "imported",
+}
 
 
 def shown(path: Path | str) -> str:
@@ -47,8 +64,9 @@ def _duration(seconds: float) -> str:
 
 
 class Console:
-    def __init__(self, stream: IO[str] | None = None, verbose: bool = False,
-                 live: bool | None = None) -> None:
+    def __init__(
+        self, stream: IO[str] | None = None, verbose: bool = False, live: bool | None = None
+    ) -> None:
         self.stream = stream or sys.stdout
         self.verbose = verbose
         isatty = getattr(self.stream, "isatty", lambda: False)()
@@ -172,8 +190,10 @@ class EngineProgress:
             meta = event.resource_pre_event.metadata
             if self._shown(meta):
                 self.started[meta.urn] = time.monotonic()
-                self.console.detail(f"  {_OPS.get(meta.op.value, '?'):>2} {meta.op.value:<8} "
-                                    f"{meta.type}  {urn_name(meta.urn)}")
+                self.console.detail(
+                    f"  {_OPS.get(meta.op.value, '?'):>2} {meta.op.value:<8} "
+                    f"{meta.type}  {urn_name(meta.urn)}"
+                )
             elif meta.op.value == "same" and not meta.type.startswith("pulumi:"):
                 self.unchanged += 1
         elif event.res_outputs_event is not None:
@@ -182,24 +202,31 @@ class EngineProgress:
                 took = time.monotonic() - self.started.pop(meta.urn, time.monotonic())
                 op = meta.op.value
                 self.done[op] = self.done.get(op, 0) + 1
-                self.console.line(f"  {_OPS.get(op, '?'):>2} {_DONE.get(op, op):<8} {meta.type}  "
-                                  f"{urn_name(meta.urn)}  ({_duration(took)})")
+                self.console.line(
+                    f"  {_OPS.get(op, '?'):>2} {_DONE.get(op, op):<8} {meta.type}  "
+                    f"{urn_name(meta.urn)}  ({_duration(took)})"
+                )
         elif event.res_op_failed_event is not None:
             meta = event.res_op_failed_event.metadata
             self.started.pop(meta.urn, None)
-            message = next((d for d in reversed(self.diagnostics)
-                            if d.startswith(urn_name(meta.urn) + ":")), "see the errors above")
+            message = next(
+                (d for d in reversed(self.diagnostics) if d.startswith(urn_name(meta.urn) + ":")),
+                "see the errors above",
+            )
             self.failures.append(ResourceFailure(meta.urn, meta.type, message))
             self.console.line(f"  !! failed   {meta.type}  {urn_name(meta.urn)}")
         elif event.summary_event is not None:
             s = event.summary_event
-            self.summary = {str(getattr(k, "value", k)): int(v)
-                            for k, v in (s.resource_changes or {}).items()}
+            self.summary = {
+                str(getattr(k, "value", k)): int(v) for k, v in (s.resource_changes or {}).items()
+            }
             self.duration_s = s.duration_seconds
         elif getattr(event, "policy_event", None) is not None:
             p = event.policy_event
-            self.console.line(f"  policy {p.policy_pack_name}/{p.policy_name} "
-                              f"({p.enforcement_level}): {p.description}")
+            self.console.line(
+                f"  policy {p.policy_pack_name}/{p.policy_name} "
+                f"({p.enforcement_level}): {p.description}"
+            )
         self._live()
 
     def _shown(self, meta: Any) -> bool:
@@ -231,8 +258,11 @@ class EngineProgress:
 
     def totals(self) -> str:
         counts = self.summary or {**self.done, "same": self.unchanged}
-        parts = [f"{n} {_DONE.get(op, 'unchanged' if op == 'same' else op)}"
-                 for op, n in sorted(counts.items()) if n]
+        parts = [
+            f"{n} {_DONE.get(op, 'unchanged' if op == 'same' else op)}"
+            for op, n in sorted(counts.items())
+            if n
+        ]
         took = f" in {_duration(self.duration_s)}" if self.duration_s is not None else ""
         return (", ".join(parts) or "no changes") + took
 
@@ -253,8 +283,11 @@ class HostState:
     unreachable: bool = False
 
     def line(self, width: int, now: float) -> str:
-        state = "UNREACHABLE" if self.unreachable else (
-            f"ok={self.ok} changed={self.changed} failed={self.failed}")
+        state = (
+            "UNREACHABLE"
+            if self.unreachable
+            else (f"ok={self.ok} changed={self.changed} failed={self.failed}")
+        )
         task = f"[{self.role}] {self.task}" if self.role else self.task
         running = f" {int(now - self.task_started)}s" if self.task_started else ""
         return f"  {self.name:<{width}}  {state:<28} {task}{running}"
@@ -339,8 +372,11 @@ class HostProgress:
             if role != host.role and not self.console.live and not self.console.verbose:
                 self.console.line(f"  {host.name:<{self._width}}  role {role or '(play tasks)'}")
             host.role, host.task, host.task_started = role, data.get("task") or "?", now
-        elif kind in ("runner_on_ok", "runner_on_failed", "runner_on_skipped",
-                      "runner_on_unreachable") and host:
+        elif (
+            kind
+            in ("runner_on_ok", "runner_on_failed", "runner_on_skipped", "runner_on_unreachable")
+            and host
+        ):
             took = now - host.task_started if host.task_started else 0.0
             res = data.get("res") or {}
             if kind == "runner_on_ok":
@@ -356,10 +392,16 @@ class HostProgress:
             else:
                 host.failed += 1
                 self._fail(host, data, res)
-            if (took >= SLOW_TASK_S and not self.console.live and not self.console.verbose
-                    and kind != "runner_on_skipped"):
-                self.console.line(f"  {host.name:<{self._width}}  {self._task_name(data)}: "
-                                  f"{kind.removeprefix('runner_on_')} ({_duration(took)})")
+            if (
+                took >= SLOW_TASK_S
+                and not self.console.live
+                and not self.console.verbose
+                and kind != "runner_on_skipped"
+            ):
+                self.console.line(
+                    f"  {host.name:<{self._width}}  {self._task_name(data)}: "
+                    f"{kind.removeprefix('runner_on_')} ({_duration(took)})"
+                )
             host.task_started = 0.0
         elif kind == "playbook_on_stats":
             for key in ("ok", "changed", "failures", "dark", "skipped", "rescued", "ignored"):
@@ -384,8 +426,10 @@ class HostProgress:
         message = _result_message(res)
         self.failures.append(HostFailure(host.name, task, message))
         host.task = f"FAILED: {data.get('task') or '?'}"
-        self.console.line(f"  {host.name:<{self._width}}  FAILED {task}: "
-                          f"{message.splitlines()[0] if message else ''}")
+        self.console.line(
+            f"  {host.name:<{self._width}}  FAILED {task}: "
+            f"{message.splitlines()[0] if message else ''}"
+        )
 
     def _redraw(self) -> None:
         now = time.monotonic()
@@ -395,9 +439,11 @@ class HostProgress:
         lines = []
         for name, h in self.hosts.items():
             s = self.stats.get(name, {})
-            lines.append(f"  {name:<{self._width}}  ok={s.get('ok', h.ok)} "
-                         f"changed={s.get('changed', h.changed)} "
-                         f"failed={s.get('failures', h.failed)} "
-                         f"unreachable={s.get('dark', int(h.unreachable))} "
-                         f"skipped={s.get('skipped', h.skipped)}")
+            lines.append(
+                f"  {name:<{self._width}}  ok={s.get('ok', h.ok)} "
+                f"changed={s.get('changed', h.changed)} "
+                f"failed={s.get('failures', h.failed)} "
+                f"unreachable={s.get('dark', int(h.unreachable))} "
+                f"skipped={s.get('skipped', h.skipped)}"
+            )
         return lines

@@ -50,9 +50,11 @@ class NodeState:
         if not m:
             return state
         warmed = m.get("warmed_batch_sizes") or []
-        return (f"{state}, batch cap {m.get('max_batch_size')}"
-                + (f" (warmed {','.join(str(w) for w in warmed)})" if warmed else "")
-                + f", {m.get('device')} {m.get('precision')}, torch {m.get('torch_version')}")
+        return (
+            f"{state}, batch cap {m.get('max_batch_size')}"
+            + (f" (warmed {','.join(str(w) for w in warmed)})" if warmed else "")
+            + f", {m.get('device')} {m.get('precision')}, torch {m.get('torch_version')}"
+        )
 
 
 def look(base: str, node: NodeState) -> None:
@@ -65,8 +67,9 @@ def look(base: str, node: NodeState) -> None:
             node.model = {}
 
 
-def wait_node(target: SshTarget, service_port: int, timeout_s: float,
-              stage: str = "readiness") -> NodeState:
+def wait_node(
+    target: SshTarget, service_port: int, timeout_s: float, stage: str = "readiness"
+) -> NodeState:
     node = NodeState(target.host, target.address)
     started = time.monotonic()
     with tunnel(target, service_port, stage) as base:
@@ -86,21 +89,27 @@ def probe(target: SshTarget, service_port: int) -> NodeState:
         return NodeState(target.host, target.address, error=err.message)
 
 
-def wait_instances(targets: list[SshTarget], service_port: int, console: Console,
-                   timeout_s: float) -> list[NodeState]:
+def wait_instances(
+    targets: list[SshTarget], service_port: int, console: Console, timeout_s: float
+) -> list[NodeState]:
     nodes = []
     width = max([len(t.host) for t in targets] + [4])
     for target in targets:
         node = wait_node(target, service_port, timeout_s)
         nodes.append(node)
-        console.line(f"  {node.host:<{width}}  /readyz {node.readyz or 'no answer'} after "
-                     f"{node.waited_s:.1f} s  {node.describe()}")
+        console.line(
+            f"  {node.host:<{width}}  /readyz {node.readyz or 'no answer'} after "
+            f"{node.waited_s:.1f} s  {node.describe()}"
+        )
         if not node.ready:
             raise StageError(
-                "readiness", f"/readyz on {node.host} did not answer 200 within "
-                f"{timeout_s:.0f} s (last: {node.readyz or 'no answer'})", host=node.host,
+                "readiness",
+                f"/readyz on {node.host} did not answer 200 within "
+                f"{timeout_s:.0f} s (last: {node.readyz or 'no answer'})",
+                host=node.host,
                 fix=f"look at the runtime's log on the node (`journalctl -u torchfleet-runtime` "
-                    f"on {node.address}), then re-run; --ready-timeout waits longer")
+                f"on {node.address}), then re-run; --ready-timeout waits longer",
+            )
     return nodes
 
 
@@ -114,8 +123,9 @@ class GroupHealth:
     states: dict[str, str]
 
 
-def aws_group_health(stack: str, outputs: dict[str, Any], client: Callable[..., Any] | None = None
-                     ) -> GroupHealth:
+def aws_group_health(
+    stack: str, outputs: dict[str, Any], client: Callable[..., Any] | None = None
+) -> GroupHealth:
     """Healthy targets behind the endpoint's load balancer, against the group's desired size."""
     if client is None:
         import boto3
@@ -131,49 +141,69 @@ def aws_group_health(stack: str, outputs: dict[str, Any], client: Callable[..., 
             if lb["DNSName"].lower() == dns:
                 lb_arn = lb["LoadBalancerArn"]
     if lb_arn is None:
-        raise StageError("readiness", f"no load balancer in {region} has the endpoint's DNS name "
-                         f"{dns!r}", fix="check the stack's endpoint output and the region")
+        raise StageError(
+            "readiness",
+            f"no load balancer in {region} has the endpoint's DNS name {dns!r}",
+            fix="check the stack's endpoint output and the region",
+        )
     states: dict[str, str] = {}
     for tg in elb.describe_target_groups(LoadBalancerArn=lb_arn)["TargetGroups"]:
         health = elb.describe_target_health(TargetGroupArn=tg["TargetGroupArn"])
         for d in health["TargetHealthDescriptions"]:
             states[d["Target"]["Id"]] = d["TargetHealth"]["State"]
-    filters = [{"Name": key, "Values": [value]}
-               for key, value in (discovery.get("filters") or {}).items()
-               if key.startswith("tag:")] or [{"Name": "tag:stack", "Values": [stack]}]
+    filters = [
+        {"Name": key, "Values": [value]}
+        for key, value in (discovery.get("filters") or {}).items()
+        if key.startswith("tag:")
+    ] or [{"Name": "tag:stack", "Values": [stack]}]
     asg = client("autoscaling", region_name=region)
     groups = asg.describe_auto_scaling_groups(Filters=filters)["AutoScalingGroups"]
     if not groups:
-        raise StageError("readiness", f"no Auto Scaling group in {region} carries the tags "
-                         f"{filters}", fix="check the stack's discovery output and the region")
+        raise StageError(
+            "readiness",
+            f"no Auto Scaling group in {region} carries the tags {filters}",
+            fix="check the stack's discovery output and the region",
+        )
     desired = sum(int(g["DesiredCapacity"]) for g in groups)
     return GroupHealth(sum(s == "healthy" for s in states.values()), desired, states)
 
 
-def wait_group(stack: str, cloud: str, outputs: dict[str, Any], console: Console,
-               timeout_s: float, poll_s: float = 15.0,
-               client: Callable[..., Any] | None = None) -> GroupHealth | None:
+def wait_group(
+    stack: str,
+    cloud: str,
+    outputs: dict[str, Any],
+    console: Console,
+    timeout_s: float,
+    poll_s: float = 15.0,
+    client: Callable[..., Any] | None = None,
+) -> GroupHealth | None:
     if cloud != "aws":
-        console.line("  group mode on alicloud: this version does not read the SLB's backend "
-                     "health; check it with `aliyun slb DescribeHealthStatus` (the smoke "
-                     "prediction below still goes through the endpoint)")
+        console.line(
+            "  group mode on alicloud: this version does not read the SLB's backend "
+            "health; check it with `aliyun slb DescribeHealthStatus` (the smoke "
+            "prediction below still goes through the endpoint)"
+        )
         return None
     started = time.monotonic()
     last = None
     while True:
         health = aws_group_health(stack, outputs, client)
         if (health.healthy, health.desired) != last:
-            console.line(f"  {health.healthy}/{health.desired} healthy targets "
-                         f"({', '.join(f'{k} {v}' for k, v in sorted(health.states.items())) or 'none registered'})"
-                         f" after {time.monotonic() - started:.0f} s")
+            console.line(
+                f"  {health.healthy}/{health.desired} healthy targets "
+                f"({', '.join(f'{k} {v}' for k, v in sorted(health.states.items())) or 'none registered'})"
+                f" after {time.monotonic() - started:.0f} s"
+            )
             last = (health.healthy, health.desired)
         if health.desired and health.healthy >= health.desired:
             return health
         if time.monotonic() - started >= timeout_s:
             raise StageError(
-                "readiness", f"the group reached {health.healthy}/{health.desired} healthy "
-                f"targets in {timeout_s:.0f} s", details=[f"{k}: {v}" for k, v in
-                                                          sorted(health.states.items())],
+                "readiness",
+                f"the group reached {health.healthy}/{health.desired} healthy "
+                f"targets in {timeout_s:.0f} s",
+                details=[f"{k}: {v}" for k, v in sorted(health.states.items())],
                 fix="a node that never turns healthy failed its own converge: look at its "
-                    "cloud-init log (/var/log/cloud-init-output.log), then re-run")
+                "cloud-init log (/var/log/cloud-init-output.log), then re-run",
+            )
         time.sleep(poll_s)

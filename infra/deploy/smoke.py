@@ -26,9 +26,11 @@ class Prediction:
     output_size: int
 
     def describe(self) -> str:
-        return (f"POST {self.endpoint.rstrip('/')}/v1/predict ({self.via}) -> {self.status} in "
-                f"{self.seconds * 1000:.0f} ms: {self.outputs} output(s) of {self.output_size} "
-                "value(s)")
+        return (
+            f"POST {self.endpoint.rstrip('/')}/v1/predict ({self.via}) -> {self.status} in "
+            f"{self.seconds * 1000:.0f} ms: {self.outputs} output(s) of {self.output_size} "
+            "value(s)"
+        )
 
 
 def _size(row: Any) -> int:
@@ -41,25 +43,37 @@ def predict(base: str, endpoint: str, via: str) -> Prediction:
     """POST one instance to `base` (the endpoint itself, or a tunnel to it)."""
     code, body, _ = http_request("GET", base.rstrip("/") + "/v1/model", timeout=30)
     if code != 200:
-        raise StageError("smoke", f"GET {endpoint.rstrip('/')}/v1/model ({via}) answered "
-                         f"{code or 'nothing'}", fix=_fix(via))
+        raise StageError(
+            "smoke",
+            f"GET {endpoint.rstrip('/')}/v1/model ({via}) answered {code or 'nothing'}",
+            fix=_fix(via),
+        )
     shape, dtype = loadgen.input_spec(json.loads(body))
     if not shape:
-        raise StageError("smoke", f"{endpoint} /v1/model names no input shape",
-                         fix="give the model an input_shape (model.json or the runtime config)")
+        raise StageError(
+            "smoke",
+            f"{endpoint} /v1/model names no input shape",
+            fix="give the model an input_shape (model.json or the runtime config)",
+        )
     payload, headers = loadgen.build_payload(shape, dtype or "float32", batch=1, binary=False)
-    code, body, took = http_request("POST", base.rstrip("/") + "/v1/predict", payload, headers,
-                                    timeout=60)
+    code, body, took = http_request(
+        "POST", base.rstrip("/") + "/v1/predict", payload, headers, timeout=60
+    )
     if code != 200:
-        raise StageError("smoke", f"POST {endpoint.rstrip('/')}/v1/predict ({via}) answered "
-                         f"{code or 'nothing'}: {body[:300].decode(errors='replace')}",
-                         fix=_fix(via))
+        raise StageError(
+            "smoke",
+            f"POST {endpoint.rstrip('/')}/v1/predict ({via}) answered "
+            f"{code or 'nothing'}: {body[:300].decode(errors='replace')}",
+            fix=_fix(via),
+        )
     outputs = json.loads(body).get("outputs") or []
     return Prediction(endpoint, via, code, took, len(outputs), _size(outputs[0]) if outputs else 0)
 
 
 def _fix(via: str) -> str:
     if via == "direct":
-        return ("an internal load balancer (no torchfleet:client_cidrs) answers only inside the "
-                "VPC, and a public one only to client_cidrs: run from there, then re-run")
+        return (
+            "an internal load balancer (no torchfleet:client_cidrs) answers only inside the "
+            "VPC, and a public one only to client_cidrs: run from there, then re-run"
+        )
     return "look at the runtime's log on the node (`journalctl -u torchfleet-runtime`), then re-run"

@@ -27,20 +27,27 @@ def in_working_hours(sched: Schedule, now: datetime) -> bool:
     return (day in sched.days and t >= sched.start) or (yesterday in sched.days and t < sched.stop)
 
 
-def cost_now(cost: dict[str, Any] | None, cfg: StackConfig | None,
-             now: datetime | None = None) -> str:
+def cost_now(
+    cost: dict[str, Any] | None, cfg: StackConfig | None, now: datetime | None = None
+) -> str:
     if not cost:
         return "unknown (the stack has no cost output)"
     now = now or deploy_time()
-    running = f"{cost['nodes']} node(s): {cost['on_demand_nodes']} on-demand, {cost['spot_nodes']} spot"
+    running = (
+        f"{cost['nodes']} node(s): {cost['on_demand_nodes']} on-demand, {cost['spot_nodes']} spot"
+    )
     if cfg and cfg.schedule and not in_working_hours(cfg.schedule, now):
         s = cfg.schedule
-        return (f"$0.000/h for compute now: outside working hours ({','.join(s.days)} "
-                f"{s.start:%H:%M}-{s.stop:%H:%M} {s.timezone}) the schedule stops the nodes; "
-                f"${cost['spot_typical_usd_per_hour']:.3f}/h typical while running")
-    return (f"${cost['spot_typical_usd_per_hour']:.3f}/h typical, at most "
-            f"${cost['spot_cap_usd_per_hour']:.3f}/h ({running}; "
-            f"${cost['on_demand_usd_per_hour']:.3f}/h all on-demand)")
+        return (
+            f"$0.000/h for compute now: outside working hours ({','.join(s.days)} "
+            f"{s.start:%H:%M}-{s.stop:%H:%M} {s.timezone}) the schedule stops the nodes; "
+            f"${cost['spot_typical_usd_per_hour']:.3f}/h typical while running"
+        )
+    return (
+        f"${cost['spot_typical_usd_per_hour']:.3f}/h typical, at most "
+        f"${cost['spot_cap_usd_per_hour']:.3f}/h ({running}; "
+        f"${cost['on_demand_usd_per_hour']:.3f}/h all on-demand)"
+    )
 
 
 def ttl_left(expiry: str | None, now: datetime | None = None) -> str:
@@ -68,16 +75,17 @@ class Summary:
     def lines(self) -> list[str]:
         o = self.outputs
         where = f" ({self.cfg.cloud} {self.cfg.region}, {self.cfg.mode} mode)" if self.cfg else ""
-        out = [f"SUMMARY  stack {self.stack}{where}",
-               f"  endpoint    {o.get('endpoint')}"]
+        out = [f"SUMMARY  stack {self.stack}{where}", f"  endpoint    {o.get('endpoint')}"]
         if o.get("ssh_tunnel"):
             out.append(f"  tunnel      {o['ssh_tunnel']}")
         if self.prediction:
             out.append(f"  prediction  {self.prediction.describe()}")
         width = max([len(n.host) for n in self.nodes] + [4])
         for i, n in enumerate(self.nodes):
-            out.append(f"  {'nodes' if i == 0 else '':<10}  {n.host:<{width}}  {n.address:<15}  "
-                       f"{n.describe()}")
+            out.append(
+                f"  {'nodes' if i == 0 else '':<10}  {n.host:<{width}}  {n.address:<15}  "
+                f"{n.describe()}"
+            )
         if self.group:
             out.append(f"  group       {self.group}")
         out.append(f"  cost now    {cost_now(o.get('cost'), self.cfg)}")

@@ -47,79 +47,124 @@ def _system_pod() -> dict[str, Any]:
 def prometheus(cfg: StackConfig) -> Release:
     assert cfg.kubernetes
     off = {"enabled": False}
-    return Release("prometheus", cfg.kubernetes.charts["prometheus"], ADDON_NAMESPACE, {
-        "alertmanager": off, "kube-state-metrics": off, "prometheus-node-exporter": off,
-        "prometheus-pushgateway": off,
-        "server": {
-            "fullnameOverride": PROMETHEUS,
-            "retention": "2h",
-            "persistentVolume": {"enabled": False},
-            "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": "30s"},
-            "resources": {"requests": {"cpu": "100m", "memory": "512Mi"},
-                          "limits": {"memory": "1Gi"}},
-            **_system_pod(),
+    return Release(
+        "prometheus",
+        cfg.kubernetes.charts["prometheus"],
+        ADDON_NAMESPACE,
+        {
+            "alertmanager": off,
+            "kube-state-metrics": off,
+            "prometheus-node-exporter": off,
+            "prometheus-pushgateway": off,
+            "server": {
+                "fullnameOverride": PROMETHEUS,
+                "retention": "2h",
+                "persistentVolume": {"enabled": False},
+                "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": "30s"},
+                "resources": {
+                    "requests": {"cpu": "100m", "memory": "512Mi"},
+                    "limits": {"memory": "1Gi"},
+                },
+                **_system_pod(),
+            },
         },
-    })
+    )
 
 
 def prometheus_adapter(cfg: StackConfig) -> Release:
     """Serves torchfleet_queue_depth per pod on custom.metrics.k8s.io for the HPA."""
     assert cfg.kubernetes
-    return Release("prometheus_adapter", cfg.kubernetes.charts["prometheus_adapter"],
-                   ADDON_NAMESPACE, {
-        "prometheus": {"url": f"http://{PROMETHEUS}.{ADDON_NAMESPACE}.svc", "port": 80},
-        "rules": {"default": False, "custom": [{
-            "seriesQuery": f'{QUEUE_METRIC}{{namespace!="",pod!=""}}',
-            "resources": {"overrides": {"namespace": {"resource": "namespace"},
-                                        "pod": {"resource": "pod"}}},
-            "name": {"matches": f"^{QUEUE_METRIC}$", "as": QUEUE_METRIC},
-            # The peak over the last minute: a queue that fills between scrapes still counts.
-            "metricsQuery": "max(max_over_time(<<.Series>>{<<.LabelMatchers>>}[1m])) "
-                            "by (<<.GroupBy>>)",
-        }]},
-        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
-        **_system_pod(),
-    })
+    return Release(
+        "prometheus_adapter",
+        cfg.kubernetes.charts["prometheus_adapter"],
+        ADDON_NAMESPACE,
+        {
+            "prometheus": {"url": f"http://{PROMETHEUS}.{ADDON_NAMESPACE}.svc", "port": 80},
+            "rules": {
+                "default": False,
+                "custom": [
+                    {
+                        "seriesQuery": f'{QUEUE_METRIC}{{namespace!="",pod!=""}}',
+                        "resources": {
+                            "overrides": {
+                                "namespace": {"resource": "namespace"},
+                                "pod": {"resource": "pod"},
+                            }
+                        },
+                        "name": {"matches": f"^{QUEUE_METRIC}$", "as": QUEUE_METRIC},
+                        # The peak over the last minute: a queue that fills between scrapes still counts.
+                        "metricsQuery": "max(max_over_time(<<.Series>>{<<.LabelMatchers>>}[1m])) "
+                        "by (<<.GroupBy>>)",
+                    }
+                ],
+            },
+            "resources": {
+                "requests": {"cpu": "50m", "memory": "128Mi"},
+                "limits": {"memory": "256Mi"},
+            },
+            **_system_pod(),
+        },
+    )
 
 
 def device_plugin(cfg: StackConfig) -> Release:
     """The chart's own affinity selects nodes labelled nvidia.com/gpu.present=true (the GPU
     node groups set it) and tolerates the nvidia.com/gpu taint."""
     assert cfg.kubernetes
-    return Release("device_plugin", cfg.kubernetes.charts["device_plugin"], "kube-system", {
-        "failOnInitError": True,  # a GPU node whose driver is broken must not look healthy
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
-    })
+    return Release(
+        "device_plugin",
+        cfg.kubernetes.charts["device_plugin"],
+        "kube-system",
+        {
+            "failOnInitError": True,  # a GPU node whose driver is broken must not look healthy
+            "resources": {
+                "requests": {"cpu": "50m", "memory": "64Mi"},
+                "limits": {"memory": "128Mi"},
+            },
+        },
+    )
 
 
-def cluster_autoscaler(cfg: StackConfig, cluster_name: Any, role_arn: Any,
-                       spot_group_pattern: str) -> Release:
+def cluster_autoscaler(
+    cfg: StackConfig, cluster_name: Any, role_arn: Any, spot_group_pattern: str
+) -> Release:
     """Scales the GPU node groups between their min and max for pending GPU pods: spot first
     (priority expander), the on-demand group when spot does not come within 10 minutes."""
     assert cfg.kubernetes
-    return Release("cluster_autoscaler", cfg.kubernetes.charts["cluster_autoscaler"],
-                   "kube-system", {
-        "cloudProvider": "aws", "awsRegion": cfg.region,
-        "autoDiscovery": {"clusterName": cluster_name},
-        "image": {"tag": CLUSTER_AUTOSCALER_IMAGE[cfg.kubernetes.version]},
-        "rbac": {"serviceAccount": {"name": "cluster-autoscaler",
-                                    "annotations": {"eks.amazonaws.com/role-arn": role_arn}}},
-        "extraArgs": {
-            "expander": "priority,least-waste",
-            "balance-similar-node-groups": True,
-            # The runtime's scratch emptyDirs hold nothing worth keeping a node for.
-            "skip-nodes-with-local-storage": False,
-            "max-node-provision-time": "10m0s",
-            "scale-down-unneeded-time": "10m0s",
-            "scale-down-delay-after-add": "10m0s",
-            # The on-demand group may grow as spot's fallback; the total stays within nodes.max.
-            "max-nodes-total": cfg.nodes.max + cfg.kubernetes.system.count,
+    return Release(
+        "cluster_autoscaler",
+        cfg.kubernetes.charts["cluster_autoscaler"],
+        "kube-system",
+        {
+            "cloudProvider": "aws",
+            "awsRegion": cfg.region,
+            "autoDiscovery": {"clusterName": cluster_name},
+            "image": {"tag": CLUSTER_AUTOSCALER_IMAGE[cfg.kubernetes.version]},
+            "rbac": {
+                "serviceAccount": {
+                    "name": "cluster-autoscaler",
+                    "annotations": {"eks.amazonaws.com/role-arn": role_arn},
+                }
+            },
+            "extraArgs": {
+                "expander": "priority,least-waste",
+                "balance-similar-node-groups": True,
+                # The runtime's scratch emptyDirs hold nothing worth keeping a node for.
+                "skip-nodes-with-local-storage": False,
+                "max-node-provision-time": "10m0s",
+                "scale-down-unneeded-time": "10m0s",
+                "scale-down-delay-after-add": "10m0s",
+                # The on-demand group may grow as spot's fallback; the total stays within nodes.max.
+                "max-nodes-total": cfg.nodes.max + cfg.kubernetes.system.count,
+            },
+            "expanderPriorities": {"50": [spot_group_pattern], "10": [".*"]},
+            "resources": {
+                "requests": {"cpu": "100m", "memory": "300Mi"},
+                "limits": {"memory": "600Mi"},
+            },
+            **_system_pod(),
         },
-        "expanderPriorities": {"50": [spot_group_pattern], "10": [".*"]},
-        "resources": {"requests": {"cpu": "100m", "memory": "300Mi"},
-                      "limits": {"memory": "600Mi"}},
-        **_system_pod(),
-    })
+    )
 
 
 def node_termination_handler(cfg: StackConfig) -> Release:
@@ -128,15 +173,22 @@ def node_termination_handler(cfg: StackConfig) -> Release:
     replacement first, then drain); queue mode would add an SQS queue, EventBridge rules and
     lifecycle hooks on ASGs that EKS owns, for events EKS already handles."""
     assert cfg.kubernetes
-    return Release("node_termination_handler", cfg.kubernetes.charts["node_termination_handler"],
-                   "kube-system", {
-        "enableSqsTerminationDraining": False,
-        "enableSpotInterruptionDraining": True,
-        "enableScheduledEventDraining": True,
-        "enableASGLifecycleDraining": True,
-        "enableRebalanceMonitoring": False,
-        "enableRebalanceDraining": False,
-        "podTerminationGracePeriod": -1,  # each pod's own grace (the runtime's drain)
-        "daemonsetNodeSelector": gpu_node_labels(),
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
-    })
+    return Release(
+        "node_termination_handler",
+        cfg.kubernetes.charts["node_termination_handler"],
+        "kube-system",
+        {
+            "enableSqsTerminationDraining": False,
+            "enableSpotInterruptionDraining": True,
+            "enableScheduledEventDraining": True,
+            "enableASGLifecycleDraining": True,
+            "enableRebalanceMonitoring": False,
+            "enableRebalanceDraining": False,
+            "podTerminationGracePeriod": -1,  # each pod's own grace (the runtime's drain)
+            "daemonsetNodeSelector": gpu_node_labels(),
+            "resources": {
+                "requests": {"cpu": "50m", "memory": "64Mi"},
+                "limits": {"memory": "128Mi"},
+            },
+        },
+    )

@@ -37,8 +37,11 @@ KINDS = {
 # The rollout waits for warm-up: the startup budget plus image pull and scheduling.
 DEPLOYMENT_TIMEOUT_S = workload.STARTUP_BUDGET_S + 600
 RELEASE_TIMEOUT_S = 900
-_ARGS = {"metadata": "metadata", "spec": "spec",
-         "automountServiceAccountToken": "automount_service_account_token"}
+_ARGS = {
+    "metadata": "metadata",
+    "spec": "spec",
+    "automountServiceAccountToken": "automount_service_account_token",
+}
 
 
 def register(name: str, manifest: dict[str, Any], opts: pulumi.ResourceOptions) -> Any:
@@ -50,28 +53,45 @@ def register(name: str, manifest: dict[str, Any], opts: pulumi.ResourceOptions) 
 
 def addon_namespace() -> dict[str, Any]:
     # Third-party charts do not all meet `restricted`; `baseline` still refuses host access.
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {
-        "name": addons.ADDON_NAMESPACE, "labels": {
-            "app.kubernetes.io/part-of": PROJECT,
-            "pod-security.kubernetes.io/enforce": "baseline",
-            "pod-security.kubernetes.io/warn": "restricted"}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": addons.ADDON_NAMESPACE,
+            "labels": {
+                "app.kubernetes.io/part-of": PROJECT,
+                "pod-security.kubernetes.io/enforce": "baseline",
+                "pod-security.kubernetes.io/warn": "restricted",
+            },
+        },
+    }
 
 
 class KubernetesApp(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: StackConfig, kubeconfig: pulumi.Input[str],
-                 placement: Placement, releases: Sequence[Release],
-                 volumes: Sequence[dict[str, Any]] = (),
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        kubeconfig: pulumi.Input[str],
+        placement: Placement,
+        releases: Sequence[Release],
+        volumes: Sequence[dict[str, Any]] = (),
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("torchfleet:k8s:App", name, None, opts)
         assert cfg.kubernetes
         self.provider = k8s.Provider(
-            f"{name}-provider", kubeconfig=kubeconfig, enable_server_side_apply=True,
-            opts=pulumi.ResourceOptions(parent=self))
+            f"{name}-provider",
+            kubeconfig=kubeconfig,
+            enable_server_side_apply=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         child = pulumi.ResourceOptions(parent=self, provider=self.provider)
 
         def after(*deps: pulumi.Resource) -> pulumi.ResourceOptions:
-            return pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                depends_on=[d for d in deps if d is not None]))
+            return pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(depends_on=[d for d in deps if d is not None])
+            )
 
         system_ns = register(f"{name}-ns-system", addon_namespace(), child)
         self.releases: dict[str, k8s.helm.v3.Release] = {}
@@ -84,30 +104,51 @@ class KubernetesApp(pulumi.ComponentResource):
         for i, volume in enumerate(volumes):
             claims.append(register(f"{name}-model-pv-{i}", volume, child))
         if placement.model_claim:
-            claims.append(register(f"{name}-model-pvc", workload.model_claim(
-                cfg, volumes[0]["metadata"]["name"]), after(ns, *claims)))
+            claims.append(
+                register(
+                    f"{name}-model-pvc",
+                    workload.model_claim(cfg, volumes[0]["metadata"]["name"]),
+                    after(ns, *claims),
+                )
+            )
 
         manifest = workload.deployment(cfg, placement)
-        manifest["metadata"]["annotations"] = {"pulumi.com/timeoutSeconds":
-                                               str(DEPLOYMENT_TIMEOUT_S)}
-        self.deployment = register(f"{name}-deployment", manifest, after(
-            ns, account, *claims, self.releases.get("device_plugin")))
+        manifest["metadata"]["annotations"] = {
+            "pulumi.com/timeoutSeconds": str(DEPLOYMENT_TIMEOUT_S)
+        }
+        self.deployment = register(
+            f"{name}-deployment",
+            manifest,
+            after(ns, account, *claims, self.releases.get("device_plugin")),
+        )
         self.service = register(f"{name}-service", workload.service(cfg, placement), after(ns))
         register(f"{name}-pdb", workload.disruption_budget(cfg), after(ns))
-        register(f"{name}-hpa", workload.autoscaler(cfg), after(
-            self.deployment, self.releases.get("prometheus_adapter")))
+        register(
+            f"{name}-hpa",
+            workload.autoscaler(cfg),
+            after(self.deployment, self.releases.get("prometheus_adapter")),
+        )
         self.register_outputs({})
 
-    def _release(self, name: str, spec: Release, opts: pulumi.ResourceOptions
-                 ) -> k8s.helm.v3.Release:
+    def _release(
+        self, name: str, spec: Release, opts: pulumi.ResourceOptions
+    ) -> k8s.helm.v3.Release:
         chart = spec.chart
         repo = None if chart.oci else k8s.helm.v3.RepositoryOptsArgs(repo=chart.repo)
         return k8s.helm.v3.Release(
             f"{name}-{spec.key.replace('_', '-')}",
-            name=chart.name, chart=f"{chart.repo}/{chart.name}" if chart.oci else chart.name,
-            version=chart.version, repository_opts=repo, namespace=spec.namespace,
-            values=spec.values, atomic=True, cleanup_on_fail=True, max_history=5,
-            timeout=RELEASE_TIMEOUT_S, opts=opts)
+            name=chart.name,
+            chart=f"{chart.repo}/{chart.name}" if chart.oci else chart.name,
+            version=chart.version,
+            repository_opts=repo,
+            namespace=spec.namespace,
+            values=spec.values,
+            atomic=True,
+            cleanup_on_fail=True,
+            max_history=5,
+            timeout=RELEASE_TIMEOUT_S,
+            opts=opts,
+        )
 
 
 def lb_endpoint(status: Any) -> str:

@@ -22,8 +22,11 @@ from infra.cost import HOURS_PER_MONTH, WEEKS_PER_MONTH
 #   CLB (instance fee + LCU) is billed on top and not included.
 CONTROL_PLANE = {
     "aws": (0.10, "Amazon EKS pricing, standard support, 2026-03 (reference figure)"),
-    "alicloud": (0.09, "Alibaba Cloud ACK Pro cluster management fee, 2026-03 (reference "
-                       "figure; API server CLB not included)"),
+    "alicloud": (
+        0.09,
+        "Alibaba Cloud ACK Pro cluster management fee, 2026-03 (reference "
+        "figure; API server CLB not included)",
+    ),
 }
 
 
@@ -60,8 +63,7 @@ def cluster_cost(cfg: StackConfig) -> ClusterCost:
     plane, source = CONTROL_PLANE[cfg.cloud]
     system = k.system.count * k.system.usd_per_hour
     fixed = plane + system
-    hours = (cfg.schedule.hours_per_week() * WEEKS_PER_MONTH if cfg.schedule
-             else HOURS_PER_MONTH)
+    hours = cfg.schedule.hours_per_week() * WEEKS_PER_MONTH if cfg.schedule else HOURS_PER_MONTH
     lo, hi = gpu_pool_usd_per_hour(cfg, cfg.nodes.min), gpu_pool_usd_per_hour(cfg, cfg.nodes.max)
     return ClusterCost(
         control_plane_usd_per_hour=plane,

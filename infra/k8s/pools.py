@@ -42,6 +42,7 @@ def split(cfg: StackConfig) -> list[PoolSize]:
     base = cfg.spot.on_demand_base
     pools = [PoolSize("gpu-od", False, base, n.max, base)]
     if n.max > base:
-        pools.append(PoolSize("gpu-spot", True, max(n.min - base, 0), n.max - base,
-                              max(n.desired - base, 0)))
+        pools.append(
+            PoolSize("gpu-spot", True, max(n.min - base, 0), n.max - base, max(n.desired - base, 0))
+        )
     return pools

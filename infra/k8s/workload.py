@@ -86,8 +86,9 @@ def pod_resources(cfg: StackConfig) -> dict[str, dict[str, str]]:
     GPU, and the CPU and memory of one GPU's share of the smallest type the pool may start."""
     gpus = cfg.instance_type.gpu_count
     cpu = max(1, min(t.vcpu for t in cfg.instance_types) // gpus - RESERVED_CPU)
-    memory = max(2, math.floor(min(t.ram_gib for t in cfg.instance_types) / gpus
-                               * POD_MEMORY_SHARE))
+    memory = max(
+        2, math.floor(min(t.ram_gib for t in cfg.instance_types) / gpus * POD_MEMORY_SHARE)
+    )
     amounts = {"cpu": str(cpu), "memory": f"{memory}Gi", GPU_RESOURCE: "1"}
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
@@ -105,8 +106,12 @@ def namespace(cfg: StackConfig) -> dict[str, Any]:
     itself refuses a pod that runs as root, escalates, adds capabilities or uses the host."""
     assert cfg.kubernetes
     meta = _meta(cfg.kubernetes.namespace)
-    meta["labels"].update({f"pod-security.kubernetes.io/{mode}": "restricted"
-                           for mode in ("enforce", "audit", "warn")})
+    meta["labels"].update(
+        {
+            f"pod-security.kubernetes.io/{mode}": "restricted"
+            for mode in ("enforce", "audit", "warn")
+        }
+    )
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
 
 
@@ -115,13 +120,22 @@ def service_account(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
     meta = _meta(APP, cfg.kubernetes.namespace)
     if placement.service_account_annotations:
         meta["annotations"] = dict(placement.service_account_annotations)
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
-            "automountServiceAccountToken": False}
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": meta,
+        "automountServiceAccountToken": False,
+    }
 
 
 def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period,
-            "timeoutSeconds": timeout, "failureThreshold": failures, "successThreshold": 1}
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+        "successThreshold": 1,
+    }
 
 
 def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
@@ -135,8 +149,12 @@ def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
     ]
     mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "home", "mountPath": HOME}]
     if placement.model_claim:
-        volumes.append({"name": "model", "persistentVolumeClaim": {
-            "claimName": placement.model_claim, "readOnly": True}})
+        volumes.append(
+            {
+                "name": "model",
+                "persistentVolumeClaim": {"claimName": placement.model_claim, "readOnly": True},
+            }
+        )
         mounts.append({"name": "model", "mountPath": MODEL_DIR, "readOnly": True})
     container = {
         "name": "runtime",
@@ -144,24 +162,33 @@ def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
         "imagePullPolicy": "IfNotPresent",
         "ports": [{"name": "http", "containerPort": cfg.service_port, "protocol": "TCP"}],
         "env": [
-            *runtime_env(host="0.0.0.0", port=cfg.service_port, device="cuda",
-                         model=f"{MODEL_DIR}/model.pt",
-                         # A pod cannot reach the instance metadata (IMDSv2 hop limit 1 on
-                         # EKS, hardened mode on ACK): the node's handler drains it instead.
-                         spot_watch="off"),
+            *runtime_env(
+                host="0.0.0.0",
+                port=cfg.service_port,
+                device="cuda",
+                model=f"{MODEL_DIR}/model.pt",
+                # A pod cannot reach the instance metadata (IMDSv2 hop limit 1 on
+                # EKS, hardened mode on ACK): the node's handler drains it instead.
+                spot_watch="off",
+            ),
             {"name": "HOME", "value": HOME},
         ],
         "resources": pod_resources(cfg),
-        "startupProbe": _probe(HEALTH_PATH, STARTUP_PERIOD_S,
-                               math.ceil(STARTUP_BUDGET_S / STARTUP_PERIOD_S)),
+        "startupProbe": _probe(
+            HEALTH_PATH, STARTUP_PERIOD_S, math.ceil(STARTUP_BUDGET_S / STARTUP_PERIOD_S)
+        ),
         "readinessProbe": _probe(HEALTH_PATH, 5, 2, timeout=3),
         "livenessProbe": _probe("/livez", 10, 3),
         # Leave the load balancer's rotation before SIGTERM starts the drain.
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
         "securityContext": {
-            "runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID,
-            "allowPrivilegeEscalation": False, "privileged": False,
-            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "runAsUser": IMAGE_UID,
+            "runAsGroup": IMAGE_UID,
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "volumeMounts": mounts,
@@ -170,28 +197,45 @@ def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
     spread = [
         # ScheduleAnyway: a node pool spans the zones and the autoscaler cannot ask it for a
         # zone, so a hard constraint could leave a pod pending with capacity elsewhere.
-        {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
-         "labelSelector": {"matchLabels": dict(SELECTOR)}}
-        for key in (ZONE_KEY, HOST_KEY)]
+        {
+            "maxSkew": 1,
+            "topologyKey": key,
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": dict(SELECTOR)},
+        }
+        for key in (ZONE_KEY, HOST_KEY)
+    ]
     pod_spec = {
         "serviceAccountName": APP,
         "automountServiceAccountToken": False,
-        "hostNetwork": False, "hostPID": False, "hostIPC": False,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": termination_grace_s(),
         "securityContext": {
-            "runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID,
-            "fsGroup": IMAGE_UID, "seccompProfile": {"type": "RuntimeDefault"},
+            "runAsNonRoot": True,
+            "runAsUser": IMAGE_UID,
+            "runAsGroup": IMAGE_UID,
+            "fsGroup": IMAGE_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
         "nodeSelector": dict(placement.gpu_node_labels),
-        "tolerations": [{"key": GPU_TAINT[0], "operator": "Equal", "value": GPU_TAINT[1],
-                         "effect": GPU_TAINT[2]}],
+        "tolerations": [
+            {
+                "key": GPU_TAINT[0],
+                "operator": "Equal",
+                "value": GPU_TAINT[1],
+                "effect": GPU_TAINT[2],
+            }
+        ],
         "topologySpreadConstraints": spread,
         "containers": [container],
         "volumes": volumes,
     }
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": _meta(APP, k.namespace),
         "spec": {
             "replicas": k.replicas.min,
@@ -199,12 +243,19 @@ def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
             "progressDeadlineSeconds": STARTUP_BUDGET_S + 300,
             "selector": {"matchLabels": dict(SELECTOR)},
             # A new pod must be ready before an old one goes: capacity never dips on a rollout.
-            "strategy": {"type": "RollingUpdate",
-                         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
             "template": {
-                "metadata": {"labels": dict(LABELS), "annotations": {
-                    "prometheus.io/scrape": "true", "prometheus.io/port": str(cfg.service_port),
-                    "prometheus.io/path": "/metrics"}},
+                "metadata": {
+                    "labels": dict(LABELS),
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(cfg.service_port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
                 "spec": pod_spec,
             },
         },
@@ -216,25 +267,36 @@ def service(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
     (or the VPC when none are named, and is then internal)."""
     assert cfg.kubernetes
     meta = _meta(APP, cfg.kubernetes.namespace, annotations=dict(placement.service_annotations))
-    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": {
-        "type": "LoadBalancer",
-        "selector": dict(SELECTOR),
-        "ports": [{"name": "http", "port": LB_PORT, "targetPort": "http", "protocol": "TCP"}],
-        # Local: the client address survives (source ranges apply to it) and the LB's health
-        # check skips nodes without a ready pod.
-        "externalTrafficPolicy": "Local",
-        "loadBalancerSourceRanges": list(cfg.client_cidrs or (cfg.vpc_cidr,)),
-    }}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "type": "LoadBalancer",
+            "selector": dict(SELECTOR),
+            "ports": [{"name": "http", "port": LB_PORT, "targetPort": "http", "protocol": "TCP"}],
+            # Local: the client address survives (source ranges apply to it) and the LB's health
+            # check skips nodes without a ready pod.
+            "externalTrafficPolicy": "Local",
+            "loadBalancerSourceRanges": list(cfg.client_cidrs or (cfg.vpc_cidr,)),
+        },
+    }
 
 
 def disruption_budget(cfg: StackConfig) -> dict[str, Any]:
     """One pod at a time: node drains (spot notice, scale-down, upgrades) proceed, never all
     at once, and a pod stuck unready cannot block a drain."""
     assert cfg.kubernetes
-    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": _meta(APP, cfg.kubernetes.namespace),
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": dict(SELECTOR)},
-                     "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(APP, cfg.kubernetes.namespace),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": dict(SELECTOR)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
 
 
 QUEUE_METRIC = "torchfleet_queue_depth"
@@ -245,30 +307,53 @@ def autoscaler(cfg: StackConfig) -> dict[str, Any]:
     up at once, down only after five quiet minutes (a GPU pod takes minutes to warm)."""
     k = cfg.kubernetes
     assert k
-    return {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
-            "metadata": _meta(APP, k.namespace),
-            "spec": {
-                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": APP},
-                "minReplicas": k.replicas.min, "maxReplicas": k.replicas.max,
-                "metrics": [{"type": "Pods", "pods": {
-                    "metric": {"name": QUEUE_METRIC},
-                    "target": {"type": "AverageValue", "averageValue": str(k.queue_target)}}}],
-                "behavior": {
-                    "scaleUp": {"stabilizationWindowSeconds": 0, "selectPolicy": "Max",
-                                "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60},
-                                             {"type": "Percent", "value": 100,
-                                              "periodSeconds": 60}]},
-                    "scaleDown": {"stabilizationWindowSeconds": 300, "selectPolicy": "Min",
-                                  "policies": [{"type": "Pods", "value": 1,
-                                                "periodSeconds": 120}]},
-                }}}
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _meta(APP, k.namespace),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": APP},
+            "minReplicas": k.replicas.min,
+            "maxReplicas": k.replicas.max,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": QUEUE_METRIC},
+                        "target": {"type": "AverageValue", "averageValue": str(k.queue_target)},
+                    },
+                }
+            ],
+            "behavior": {
+                "scaleUp": {
+                    "stabilizationWindowSeconds": 0,
+                    "selectPolicy": "Max",
+                    "policies": [
+                        {"type": "Pods", "value": 2, "periodSeconds": 60},
+                        {"type": "Percent", "value": 100, "periodSeconds": 60},
+                    ],
+                },
+                "scaleDown": {
+                    "stabilizationWindowSeconds": 300,
+                    "selectPolicy": "Min",
+                    "policies": [{"type": "Pods", "value": 1, "periodSeconds": 120}],
+                },
+            },
+        },
+    }
 
 
 def model_claim(cfg: StackConfig, volume_name: str) -> dict[str, Any]:
     """A claim bound to the pre-provisioned, read-only volume holding the model."""
     assert cfg.kubernetes
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": _meta(MODEL_CLAIM, cfg.kubernetes.namespace),
-            "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "",
-                     "volumeName": volume_name,
-                     "resources": {"requests": {"storage": "10Gi"}}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(MODEL_CLAIM, cfg.kubernetes.namespace),
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",
+            "volumeName": volume_name,
+            "resources": {"requests": {"storage": "10Gi"}},
+        },
+    }

@@ -32,26 +32,41 @@ def discovery() -> dict | None:
     stack = HERE / "stack.yml"
     if not stack.exists():
         return None
-    found = ((yaml.safe_load(stack.read_text()) or {}).get("all", {}).get("vars") or {}).get("torchfleet_discovery")
+    found = ((yaml.safe_load(stack.read_text()) or {}).get("all", {}).get("vars") or {}).get(
+        "torchfleet_discovery"
+    )
     return found if found and found.get("cloud") == "alicloud" else None
 
 
 def hostvars(instance: dict) -> dict:
-    public = (instance.get("PublicIpAddress", {}).get("IpAddress") or [None])[0] \
-        or instance.get("EipAddress", {}).get("IpAddress") or None
-    private = (instance.get("VpcAttributes", {}).get("PrivateIpAddress", {}).get("IpAddress") or [None])[0]
-    return {"ansible_host": public or private, "public_ip": public, "private_ip": private,
-            "torchfleet_instance_type": instance.get("InstanceType"),
-            "torchfleet_spot": instance.get("SpotStrategy", "NoSpot") not in ("NoSpot", "")}
+    public = (
+        (instance.get("PublicIpAddress", {}).get("IpAddress") or [None])[0]
+        or instance.get("EipAddress", {}).get("IpAddress")
+        or None
+    )
+    private = (
+        instance.get("VpcAttributes", {}).get("PrivateIpAddress", {}).get("IpAddress") or [None]
+    )[0]
+    return {
+        "ansible_host": public or private,
+        "public_ip": public,
+        "private_ip": private,
+        "torchfleet_instance_type": instance.get("InstanceType"),
+        "torchfleet_spot": instance.get("SpotStrategy", "NoSpot") not in ("NoSpot", ""),
+    }
 
 
 def running_nodes(found: dict) -> dict:
     try:
-        creds = {"AccessKeyId": os.environ["ALICLOUD_ACCESS_KEY"],
-                 "AccessKeySecret": os.environ["ALICLOUD_SECRET_KEY"],
-                 "SecurityToken": os.environ.get("ALICLOUD_SECURITY_TOKEN", "")}
+        creds = {
+            "AccessKeyId": os.environ["ALICLOUD_ACCESS_KEY"],
+            "AccessKeySecret": os.environ["ALICLOUD_SECRET_KEY"],
+            "SecurityToken": os.environ.get("ALICLOUD_SECURITY_TOKEN", ""),
+        }
     except KeyError as err:
-        raise SystemExit(f"ecs_inventory: set {err.args[0]} (and ALICLOUD_SECRET_KEY) to list the nodes") from None
+        raise SystemExit(
+            f"ecs_inventory: set {err.args[0]} (and ALICLOUD_SECRET_KEY) to list the nodes"
+        ) from None
     region = found["region"]
     endpoint = os.environ.get("ALICLOUD_ECS_ENDPOINT", f"https://ecs.{region}.aliyuncs.com")
     tags = {}
@@ -59,8 +74,17 @@ def running_nodes(found: dict) -> dict:
         tags.update({f"Tag.{i}.Key": key, f"Tag.{i}.Value": value})
     hosts, page = {}, 1
     while True:
-        reply = rpc_call(endpoint, "2014-05-26", "DescribeInstances", creds, region, Status="Running",
-                         PageSize="100", PageNumber=str(page), **tags)
+        reply = rpc_call(
+            endpoint,
+            "2014-05-26",
+            "DescribeInstances",
+            creds,
+            region,
+            Status="Running",
+            PageSize="100",
+            PageNumber=str(page),
+            **tags,
+        )
         for instance in reply.get("Instances", {}).get("Instance", []):
             hosts[instance["InstanceId"]] = hostvars(instance)
         if page * 100 >= int(reply.get("TotalCount", 0)):
@@ -80,7 +104,13 @@ def main(argv: list) -> int:
         print(json.dumps({"_meta": {"hostvars": {}}}))
         return 0
     hosts = running_nodes(found)
-    print(json.dumps({GROUP: {"hosts": sorted(hosts)}, "_meta": {"hostvars": hosts}}, indent=2, sort_keys=True))
+    print(
+        json.dumps(
+            {GROUP: {"hosts": sorted(hosts)}, "_meta": {"hostvars": hosts}},
+            indent=2,
+            sort_keys=True,
+        )
+    )
     return 0
 
 

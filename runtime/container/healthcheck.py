@@ -36,7 +36,7 @@ def serving_process() -> tuple[list[str], dict[str, str]] | None:
                     env = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
                 except OSError:  # another user's process: our own environment is the image's
                     env = dict(os.environ)
-                return [a for a in argv[i + 2:] if a != ""], env
+                return [a for a in argv[i + 2 :] if a != ""], env
     return None
 
 
@@ -51,7 +51,9 @@ def main() -> int:
 
     args = build_parser().parse_args(["serve", *argv])
     try:
-        config, _ = load_config({k: getattr(args, k) for k in FIELDS}, env=env, config_file=args.config)
+        config, _ = load_config(
+            {k: getattr(args, k) for k in FIELDS}, env=env, config_file=args.config
+        )
     except ConfigError as exc:
         print(f"unhealthy: {exc}")
         return 1

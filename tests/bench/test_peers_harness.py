@@ -124,7 +124,9 @@ class _Echo(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.skipif(not shutil.which("wrk"), reason="wrk is not installed (benchmarks/peers/install.sh)")
+@pytest.mark.skipif(
+    not shutil.which("wrk"), reason="wrk is not installed (benchmarks/peers/install.sh)"
+)
 def test_post_lua_sends_the_body_file_to_a_real_server(tmp_path):
     """Real wrk with post.lua against a loopback server: every request carries the file."""
     body = tmp_path / "body.json"
@@ -155,9 +157,20 @@ def fake_run(key: str, rep: int, rps: dict[int, float], **extra):
         lv = level(c, f"wrk_{server}_c{1 if c == 1 else 8}.txt", cpu_ms_per_req=10.0 + rep)
         lv["req_per_s"] = value
         levels.append(lv)
-    return {"key": key, "server": server, "threads": threads, "repetition": rep, "levels": levels,
-            "start_to_ready_s": 1.0 + rep, "first_request_ms": 300.0, "peak_rss_mb": 100.0 * rep,
-            "peak_pss_mb": 80.0 * rep, "processes": 1, "sigterm_to_exit_s": 0.5, **extra}
+    return {
+        "key": key,
+        "server": server,
+        "threads": threads,
+        "repetition": rep,
+        "levels": levels,
+        "start_to_ready_s": 1.0 + rep,
+        "first_request_ms": 300.0,
+        "peak_rss_mb": 100.0 * rep,
+        "peak_pss_mb": 80.0 * rep,
+        "processes": 1,
+        "sigterm_to_exit_s": 0.5,
+        **extra,
+    }
 
 
 def test_stats_median_min_max_ignore_missing():
@@ -171,8 +184,14 @@ def test_summary_is_the_median_of_the_repetitions_and_lists_failures():
         fake_run("torchfleet", 1, {1: 10.0, 32: 90.0}),
         fake_run("torchfleet", 2, {1: 30.0, 32: 70.0}),
         fake_run("torchfleet", 3, {1: 20.0, 32: 110.0}),
-        {"key": "torchfleet", "server": "torchfleet", "threads": "default", "repetition": 4,
-         "levels": [], "error": "not ready after 180 s"},
+        {
+            "key": "torchfleet",
+            "server": "torchfleet",
+            "threads": "default",
+            "repetition": 4,
+            "levels": [],
+            "error": "not ready after 180 s",
+        },
     ]
     s = report.summarize(runs)["torchfleet"]
     assert s["levels"]["1"]["req_per_s"] == {"median": 20.0, "min": 10.0, "max": 30.0, "n": 3}
@@ -198,7 +217,10 @@ def three_servers(rps_ours: float, rps_mosec: float, rps_ls: float, key_suffix: 
 def test_ratio_to_the_best_peer_and_served_over_offline():
     summary = report.summarize(three_servers(99.0, 49.0, 29.0))
     rat = report.ratios(summary, {"default": 200.0})
-    at32, at1 = rat["ours_over_best_peer"]["default"]["32"], rat["ours_over_best_peer"]["default"]["1"]
+    at32, at1 = (
+        rat["ours_over_best_peer"]["default"]["32"],
+        rat["ours_over_best_peer"]["default"]["1"],
+    )
     assert at32["best_peer"] == "mosec" and at32["ratio"] == pytest.approx(101.0 / 51.0, abs=1e-3)
     assert at32["ranking"] == ["torchfleet", "mosec", "litserve"]
     assert at1["best_peer"] == "litserve" and at1["ratio"] == pytest.approx(50.0 / 60.0, abs=1e-3)
@@ -217,8 +239,16 @@ def test_omp1_rows_are_compared_among_themselves_and_ranking_changes_are_found()
 
 def test_rendered_table_shows_every_server_ratio_and_failure():
     runs = three_servers(99.0, 49.0, 29.0)
-    runs.append({"key": "litserve", "server": "litserve", "threads": "default", "repetition": 4,
-                 "levels": [], "error": "answer differs"})
+    runs.append(
+        {
+            "key": "litserve",
+            "server": "litserve",
+            "threads": "default",
+            "repetition": 4,
+            "levels": [],
+            "error": "answer differs",
+        }
+    )
     runs[1]["levels"][1]["underfilled"] = True  # mosec rep 1, c=32
     summary = report.summarize(runs)
     assert summary["mosec"]["levels"]["32"]["underfilled"] == 1
@@ -230,7 +260,10 @@ def test_rendered_table_shows_every_server_ratio_and_failure():
     assert "101.0 [100.0-102.0]" in req_rows[0]
     assert any("1.98 vs mosec" in line for line in lines)
     assert any("FAILED: answer differs" in line for line in lines)
-    assert any(line.startswith("fewer answers than connections") and "mosec c=32 (1x)" in line for line in lines)
+    assert any(
+        line.startswith("fewer answers than connections") and "mosec c=32 (1x)" in line
+        for line in lines
+    )
 
 
 # --------------------------------------------------------------------------- answer check, body
@@ -238,7 +271,9 @@ def test_rendered_table_shows_every_server_ratio_and_failure():
 
 def test_answer_check_accepts_batching_noise_and_rejects_a_wrong_answer():
     expected = [0.5, -0.25, 1e-5]
-    ok = bench.check_answer("x", json.dumps({"outputs": [0.50002, -0.25001, 2e-5]}).encode(), expected)
+    ok = bench.check_answer(
+        "x", json.dumps({"outputs": [0.50002, -0.25001, 2e-5]}).encode(), expected
+    )
     assert ok["correct"] and ok["max_abs_diff"] == pytest.approx(2e-5)
     with pytest.raises(RuntimeError, match="differs"):
         bench.check_answer("x", json.dumps({"outputs": [0.51, -0.25, 0.0]}).encode(), expected)
@@ -261,11 +296,14 @@ def test_the_body_is_deterministic_one_instance_of_4_decimals():
 
 def test_process_tree_counts_children_memory_and_cpu():
     parent = subprocess.Popen(
-        [sys.executable, "-c",
-         "import subprocess, sys, time\n"
-         "c = subprocess.Popen([sys.executable, '-c', 'x = bytearray(64 << 20); import time; time.sleep(30)'])\n"
-         "while time.process_time() < 0.3: pass\n"  # 0.3 s of CPU of its own, however loaded
-         "c.wait()"],
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'x = bytearray(64 << 20); import time; time.sleep(30)'])\n"
+            "while time.process_time() < 0.3: pass\n"  # 0.3 s of CPU of its own, however loaded
+            "c.wait()",
+        ],
     )
     try:
         deadline = time.time() + 10

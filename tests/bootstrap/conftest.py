@@ -36,8 +36,15 @@ from nodekit import (  # noqa: E402
 @pytest.fixture(scope="session")
 def moto_site() -> Path:
     req = moto_requirement()
-    return _stamped(CACHE / "moto-cp311", req, lambda d: _pip(
-        "install", *_cross("--target", str(d), "-c", str(REPO / "requirements" / "constraints.txt")), req))
+    return _stamped(
+        CACHE / "moto-cp311",
+        req,
+        lambda d: _pip(
+            "install",
+            *_cross("--target", str(d), "-c", str(REPO / "requirements" / "constraints.txt")),
+            req,
+        ),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -48,8 +55,13 @@ def bootstrap_wheels() -> Path:
 @pytest.fixture(scope="session")
 def demo_model() -> Path:
     def make(d: Path) -> None:
-        out = subprocess.run([str(VENV_BIN / "torchfleet-runtime"), "demo-model", str(d)],
-                             capture_output=True, text=True, check=False, timeout=300)
+        out = subprocess.run(
+            [str(VENV_BIN / "torchfleet-runtime"), "demo-model", str(d)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
 
     return _stamped(CACHE / "model", "demo-model", make)

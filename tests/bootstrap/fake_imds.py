@@ -37,7 +37,9 @@ class Handler(BaseHTTPRequestHandler):
             log.write(f"{self.command} {self.path} {args[1] if len(args) > 1 else ''}\n")
 
     def do_PUT(self) -> None:
-        if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+        if self.path != "/latest/api/token" or not self.headers.get(
+            "X-aws-ec2-metadata-token-ttl-seconds"
+        ):
             return self._reply(400, "token TTL header required")
         token = secrets.token_urlsafe(24)
         TOKENS.add(token)
@@ -50,7 +52,7 @@ class Handler(BaseHTTPRequestHandler):
         if not self.path.startswith(prefix):
             return self._reply(404, "not found")
         answers = json.loads((STATE / "imds.json").read_text())
-        value = answers.get(self.path[len(prefix):])
+        value = answers.get(self.path[len(prefix) :])
         if value is None:
             return self._reply(404, "not found")
         if isinstance(value, dict):

@@ -29,8 +29,11 @@ def _lifecycle(self: AutoScalingResponse, call: str) -> EmptyResult:
     group, hook = self._get_param("AutoScalingGroupName"), self._get_param("LifecycleHookName")
     instance, result = self._get_param("InstanceId"), self._get_param("LifecycleActionResult")
     hooks = backend.describe_lifecycle_hooks(group, [hook])
-    member = [s for s in backend.describe_auto_scaling_instances([instance])
-              if s.auto_scaling_group_name == group]
+    member = [
+        s
+        for s in backend.describe_auto_scaling_instances([instance])
+        if s.auto_scaling_group_name == group
+    ]
     entry = {"call": call, "group": group, "hook": hook, "instance": instance, "result": result}
     with LOCK, (STATE / "lifecycle.jsonl").open("a") as log:
         log.write(json.dumps({**entry, "accepted": bool(hooks and member)}) + "\n")
@@ -39,15 +42,21 @@ def _lifecycle(self: AutoScalingResponse, call: str) -> EmptyResult:
     if call == "CompleteLifecycleAction":
         if result not in ("CONTINUE", "ABANDON"):
             raise ValidationError(f"LifecycleActionResult {result!r}: allowed CONTINUE, ABANDON")
-        if result == "ABANDON" or hooks[0].lifecycle_transition == "autoscaling:EC2_INSTANCE_TERMINATING":
+        if (
+            result == "ABANDON"
+            or hooks[0].lifecycle_transition == "autoscaling:EC2_INSTANCE_TERMINATING"
+        ):
             backend.terminate_instance(instance, should_decrement=False)
         else:
             member[0].lifecycle_state = "InService"
     return EmptyResult()
 
 
-AutoScalingResponse.complete_lifecycle_action = lambda self: _lifecycle(self, "CompleteLifecycleAction")
-AutoScalingResponse.record_lifecycle_action_heartbeat = \
-    lambda self: _lifecycle(self, "RecordLifecycleActionHeartbeat")
+AutoScalingResponse.complete_lifecycle_action = lambda self: _lifecycle(
+    self, "CompleteLifecycleAction"
+)
+AutoScalingResponse.record_lifecycle_action_heartbeat = lambda self: _lifecycle(
+    self, "RecordLifecycleActionHeartbeat"
+)
 
 main(["-H", HOST, "-p", PORT])

@@ -16,8 +16,12 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 CACHE = REPO / ".cache" / "bootstrap"
 VENV_BIN = Path(sys.executable).parent
-PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_28_x86_64",
-             "manylinux_2_34_x86_64"]
+PLATFORMS = [
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_34_x86_64",
+]
 
 
 def podman_env() -> dict[str, str]:
@@ -25,11 +29,19 @@ def podman_env() -> dict[str, str]:
 
 
 def podman(*args: str, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(["podman", *args], capture_output=True, text=True, env=podman_env(),
-                         timeout=timeout, check=False)
+    out = subprocess.run(
+        ["podman", *args],
+        capture_output=True,
+        text=True,
+        env=podman_env(),
+        timeout=timeout,
+        check=False,
+    )
     if check and out.returncode != 0:
-        raise AssertionError(f"podman {' '.join(args)} failed ({out.returncode}):\n"
-                             f"{out.stdout[-2000:]}{out.stderr[-2000:]}")
+        raise AssertionError(
+            f"podman {' '.join(args)} failed ({out.returncode}):\n"
+            f"{out.stdout[-2000:]}{out.stderr[-2000:]}"
+        )
     return out
 
 
@@ -55,8 +67,13 @@ def _stamped(dest: Path, want: str, make) -> Path:
 
 
 def _pip(*args: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "pip", *args, "-q", "--disable-pip-version-check"],
-                         capture_output=True, text=True, check=False, timeout=1800)
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", *args, "-q", "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
     assert out.returncode == 0, f"pip {' '.join(args[:3])} failed:\n{out.stderr[-3000:]}"
 
 
@@ -64,8 +81,17 @@ def _cross(*args: str, python: str = "3.11") -> list[str]:
     """pip options for wheels of a node image's CPython (3.11: Debian 12; a patch level where
     packages exclude some: cryptography skips 3.9.0 and 3.9.1), whatever runs the tests."""
     abi = "cp" + "".join(python.split(".")[:2])
-    return ["--only-binary=:all:", "--python-version", python, "--implementation", "cp",
-            "--abi", abi, *[a for p in PLATFORMS for a in ("--platform", p)], *args]
+    return [
+        "--only-binary=:all:",
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        "--abi",
+        abi,
+        *[a for p in PLATFORMS for a in ("--platform", p)],
+        *args,
+    ]
 
 
 def moto_requirement() -> str:
@@ -73,12 +99,16 @@ def moto_requirement() -> str:
     return next(line for line in lines if line.startswith("moto["))
 
 
-
-
 def node_image_for(suite: str) -> str:
     """localhost/torchfleet-SUITE-cloudinit (built once by build_node_image.sh)."""
-    out = subprocess.run(["bash", str(HERE / "build_node_image.sh"), suite], cwd=REPO,
-                         capture_output=True, text=True, check=False, timeout=1200)
+    out = subprocess.run(
+        ["bash", str(HERE / "build_node_image.sh"), suite],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1200,
+    )
     assert out.returncode == 0, f"node image failed:\n{(out.stdout + out.stderr)[-3000:]}"
     return f"localhost/torchfleet-{suite}-cloudinit:latest"
 
@@ -89,13 +119,22 @@ def bootstrap_wheels_for(python: str) -> Path:
 
     major, minor = (int(p) for p in python.split(".")[:2])
     reqs = agent.pins((major, minor), "aws")
-    return _stamped(CACHE / f"wheels-cp{major}{minor}", " ".join(reqs), lambda d: _pip(
-        "download", *_cross("-d", str(d), python=python), *reqs))
+    return _stamped(
+        CACHE / f"wheels-cp{major}{minor}",
+        " ".join(reqs),
+        lambda d: _pip("download", *_cross("-d", str(d), python=python), *reqs),
+    )
 
 
 def torch_wheelhouse_for(abi: str) -> Path:
     """.cache/wheelhouse-ABI, as the Molecule scenarios use it (tests/roles/prepare_wheelhouse.sh)."""
-    out = subprocess.run(["bash", str(REPO / "tests" / "roles" / "prepare_wheelhouse.sh"), abi],
-                         cwd=REPO, capture_output=True, text=True, check=False, timeout=1800)
+    out = subprocess.run(
+        ["bash", str(REPO / "tests" / "roles" / "prepare_wheelhouse.sh"), abi],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
     assert out.returncode == 0, f"wheelhouse failed:\n{(out.stdout + out.stderr)[-3000:]}"
     return (REPO / ".cache" / f"wheelhouse-{abi}").resolve()

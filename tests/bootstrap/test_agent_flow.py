@@ -22,8 +22,13 @@ class FakeCloud:
         self.target, self.calls = target, []
 
     def identity(self) -> dict[str, Any]:
-        return {"instance_id": "i-1", "region": "us-east-1", "instance_type": "g5.xlarge", "spot": True,
-                "target": self.target}
+        return {
+            "instance_id": "i-1",
+            "region": "us-east-1",
+            "instance_type": "g5.xlarge",
+            "spot": True,
+            "target": self.target,
+        }
 
     def lifecycle(self, hook: str, result: str, instance_id: str) -> None:
         self.calls.append((hook, result, instance_id))
@@ -36,24 +41,47 @@ class FakeCloud:
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """A group node whose agent runs in one process (as on Alibaba; on AWS the same steps
     continue in the venv's interpreter), plays, cloud calls and systemctl recorded."""
-    cfg = {"cloud": "alicloud", "region": "us-east-1", "stack": "aws-prod", "bundle_bucket": "b",
-           "bundle_key": "k", "bundle_sha256": SHA, "mode": "cold", "group_name": "g",
-           "launch_hook": "torchfleet-launch", "terminate_hook": "torchfleet-terminate", "service_port": 8080}
+    cfg = {
+        "cloud": "alicloud",
+        "region": "us-east-1",
+        "stack": "aws-prod",
+        "bundle_bucket": "b",
+        "bundle_key": "k",
+        "bundle_sha256": SHA,
+        "mode": "cold",
+        "group_name": "g",
+        "launch_hook": "torchfleet-launch",
+        "terminate_hook": "torchfleet-terminate",
+        "service_port": 8080,
+    }
     # Every path the agent knows moves under tmp_path: this process is root on a real machine.
     for name, value in vars(agent).items():
         if isinstance(value, str) and value.startswith("/"):
             monkeypatch.setattr(agent, name, str(tmp_path / value.lstrip("/")))
-        elif isinstance(value, tuple) and value and all(isinstance(v, str) and v.startswith("/") for v in value):
+        elif (
+            isinstance(value, tuple)
+            and value
+            and all(isinstance(v, str) and v.startswith("/") for v in value)
+        ):
             monkeypatch.setattr(agent, name, tuple(str(tmp_path / v.lstrip("/")) for v in value))
-    paths = {name: Path(getattr(agent, name)) for name in ("CONFIG", "STATE", "WORK", "IMAGE_RECORD")}
+    paths = {
+        name: Path(getattr(agent, name)) for name in ("CONFIG", "STATE", "WORK", "IMAGE_RECORD")
+    }
     for path in [*agent.MACHINE_IDS, agent.CLOUD_INSTANCE_ID]:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     for path in agent.MACHINE_IDS:
         Path(path).write_text("0123456789abcdef0123456789abcdef\n")
     paths["CONFIG"].parent.mkdir(parents=True)
     paths["CONFIG"].write_text(json.dumps(cfg))
-    world: dict[str, Any] = {"cloud": FakeCloud(), "plays": [], "fail": {}, "systemctl": [], "cfg": cfg,
-                             "paths": paths, "reboot": None}
+    world: dict[str, Any] = {
+        "cloud": FakeCloud(),
+        "plays": [],
+        "fail": {},
+        "systemctl": [],
+        "cfg": cfg,
+        "paths": paths,
+        "reboot": None,
+    }
     monkeypatch.setattr(agent, "cloud_of", lambda _cfg: world["cloud"])
     monkeypatch.setattr(agent, "ensure_venv", lambda cfg: None)
     monkeypatch.setattr(agent, "fetch_bundle", lambda cfg, cloud, state: "/bundle")
@@ -64,8 +92,11 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     def play(tree: str, inventory: str, playbook: str, state: agent.State) -> None:
         world["plays"].append(playbook)
         if playbook in world["fail"]:
-            raise agent.Failure("site", f"{playbook} failed at task '{world['fail'][playbook]}': boom",
-                                task=world["fail"][playbook])
+            raise agent.Failure(
+                "site",
+                f"{playbook} failed at task '{world['fail'][playbook]}': boom",
+                task=world["fail"][playbook],
+            )
 
     monkeypatch.setattr(agent, "ansible", play)
     monkeypatch.setattr(agent, "run", lambda argv, **kw: world["systemctl"].append(argv))
@@ -111,11 +142,19 @@ def test_a_new_driver_that_stops_the_play_reboots_and_resumes(node: dict[str, An
     node["fail"] = {"site.yml": "nvidia_driver : refuse a local reboot"}
     node["reboot"] = "the NVIDIA driver is installed but not loaded"
     rebooted = boot(node)
-    assert rebooted["state"] == "running" and rebooted["stage"] == "reboot" and rebooted["reboots"] == 1
+    assert (
+        rebooted["state"] == "running"
+        and rebooted["stage"] == "reboot"
+        and rebooted["reboots"] == 1
+    )
     assert node["cloud"].calls == [] and ["systemctl", "reboot"] in node["systemctl"]
     node["fail"], node["reboot"] = {}, None  # after the reboot the driver is loaded
     done = boot(node)
-    assert done["state"] == "ready" and done["boots"] == 2 and node["plays"] == ["site.yml", "site.yml"]
+    assert (
+        done["state"] == "ready"
+        and done["boots"] == 2
+        and node["plays"] == ["site.yml", "site.yml"]
+    )
     assert node["cloud"].calls == [("torchfleet-launch", "CONTINUE", "i-1")]
 
 
@@ -125,7 +164,9 @@ def test_a_failing_play_with_no_reboot_left_fails(node: dict[str, Any]) -> None:
     for _ in range(agent.MAX_REBOOTS):
         assert boot(node)["stage"] == "reboot"
     done = boot(node)
-    assert done["state"] == "failed" and done["failed_task"] == "nvidia_driver : refuse a local reboot"
+    assert (
+        done["state"] == "failed" and done["failed_task"] == "nvidia_driver : refuse a local reboot"
+    )
     assert node["cloud"].calls == [("torchfleet-launch", "ABANDON", "i-1")]
 
 
@@ -133,10 +174,16 @@ def test_warm_pool_node_waits_warmed_then_joins_from_the_baked_path(node: dict[s
     node["cloud"].target = "Warmed:Stopped"
     warmed = boot(node)
     assert warmed["state"] == "warmed" and node["plays"] == ["site.yml"]
-    assert node["cloud"].calls == [("torchfleet-launch", "CONTINUE", "i-1")]  # the group may stop it
+    assert node["cloud"].calls == [
+        ("torchfleet-launch", "CONTINUE", "i-1")
+    ]  # the group may stop it
     node["cloud"].target = "InService"  # started from the pool
     ready = boot(node)
-    assert ready["state"] == "ready" and ready["mode"] == "baked" and node["plays"] == ["site.yml", "baked.yml"]
+    assert (
+        ready["state"] == "ready"
+        and ready["mode"] == "baked"
+        and node["plays"] == ["site.yml", "baked.yml"]
+    )
     assert node["cloud"].calls[-1] == ("torchfleet-launch", "CONTINUE", "i-1")
 
 

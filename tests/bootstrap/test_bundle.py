@@ -33,7 +33,9 @@ def read(path: Path, name: str) -> bytes:
         return f.read()
 
 
-def test_same_tree_same_bytes_even_from_empty_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_same_tree_same_bytes_even_from_empty_caches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = bundle_mod.build("aws-prod")
     assert bundle_mod.build("aws-prod") == first  # the cache answers
     monkeypatch.setattr(bundle_mod, "CACHE", tmp_path / "bundles")
@@ -62,7 +64,10 @@ def test_archive_contents_metadata_and_manifest() -> None:
     assert raw[:2] == b"\x1f\x8b" and raw[4:8] == b"\0\0\0\0", "gzip header carries a time"
     found = members(made.path)
     assert list(found) == sorted(found)
-    assert all(m.mtime == bundle_mod.FIXED_MTIME and m.uid == m.gid == 0 and m.uname == "root" for m in found.values())
+    assert all(
+        m.mtime == bundle_mod.FIXED_MTIME and m.uid == m.gid == 0 and m.uname == "root"
+        for m in found.values()
+    )
     assert all(m.mode in (0o644, 0o755) for m in found.values())
     manifest = json.loads(read(made.path, "manifest.json"))
     assert manifest["format"] == bundle_mod.FORMAT and manifest["stack"] == "alicloud-prod"
@@ -70,24 +75,39 @@ def test_archive_contents_metadata_and_manifest() -> None:
     assert set(files) == {n for n, m in found.items() if m.isfile()} - {"manifest.json"}
     for name, digest in files.items():
         assert hashlib.sha256(read(made.path, name)).hexdigest() == digest, name
-    for needed in ("playbooks/site.yml", "playbooks/baked.yml", "compat/matrix.yml",
-                   "roles/pytorch/tasks/main.yml", "inventories/alicloud-prod/group_vars/all.yml",
-                   "bootstrap/callback_plugins/torchfleet_status.py", "node.json", manifest["runtime_wheel"]):
+    for needed in (
+        "playbooks/site.yml",
+        "playbooks/baked.yml",
+        "compat/matrix.yml",
+        "roles/pytorch/tasks/main.yml",
+        "inventories/alicloud-prod/group_vars/all.yml",
+        "bootstrap/callback_plugins/torchfleet_status.py",
+        "node.json",
+        manifest["runtime_wheel"],
+    ):
         assert needed in files, needed
-    assert manifest["runtime_wheel"].startswith("wheels/torchfleet_runtime-") and manifest["runtime_wheel"].endswith(".whl")
+    assert manifest["runtime_wheel"].startswith("wheels/torchfleet_runtime-") and manifest[
+        "runtime_wheel"
+    ].endswith(".whl")
     assert not [n for n in found if "__pycache__" in n or n.endswith(".pyc")]
     assert manifest["model"] == {
         "model_source": "oss://REPLACE-with-your-bucket/models/model.pt",
         "model_checksum": "sha256:REPLACE-with-the-model-sha256",
         "metadata_source": "oss://REPLACE-with-your-bucket/models/model.json",
-        "metadata_checksum": "sha256:REPLACE-with-the-metadata-sha256"}
+        "metadata_checksum": "sha256:REPLACE-with-the-metadata-sha256",
+    }
     node = json.loads(read(made.path, "node.json"))
-    assert node["group_vars"]["torchfleet_cuda_profile"] == "cu116" and "ansible_user" not in node["group_vars"]
+    assert (
+        node["group_vars"]["torchfleet_cuda_profile"] == "cu116"
+        and "ansible_user" not in node["group_vars"]
+    )
     assert node["instance_types"]["ecs.gn6i-c4g1.xlarge"] == {"gpu_model": "T4", "gpu_count": 1}
 
 
 def test_bad_stacks_fail_with_what_exists(tmp_path: Path) -> None:
-    with pytest.raises(bundle_mod.BundleError, match=r"group_vars does not exist.*aws-dev, aws-prod"):
+    with pytest.raises(
+        bundle_mod.BundleError, match=r"group_vars does not exist.*aws-dev, aws-prod"
+    ):
         bundle_mod.build("aws-staging")
     gv = tmp_path / "gv"
     gv.mkdir()
@@ -95,23 +115,42 @@ def test_bad_stacks_fail_with_what_exists(tmp_path: Path) -> None:
         bundle_mod.build("gcp-prod", group_vars=gv)
 
 
-def test_an_invalid_stack_config_fails_before_packing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_invalid_stack_config_fails_before_packing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from infra import plan
 
-    monkeypatch.setattr(plan, "load_stack_config", lambda stack: {"torchfleet:cloud": "aws",
-                                                                   "torchfleet:cuda_profile": "cu999"})
+    monkeypatch.setattr(
+        plan,
+        "load_stack_config",
+        lambda stack: {"torchfleet:cloud": "aws", "torchfleet:cuda_profile": "cu999"},
+    )
     with pytest.raises(ConfigError, match="cuda_profile"):
         bundle_mod.build("aws-prod", tmp_path)
     assert not list(tmp_path.iterdir())
 
 
 def test_make_bundle_prints_the_bundle() -> None:
-    out = subprocess.run([sys.executable, "-m", "infra.bundle", "aws-dev"], cwd=REPO,
-                         capture_output=True, text=True, check=False, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "infra.bundle", "aws-dev"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     printed = json.loads(out.stdout)
-    assert printed["sha256"] == bundle_mod.build("aws-dev").sha256 and Path(printed["path"]).exists()
-    bad = subprocess.run([sys.executable, "-m", "infra.bundle", "aws-nope"], cwd=REPO,
-                         capture_output=True, text=True, check=False, timeout=300)
+    assert (
+        printed["sha256"] == bundle_mod.build("aws-dev").sha256 and Path(printed["path"]).exists()
+    )
+    bad = subprocess.run(
+        [sys.executable, "-m", "infra.bundle", "aws-nope"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "aws-nope" in bad.stderr
     gzip.decompress(Path(printed["path"]).read_bytes())  # a whole archive

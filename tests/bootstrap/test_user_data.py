@@ -24,13 +24,19 @@ SHA = "9f" * 32
 
 def spec(cloud: str = "aws", **kw) -> BootstrapSpec:
     """The longest realistic spec: group mode with every hook and a long bucket name."""
-    base = dict(cloud=cloud, region="ap-southeast-1" if cloud == "aws" else "cn-shanghai",
-                stack=f"{cloud}-prod", bundle_bucket="torchfleet-" + cloud + "-prod-bundles-0123456789ab",
-                bundle_key=f"bundles/{cloud}-prod/{SHA}.tar.gz", bundle_sha256=SHA,
-                group_name=f"torchfleet-{cloud}-prod-{'asg' if cloud == 'aws' else 'ess'}",
-                launch_hook="torchfleet-launch", terminate_hook="torchfleet-terminate",
-                group_id="asg-bp1ffogfdauy0jw0abcd" if cloud == "alicloud" else None,
-                metrics_group_id="123456789" if cloud == "alicloud" else None)
+    base = dict(
+        cloud=cloud,
+        region="ap-southeast-1" if cloud == "aws" else "cn-shanghai",
+        stack=f"{cloud}-prod",
+        bundle_bucket="torchfleet-" + cloud + "-prod-bundles-0123456789ab",
+        bundle_key=f"bundles/{cloud}-prod/{SHA}.tar.gz",
+        bundle_sha256=SHA,
+        group_name=f"torchfleet-{cloud}-prod-{'asg' if cloud == 'aws' else 'ess'}",
+        launch_hook="torchfleet-launch",
+        terminate_hook="torchfleet-terminate",
+        group_id="asg-bp1ffogfdauy0jw0abcd" if cloud == "alicloud" else None,
+        metrics_group_id="123456789" if cloud == "alicloud" else None,
+    )
     base.update(kw)
     return BootstrapSpec(**base)
 
@@ -59,8 +65,12 @@ def test_rendered_document_is_deterministic_small_and_complete(cloud: str, mode:
     node = json.loads(written["/etc/torchfleet/node.json"]["content"])
     assert node == json.loads(json.dumps(asdict(s), default=list)), node
     assert written["/etc/torchfleet/node.json"]["permissions"] == "0600"
-    for unit in ("torchfleet-bootstrap.service", "torchfleet-lifecycle.service",
-                 "torchfleet-metrics.service", "torchfleet-metrics.timer"):
+    for unit in (
+        "torchfleet-bootstrap.service",
+        "torchfleet-lifecycle.service",
+        "torchfleet-metrics.service",
+        "torchfleet-metrics.timer",
+    ):
         source = (REPO / "infra" / "bootstrap" / "units" / unit).read_text().splitlines()
         shipped = written[f"/etc/systemd/system/{unit}"]["content"].splitlines()
         assert shipped == [line for line in source if not line.startswith("#")], unit
@@ -76,15 +86,20 @@ def test_a_new_bundle_changes_the_user_data() -> None:
 
 
 @pytest.mark.parametrize("cloud,absent", [("aws", "class Alicloud"), ("alicloud", "class Aws")])
-def test_the_node_gets_its_own_cloud_agent_stripped_and_python38_clean(tmp_path: Path, cloud: str,
-                                                                     absent: str) -> None:
+def test_the_node_gets_its_own_cloud_agent_stripped_and_python38_clean(
+    tmp_path: Path, cloud: str, absent: str
+) -> None:
     agent = agent_of(render_user_data(spec(cloud)))
     assert absent not in agent and '"""' not in agent and "\n#" not in agent
     compile(agent, "agent.py", "exec")
     path = tmp_path / "agent.py"
     path.write_text(agent)
-    check = subprocess.run([sys.executable, str(REPO / "scripts" / "check_py38.py"), str(path)],
-                           capture_output=True, text=True, check=False)
+    check = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "check_py38.py"), str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     # The stripped agent still knows every command.
     usage = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, check=False)
@@ -92,14 +107,27 @@ def test_the_node_gets_its_own_cloud_agent_stripped_and_python38_clean(tmp_path:
 
 
 def test_a_bad_spec_names_every_field_and_what_is_allowed() -> None:
-    bad = spec(cloud="gcp", mode="warm", bundle_sha256="abc", group_name=None, bundle_key="",
-               service_port=70000, endpoints={"sqs": "http://127.0.0.1:1", "s3": "ftp://x"})
+    bad = spec(
+        cloud="gcp",
+        mode="warm",
+        bundle_sha256="abc",
+        group_name=None,
+        bundle_key="",
+        service_port=70000,
+        endpoints={"sqs": "http://127.0.0.1:1", "s3": "ftp://x"},
+    )
     with pytest.raises(BootstrapError) as err:
         render_user_data(bad)
     text = str(err.value)
-    for expected in ("cloud='gcp': allowed aws, alicloud", "mode='warm': allowed cold, baked, bake",
-                     "bundle_sha256='abc'", "bundle_key is empty", "launch_hook='torchfleet-launch' "
-                     "without group_name", "service_port=70000", "endpoints['sqs']"):
+    for expected in (
+        "cloud='gcp': allowed aws, alicloud",
+        "mode='warm': allowed cold, baked, bake",
+        "bundle_sha256='abc'",
+        "bundle_key is empty",
+        "launch_hook='torchfleet-launch' without group_name",
+        "service_port=70000",
+        "endpoints['sqs']",
+    ):
         assert expected in text, text
     with pytest.raises(BootstrapError, match=r"endpoints\['s3'\]='ftp://x': allowed an http"):
         render_user_data(spec(endpoints={"s3": "ftp://x"}))
@@ -117,7 +145,18 @@ def test_instances_mode_has_no_hooks() -> None:
 def test_cloud_init_accepts_the_documents(tmp_path: Path, node_image: str) -> None:
     for cloud in ("aws", "alicloud"):
         (tmp_path / f"{cloud}.yaml").write_text(render_user_data(spec(cloud)))
-    out = podman("run", "--rm", "-v", f"{tmp_path}:/ud:ro", "--entrypoint", "/bin/sh", node_image, "-c",
-                 "cloud-init schema --config-file /ud/aws.yaml && cloud-init schema --config-file /ud/alicloud.yaml",
-                 check=False)
-    assert out.returncode == 0 and out.stdout.count("Valid cloud-config") == 2, out.stdout + out.stderr
+    out = podman(
+        "run",
+        "--rm",
+        "-v",
+        f"{tmp_path}:/ud:ro",
+        "--entrypoint",
+        "/bin/sh",
+        node_image,
+        "-c",
+        "cloud-init schema --config-file /ud/aws.yaml && cloud-init schema --config-file /ud/alicloud.yaml",
+        check=False,
+    )
+    assert out.returncode == 0 and out.stdout.count("Valid cloud-config") == 2, (
+        out.stdout + out.stderr
+    )

@@ -34,7 +34,8 @@ case "$1" in
   stack) [ "$FAKE_PULUMI_BACKEND" = 1 ] && exit 0
          echo "fake pulumi: refusing '$*'" >&2; exit 97 ;;
   up) [ "$FAKE_PULUMI_BACKEND" = 1 ] || exit 97
-      echo "error: update failed: 1 error occurred: operation error STS: GetCallerIdentity, https response error StatusCode: 403, api error InvalidClientTokenId" >&2
+      echo "error: update failed: 1 error occurred: operation error STS: GetCallerIdentity," \\
+           "https response error StatusCode: 403, api error InvalidClientTokenId" >&2
       exit 255 ;;
   *) echo "fake pulumi: refusing '$*'" >&2; exit 97 ;;
 esac
@@ -76,8 +77,11 @@ def ssh_key(bare_machine) -> tuple[Path, str]:
     """An ed25519 key pair in ~/.ssh; returns (private key, public line)."""
     key = bare_machine / ".ssh" / "id_ed25519"
     key.parent.mkdir(mode=0o700)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tester", "-f",
-                    str(key)], check=True, timeout=60)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tester", "-f", str(key)],
+        check=True,
+        timeout=60,
+    )
     return key, key.with_name("id_ed25519.pub").read_text().strip()
 
 
@@ -112,10 +116,12 @@ def stack_with(monkeypatch):
     from infra.plan import load_stack_config
 
     def patch(stack: str, **values):
-        changed = {**load_stack_config(stack),
-                   **{f"torchfleet:{k}": v for k, v in values.items()}}
-        monkeypatch.setattr(preflight, "load_stack_config", lambda name, path=None: (
-            changed if name == stack else load_stack_config(name, path)))
+        changed = {**load_stack_config(stack), **{f"torchfleet:{k}": v for k, v in values.items()}}
+        monkeypatch.setattr(
+            preflight,
+            "load_stack_config",
+            lambda name, path=None: changed if name == stack else load_stack_config(name, path),
+        )
 
     return patch
 
@@ -161,21 +167,39 @@ def aws_group(monkeypatch, aws_prod_outputs):
         ec2 = boto3.client("ec2", region_name=region)
         elb = boto3.client("elbv2", region_name=region)
         subnets = [s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]][:2]
-        lb = elb.create_load_balancer(Name="fleet-alb", Subnets=subnets,
-                                      Scheme="internal")["LoadBalancers"][0]
+        lb = elb.create_load_balancer(Name="fleet-alb", Subnets=subnets, Scheme="internal")[
+            "LoadBalancers"
+        ][0]
         tg = elb.create_target_group(
-            Name="fleet-tg", Protocol="HTTP", Port=8080, HealthCheckPath="/readyz",
-            VpcId=ec2.describe_vpcs()["Vpcs"][0]["VpcId"])["TargetGroups"][0]
-        elb.create_listener(LoadBalancerArn=lb["LoadBalancerArn"], Protocol="HTTP", Port=80,
-                            DefaultActions=[{"Type": "forward",
-                                             "TargetGroupArn": tg["TargetGroupArn"]}])
-        ec2.create_launch_template(LaunchTemplateName="fleet-lt", LaunchTemplateData={
-            "ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"})
+            Name="fleet-tg",
+            Protocol="HTTP",
+            Port=8080,
+            HealthCheckPath="/readyz",
+            VpcId=ec2.describe_vpcs()["Vpcs"][0]["VpcId"],
+        )["TargetGroups"][0]
+        elb.create_listener(
+            LoadBalancerArn=lb["LoadBalancerArn"],
+            Protocol="HTTP",
+            Port=80,
+            DefaultActions=[{"Type": "forward", "TargetGroupArn": tg["TargetGroupArn"]}],
+        )
+        ec2.create_launch_template(
+            LaunchTemplateName="fleet-lt",
+            LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"},
+        )
         boto3.client("autoscaling", region_name=region).create_auto_scaling_group(
-            AutoScalingGroupName="fleet-asg", MinSize=2, MaxSize=8, DesiredCapacity=2,
-            VPCZoneIdentifier=",".join(subnets), LaunchTemplate={"LaunchTemplateName": "fleet-lt"},
+            AutoScalingGroupName="fleet-asg",
+            MinSize=2,
+            MaxSize=8,
+            DesiredCapacity=2,
+            VPCZoneIdentifier=",".join(subnets),
+            LaunchTemplate={"LaunchTemplateName": "fleet-lt"},
             TargetGroupARNs=[tg["TargetGroupArn"]],
-            Tags=[{"Key": k.removeprefix("tag:"), "Value": v, "PropagateAtLaunch": True}
-                  for k, v in filters.items() if k.startswith("tag:")])
+            Tags=[
+                {"Key": k.removeprefix("tag:"), "Value": v, "PropagateAtLaunch": True}
+                for k, v in filters.items()
+                if k.startswith("tag:")
+            ],
+        )
         outputs["endpoint"] = f"http://{lb['DNSName']}/"
         yield outputs, ec2

@@ -30,19 +30,39 @@ CAPACITY_ERROR = (
     "creating EC2 Instance: operation error EC2: RunInstances, https response error StatusCode: "
     "500, RequestID: 3b0c6f3e-8c1e-4f7a-9d51-0d8e2a7c6b10, api error InsufficientInstanceCapacity: "
     "We currently do not have sufficient g6.xlarge capacity in the Availability Zone you requested "
-    "(eu-central-1a). Our system will be working on provisioning additional capacity.")
+    "(eu-central-1a). Our system will be working on provisioning additional capacity."
+)
 
 
 def _state(r, outputs=None):
-    return {"type": r.type, "urn": r.urn, "id": "" if outputs is None else f"{r.name}-id",
-            "parent": r.parent, "provider": "", "custom": r.custom, "delete": False,
-            "protect": False, "inputs": r.inputs, "outputs": outputs or {}}
+    return {
+        "type": r.type,
+        "urn": r.urn,
+        "id": "" if outputs is None else f"{r.name}-id",
+        "parent": r.parent,
+        "provider": "",
+        "custom": r.custom,
+        "delete": False,
+        "protect": False,
+        "inputs": r.inputs,
+        "outputs": outputs or {},
+    }
 
 
 def record(fail_at: str | None = None) -> tuple[list[dict], dict]:
     run = run_offline(STACK, load_stack_config(STACK))
-    events: list[dict] = [{"sequence": 0, "timestamp": T0, "preludeEvent": {"config": {
-        k: (v if isinstance(v, str) else json.dumps(v)) for k, v in load_stack_config(STACK).items()}}}]
+    events: list[dict] = [
+        {
+            "sequence": 0,
+            "timestamp": T0,
+            "preludeEvent": {
+                "config": {
+                    k: (v if isinstance(v, str) else json.dumps(v))
+                    for k, v in load_stack_config(STACK).items()
+                }
+            },
+        }
+    ]
     created = 0
 
     def add(kind: str, body: dict) -> None:
@@ -52,22 +72,54 @@ def record(fail_at: str | None = None) -> tuple[list[dict], dict]:
         meta = {"op": "create", "urn": r.urn, "type": r.type, "provider": "", "new": _state(r)}
         add("resourcePreEvent", {"metadata": meta})
         if fail_at and r.type == fail_at:
-            add("diagnosticEvent", {"urn": r.urn, "prefix": "error: ", "message":
-                                    CAPACITY_ERROR + "\n", "color": "never", "severity": "error"})
+            add(
+                "diagnosticEvent",
+                {
+                    "urn": r.urn,
+                    "prefix": "error: ",
+                    "message": CAPACITY_ERROR + "\n",
+                    "color": "never",
+                    "severity": "error",
+                },
+            )
             add("resOpFailedEvent", {"metadata": meta, "status": 1, "steps": 1})
-            add("diagnosticEvent", {"prefix": "error: ", "message": "update failed\n",
-                                    "color": "never", "severity": "error"})
+            add(
+                "diagnosticEvent",
+                {
+                    "prefix": "error: ",
+                    "message": "update failed\n",
+                    "color": "never",
+                    "severity": "error",
+                },
+            )
             break
         if r.type != "pulumi:pulumi:Stack":
             add("resOutputsEvent", {"metadata": {**meta, "new": _state(r, r.inputs)}})
             created += 1
     else:
         stack = next(r for r in run.resources if r.type == "pulumi:pulumi:Stack")
-        add("resOutputsEvent", {"metadata": {"op": "create", "urn": stack.urn, "type": stack.type,
-                                             "provider": "", "new": _state(stack, run.outputs)}})
+        add(
+            "resOutputsEvent",
+            {
+                "metadata": {
+                    "op": "create",
+                    "urn": stack.urn,
+                    "type": stack.type,
+                    "provider": "",
+                    "new": _state(stack, run.outputs),
+                }
+            },
+        )
         created += 1
-    add("summaryEvent", {"maybeCorrupt": False, "durationSeconds": 94,
-                         "resourceChanges": {"create": created}, "PolicyPacks": {}})
+    add(
+        "summaryEvent",
+        {
+            "maybeCorrupt": False,
+            "durationSeconds": 94,
+            "resourceChanges": {"create": created},
+            "PolicyPacks": {},
+        },
+    )
     return events, run.outputs
 
 
@@ -75,8 +127,9 @@ def main() -> int:
     FIXTURES.mkdir(exist_ok=True)
     events, outputs = record()
     (FIXTURES / f"{STACK}.up.events.json").write_text(json.dumps(events, indent=1) + "\n")
-    (FIXTURES / f"{STACK}.up.outputs.json").write_text(json.dumps(
-        {k: {"value": v, "secret": False} for k, v in outputs.items()}, indent=1) + "\n")
+    (FIXTURES / f"{STACK}.up.outputs.json").write_text(
+        json.dumps({k: {"value": v, "secret": False} for k, v in outputs.items()}, indent=1) + "\n"
+    )
     failed, _ = record(fail_at="aws:ec2/instance:Instance")
     (FIXTURES / f"{STACK}.up-failed.events.json").write_text(json.dumps(failed, indent=1) + "\n")
     print(f"wrote {len(events)} + {len(failed)} events and {len(outputs)} outputs to {FIXTURES}")

@@ -14,14 +14,23 @@ from infra.deploy import converge, progress
 from infra.deploy.progress import Console
 from infra.deploy.stage import StageError
 
-PLAY = [{
-    "name": "A small play", "hosts": "gpu_nodes", "gather_facts": False, "tasks": [
-        {"name": "Say hello", "ansible.builtin.debug": {"msg": "hello"}},
-        {"name": "Change something", "ansible.builtin.command": "true", "changed_when": True},
-        {"name": "Fail on beta only", "ansible.builtin.command": "sh -c 'echo broken >&2; exit 3'",
-         "when": "inventory_hostname == 'beta'"},
-        {"name": "Run after the failure", "ansible.builtin.debug": {"msg": "still here"}},
-    ]}]
+PLAY = [
+    {
+        "name": "A small play",
+        "hosts": "gpu_nodes",
+        "gather_facts": False,
+        "tasks": [
+            {"name": "Say hello", "ansible.builtin.debug": {"msg": "hello"}},
+            {"name": "Change something", "ansible.builtin.command": "true", "changed_when": True},
+            {
+                "name": "Fail on beta only",
+                "ansible.builtin.command": "sh -c 'echo broken >&2; exit 3'",
+                "when": "inventory_hostname == 'beta'",
+            },
+            {"name": "Run after the failure", "ansible.builtin.debug": {"msg": "still here"}},
+        ],
+    }
+]
 
 
 @pytest.fixture
@@ -29,8 +38,11 @@ def inventory_dir(tmp_path):
     folder = tmp_path / "inventory"
     folder.mkdir()
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    (folder / "hosts.yml").write_text(yaml.safe_dump(
-        {"all": {"children": {"gpu_nodes": {"hosts": {"alpha": local, "beta": local}}}}}))
+    (folder / "hosts.yml").write_text(
+        yaml.safe_dump(
+            {"all": {"children": {"gpu_nodes": {"hosts": {"alpha": local, "beta": local}}}}}
+        )
+    )
     return folder
 
 
@@ -49,15 +61,19 @@ def test_hostvars_resolves_the_inventory_as_ansible_does(inventory_dir):
     assert hosts["alpha"]["ansible_port"] == 2222 and hosts["beta"]["ansible_connection"] == "local"
 
 
-def test_a_failing_task_is_named_with_its_host_and_message(inventory_dir, playbook, tmp_path,
-                                                           console, text, monkeypatch):
+def test_a_failing_task_is_named_with_its_host_and_message(
+    inventory_dir, playbook, tmp_path, console, text, monkeypatch
+):
     monkeypatch.setattr(progress, "SLOW_TASK_S", 0.0)  # a line for every finished task
     with pytest.raises(StageError) as info:
-        converge.run_playbook(playbook, inventory_dir, tmp_path / "run", console,
-                              ["alpha", "beta"])
+        converge.run_playbook(playbook, inventory_dir, tmp_path / "run", console, ["alpha", "beta"])
     err = info.value
-    assert (err.stage, err.host, err.task, err.exit_code) == ("converge", "beta",
-                                                              "Fail on beta only", 6)
+    assert (err.stage, err.host, err.task, err.exit_code) == (
+        "converge",
+        "beta",
+        "Fail on beta only",
+        6,
+    )
     assert "non-zero return code" in err.message
     assert any("broken" in d for d in err.details)  # the task's stderr
     artifacts = tmp_path / "run" / "ansible" / "artifacts" / "small"
@@ -71,14 +87,14 @@ def test_a_failing_task_is_named_with_its_host_and_message(inventory_dir, playbo
     assert "TASK [" not in shown  # no wall of Ansible output without -v
 
 
-def test_success_returns_the_recap_and_verbose_shows_ansibles_output(inventory_dir, tmp_path,
-                                                                     text):
+def test_success_returns_the_recap_and_verbose_shows_ansibles_output(inventory_dir, tmp_path, text):
     play = [{**PLAY[0], "tasks": PLAY[0]["tasks"][:2]}]
     path = tmp_path / "ok.yml"
     path.write_text(yaml.safe_dump(play, sort_keys=False))
     loud = Console(io.StringIO(), verbose=True, live=False)
-    result = converge.run_playbook(str(path), inventory_dir, tmp_path / "run", loud,
-                                   ["alpha", "beta"])
+    result = converge.run_playbook(
+        str(path), inventory_dir, tmp_path / "run", loud, ["alpha", "beta"]
+    )
     assert result.stats["alpha"]["changed"] == 1 and result.changed() == 2
     assert "TASK [Change something]" in text(loud)
 

@@ -49,8 +49,9 @@ def delete_events(recorded):
     return out
 
 
-def test_down_destroys_and_removes_the_stale_inventory(fake_pulumi, aws_keys, trap_dirs,
-                                                       recorded, monkeypatch, capsys):
+def test_down_destroys_and_removes_the_stale_inventory(
+    fake_pulumi, aws_keys, trap_dirs, recorded, monkeypatch, capsys
+):
     stack = Recorded(delete_events(recorded))
     monkeypatch.setattr(automation, "open_stack", lambda name: stack)
     inv = recorded("aws-dev.up.outputs.json")["inventory"]["value"]
@@ -71,7 +72,8 @@ def test_down_of_prod_goes_ahead_with_yes(fake_pulumi, aws_keys, trap_dirs, monk
 
 
 def test_status_reports_each_node_and_exits_7_when_one_is_not_ready(
-        fake_pulumi, ssh_key, stack_with, trap_dirs, recorded, monkeypatch, capsys):
+    fake_pulumi, ssh_key, stack_with, trap_dirs, recorded, monkeypatch, capsys
+):
     stack_with("aws-dev", ssh_public_key=ssh_key[1])
     stack = Recorded(outputs=recorded("aws-dev.up.outputs.json"))
     monkeypatch.setattr(automation, "open_stack", lambda name: stack)
@@ -86,14 +88,16 @@ def test_status_reports_each_node_and_exits_7_when_one_is_not_ready(
     out = capsys.readouterr().out
     assert stack.calls == ["outputs"]
     host = recorded("aws-dev.up.outputs.json")["inventory"]["value"]["all"]["children"][
-        "gpu_nodes"]["hosts"]["aws-dev-gpu-0"]
+        "gpu_nodes"
+    ]["hosts"]["aws-dev-gpu-0"]
     assert seen == [("aws-dev-gpu-0", host["ansible_host"], "ubuntu", str(ssh_key[0]), 8080)]
     assert "NOT ready (/readyz 503)" in out
     assert "cost now" in out and "ttl" in out
 
 
 def test_group_mode_waits_for_the_healthy_count_then_predicts_through_the_load_balancer(
-        aws_group, tmp_path, monkeypatch):
+    aws_group, tmp_path, monkeypatch
+):
     """aws-prod's outputs, its endpoint a mocked internal ALB with two healthy nodes: no
     converge from here, readiness from the target health, then the smoke prediction, which from
     outside the VPC cannot reach the load balancer and says so."""
@@ -107,11 +111,19 @@ def test_group_mode_waits_for_the_healthy_count_then_predicts_through_the_load_b
     monkeypatch.setattr(smoke, "http_request", unreachable)
     monkeypatch.setattr(pipeline, "GROUP_READY_TIMEOUT_S", 5.0)
     console = Console(io.StringIO(), live=False)
-    cfg = stack_config.load(stack_config.raw_from_pulumi_config(load_stack_config("aws-prod")),
-                            "aws-prod")
+    cfg = stack_config.load(
+        stack_config.raw_from_pulumi_config(load_stack_config("aws-prod")), "aws-prod"
+    )
     with pytest.raises(StageError) as info:
-        pipeline.node_stages("aws-prod", outputs, cfg, pipeline.Steps(console, 4), console,
-                             tmp_path, pipeline.NodeOptions(inventory_root=tmp_path / "inv"))
+        pipeline.node_stages(
+            "aws-prod",
+            outputs,
+            cfg,
+            pipeline.Steps(console, 4),
+            console,
+            tmp_path,
+            pipeline.NodeOptions(inventory_root=tmp_path / "inv"),
+        )
     shown = console.stream.getvalue()
     assert "no hosts (group mode: the nodes are found by tag)" in shown
     assert "each node converges itself" in shown

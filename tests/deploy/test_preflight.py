@@ -44,10 +44,12 @@ def test_up_on_a_bare_machine_names_every_missing_piece(bare_machine, trap, caps
     out = flat(capsys.readouterr().out)
     assert rc == 3
     assert "ok stack config" in out and "g6.xlarge (L4, spot)" in out
-    for missing, fix in (("AWS credentials", "export AWS_PROFILE=NAME"),
-                         ("pulumi CLI", "install the Pulumi CLI"),
-                         ("pulumi backend", "pulumi login"),
-                         ("ssh key", "pulumi config set -s aws-dev torchfleet:ssh_public_key")):
+    for missing, fix in (
+        ("AWS credentials", "export AWS_PROFILE=NAME"),
+        ("pulumi CLI", "install the Pulumi CLI"),
+        ("pulumi backend", "pulumi login"),
+        ("ssh key", "pulumi config set -s aws-dev torchfleet:ssh_public_key"),
+    ):
         assert f"MISSING {missing}" in out
         assert fix in out
     assert "FAILED at stage preflight" in out and "nothing was created" in out
@@ -64,7 +66,8 @@ def test_alicloud_stack_asks_for_alibaba_credentials(bare_machine, trap, capsys)
 
 
 def test_with_a_pulumi_cli_but_no_credentials_only_version_and_whoami_run(
-        fake_pulumi, ssh_key, trap, stack_with, capsys):
+    fake_pulumi, ssh_key, trap, stack_with, capsys
+):
     stack_with("aws-dev", ssh_public_key=ssh_key[1])
     assert cli.main(["up", "aws-dev"]) == 3
     out = flat(capsys.readouterr().out)
@@ -77,9 +80,11 @@ def test_with_a_pulumi_cli_but_no_credentials_only_version_and_whoami_run(
 
 
 def test_bad_config_fails_in_one_pass_before_anything_is_created(
-        fake_pulumi, ssh_key, trap, stack_with, aws_keys, capsys):
-    stack_with("aws-dev", ssh_public_key=ssh_key[1], cuda_profile="cu116",
-               admin_cidrs=["0.0.0.0/0"])
+    fake_pulumi, ssh_key, trap, stack_with, aws_keys, capsys
+):
+    stack_with(
+        "aws-dev", ssh_public_key=ssh_key[1], cuda_profile="cu116", admin_cidrs=["0.0.0.0/0"]
+    )
     assert cli.main(["up", "aws-dev"]) == 3
     out = flat(capsys.readouterr().out)
     assert "MISSING stack config" in out
@@ -91,7 +96,8 @@ def test_bad_config_fails_in_one_pass_before_anything_is_created(
 
 
 def test_a_complete_preflight_hands_over_to_the_automation_api(
-        fake_pulumi, ssh_key, trap, stack_with, aws_keys, capsys):
+    fake_pulumi, ssh_key, trap, stack_with, aws_keys, capsys
+):
     stack_with("aws-dev", ssh_public_key=ssh_key[1])
     rc = cli.main(["up", "aws-dev"])
     out = flat(capsys.readouterr().out)
@@ -113,11 +119,13 @@ def test_down_refuses_a_prod_stack_without_yes(fake_pulumi, trap, aws_keys, caps
 
 
 def test_aws_chain_reads_a_profile_from_the_shared_files_without_any_network(
-        bare_machine, monkeypatch):
+    bare_machine, monkeypatch
+):
     aws = bare_machine / ".aws"
     aws.mkdir()
-    (aws / "credentials").write_text("[ml]\naws_access_key_id = AKIAEXAMPLE\n"
-                                     "aws_secret_access_key = secret\n")
+    (aws / "credentials").write_text(
+        "[ml]\naws_access_key_id = AKIAEXAMPLE\naws_secret_access_key = secret\n"
+    )
     monkeypatch.setenv("AWS_PROFILE", "ml")
 
     def no_network(*args, **kwargs):
@@ -140,11 +148,25 @@ def test_aws_chain_names_a_profile_that_does_not_exist(bare_machine, monkeypatch
 def test_alicloud_needs_both_keys_or_a_named_profile(bare_machine, monkeypatch):
     home = bare_machine
     assert not preflight.check_alicloud({"ALICLOUD_ACCESS_KEY": "x"}, home).ok
-    assert preflight.check_alicloud({"ALICLOUD_ACCESS_KEY": "x", "ALICLOUD_SECRET_KEY": "y"},
-                                    home).ok
+    assert preflight.check_alicloud(
+        {"ALICLOUD_ACCESS_KEY": "x", "ALICLOUD_SECRET_KEY": "y"}, home
+    ).ok
     (home / ".aliyun").mkdir()
-    (home / ".aliyun" / "config.json").write_text(json.dumps({"current": "default", "profiles": [
-        {"name": "default", "mode": "AK", "access_key_id": "id", "access_key_secret": "s"}]}))
+    (home / ".aliyun" / "config.json").write_text(
+        json.dumps(
+            {
+                "current": "default",
+                "profiles": [
+                    {
+                        "name": "default",
+                        "mode": "AK",
+                        "access_key_id": "id",
+                        "access_key_secret": "s",
+                    }
+                ],
+            }
+        )
+    )
     unnamed = preflight.check_alicloud({}, home)
     assert not unnamed.ok and "export ALICLOUD_PROFILE=default" in unnamed.fix
     assert preflight.check_alicloud({"ALICLOUD_PROFILE": "default"}, home).ok
@@ -156,12 +178,14 @@ def test_self_managed_backend_needs_a_passphrase(bare_machine, tmp_path):
     stack_file = tmp_path / "Pulumi.aws-dev.yaml"
     stack_file.write_text(yaml.safe_dump({"config": {}}))
     env = {"PULUMI_BACKEND_URL": "s3://state-bucket"}
-    checks = preflight.check_backend("aws-dev", env, bare_machine, cli_ok=False,
-                                     stack_file=stack_file)
+    checks = preflight.check_backend(
+        "aws-dev", env, bare_machine, cli_ok=False, stack_file=stack_file
+    )
     assert [c.name for c in checks if not c.ok] == ["secrets passphrase"]
     env["PULUMI_CONFIG_PASSPHRASE"] = "x"
-    assert all(c.ok for c in preflight.check_backend("aws-dev", env, bare_machine, False,
-                                                     stack_file))
+    assert all(
+        c.ok for c in preflight.check_backend("aws-dev", env, bare_machine, False, stack_file)
+    )
 
 
 def test_ssh_key_must_be_the_stacks_key(ssh_key, stack_with):

@@ -36,16 +36,21 @@ class RecordedStack:
         on_output("Updating (aws-dev)\n")
         if self.error:
             raise self.error
-        return auto.UpResult(stdout="", stderr="", summary=None, outputs={
-            k: OutputValue(v["value"], v["secret"]) for k, v in self.outputs_.items()})
+        return auto.UpResult(
+            stdout="",
+            stderr="",
+            summary=None,
+            outputs={k: OutputValue(v["value"], v["secret"]) for k, v in self.outputs_.items()},
+        )
 
     def destroy(self, on_event=None, on_output=None, **kwargs):
         self.calls.append("destroy")
         return None
 
 
-def test_recorded_up_becomes_outputs_and_a_stack_shaped_inventory(recorded, console, text,
-                                                                   tmp_path):
+def test_recorded_up_becomes_outputs_and_a_stack_shaped_inventory(
+    recorded, console, text, tmp_path
+):
     events = recorded("aws-dev.up.events.json")
     stack = RecordedStack(events, recorded("aws-dev.up.outputs.json"))
     out = automation.up("aws-dev", console, opener=lambda name: stack)
@@ -73,8 +78,10 @@ def test_recorded_up_becomes_outputs_and_a_stack_shaped_inventory(recorded, cons
 
 
 def test_recorded_failure_names_the_resource_and_the_providers_error(recorded, console, text):
-    failed = RecordedStack(recorded("aws-dev.up-failed.events.json"), error=auto.CommandError(
-        CommandResult(stdout="", stderr="error: update failed", code=255)))
+    failed = RecordedStack(
+        recorded("aws-dev.up-failed.events.json"),
+        error=auto.CommandError(CommandResult(stdout="", stderr="error: update failed", code=255)),
+    )
     with pytest.raises(StageError) as info:
         automation.up("aws-dev", console, opener=lambda name: failed)
     err = info.value
@@ -91,9 +98,16 @@ def test_recorded_failure_names_the_resource_and_the_providers_error(recorded, c
 
 
 def test_a_concurrent_update_says_how_to_recover(console):
-    busy = RecordedStack([], error=auto.ConcurrentUpdateError(
-        CommandResult(stdout="", stderr="error: [409] Conflict: Another update is currently in "
-                      "progress.", code=255)))
+    busy = RecordedStack(
+        [],
+        error=auto.ConcurrentUpdateError(
+            CommandResult(
+                stdout="",
+                stderr="error: [409] Conflict: Another update is currently in progress.",
+                code=255,
+            )
+        ),
+    )
     with pytest.raises(StageError) as info:
         automation.up("aws-dev", console, opener=lambda name: busy)
     assert "in progress" in info.value.message and "pulumi cancel -s aws-dev" in info.value.fix
@@ -117,8 +131,17 @@ def test_inventory_write_is_atomic(tmp_path, recorded, monkeypatch):
     inv = recorded("aws-dev.up.outputs.json")["inventory"]["value"]
     path = inventory.write("aws-dev", inv, tmp_path)
     before = path.read_text()
-    changed = {"all": {"children": {"gpu_nodes": {"hosts": {"other": {
-        **inv["all"]["children"]["gpu_nodes"]["hosts"]["aws-dev-gpu-0"]}}}}}}
+    changed = {
+        "all": {
+            "children": {
+                "gpu_nodes": {
+                    "hosts": {
+                        "other": {**inv["all"]["children"]["gpu_nodes"]["hosts"]["aws-dev-gpu-0"]}
+                    }
+                }
+            }
+        }
+    }
 
     def crash(src, dst):
         raise OSError("disk full")
@@ -133,13 +156,16 @@ def test_inventory_write_is_atomic(tmp_path, recorded, monkeypatch):
 def test_outputs_that_are_not_an_inventory_stop_the_inventory_stage():
     with pytest.raises(inventory.InventoryError, match="no `inventory`"):
         inventory.inventory_of({"endpoint": "http://x"})
-    bad = {"inventory": {"all": {"children": {"gpu_nodes": {"hosts": {"n": {"ansible_host": "a"}}}}}}}
+    bad = {
+        "inventory": {"all": {"children": {"gpu_nodes": {"hosts": {"n": {"ansible_host": "a"}}}}}}
+    }
     with pytest.raises(inventory.InventoryError, match="host n lacks torchfleet_cloud"):
         inventory.inventory_of(bad)
 
 
 def test_up_turns_recorded_events_into_the_inventory_the_converge_stage_reads(
-        fake_pulumi, ssh_key, aws_keys, stack_with, trap_dirs, recorded, monkeypatch, capsys):
+    fake_pulumi, ssh_key, aws_keys, stack_with, trap_dirs, recorded, monkeypatch, capsys
+):
     """`torchfleet up aws-dev` end to end up to the converge stage: preflight passes, the
     provision stage replays the recording, the inventory stage writes stack.yml, and the converge
     stage receives exactly that inventory (then stops: there is no node behind 203.0.113.x)."""
@@ -153,8 +179,12 @@ def test_up_turns_recorded_events_into_the_inventory_the_converge_stage_reads(
 
     def converge_stops_here(inventory_dir):
         seen["inventory"] = yaml.safe_load((inventory_dir / "stack.yml").read_text())
-        raise StageError("converge", "stopped by the test", host="aws-dev-gpu-0",
-                         task="site.yml: Gathering Facts")
+        raise StageError(
+            "converge",
+            "stopped by the test",
+            host="aws-dev-gpu-0",
+            task="site.yml: Gathering Facts",
+        )
 
     monkeypatch.setattr(converge, "hostvars", converge_stops_here)
     rc = cli.main(["up", "aws-dev"])
@@ -175,8 +205,9 @@ def calls_of(log):
     return log.read_text().splitlines()
 
 
-def test_the_automation_api_drives_the_cli_on_this_repositorys_project(fake_pulumi, console,
-                                                                       monkeypatch):
+def test_the_automation_api_drives_the_cli_on_this_repositorys_project(
+    fake_pulumi, console, monkeypatch
+):
     """The real Automation API (no recording): it selects the stack and runs `pulumi up` with the
     repository root as the project; the CLI's refusal becomes a provision-stage error."""
     monkeypatch.setenv("FAKE_PULUMI_BACKEND", "1")
@@ -189,5 +220,4 @@ def test_the_automation_api_drives_the_cli_on_this_repositorys_project(fake_pulu
     assert ran[:2] == ["version", "--non-interactive stack select --stack aws-dev"]
     assert ran[2].startswith("--non-interactive up --yes --skip-preview")
     assert ran[2].endswith("--stack aws-dev") and "--event-log tcp://127.0.0.1:" in ran[2]
-    assert (fake_pulumi.parent / (fake_pulumi.name + ".cwd")).read_text().strip() == str(
-        REPO_ROOT)
+    assert (fake_pulumi.parent / (fake_pulumi.name + ".cwd")).read_text().strip() == str(REPO_ROOT)

@@ -23,8 +23,10 @@ from infra.plan import load_stack_config
 @pytest.fixture
 def runtime():
     torch.manual_seed(0)
-    rt = Service(Config(port=0, spot_watch="off", input_shape=(4,), max_delay_ms=2.0,
-                        log_level="warning"), module=torch.nn.Linear(4, 3).eval())
+    rt = Service(
+        Config(port=0, spot_watch="off", input_shape=(4,), max_delay_ms=2.0, log_level="warning"),
+        module=torch.nn.Linear(4, 3).eval(),
+    )
     rt.start()
     yield f"http://127.0.0.1:{rt.port}"
     rt.close()
@@ -34,7 +36,8 @@ def test_smoke_builds_its_body_from_the_nodes_model_card(runtime):
     result = smoke.predict(runtime, "http://10.42.0.90:8080", "ssh tunnel through n0")
     assert result.status == 200 and (result.outputs, result.output_size) == (1, 3)
     assert result.describe().startswith(
-        "POST http://10.42.0.90:8080/v1/predict (ssh tunnel through n0) -> 200 in")
+        "POST http://10.42.0.90:8080/v1/predict (ssh tunnel through n0) -> 200 in"
+    )
 
 
 def test_look_reports_ready_and_the_batch_cap(runtime):
@@ -81,6 +84,7 @@ def test_a_warming_node_is_not_ready_and_fails_the_smoke_stage(warming):
 
 # -- group mode (AWS) -------------------------------------------------------------------------
 
+
 def test_group_is_ready_when_healthy_targets_reach_desired(aws_group, console, text):
     outputs, _ = aws_group
     health = readiness.wait_group("aws-prod", "aws", outputs, console, timeout_s=5, poll_s=0.1)
@@ -107,21 +111,31 @@ def test_group_on_alicloud_says_it_is_not_read(console, text):
 
 
 def aws_dev():
-    return stack_config.load(stack_config.raw_from_pulumi_config(load_stack_config("aws-dev")),
-                             "aws-dev")
+    return stack_config.load(
+        stack_config.raw_from_pulumi_config(load_stack_config("aws-dev")), "aws-dev"
+    )
 
 
-@pytest.mark.parametrize(("utc", "running"), [
-    ("2026-03-02T10:17:00Z", True),    # Monday 11:17 in Berlin
-    ("2026-03-02T18:30:00Z", False),   # Monday 19:30 in Berlin, after the stop
-    ("2026-03-07T10:00:00Z", False),   # Saturday
-])
+@pytest.mark.parametrize(
+    ("utc", "running"),
+    [
+        ("2026-03-02T10:17:00Z", True),  # Monday 11:17 in Berlin
+        ("2026-03-02T18:30:00Z", False),  # Monday 19:30 in Berlin, after the stop
+        ("2026-03-07T10:00:00Z", False),  # Saturday
+    ],
+)
 def test_cost_now_follows_the_working_hours(utc, running):
     cfg = aws_dev()
     now = datetime.fromisoformat(utc.replace("Z", "+00:00"))
     assert summary.in_working_hours(cfg.schedule, now) is running
-    cost = {"nodes": 1, "on_demand_nodes": 0, "spot_nodes": 1, "on_demand_usd_per_hour": 0.8048,
-            "spot_cap_usd_per_hour": 0.7243, "spot_typical_usd_per_hour": 0.3622}
+    cost = {
+        "nodes": 1,
+        "on_demand_nodes": 0,
+        "spot_nodes": 1,
+        "on_demand_usd_per_hour": 0.8048,
+        "spot_cap_usd_per_hour": 0.7243,
+        "spot_typical_usd_per_hour": 0.3622,
+    }
     line = summary.cost_now(cost, cfg, now)
     assert line.startswith("$0.362/h typical, at most $0.724/h" if running else "$0.000/h")
 

@@ -34,8 +34,9 @@ def test_demo_converges_a_container_node_and_predicts_through_the_endpoint():
         inventories = demo.state_dir(prefix) / "inventories"
         inventory = yaml.safe_load((inventories / "aws-dev" / "stack.yml").read_text())
         # `torchfleet status`'s look at the nodes, on the same converged node
-        status = pipeline.status_of("aws-dev", result.summary.outputs, result.summary.cfg,
-                                    inventories, None)
+        status = pipeline.status_of(
+            "aws-dev", result.summary.outputs, result.summary.cfg, inventories, None
+        )
     finally:
         print(out.getvalue())  # the demo's own progress, in the log of a failing run
         console.close()
@@ -43,9 +44,11 @@ def test_demo_converges_a_container_node_and_predicts_through_the_endpoint():
 
     (node,) = result.nodes
     summary = "\n".join(result.summary.lines())
-    assert re.search(rf"prediction  POST http://{re.escape(node.ip)}:8080/v1/predict \(ssh tunnel "
-                     r"through aws-dev-gpu-0\) -> 200 in \d+ ms: 1 output\(s\) of 10 value\(s\)",
-                     summary), summary
+    assert re.search(
+        rf"prediction  POST http://{re.escape(node.ip)}:8080/v1/predict \(ssh tunnel "
+        r"through aws-dev-gpu-0\) -> 200 in \d+ ms: 1 output\(s\) of 10 value\(s\)",
+        summary,
+    ), summary
     assert re.search(r"nodes +aws-dev-gpu-0 +127\.0\.0\.1 +ready, batch cap \d+", summary), summary
     assert result.prediction_codes == [200, 200]  # JSON and binary on the published port
     assert "site.yml: changed=" in out.getvalue() and "verify.yml" in out.getvalue()

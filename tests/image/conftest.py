@@ -38,37 +38,62 @@ def podman_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def podman(podman_env: dict[str, str]) -> Callable[..., subprocess.CompletedProcess[str]]:
-    def run(*args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(["podman", *args], env=podman_env, capture_output=True, text=True,
-                                timeout=timeout)
+    def run(
+        *args: str, timeout: float = 120, check: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            ["podman", *args], env=podman_env, capture_output=True, text=True, timeout=timeout
+        )
         if check and result.returncode != 0:
-            pytest.fail(f"podman {' '.join(args)}: exit {result.returncode}\n{result.stderr[-3000:]}")
+            pytest.fail(
+                f"podman {' '.join(args)}: exit {result.returncode}\n{result.stderr[-3000:]}"
+            )
         return result
 
     return run
 
 
 @pytest.fixture(scope="session")
-def build_image(podman_env: dict[str, str], podman: Callable[..., Any]) -> Iterator[Callable[..., dict[str, Any]]]:
+def build_image(
+    podman_env: dict[str, str], podman: Callable[..., Any]
+) -> Iterator[Callable[..., dict[str, Any]]]:
     """build_image(suite, abi, *extra_args) -> the build script's JSON (image, size, build_s):
     the image built from runtime/Containerfile on localhost/torchfleet-<suite>, torch from
     .cache/wheelhouse-<abi>, the host's extra CA certificates passed in. Removed at the end."""
     made: list[str] = []
 
     def build(suite: str, abi: str, *extra: str) -> dict[str, Any]:
-        for cmd, timeout in ((["bash", "scripts/build_image.sh", suite], 900),
-                             (["bash", "tests/roles/prepare_wheelhouse.sh", abi], 1800)):
-            done = subprocess.run(cmd, cwd=REPO, env=podman_env, capture_output=True, text=True, timeout=timeout)
-            assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{(done.stdout + done.stderr)[-3000:]}"
+        for cmd, timeout in (
+            (["bash", "scripts/build_image.sh", suite], 900),
+            (["bash", "tests/roles/prepare_wheelhouse.sh", abi], 1800),
+        ):
+            done = subprocess.run(
+                cmd, cwd=REPO, env=podman_env, capture_output=True, text=True, timeout=timeout
+            )
+            assert done.returncode == 0, (
+                f"{' '.join(cmd)} failed:\n{(done.stdout + done.stderr)[-3000:]}"
+            )
         tag = f"localhost/{unique_name(suite)}:latest"
         made.append(tag)
-        cmd = [sys.executable, "scripts/build_runtime_image.py", "--engine", "podman",
-               "--base", f"localhost/torchfleet-{suite}:latest", "--wheelhouse", f".cache/wheelhouse-{abi}",
-               "--tag", tag, *extra]
+        cmd = [
+            sys.executable,
+            "scripts/build_runtime_image.py",
+            "--engine",
+            "podman",
+            "--base",
+            f"localhost/torchfleet-{suite}:latest",
+            "--wheelhouse",
+            f".cache/wheelhouse-{abi}",
+            "--tag",
+            tag,
+            *extra,
+        ]
         certs = sorted(Path("/usr/local/share/ca-certificates").glob("*.crt"))
         if certs:  # this network inspects TLS (DESIGN.md); the build's extra-CA path is exercised
             cmd += ["--extra-ca-certs", *map(str, certs)]
-        done = subprocess.run(cmd, cwd=REPO, env=podman_env, capture_output=True, text=True, timeout=1800)
+        done = subprocess.run(
+            cmd, cwd=REPO, env=podman_env, capture_output=True, text=True, timeout=1800
+        )
         assert done.returncode == 0, f"image build failed:\n{done.stderr[-6000:]}"
         return json.loads(done.stdout.strip().splitlines()[-1])
 

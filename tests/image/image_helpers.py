@@ -36,6 +36,8 @@ def record(section: str, values: dict[str, Any]) -> None:
     """Keep measured figures in .cache/image-test/figures.json (and print them: pytest -s)."""
     FIGURES.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
-    data[section] = dict(values, load_average=os.getloadavg()[0], at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    data[section] = dict(
+        values, load_average=os.getloadavg()[0], at=time.strftime("%Y-%m-%dT%H:%M:%S")
+    )
     FIGURES.write_text(json.dumps(data, indent=2) + "\n")
     print(f"[image-test] {section}: {json.dumps(values)}")

@@ -38,8 +38,14 @@ class Http:
     def __init__(self, port: int) -> None:
         self.port = port
 
-    def call(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
-             timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 10,
+    ) -> tuple[int, dict[str, str], bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             conn.request(method, path, body=body, headers=headers or {})
@@ -56,23 +62,36 @@ class Http:
 
 
 def raw_body(x: torch.Tensor) -> tuple[bytes, dict[str, str]]:
-    return x.contiguous().numpy().tobytes(), {"Content-Type": "application/octet-stream",
-                                             "X-Shape": ",".join(map(str, x.shape)), "X-Dtype": "float32"}
+    return x.contiguous().numpy().tobytes(), {
+        "Content-Type": "application/octet-stream",
+        "X-Shape": ",".join(map(str, x.shape)),
+        "X-Dtype": "float32",
+    }
 
 
 @pytest.fixture(scope="module")
 def image(build_image: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     built = build_image("bookworm", "cp311", "--profile", "cpu")
-    record("build_bookworm_cpu", {"build_s": built["build_s"], "size_bytes": built["size_bytes"],
-                                  "size_mb": round(built["size_bytes"] / 1e6)})
+    record(
+        "build_bookworm_cpu",
+        {
+            "build_s": built["build_s"],
+            "size_bytes": built["size_bytes"],
+            "size_mb": round(built["size_bytes"] / 1e6),
+        },
+    )
     return built
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("demo-model")
-    made = subprocess.run([str(Path(sys.executable).parent / "torchfleet-runtime"), "demo-model", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    made = subprocess.run(
+        [str(Path(sys.executable).parent / "torchfleet-runtime"), "demo-model", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert made.returncode == 0, made.stderr
     out.chmod(0o755)  # read by the container's uid 10001 through the bind mount
     for f in out.iterdir():
@@ -81,15 +100,29 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def container(image: dict[str, Any], model_dir: Path, podman: Callable[..., Any]) -> Iterator[dict[str, Any]]:
+def container(
+    image: dict[str, Any], model_dir: Path, podman: Callable[..., Any]
+) -> Iterator[dict[str, Any]]:
     name = unique_name("run")
     started = time.monotonic()
-    run = podman("run", "-d", "--name", name, "-v", f"{model_dir}:/models:ro", "-p", "127.0.0.1::8080",
-                 # The image's config file is used as shipped; one key comes from the environment.
-                 "-e", "TORCHFLEET_MAX_BATCH_SIZE=4",
-                 # No systemd on this host for podman's periodic health timer: run checks by hand.
-                 "--health-interval", "disable",
-                 image["image"], timeout=120)
+    run = podman(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "-v",
+        f"{model_dir}:/models:ro",
+        "-p",
+        "127.0.0.1::8080",
+        # The image's config file is used as shipped; one key comes from the environment.
+        "-e",
+        "TORCHFLEET_MAX_BATCH_SIZE=4",
+        # No systemd on this host for podman's periodic health timer: run checks by hand.
+        "--health-interval",
+        "disable",
+        image["image"],
+        timeout=120,
+    )
     try:
         assert run.returncode == 0, run.stderr
         port = int(podman("port", name, "8080/tcp", check=True).stdout.strip().rsplit(":", 1)[1])
@@ -98,7 +131,9 @@ def container(image: dict[str, Any], model_dir: Path, podman: Callable[..., Any]
         while client.status("/readyz") != 200:
             state = podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
             if state != "running" or time.monotonic() > deadline:
-                pytest.fail(f"not ready (container {state}):\n{podman('logs', name).stderr[-3000:]}")
+                pytest.fail(
+                    f"not ready (container {state}):\n{podman('logs', name).stderr[-3000:]}"
+                )
             time.sleep(0.1)
         ready_s = time.monotonic() - started
         yield {"name": name, "client": client, "ready_s": ready_s}
@@ -106,7 +141,9 @@ def container(image: dict[str, Any], model_dir: Path, podman: Callable[..., Any]
         podman("rm", "--force", "--time", "0", name, timeout=120)
 
 
-def test_container_is_ready_and_predicts_what_the_model_computes(container: dict[str, Any], model_dir: Path) -> None:
+def test_container_is_ready_and_predicts_what_the_model_computes(
+    container: dict[str, Any], model_dir: Path
+) -> None:
     client: Http = container["client"]
     status, _, body = client.call("GET", "/v1/model")
     assert status == 200
@@ -115,31 +152,52 @@ def test_container_is_ready_and_predicts_what_the_model_computes(container: dict
     assert card["torch_version"].startswith("2.13.0")
 
     x = torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(7))
-    status, _, body = client.call("POST", "/v1/predict", json.dumps({"inputs": x.tolist()}).encode(),
-                                  {"Content-Type": "application/json"})
+    status, _, body = client.call(
+        "POST",
+        "/v1/predict",
+        json.dumps({"inputs": x.tolist()}).encode(),
+        {"Content-Type": "application/json"},
+    )
     assert status == 200, body[:500]
     served = torch.tensor(json.loads(body)["outputs"])
     with torch.inference_mode():
         expected = torch.jit.load(str(model_dir / "model.pt"))(x)
     assert served.shape == expected.shape == (3, 10)
     assert torch.allclose(served, expected, rtol=1e-4, atol=1e-5), (served - expected).abs().max()
-    status, _, body = client.call("POST", "/v1/predict", b"{not json", {"Content-Type": "application/json"})
+    status, _, body = client.call(
+        "POST", "/v1/predict", b"{not json", {"Content-Type": "application/json"}
+    )
     assert status == 400 and json.loads(body)["error"]["type"] == "malformed_json"
-    record("start_to_ready", {"seconds": round(container["ready_s"], 2),
-                              "note": "podman run -d -> first /readyz 200, demo model, max_batch_size 4"})
+    record(
+        "start_to_ready",
+        {
+            "seconds": round(container["ready_s"], 2),
+            "note": "podman run -d -> first /readyz 200, demo model, max_batch_size 4",
+        },
+    )
 
 
 def test_healthcheck_reports_healthy(container: dict[str, Any], podman: Callable[..., Any]) -> None:
     check = podman("healthcheck", "run", container["name"], timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
-    state = json.loads(podman("inspect", "--format", "{{json .State.Health}}", container["name"]).stdout)
+    state = json.loads(
+        podman("inspect", "--format", "{{json .State.Health}}", container["name"]).stdout
+    )
     assert state["Status"] == "healthy"
     assert "127.0.0.1:8080/readyz 200" in state["Log"][-1]["Output"]
 
 
-def test_runtime_is_pid_1_non_root_and_handles_sigterm(container: dict[str, Any], podman: Callable[..., Any]) -> None:
-    probe = podman("exec", container["name"], "sh", "-c",
-                   "id -u; tr '\\0' ' ' </proc/1/cmdline; echo; grep SigCgt /proc/1/status", check=True)
+def test_runtime_is_pid_1_non_root_and_handles_sigterm(
+    container: dict[str, Any], podman: Callable[..., Any]
+) -> None:
+    probe = podman(
+        "exec",
+        container["name"],
+        "sh",
+        "-c",
+        "id -u; tr '\\0' ' ' </proc/1/cmdline; echo; grep SigCgt /proc/1/status",
+        check=True,
+    )
     uid, cmdline, sigcgt = probe.stdout.strip().splitlines()
     assert int(uid) == UID
     assert "torchfleet-runtime serve" in cmdline
@@ -148,8 +206,9 @@ def test_runtime_is_pid_1_non_root_and_handles_sigterm(container: dict[str, Any]
     assert caught & (1 << (15 - 1)), f"SIGTERM not caught by PID 1 ({sigcgt})"
 
 
-def test_sigterm_drains_the_in_flight_request_and_exits_0(container: dict[str, Any], model_dir: Path,
-                                                         podman: Callable[..., Any]) -> None:
+def test_sigterm_drains_the_in_flight_request_and_exits_0(
+    container: dict[str, Any], model_dir: Path, podman: Callable[..., Any]
+) -> None:
     client: Http = container["client"]
     name = container["name"]
     probe = torch.randn(4, 3, 64, 64)
@@ -163,7 +222,9 @@ def test_sigterm_drains_the_in_flight_request_and_exits_0(container: dict[str, A
 
     def long_request() -> None:
         try:
-            answer["status"], _, answer["body"] = client.call("POST", "/v1/predict", body, headers, timeout=120)
+            answer["status"], _, answer["body"] = client.call(
+                "POST", "/v1/predict", body, headers, timeout=120
+            )
         except Exception as exc:  # reported by the assertions below
             answer["error"] = repr(exc)
 
@@ -171,7 +232,9 @@ def test_sigterm_drains_the_in_flight_request_and_exits_0(container: dict[str, A
     worker.start()
     deadline = time.monotonic() + 30
     while "torchfleet_inflight_requests 1.0" not in client.call("GET", "/metrics")[2].decode():
-        assert worker.is_alive() and time.monotonic() < deadline, f"request never in flight: {answer}"
+        assert worker.is_alive() and time.monotonic() < deadline, (
+            f"request never in flight: {answer}"
+        )
         time.sleep(0.02)
 
     signalled = time.monotonic()
@@ -200,28 +263,61 @@ def test_sigterm_drains_the_in_flight_request_and_exits_0(container: dict[str, A
     assert exit_code == 0, logs[-3000:]
     assert "draining: SIGTERM" in logs and "stopped after draining" in logs, logs[-3000:]
     assert during_drain
-    record("drain", {"exit_code": exit_code, "sigterm_to_exit_s": round(drain_s, 2),
-                     "in_flight_instances": n, "per_instance_s": round(per_instance_s, 4),
-                     "in_flight_answered": True,
-                     "readyz_during_drain": 503})
+    record(
+        "drain",
+        {
+            "exit_code": exit_code,
+            "sigterm_to_exit_s": round(drain_s, 2),
+            "in_flight_instances": n,
+            "per_instance_s": round(per_instance_s, 4),
+            "in_flight_answered": True,
+            "readyz_during_drain": 503,
+        },
+    )
 
 
-def test_baked_model_and_flags_after_the_image_name(build_image: Callable[..., dict[str, Any]], image: dict[str, Any],
-                                                    model_dir: Path, podman: Callable[..., Any]) -> None:
+def test_baked_model_and_flags_after_the_image_name(
+    build_image: Callable[..., dict[str, Any]],
+    image: dict[str, Any],
+    model_dir: Path,
+    podman: Callable[..., Any],
+) -> None:
     """Target `baked` (the model copied to /models: one small layer on the same cache), started
     with a flag after the image name (CMD): the default config finds the model, the server
     listens where the flag says, and the HEALTHCHECK follows the flag, not the image's 8080."""
     baked = build_image("bookworm", "cp311", "--profile", "cpu", "--model", str(model_dir))
     assert baked["target"] == "baked"
-    labels = json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", baked["image"], check=True).stdout)
+    labels = json.loads(
+        podman(
+            "image", "inspect", "--format", "{{json .Labels}}", baked["image"], check=True
+        ).stdout
+    )
     assert labels["io.torchfleet.model"] == "baked into /models"
-    assert labels["io.torchfleet.cuda-profile"] == "cpu" and labels["org.opencontainers.image.version"]
+    assert (
+        labels["io.torchfleet.cuda-profile"] == "cpu" and labels["org.opencontainers.image.version"]
+    )
     name = unique_name("baked")
-    run = podman("run", "-d", "--name", name, "-p", "127.0.0.1::8081", "--health-interval", "disable",
-                 baked["image"], "--port", "8081", "--max-batch-size", "2", timeout=120)
+    run = podman(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "-p",
+        "127.0.0.1::8081",
+        "--health-interval",
+        "disable",
+        baked["image"],
+        "--port",
+        "8081",
+        "--max-batch-size",
+        "2",
+        timeout=120,
+    )
     try:
         assert run.returncode == 0, run.stderr
-        client = Http(int(podman("port", name, "8081/tcp", check=True).stdout.strip().rsplit(":", 1)[1]))
+        client = Http(
+            int(podman("port", name, "8081/tcp", check=True).stdout.strip().rsplit(":", 1)[1])
+        )
         deadline = time.monotonic() + 120
         while client.status("/readyz") != 200:
             assert time.monotonic() < deadline, podman("logs", name).stderr[-3000:]

@@ -18,8 +18,18 @@ from image_helpers import REPO, load_build_script
 
 ARG_RE = re.compile(r"^ARG\s+(\w+)(?:=(.*))?$")
 # The arguments whose defaults come from the matrix (or mean "not used") and must agree.
-DERIVED = ("BASE", "CUDA_PROFILE", "TORCH", "TORCHVISION", "NUMPY", "WHEEL_INDEX", "INDEX_URL",
-           "WHEELHOUSE", "EXTRA_CA_CERTS", "RUNTIME_EXTRAS")
+DERIVED = (
+    "BASE",
+    "CUDA_PROFILE",
+    "TORCH",
+    "TORCHVISION",
+    "NUMPY",
+    "WHEEL_INDEX",
+    "INDEX_URL",
+    "WHEELHOUSE",
+    "EXTRA_CA_CERTS",
+    "RUNTIME_EXTRAS",
+)
 
 script = load_build_script()
 
@@ -35,8 +45,17 @@ def containerfile_defaults() -> dict[str, set[str]]:
 
 
 def derived(**overrides: object) -> dict[str, str]:
-    opts = dict(profile=None, base=None, torch=None, torchvision=None, index_url=None, wheel_index=None,
-                wheelhouse=None, extra_ca_certs=None, extras=None)
+    opts = dict(
+        profile=None,
+        base=None,
+        torch=None,
+        torchvision=None,
+        index_url=None,
+        wheel_index=None,
+        wheelhouse=None,
+        extra_ca_certs=None,
+        extras=None,
+    )
     opts.update(overrides)
     matrix = script.load_matrix(str(script.matrix_path()))
     return script.build_args(Namespace(**opts), matrix)
@@ -50,7 +69,8 @@ def test_containerfile_defaults_are_the_matrix_default_profile() -> None:
         assert key in defaults, f"runtime/Containerfile has no default for ARG {key}"
         assert defaults[key] == {expected[key]}, (
             f"ARG {key}: Containerfile default(s) {sorted(defaults[key])} != {expected[key]!r} "
-            "derived from compat/matrix.yml by scripts/build_runtime_image.py")
+            "derived from compat/matrix.yml by scripts/build_runtime_image.py"
+        )
 
 
 def test_default_build_is_cu116_on_nvidia_cuda_ubuntu2004() -> None:
@@ -61,11 +81,14 @@ def test_default_build_is_cu116_on_nvidia_cuda_ubuntu2004() -> None:
     assert args["WHEEL_INDEX"].endswith("/whl/cu116")
 
 
-@pytest.mark.parametrize(("profile", "base", "numpy"), [
-    ("cu118", "docker.io/nvidia/cuda:11.8.0-cudnn8-runtime-ubuntu20.04", "numpy"),
-    ("cu121", "docker.io/nvidia/cuda:12.1.1-cudnn8-runtime-ubuntu20.04", "numpy"),
-    ("cpu", "docker.io/library/debian:12-slim", "numpy"),
-])
+@pytest.mark.parametrize(
+    ("profile", "base", "numpy"),
+    [
+        ("cu118", "docker.io/nvidia/cuda:11.8.0-cudnn8-runtime-ubuntu20.04", "numpy"),
+        ("cu121", "docker.io/nvidia/cuda:12.1.1-cudnn8-runtime-ubuntu20.04", "numpy"),
+        ("cpu", "docker.io/library/debian:12-slim", "numpy"),
+    ],
+)
 def test_other_profiles_derive_their_base_and_pins(profile: str, base: str, numpy: str) -> None:
     args = derived(profile=profile)
     matrix = script.load_matrix(str(script.matrix_path()))
@@ -77,15 +100,19 @@ def test_other_profiles_derive_their_base_and_pins(profile: str, base: str, nump
 def test_a_torch_override_keeps_the_numpy_rule_and_a_bad_profile_names_the_allowed_ones() -> None:
     assert derived(torch="1.12.1", torchvision="")["NUMPY"] == "numpy<2"
     assert derived(torch="1.12.1", torchvision="")["TORCHVISION"] == ""
-    with pytest.raises(script.BuildError, match=r"--profile = 'cu999' is not a profile of .*allowed: cu116, cu118, cu121, cpu"):
+    with pytest.raises(
+        script.BuildError,
+        match=r"--profile = 'cu999' is not a profile of .*allowed: cu116, cu118, cu121, cpu",
+    ):
         derived(profile="cu999")
 
 
 def test_make_image_stops_at_once_naming_a_base_that_cannot_be_pulled() -> None:
     base = f"localhost/torchfleet-image-test-missing-{uuid.uuid4().hex[:8]}:latest"
     started = time.monotonic()
-    done = subprocess.run(["make", "image", f"BASE={base}"], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        ["make", "image", f"BASE={base}"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     seconds = time.monotonic() - started
     assert done.returncode != 0
     assert f"cannot pull the base image {base}" in done.stderr, done.stderr[-2000:]
@@ -102,6 +129,9 @@ def test_the_base_follows_the_matrix_toolkit_repos_and_pythons(tmp_path) -> None
     path = tmp_path / "matrix.yml"
     path.write_text(yaml.safe_dump(raw))
     matrix = script.load_matrix(str(path))
-    assert script.default_base(matrix, "cu121") == "docker.io/nvidia/cuda:12.1.1-cudnn8-runtime-ubuntu22.04"
+    assert (
+        script.default_base(matrix, "cu121")
+        == "docker.io/nvidia/cuda:12.1.1-cudnn8-runtime-ubuntu22.04"
+    )
     with pytest.raises(script.BuildError, match="profile cu118: no Ubuntu .* pass --base"):
         script.default_base(matrix, "cu118")

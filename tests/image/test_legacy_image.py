@@ -14,25 +14,54 @@ from image_helpers import record
 
 pytestmark = [pytest.mark.image, pytest.mark.legacy, pytest.mark.timeout(1800)]
 
-BRIDGE = ("import numpy, torch, torchfleet_runtime; "
-          "t = torch.from_numpy(numpy.arange(4, dtype=numpy.float32)); "
-          "print(torch.__version__, numpy.__version__, torchfleet_runtime.__version__, float(t.numpy().sum()))")
+BRIDGE = (
+    "import numpy, torch, torchfleet_runtime; "
+    "t = torch.from_numpy(numpy.arange(4, dtype=numpy.float32)); "
+    "print(torch.__version__, numpy.__version__, torchfleet_runtime.__version__, float(t.numpy().sum()))"
+)
 
 
-def test_legacy_image_builds_imports_and_passes_check(build_image: Callable[..., dict[str, Any]],
-                                                     podman: Callable[..., Any]) -> None:
-    built = build_image("bullseye", "cp39", "--profile", "cu116", "--torch", "1.12.1", "--torchvision", "")
+def test_legacy_image_builds_imports_and_passes_check(
+    build_image: Callable[..., dict[str, Any]], podman: Callable[..., Any]
+) -> None:
+    built = build_image(
+        "bullseye", "cp39", "--profile", "cu116", "--torch", "1.12.1", "--torchvision", ""
+    )
     assert built["build_args"]["NUMPY"] == "numpy<2"
-    record("build_bullseye_cu116_legacy", {"build_s": built["build_s"], "size_bytes": built["size_bytes"],
-                                           "size_mb": round(built["size_bytes"] / 1e6)})
+    record(
+        "build_bullseye_cu116_legacy",
+        {
+            "build_s": built["build_s"],
+            "size_bytes": built["size_bytes"],
+            "size_mb": round(built["size_bytes"] / 1e6),
+        },
+    )
     image = built["image"]
     bridge = podman("run", "--rm", "--entrypoint", "python3", image, "-c", BRIDGE, timeout=180)
     assert bridge.returncode == 0, bridge.stderr[-3000:]
     torch_version, numpy_version, _, total = bridge.stdout.split()
-    assert torch_version.split("+")[0] == "1.12.1" and int(numpy_version.split(".")[0]) < 2 and float(total) == 6.0
+    assert (
+        torch_version.split("+")[0] == "1.12.1"
+        and int(numpy_version.split(".")[0]) < 2
+        and float(total) == 6.0
+    )
 
-    check = podman("run", "--rm", "--entrypoint", "torchfleet-runtime", image, "check", "--json",
-                   "--profile", "cu116", "--path", "/", "--min-free-disk-gb", "0", timeout=180)
+    check = podman(
+        "run",
+        "--rm",
+        "--entrypoint",
+        "torchfleet-runtime",
+        image,
+        "check",
+        "--json",
+        "--profile",
+        "cu116",
+        "--path",
+        "/",
+        "--min-free-disk-gb",
+        "0",
+        timeout=180,
+    )
     assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-2000:]
     report = json.loads(check.stdout)
     rows = {row["name"]: row for row in report["checks"]}

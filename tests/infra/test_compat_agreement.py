@@ -77,8 +77,9 @@ def expected(gpu: str, profile: str, distro: str, python: str) -> dict[str, bool
     out = {"distro": distro in RAW["distros"], "python": python in prof["pythons"]}
     if gpu != NO_GPU:
         cc = _minor(RAW["gpus"][gpu]["compute_capability"])
-        out["gpu"] = bool(prof["cuda"]) and min(map(_minor, prof["compute_capabilities"])) <= cc \
-            <= _minor(prof["max_compute_capability"])
+        out["gpu"] = bool(prof["cuda"]) and min(
+            map(_minor, prof["compute_capabilities"])
+        ) <= cc <= _minor(prof["max_compute_capability"])
     return out
 
 
@@ -97,8 +98,13 @@ def _load(name: str, path: Path):
 def probe():
     """The role's module as Ansible runs it: `ansible.module_utils.torchfleet_matrix` is the
     role's module_utils file (the link), not the runtime package."""
-    saved = {k: sys.modules.get(k) for k in ("ansible.module_utils.torchfleet_matrix", "torchfleet_probe_under_test")}
-    shipped = _load("ansible.module_utils.torchfleet_matrix", ROLE / "module_utils/torchfleet_matrix.py")
+    saved = {
+        k: sys.modules.get(k)
+        for k in ("ansible.module_utils.torchfleet_matrix", "torchfleet_probe_under_test")
+    }
+    shipped = _load(
+        "ansible.module_utils.torchfleet_matrix", ROLE / "module_utils/torchfleet_matrix.py"
+    )
     module = _load("torchfleet_probe_under_test", ROLE / "library/torchfleet_probe.py")
     yield module, shipped.parse(RAW, "compat/matrix.yml")
     for k, v in saved.items():
@@ -113,17 +119,39 @@ def via_probe(probe, gpu: str, profile: str, distro: str, python: str) -> dict[s
     pci = []
     if gpu != NO_GPU:
         name = NAMES[gpu][0]
-        pci = [{"address": "0000:00:1e.0", "device_id": "0x0000", "class": "0x030200",
-                "name": name, "model": module.match_gpu(name, list(matrix.gpus))}]
+        pci = [
+            {
+                "address": "0000:00:1e.0",
+                "device_id": "0x0000",
+                "class": "0x030200",
+                "name": name,
+                "model": module.match_gpu(name, list(matrix.gpus)),
+            }
+        ]
     facts = {
-        "python": {"version": python, "full_version": python + ".1", "executable": "/usr/bin/python3"},
+        "python": {
+            "version": python,
+            "full_version": python + ".1",
+            "executable": "/usr/bin/python3",
+        },
         "distro": distro,
-        "kernel": {"release": "6.1.0", "headers_dir": "/x", "headers_present": True, "headers_offered": None},
+        "kernel": {
+            "release": "6.1.0",
+            "headers_dir": "/x",
+            "headers_present": True,
+            "headers_offered": None,
+        },
         "disk": {"path": "/opt", "checked_path": "/opt", "free_bytes": 10**12, "free_gb": 1000.0},
         "apt_mirror": None,
         "apt_lists_present": True,
-        "gpu": {"present": bool(pci), "pci": pci, "device_files": [], "driver_loaded_version": None,
-                "nvidia_smi": [], "lspci_available": True},
+        "gpu": {
+            "present": bool(pci),
+            "pci": pci,
+            "device_files": [],
+            "driver_loaded_version": None,
+            "nvidia_smi": [],
+            "lspci_available": True,
+        },
     }
     params = {k: v.get("default") for k, v in module.ARGUMENTS.items()}
     params.update(profile=profile, min_free_disk_gb=None)
@@ -193,8 +221,11 @@ def via_infra(settings, gpu: str, profile: str, distro: str) -> dict[str, bool]:
         # nothing but the profile is wrong in these stacks
         assert lines and all("torchfleet:cuda_profile" in line for line in lines), str(err)
         text = str(err)
-        return {"distro": True, "python": f"a profile for {distro}'s Python" not in text,
-                "gpu": "a profile that drives the" not in text}
+        return {
+            "distro": True,
+            "python": f"a profile for {distro}'s Python" not in text,
+            "gpu": "a profile that drives the" not in text,
+        }
     return {"distro": True, "python": True, "gpu": True}
 
 
@@ -217,11 +248,15 @@ def test_probe_and_check_agree_with_the_matrix(probe, gpu):
     disagreements = []
     for _, profile, distro, python in (c for c in CELLS if c[0] == gpu):
         want = expected(gpu, profile, distro, python)
-        got = {"probe": via_probe(probe, gpu, profile, distro, python),
-               "check": via_check(gpu, profile, distro, python)}
+        got = {
+            "probe": via_probe(probe, gpu, profile, distro, python),
+            "check": via_check(gpu, profile, distro, python),
+        }
         for layer, rules in got.items():
             if rules != want:
-                disagreements.append(f"{layer} {gpu}/{profile}/{distro}/py{python}: {rules} != {want}")
+                disagreements.append(
+                    f"{layer} {gpu}/{profile}/{distro}/py{python}: {rules} != {want}"
+                )
     assert not disagreements, "\n".join(disagreements)
 
 

@@ -42,8 +42,12 @@ def test_cuda_profile_that_cannot_drive_the_gpu(settings):
     msg = problems(base(settings, gpu={"model": "H100", "count": 8}, cuda_profile="cu116"))
     assert "H100" in msg and "9.0" in msg and "cu118, cu121" in msg
     # the same profile on an Ampere GPU is fine
-    assert load(base(settings, gpu={"model": "A10G", "count": 1}, cuda_profile="cu116"),
-                "aws-dev").cuda_profile == "cu116"
+    assert (
+        load(
+            base(settings, gpu={"model": "A10G", "count": 1}, cuda_profile="cu116"), "aws-dev"
+        ).cuda_profile
+        == "cu116"
+    )
 
 
 @pytest.mark.parametrize("cidr", ["0.0.0.0/0", "::/0", "0.0.0.0/1"])
@@ -54,24 +58,34 @@ def test_ssh_from_the_internet_is_refused(settings, cidr):
 
 def test_client_cidrs_world_open_refused(settings):
     assert "torchfleet:client_cidrs = '0.0.0.0/0'" in problems(
-        base(settings, "aws-prod", client_cidrs=["0.0.0.0/0"]), "aws-prod")
+        base(settings, "aws-prod", client_cidrs=["0.0.0.0/0"]), "aws-prod"
+    )
 
 
 @pytest.mark.parametrize("ratio", [0, -0.5, 1.31, "cheap"])
 def test_price_ratio_bounds(settings, ratio):
-    msg = problems(base(settings, spot={"enabled": True, "max_price_ratio": ratio,
-                                        "interruption": "stop"}))
+    msg = problems(
+        base(settings, spot={"enabled": True, "max_price_ratio": ratio, "interruption": "stop"})
+    )
     assert "torchfleet:spot.max_price_ratio" in msg and "<= 1.3" in msg
 
 
-@pytest.mark.parametrize("schedule,key", [
-    ({"timezone": "Europe/Berlin", "start": "08:00", "stop": "08:00"}, "schedule.stop"),
-    ({"timezone": "Europe/Berlin", "start": "08:00", "stop": "19:00", "days": []},
-     "schedule.days"),
-    ({"timezone": "Mars/Olympus", "start": "08:00", "stop": "19:00"}, "schedule.timezone"),
-    ({"timezone": "UTC", "start": "8am", "stop": "19:00"}, "schedule.start"),
-    ({"timezone": "UTC", "start": "08:00", "stop": "19:00", "days": "MON-FUN"}, "schedule.days"),
-])
+@pytest.mark.parametrize(
+    "schedule,key",
+    [
+        ({"timezone": "Europe/Berlin", "start": "08:00", "stop": "08:00"}, "schedule.stop"),
+        (
+            {"timezone": "Europe/Berlin", "start": "08:00", "stop": "19:00", "days": []},
+            "schedule.days",
+        ),
+        ({"timezone": "Mars/Olympus", "start": "08:00", "stop": "19:00"}, "schedule.timezone"),
+        ({"timezone": "UTC", "start": "8am", "stop": "19:00"}, "schedule.start"),
+        (
+            {"timezone": "UTC", "start": "08:00", "stop": "19:00", "days": "MON-FUN"},
+            "schedule.days",
+        ),
+    ],
+)
 def test_schedules_that_never_run(settings, schedule, key):
     assert f"torchfleet:{key} =" in problems(base(settings, schedule=schedule))
 
@@ -94,8 +108,9 @@ def test_dev_needs_a_schedule(settings):
 
 
 def test_aws_scheduled_spot_must_be_stoppable(settings):
-    msg = problems(base(settings, spot={"enabled": True, "max_price_ratio": 0.9,
-                                        "interruption": "terminate"}))
+    msg = problems(
+        base(settings, spot={"enabled": True, "max_price_ratio": 0.9, "interruption": "terminate"})
+    )
     assert "torchfleet:spot.interruption = 'terminate'" in msg and "stop | hibernate" in msg
 
 
@@ -105,27 +120,41 @@ def test_group_mode_needs_two_zones(settings):
 
 
 def test_cloud_specific_values(settings):
-    msg = problems(base(settings, "alicloud-dev", spot={"enabled": True, "interruption":
-                                                        "hibernate"}), "alicloud-dev")
+    msg = problems(
+        base(settings, "alicloud-dev", spot={"enabled": True, "interruption": "hibernate"}),
+        "alicloud-dev",
+    )
     assert "torchfleet:spot.interruption = 'hibernate'" in msg and "terminate | stop" in msg
-    msg = problems(base(settings, "alicloud-dev", budget={"alert_emails": ["a@b.c"]}),
-                   "alicloud-dev")
+    msg = problems(
+        base(settings, "alicloud-dev", budget={"alert_emails": ["a@b.c"]}), "alicloud-dev"
+    )
     assert "torchfleet:budget" in msg
     assert "torchfleet:zones = 'us-east-1a'" in problems(base(settings, zones=["us-east-1a"]))
     assert "torchfleet:cloud = 'alicloud'" in problems(base(settings, cloud="alicloud"))
 
 
 def test_every_problem_is_reported_at_once(settings):
-    err = problems(base(settings, admin_cidrs=["0.0.0.0/0"], service_port=22, disk_gb=10,
-                        owner=None, ssh_public_key="not a key"))
+    err = problems(
+        base(
+            settings,
+            admin_cidrs=["0.0.0.0/0"],
+            service_port=22,
+            disk_gb=10,
+            owner=None,
+            ssh_public_key="not a key",
+        )
+    )
     for key in ("admin_cidrs", "service_port", "disk_gb", "owner", "ssh_public_key"):
         assert f"torchfleet:{key}" in err
 
 
 def test_structured_values_arrive_as_json_strings(settings):
     import json
-    raw = {k: json.dumps(v) if isinstance(v, (dict, list)) else v
-           for k, v in settings("aws-prod").items()}
+
+    raw = {
+        k: json.dumps(v) if isinstance(v, (dict, list)) else v
+        for k, v in settings("aws-prod").items()
+    }
     raw["nodes"] = json.dumps({"min": 1, "desired": 2, "max": 4})
     cfg = load(raw, "aws-prod")
     assert (cfg.nodes.min, cfg.nodes.desired, cfg.nodes.max) == (1, 2, 4)
@@ -139,8 +168,15 @@ def test_extra_types_must_share_the_gpus(settings):
 
 
 def test_on_demand_price_override_moves_the_cap(settings):
-    raw = base(settings, spot={"enabled": True, "max_price_ratio": 0.5, "interruption": "stop",
-                               "on_demand_prices": {"g6.xlarge": 2.0}})
+    raw = base(
+        settings,
+        spot={
+            "enabled": True,
+            "max_price_ratio": 0.5,
+            "interruption": "stop",
+            "on_demand_prices": {"g6.xlarge": 2.0},
+        },
+    )
     cfg = load(raw, "aws-dev")
     assert cfg.spot_cap(cfg.instance_type) == 1.0
 
@@ -150,8 +186,9 @@ def test_on_demand_price_override_moves_the_cap(settings):
 
 @pytest.mark.parametrize("value", [float("nan"), "nan", "NaN", float("inf"), "-inf"])
 def test_nan_and_inf_price_ratio_refused(settings, value):
-    msg = problems(base(settings, spot={"enabled": True, "max_price_ratio": value,
-                                        "interruption": "stop"}))
+    msg = problems(
+        base(settings, spot={"enabled": True, "max_price_ratio": value, "interruption": "stop"})
+    )
     assert "torchfleet:spot.max_price_ratio" in msg and "<= 1.3" in msg
 
 
@@ -168,7 +205,8 @@ def test_more_zones_than_the_address_plan_refused(settings):
     msg = problems(base(settings, zones=zones))
     assert "torchfleet:zones" in msg and f"at most {MAX_ZONES} zones" in msg
     assert load(base(settings, zones=zones[:MAX_ZONES]), "aws-dev").zones == tuple(
-        zones[:MAX_ZONES])
+        zones[:MAX_ZONES]
+    )
 
 
 # -- issue 8: scaling, boot path, warm pool -----------------------------------------------------
@@ -176,9 +214,12 @@ def test_more_zones_than_the_address_plan_refused(settings):
 
 def test_group_mode_needs_a_request_target(settings):
     msg = problems(base(settings, "aws-prod", scaling=None), "aws-prod")
-    assert "torchfleet:scaling.requests_per_node = None" in msg and "torchfleet-runtime bench" in msg
-    msg = problems(base(settings, "alicloud-prod", scaling={"requests_per_node": 0}),
-                   "alicloud-prod")
+    assert (
+        "torchfleet:scaling.requests_per_node = None" in msg and "torchfleet-runtime bench" in msg
+    )
+    msg = problems(
+        base(settings, "alicloud-prod", scaling={"requests_per_node": 0}), "alicloud-prod"
+    )
     assert "torchfleet:scaling.requests_per_node = 0" in msg
 
 
@@ -187,13 +228,29 @@ def test_scaling_values(settings):
     assert cfg.scaling.requests_per_node == 1200 and cfg.scaling.scale_in is True
     assert cfg.scaling.queue_depth_per_node is None
     assert cfg.scaling.launch_timeout_s == LAUNCH_TIMEOUT_DEFAULT_S
-    msg = problems(base(settings, "aws-prod", scaling={
-        "requests_per_node": 600, "launch_timeout_s": 9000, "scale_in": "maybe",
-        "queue_depth_per_node": -1, "cooldown": 5}), "aws-prod")
-    for fragment in ("torchfleet:scaling.launch_timeout_s = 9000", "300..7200",
-                     "torchfleet:scaling.scale_in = 'maybe'", "true | false",
-                     "torchfleet:scaling.queue_depth_per_node = -1",
-                     "torchfleet:scaling.cooldown", "requests_per_node"):
+    msg = problems(
+        base(
+            settings,
+            "aws-prod",
+            scaling={
+                "requests_per_node": 600,
+                "launch_timeout_s": 9000,
+                "scale_in": "maybe",
+                "queue_depth_per_node": -1,
+                "cooldown": 5,
+            },
+        ),
+        "aws-prod",
+    )
+    for fragment in (
+        "torchfleet:scaling.launch_timeout_s = 9000",
+        "300..7200",
+        "torchfleet:scaling.scale_in = 'maybe'",
+        "true | false",
+        "torchfleet:scaling.queue_depth_per_node = -1",
+        "torchfleet:scaling.cooldown",
+        "requests_per_node",
+    ):
         assert fragment in msg, fragment
     assert "torchfleet:scaling =" in problems(base(settings, scaling={"requests_per_node": 60}))
 
@@ -211,24 +268,49 @@ def test_boot_paths(settings):
 
 def test_warm_pool_rules(settings):
     on_demand = {"enabled": False}
-    cfg = load(base(settings, "aws-prod", spot=on_demand, extra_instance_types=None,
-                    warm_pool={"min_size": 1}), "aws-prod")
+    cfg = load(
+        base(
+            settings,
+            "aws-prod",
+            spot=on_demand,
+            extra_instance_types=None,
+            warm_pool={"min_size": 1},
+        ),
+        "aws-prod",
+    )
     assert cfg.warm_pool.min_size == 1 and [t.name for t in cfg.instance_types] == ["g5.xlarge"]
     msg = problems(base(settings, "aws-prod", warm_pool={"enabled": True}), "aws-prod")
     assert "torchfleet:warm_pool = 'enabled'" in msg and "spot.enabled" in msg
     assert "torchfleet:extra_instance_types" in msg and "mixed instances policy" in msg
     msg = problems(base(settings, "alicloud-prod", warm_pool={"enabled": True}), "alicloud-prod")
     assert "torchfleet:warm_pool" in msg and "except on aws in mode: group" in msg
-    msg = problems(base(settings, "aws-prod", spot=on_demand, extra_instance_types=None,
-                        warm_pool={"min_size": 20, "max_prepared": 1}), "aws-prod")
+    msg = problems(
+        base(
+            settings,
+            "aws-prod",
+            spot=on_demand,
+            extra_instance_types=None,
+            warm_pool={"min_size": 20, "max_prepared": 1},
+        ),
+        "aws-prod",
+    )
     assert "torchfleet:warm_pool.min_size = 20" in msg
     assert "torchfleet:warm_pool.max_prepared = 1" in msg
 
 
 def test_new_keys_join_the_one_pass_report(settings):
-    err = problems(base(settings, "aws-prod", admin_cidrs=["0.0.0.0/0"], boot="fast",
-                        scaling={"requests_per_node": "lots"}, warm_pool={"min_size": -1},
-                        zones=["us-east-1a"] * 2), "aws-prod")
+    err = problems(
+        base(
+            settings,
+            "aws-prod",
+            admin_cidrs=["0.0.0.0/0"],
+            boot="fast",
+            scaling={"requests_per_node": "lots"},
+            warm_pool={"min_size": -1},
+            zones=["us-east-1a"] * 2,
+        ),
+        "aws-prod",
+    )
     for key in ("admin_cidrs", "boot", "scaling.requests_per_node", "warm_pool", "zones"):
         assert f"torchfleet:{key}" in err, key
 
@@ -242,7 +324,9 @@ def test_the_readme_table_is_generated_from_the_declaration():
     start, end = "<!-- config-table:start -->\n", "\n<!-- config-table:end -->"
     assert start in readme and end in readme
     current = readme.split(start, 1)[1].split(end, 1)[0]
-    assert current == readme_table(), "README's config table is stale: python -m infra.config --table"
+    assert current == readme_table(), (
+        "README's config table is stale: python -m infra.config --table"
+    )
     # one row per declared key, and the unknown-key checks use the same declaration
     assert len(current.splitlines()) == len(FIELDS) + 2 and tuple(FIELDS) == KEYS
     assert SUBKEYS["spot"] == FIELDS["spot"].subkeys
@@ -255,6 +339,12 @@ def test_declared_defaults_are_the_ones_load_applies(settings):
     for key in ("service_port", "image", "image_distro", "disk_gb", "boot", "vpc_cidr"):
         raw.pop(key, None)
     cfg = load(raw, "aws-dev")
-    got = {"service_port": cfg.service_port, "image": cfg.image, "image_distro": cfg.image_distro,
-           "disk_gb": cfg.disk_gb, "boot": cfg.boot, "vpc_cidr": cfg.vpc_cidr}
+    got = {
+        "service_port": cfg.service_port,
+        "image": cfg.image,
+        "image_distro": cfg.image_distro,
+        "disk_gb": cfg.disk_gb,
+        "boot": cfg.boot,
+        "vpc_cidr": cfg.vpc_cidr,
+    }
     assert got == {k: FIELDS[k].default for k in got}

@@ -66,8 +66,10 @@ def test_every_launch_spec_bootstraps_the_stack_bundle(run):
             for name in (group, "torchfleet-launch", "torchfleet-terminate"):
                 assert name in text, f"{resource.name}: the node cannot name {name}"
         checked += 1
-    nodes = len(run.tagged("aws:ec2/instance:Instance", "gpu-node") + run.tagged(
-        "alicloud:ecs/instance:Instance", "gpu-node"))
+    nodes = len(
+        run.tagged("aws:ec2/instance:Instance", "gpu-node")
+        + run.tagged("alicloud:ecs/instance:Instance", "gpu-node")
+    )
     templates = len(run.of_type(LT) + run.of_type(ESS_CONFIG))
     assert checked == nodes + templates >= 1, checked
 
@@ -90,40 +92,62 @@ def test_bundle_bucket_private_encrypted_versioned_tls_only(run):
     for _ in run.of_type("aws:s3/bucket:Bucket"):
         name = run.outputs["bundle_url"].split("/")[2]  # the bucket's name is its id
         block = _by_bucket(run, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")[name]
-        assert all(block[k] is True for k in ("blockPublicAcls", "blockPublicPolicy",
-                                               "ignorePublicAcls", "restrictPublicBuckets"))
-        sse = _by_bucket(run, "aws:s3/bucketServerSideEncryptionConfiguration:"
-                              "BucketServerSideEncryptionConfiguration")[name]
+        assert all(
+            block[k] is True
+            for k in (
+                "blockPublicAcls",
+                "blockPublicPolicy",
+                "ignorePublicAcls",
+                "restrictPublicBuckets",
+            )
+        )
+        sse = _by_bucket(
+            run,
+            "aws:s3/bucketServerSideEncryptionConfiguration:"
+            "BucketServerSideEncryptionConfiguration",
+        )[name]
         assert sse["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] in (
-            "AES256", "aws:kms")
+            "AES256",
+            "aws:kms",
+        )
         versioning = _by_bucket(run, "aws:s3/bucketVersioning:BucketVersioning")[name]
         assert versioning["versioningConfiguration"]["status"] == "Enabled"
         ownership = _by_bucket(run, "aws:s3/bucketOwnershipControls:BucketOwnershipControls")
         assert ownership[name]["rule"]["objectOwnership"] == "BucketOwnerEnforced"
-        (deny,) = json.loads(_by_bucket(run, "aws:s3/bucketPolicy:BucketPolicy")[name]
-                             ["policy"])["Statement"]
+        (deny,) = json.loads(_by_bucket(run, "aws:s3/bucketPolicy:BucketPolicy")[name]["policy"])[
+            "Statement"
+        ]
         assert deny["Effect"] == "Deny" and deny["Principal"] == "*" and deny["Action"] == "s3:*"
         assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
         arn = f"arn:aws:s3:::{name}"
         assert sorted(deny["Resource"]) == [arn, f"{arn}/*"]
         (obj,) = run.of_type("aws:s3/bucketObjectv2:BucketObjectv2")
-        assert obj.inputs["bucket"] == name and obj.inputs["key"] == run.outputs["bundle_url"] \
-            .split(f"{name}/", 1)[1]
+        assert (
+            obj.inputs["bucket"] == name
+            and obj.inputs["key"] == run.outputs["bundle_url"].split(f"{name}/", 1)[1]
+        )
         checked += 1
     for _ in run.of_type("alicloud:oss/bucket:Bucket"):
         name = run.outputs["bundle_url"].split("/")[2]
         assert _by_bucket(run, "alicloud:oss/bucketAcl:BucketAcl")[name]["acl"] == "private"
-        assert _by_bucket(run, "alicloud:oss/bucketPublicAccessBlock:BucketPublicAccessBlock"
-                          )[name]["blockPublicAccess"] is True
-        assert _by_bucket(run, "alicloud:oss/bucketServerSideEncryption:"
-                               "BucketServerSideEncryption")[name]["sseAlgorithm"] in ("AES256",
-                                                                                         "KMS")
-        assert _by_bucket(run, "alicloud:oss/bucketVersioning:BucketVersioning"
-                          )[name]["status"] == "Enabled"
+        assert (
+            _by_bucket(run, "alicloud:oss/bucketPublicAccessBlock:BucketPublicAccessBlock")[name][
+                "blockPublicAccess"
+            ]
+            is True
+        )
+        assert _by_bucket(
+            run, "alicloud:oss/bucketServerSideEncryption:BucketServerSideEncryption"
+        )[name]["sseAlgorithm"] in ("AES256", "KMS")
+        assert (
+            _by_bucket(run, "alicloud:oss/bucketVersioning:BucketVersioning")[name]["status"]
+            == "Enabled"
+        )
         tls = _by_bucket(run, "alicloud:oss/bucketHttpsConfig:BucketHttpsConfig")[name]
         assert tls["enable"] is True and set(tls["tlsVersions"]) <= {"TLSv1.2", "TLSv1.3"}
-        (deny,) = json.loads(_by_bucket(run, "alicloud:oss/bucketPolicy:BucketPolicy")[name]
-                             ["policy"])["Statement"]
+        (deny,) = json.loads(
+            _by_bucket(run, "alicloud:oss/bucketPolicy:BucketPolicy")[name]["policy"]
+        )["Statement"]
         assert deny["Effect"] == "Deny" and deny["Principal"] == ["*"]
         assert deny["Condition"] == {"Bool": {"acs:SecureTransport": ["false"]}}
         assert sorted(deny["Resource"]) == [f"acs:oss:*:*:{name}", f"acs:oss:*:*:{name}/*"]
@@ -167,8 +191,10 @@ def test_groups_join_when_ready_and_leave_when_drained(runs, settings, stack):
     groups = run.of_type(ASG) + run.of_type(ESS)
     assert len(groups) == 1
     if stack.startswith("aws"):
-        kinds = {"autoscaling:EC2_INSTANCE_LAUNCHING": "ABANDON",
-                 "autoscaling:EC2_INSTANCE_TERMINATING": "CONTINUE"}
+        kinds = {
+            "autoscaling:EC2_INSTANCE_LAUNCHING": "ABANDON",
+            "autoscaling:EC2_INSTANCE_TERMINATING": "CONTINUE",
+        }
         hooks = run.of_type("aws:autoscaling/lifecycleHook:LifecycleHook")
         (group,) = groups
         # the same hooks are on the group before its first node launches
@@ -222,17 +248,22 @@ def test_every_group_scales_on_load(runs, with_overrides):
             (tg,) = run.of_type("aws:lb/targetGroup:TargetGroup")
             assert metrics["ALBRequestCountPerTarget"]["resourceLabel"] == (
                 f"app/{alb.name}/{_octet(alb.name):016x}/"
-                f"targetgroup/{tg.name}/{_octet(tg.name):016x}")
+                f"targetgroup/{tg.name}/{_octet(tg.name):016x}"
+            )
             queue = metrics["QueueDepth"]
             assert queue["namespace"] == "torchfleet" and queue["statistic"] == "Average"
-            assert queue["metricDimensions"] == [{"name": "AutoScalingGroupName",
-                                                  "value": group.inputs["name"]}]
+            assert queue["metricDimensions"] == [
+                {"name": "AutoScalingGroupName", "value": group.inputs["name"]}
+            ]
             checked += 1
         rules = {f"{r.name}-id": r for r in run.of_type("alicloud:ess/scalingRule:ScalingRule")}
         (monitor,) = run.of_type("alicloud:cms/monitorGroup:MonitorGroup") or [None]
         for group in run.of_type(ESS):
-            alarms = [a.inputs for a in run.of_type("alicloud:ess/alarm:Alarm")
-                      if a.inputs["scalingGroupId"] == f"{group.name}-id"]
+            alarms = [
+                a.inputs
+                for a in run.of_type("alicloud:ess/alarm:Alarm")
+                if a.inputs["scalingGroupId"] == f"{group.name}-id"
+            ]
             signals = {}
             for alarm in alarms:
                 assert alarm["metricType"] == "custom"
@@ -242,20 +273,27 @@ def test_every_group_scales_on_load(runs, with_overrides):
                 rule = next(r for rid, r in rules.items() if action.endswith(rid))
                 assert rule.inputs["scalingRuleType"] == "StepScalingRule"
                 step = sum(a["scalingAdjustment"] for a in rule.inputs["stepAdjustments"])
-                names = [e["metricName"] for e in alarm.get("expressions", [])] or \
-                    [alarm["metricName"]]
+                names = [e["metricName"] for e in alarm.get("expressions", [])] or [
+                    alarm["metricName"]
+                ]
                 signals.setdefault("out" if step > 0 else "in", set()).update(names)
             assert signals["out"] == {"QueueDepth", "RequestRate"}
             assert signals["in"] == {"QueueDepth", "RequestRate"}  # both must agree
             checked += 1
     assert checked == 2
     # scale_in: false keeps every policy from removing nodes
-    run = run_offline("aws-prod", with_overrides(
-        "aws-prod", scaling={"requests_per_node": 600, "scale_in": False}))
-    assert all(p.inputs["targetTrackingConfiguration"]["disableScaleIn"] is True
-               for p in run.of_type("aws:autoscaling/policy:Policy"))
-    run = run_offline("alicloud-prod", with_overrides(
-        "alicloud-prod", scaling={"requests_per_node": 600, "scale_in": False}))
+    run = run_offline(
+        "aws-prod",
+        with_overrides("aws-prod", scaling={"requests_per_node": 600, "scale_in": False}),
+    )
+    assert all(
+        p.inputs["targetTrackingConfiguration"]["disableScaleIn"] is True
+        for p in run.of_type("aws:autoscaling/policy:Policy")
+    )
+    run = run_offline(
+        "alicloud-prod",
+        with_overrides("alicloud-prod", scaling={"requests_per_node": 600, "scale_in": False}),
+    )
     assert len(run.of_type("alicloud:ess/alarm:Alarm")) == 2  # the two scale-out alarms
 
 
@@ -270,8 +308,10 @@ def test_a_new_bundle_rolls_the_fleet(runs, with_overrides, monkeypatch):
     spec = asg.inputs["mixedInstancesPolicy"]["launchTemplate"]["launchTemplateSpecification"]
     assert spec["version"] == "1"  # the mocked latestVersion, never "$Latest"
     (config,) = runs["alicloud-prod"].of_type(ESS_CONFIG)
-    assert runs["alicloud-prod"].outputs["bundle_sha256"][:12] in \
-        config.inputs["scalingConfigurationName"]
+    assert (
+        runs["alicloud-prod"].outputs["bundle_sha256"][:12]
+        in config.inputs["scalingConfigurationName"]
+    )
     assert {"userData", "imageId"} <= set(config.replace_on_changes)
     assert config.inputs["active"] is True
 
@@ -282,8 +322,12 @@ def test_a_new_bundle_rolls_the_fleet(runs, with_overrides, monkeypatch):
     def other(stack, dest=None, **kwargs):  # the same stack after a change to a role
         made = real(stack, dest, **kwargs)
         sha = "f" * 64
-        return type(made)(path=made.path, sha256=sha, key=f"bundles/{stack}/{sha}.tar.gz",
-                          version=f"changed-{sha[:12]}")
+        return type(made)(
+            path=made.path,
+            sha256=sha,
+            key=f"bundles/{stack}/{sha}.tar.gz",
+            version=f"changed-{sha[:12]}",
+        )
 
     nodeboot.clear_bundle_cache()
     monkeypatch.setattr(bundle, "build", other)
@@ -296,7 +340,9 @@ def test_a_new_bundle_rolls_the_fleet(runs, with_overrides, monkeypatch):
     assert before != after and "f" * 64 in cloud_config(after)[0]
     (new_config,) = changed["alicloud-prod"].of_type(ESS_CONFIG)
     assert new_config.inputs["userData"] != config.inputs["userData"]
-    assert new_config.inputs["scalingConfigurationName"] != config.inputs["scalingConfigurationName"]
+    assert (
+        new_config.inputs["scalingConfigurationName"] != config.inputs["scalingConfigurationName"]
+    )
     checked = 0
     for stack in INSTANCES:
         kind = "aws:ec2/instance:Instance" if stack.startswith("aws") else ALI_INSTANCE
@@ -334,26 +380,37 @@ def test_the_program_hands_the_bundle_its_validated_config(with_overrides, monke
     monkeypatch.setattr(bundle, "build", recording)
     monkeypatch.setattr(plan, "load_stack_config", no_file)
     try:
-        run = run_offline("aws-prod", with_overrides("aws-prod", spot={"enabled": False},
-                                                     extra_instance_types=None))
+        run = run_offline(
+            "aws-prod",
+            with_overrides("aws-prod", spot={"enabled": False}, extra_instance_types=None),
+        )
     finally:
         nodeboot.clear_bundle_cache()
     assert len(seen) == 1 and seen[0] is not None and seen[0].spot.enabled is False
     key = run.outputs["bundle_url"].split("/", 3)[3]
-    path = next(p for p in bundle.CACHE.glob("aws-prod/*.tar.gz")
-                if bundle._sha256(p.read_bytes()) in key)
+    path = next(
+        p for p in bundle.CACHE.glob("aws-prod/*.tar.gz") if bundle._sha256(p.read_bytes()) in key
+    )
     with tarfile.open(path) as tar:
         facts = json.load(tar.extractfile("node.json"))
     assert facts["group_vars"]["torchfleet_spot"] is False  # the file says true
 
 
 def test_nodes_start_only_once_the_bundle_and_grants_exist(run):
-    deps_needed = {r.urn for r in run.custom() if r.type in (
-        "aws:s3/bucketObjectv2:BucketObjectv2", "alicloud:oss/bucketObject:BucketObject")}
+    deps_needed = {
+        r.urn
+        for r in run.custom()
+        if r.type
+        in ("aws:s3/bucketObjectv2:BucketObjectv2", "alicloud:oss/bucketObject:BucketObject")
+    }
     assert len(deps_needed) == 1
     checked = 0
-    for r in (run.of_type(ASG) + run.tagged("aws:ec2/instance:Instance", "gpu-node")
-              + run.tagged("alicloud:ecs/instance:Instance", "gpu-node") + run.of_type(ESS_CONFIG)):
+    for r in (
+        run.of_type(ASG)
+        + run.tagged("aws:ec2/instance:Instance", "gpu-node")
+        + run.tagged("alicloud:ecs/instance:Instance", "gpu-node")
+        + run.of_type(ESS_CONFIG)
+    ):
         assert deps_needed <= set(r.dependencies), (r.type, r.name)
         checked += 1
     assert checked >= 1
@@ -361,15 +418,24 @@ def test_nodes_start_only_once_the_bundle_and_grants_exist(run):
 
 def test_warm_pool_and_baked_image(with_overrides):
     """aws-prod on-demand with a warm pool and an image baked by Image Builder."""
-    run = run_offline("aws-prod", with_overrides(
-        "aws-prod", spot={"enabled": False}, extra_instance_types=None, boot="bake",
-        warm_pool={"enabled": True, "min_size": 1}))
+    run = run_offline(
+        "aws-prod",
+        with_overrides(
+            "aws-prod",
+            spot={"enabled": False},
+            extra_instance_types=None,
+            boot="bake",
+            warm_pool={"enabled": True, "min_size": 1},
+        ),
+    )
     (asg,) = run.of_type(ASG)
     warm = asg.inputs["warmPool"]
     assert warm["poolState"] == "Stopped" and warm["minSize"] == 1
     assert warm["instanceReusePolicy"]["reuseOnScaleIn"] is True
     # warm pools refuse mixed instances policies: one type, the template pinned directly
-    assert "mixedInstancesPolicy" not in asg.inputs and asg.inputs["launchTemplate"]["version"] == "1"
+    assert (
+        "mixedInstancesPolicy" not in asg.inputs and asg.inputs["launchTemplate"]["version"] == "1"
+    )
     (lt,) = run.of_type(LT)
     assert lt.inputs["imageId"] == FAKE_BAKED_AMI  # the group launches the baked AMI
     text, _ = cloud_config(lt.inputs["userData"])
@@ -380,8 +446,9 @@ def test_warm_pool_and_baked_image(with_overrides):
     bake_text, _ = cloud_config(recipe.inputs["userDataBase64"])
     assert run.outputs["bundle_sha256"] in bake_text and "bake" in bake_text
     assert recipe.inputs["blockDeviceMappings"][0]["ebs"]["encrypted"] == "true"
-    (infra,) = run.of_type("aws:imagebuilder/infrastructureConfiguration:"
-                           "InfrastructureConfiguration")
+    (infra,) = run.of_type(
+        "aws:imagebuilder/infrastructureConfiguration:InfrastructureConfiguration"
+    )
     assert infra.inputs["instanceMetadataOptions"]["httpTokens"] == "required"
     assert infra.inputs["terminateInstanceOnFailure"] is True
     (component,) = run.of_type("aws:imagebuilder/component:Component")
@@ -398,8 +465,9 @@ def test_hook_timeouts_come_from_the_measured_stages():
     from infra.config import LAUNCH_TIMEOUT_RANGE
 
     # the longest silence between two heartbeats: around a reboot (infra/lifecycle.py)
-    silence = 2 * agent.HEARTBEAT_S + lifecycle.EC2_REBOOT_MAX_S \
-        + lifecycle.PRE_HEARTBEAT_STAGE_MAX_S
+    silence = (
+        2 * agent.HEARTBEAT_S + lifecycle.EC2_REBOOT_MAX_S + lifecycle.PRE_HEARTBEAT_STAGE_MAX_S
+    )
     assert silence <= LAUNCH_TIMEOUT_DEFAULT_S < silence + 60
     assert LAUNCH_TIMEOUT_DEFAULT_S % 60 == 0
     assert LAUNCH_TIMEOUT_RANGE[0] <= LAUNCH_TIMEOUT_DEFAULT_S <= LAUNCH_TIMEOUT_RANGE[1]
@@ -417,8 +485,13 @@ def test_launch_estimates_are_measured_parts_plus_named_ones():
     assert set(found) == {"cold", "cold_debian11", "baked", "warm_pool"}
     assert found["cold"].known_s == (98 + lb, 102 + lb)
     assert found["baked"].known_s == (36 + lb, 41 + lb)
-    assert set(found["cold"].unmeasured) == {"launch", "gpu_driver", "cuda_toolkit",
-                                             "torch_cuda_download", "gpu_warmup"}
+    assert set(found["cold"].unmeasured) == {
+        "launch",
+        "gpu_driver",
+        "cuda_toolkit",
+        "torch_cuda_download",
+        "gpu_warmup",
+    }
     assert found["warm_pool"].unmeasured == ("start", "gpu_warmup")
     for estimate in found.values():
         assert [p for p in estimate.parts if p.seconds is not None], estimate.path

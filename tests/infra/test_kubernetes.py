@@ -29,31 +29,53 @@ from infra.plan import KUBERNETES_STACKS
 
 AWS_SPOT_NOTICE_S = 120  # the shortest notice a node gets before it goes (DESIGN.md)
 HELM = "kubernetes:helm.sh/v3:Release"
-CLUSTER_TYPE = {"aws": "aws:eks/cluster:Cluster",
-                "alicloud": "alicloud:cs/managedKubernetes:ManagedKubernetes"}
+CLUSTER_TYPE = {
+    "aws": "aws:eks/cluster:Cluster",
+    "alicloud": "alicloud:cs/managedKubernetes:ManagedKubernetes",
+}
 POOL_TYPE = {"aws": "aws:eks/nodeGroup:NodeGroup", "alicloud": "alicloud:cs/nodePool:NodePool"}
-KINDS = {"Namespace", "ServiceAccount", "Deployment", "Service", "PodDisruptionBudget",
-         "HorizontalPodAutoscaler", "PersistentVolume", "PersistentVolumeClaim"}
+KINDS = {
+    "Namespace",
+    "ServiceAccount",
+    "Deployment",
+    "Service",
+    "PodDisruptionBudget",
+    "HorizontalPodAutoscaler",
+    "PersistentVolume",
+    "PersistentVolumeClaim",
+}
 DRAIN_DEFAULT_S = {f.name: f.default for f in dataclasses.fields(Config)}["drain_timeout_s"]
 # kubernetes-validate re-reads its 1.5 MB definitions file on every call; the file does not
 # change within a run, so read it once (the validation itself is untouched).
 kubernetes_validate.utils.schema_contents = functools.cache(
-    kubernetes_validate.utils.schema_contents)
+    kubernetes_validate.utils.schema_contents
+)
 
 
 def variants(with_overrides) -> dict[str, dict[str, Any]]:
     """The examples, plus the other env of each (aws-k8s is dev, alicloud-k8s prod)."""
     return {
         "aws-k8s": with_overrides("aws-k8s"),
-        "aws-k8s:prod": with_overrides("aws-k8s", env="prod", ttl_hours=None, schedule=None,
-                                       spot={"enabled": True, "max_price_ratio": 1.0,
-                                             "on_demand_base": 1},
-                                       nodes={"min": 2, "desired": 2, "max": 4}),
+        "aws-k8s:prod": with_overrides(
+            "aws-k8s",
+            env="prod",
+            ttl_hours=None,
+            schedule=None,
+            spot={"enabled": True, "max_price_ratio": 1.0, "on_demand_base": 1},
+            nodes={"min": 2, "desired": 2, "max": 4},
+        ),
         "alicloud-k8s": with_overrides("alicloud-k8s"),
         "alicloud-k8s:dev": with_overrides(
-            "alicloud-k8s", env="dev", ttl_hours=8,
-            schedule={"timezone": "Asia/Shanghai", "start": "09:00", "stop": "21:00",
-                      "days": "MON-FRI"}),
+            "alicloud-k8s",
+            env="dev",
+            ttl_hours=8,
+            schedule={
+                "timezone": "Asia/Shanghai",
+                "start": "09:00",
+                "stop": "21:00",
+                "days": "MON-FRI",
+            },
+        ),
     }
 
 
@@ -128,8 +150,12 @@ def test_registers_cluster_gpu_pools_and_kubernetes_objects(k):
     releases = {r.name.removeprefix("app-").replace("-", "_") for r in run.of_type(HELM)}
     assert releases == set(k8s_settings.CHARTS_BY_CLOUD[cloud])
     components = {r.type for r in run.resources if r.type.startswith("torchfleet:")}
-    assert components == {f"torchfleet:{cloud}:Network", f"torchfleet:{cloud}:Cluster",
-                          f"torchfleet:{cloud}:Teardown", "torchfleet:k8s:App"}
+    assert components == {
+        f"torchfleet:{cloud}:Network",
+        f"torchfleet:{cloud}:Cluster",
+        f"torchfleet:{cloud}:Teardown",
+        "torchfleet:k8s:App",
+    }
     parents = {r.urn: r.type for r in run.resources}
     for r in run.custom():
         assert parents.get(r.parent, "").startswith("torchfleet:"), (r.type, r.name)
@@ -171,7 +197,8 @@ def test_helm_releases_are_pinned(k):
         assert k8s_settings._CHART_VERSION_RE.match(r.inputs["version"]), r.inputs["version"]
         chart = r.inputs["chart"]
         assert chart.startswith("oci://") or r.inputs["repositoryOpts"]["repo"].startswith(
-            "https://"), r.name
+            "https://"
+        ), r.name
         assert r.inputs["atomic"] is True
         checked += 1
     assert checked >= 2
@@ -229,8 +256,11 @@ def test_pods_run_as_non_root_without_host_access(k):
         assert sc["readOnlyRootFilesystem"] is True
         assert sc["capabilities"] == {"drop": ["ALL"]}
         assert not [p for p in c["ports"] if p.get("hostPort")]
-    (ns,) = [n for n in of_kind(run, "Namespace")
-             if n["metadata"]["name"] == of_kind(run, "Deployment")[0]["metadata"]["namespace"]]
+    (ns,) = [
+        n
+        for n in of_kind(run, "Namespace")
+        if n["metadata"]["name"] == of_kind(run, "Deployment")[0]["metadata"]["namespace"]
+    ]
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
@@ -248,13 +278,20 @@ def test_spread_across_zones_and_gpu_placement(k):
     checked = 0
     for d, pod in pod_specs(run):
         labels = d["spec"]["template"]["metadata"]["labels"]
-        zone = [t for t in pod["topologySpreadConstraints"]
-                if t["topologyKey"] == "topology.kubernetes.io/zone"]
+        zone = [
+            t
+            for t in pod["topologySpreadConstraints"]
+            if t["topologyKey"] == "topology.kubernetes.io/zone"
+        ]
         assert zone and zone[0]["maxSkew"] == 1
         assert zone[0]["labelSelector"]["matchLabels"].items() <= labels.items()
         assert pod["nodeSelector"] == {"torchfleet-role": "gpu-node"}
-        assert {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true",
-                "effect": "NoSchedule"} in pod["tolerations"]
+        assert {
+            "key": "nvidia.com/gpu",
+            "operator": "Equal",
+            "value": "true",
+            "effect": "NoSchedule",
+        } in pod["tolerations"]
         assert d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
         checked += 1
     assert checked >= 1
@@ -267,8 +304,10 @@ def test_disruption_budget_protects_without_blocking_drains(k):
     checked = 0
     for pdb in of_kind(run, "PodDisruptionBudget"):
         assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
-        assert pdb["spec"].get("maxUnavailable", 0) >= 1 or \
-            pdb["spec"]["minAvailable"] < d["spec"]["replicas"]
+        assert (
+            pdb["spec"].get("maxUnavailable", 0) >= 1
+            or pdb["spec"]["minAvailable"] < d["spec"]["replicas"]
+        )
         assert pdb["metadata"]["namespace"] == d["metadata"]["namespace"]
         checked += 1
     assert checked == 1
@@ -280,8 +319,11 @@ def test_hpa_follows_queue_depth_within_gpu_capacity(k):
     checked = 0
     for hpa in of_kind(run, "HorizontalPodAutoscaler"):
         spec = hpa["spec"]
-        assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                          "name": of_kind(run, "Deployment")[0]["metadata"]["name"]}
+        assert spec["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": of_kind(run, "Deployment")[0]["metadata"]["name"],
+        }
         (metric,) = spec["metrics"]
         assert metric["pods"]["metric"]["name"] == "torchfleet_queue_depth"
         assert metric["pods"]["target"]["averageValue"] == str(cfg["kubernetes"]["queue_target"])
@@ -318,8 +360,10 @@ def test_service_faces_only_named_clients(k):
 def test_internal_load_balancer_without_client_cidrs(with_overrides):
     run = run_offline("aws-k8s", with_overrides("aws-k8s", client_cidrs=None))
     (svc,) = of_kind(run, "Service")
-    assert svc["metadata"]["annotations"][
-        "service.beta.kubernetes.io/aws-load-balancer-internal"] == "true"
+    assert (
+        svc["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-internal"]
+        == "true"
+    )
     assert svc["spec"]["loadBalancerSourceRanges"] == ["10.42.0.0/16"]
     tags = {t.inputs["key"] for t in run.of_type("aws:ec2/tag:Tag")}
     assert tags == {"kubernetes.io/role/internal-elb"}
@@ -349,8 +393,9 @@ def test_gpu_pools_have_spot_under_the_cap_and_on_demand(k):
     run, cfg = k
     checked = 0
     if cfg["cloud"] == "aws":
-        groups = {r.inputs["capacityType"]: r for r in run.of_type(POOL_TYPE["aws"])
-                  if "gpu" in r.name}
+        groups = {
+            r.inputs["capacityType"]: r for r in run.of_type(POOL_TYPE["aws"]) if "gpu" in r.name
+        }
         assert set(groups) == {"SPOT", "ON_DEMAND"}
         base = cfg["spot"].get("on_demand_base", 0)
         assert groups["ON_DEMAND"].inputs["scalingConfig"]["minSize"] == base
@@ -383,7 +428,9 @@ def test_nodes_imdsv2_and_encrypted_disks(k):
     run, cfg = k
     checked = 0
     if cfg["cloud"] == "aws":
-        templates = {f"{lt.name}-id": lt for lt in run.of_type("aws:ec2/launchTemplate:LaunchTemplate")}
+        templates = {
+            f"{lt.name}-id": lt for lt in run.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+        }
         for group in run.of_type(POOL_TYPE["aws"]):
             lt = templates[group.inputs["launchTemplate"]["id"]]
             meta = lt.inputs["metadataOptions"]
@@ -405,8 +452,13 @@ def test_cluster_encrypts_secrets_logs_and_limits_its_endpoint(k):
     if cfg["cloud"] == "aws":
         assert i["encryptionConfig"]["resources"] == ["secrets"]
         assert i["encryptionConfig"]["provider"]["keyArn"]
-        assert set(i["enabledClusterLogTypes"]) == {"api", "audit", "authenticator",
-                                                    "controllerManager", "scheduler"}
+        assert set(i["enabledClusterLogTypes"]) == {
+            "api",
+            "audit",
+            "authenticator",
+            "controllerManager",
+            "scheduler",
+        }
         vpc = i["vpcConfig"]
         assert vpc["endpointPrivateAccess"] is True
         assert vpc["publicAccessCidrs"] == cfg["admin_cidrs"]
@@ -422,11 +474,17 @@ def test_cluster_encrypts_secrets_logs_and_limits_its_endpoint(k):
 
 def test_least_privilege_roles(k8s_runs):
     run, _ = k8s_runs["aws-k8s"]
-    attached = {a.inputs["policyArn"].rsplit("/", 1)[1] for a in
-                run.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")}
-    assert attached == {"AmazonEKSClusterPolicy", "AmazonEKSWorkerNodePolicy",
-                        "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryPullOnly",
-                        "AmazonSSMManagedInstanceCore"}
+    attached = {
+        a.inputs["policyArn"].rsplit("/", 1)[1]
+        for a in run.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+    }
+    assert attached == {
+        "AmazonEKSClusterPolicy",
+        "AmazonEKSWorkerNodePolicy",
+        "AmazonEKS_CNI_Policy",
+        "AmazonEC2ContainerRegistryPullOnly",
+        "AmazonSSMManagedInstanceCore",
+    }
     checked = 0
     for policy in run.of_type("aws:iam/rolePolicy:RolePolicy"):
         for st in json.loads(policy.inputs["policy"])["Statement"]:
@@ -436,12 +494,18 @@ def test_least_privilege_roles(k8s_runs):
                 verbs = {a.split(":")[1] for a in st["Action"]}
                 assert st.get("Condition") or all(v.startswith(("Describe", "Get")) for v in verbs)
             checked += 1
-    roles = {r.name: json.loads(r.inputs["assumeRolePolicy"]) for r in
-             run.of_type("aws:iam/role:Role")}
-    subjects = {name: next(iter(doc["Statement"][0]["Condition"]["StringEquals"].values()))
-                for name, doc in roles.items() if "Condition" in doc["Statement"][0]}
-    assert subjects == {"cluster-autoscaler": "system:serviceaccount:kube-system:cluster-autoscaler",
-                        "cluster-model-reader": "system:serviceaccount:kube-system:s3-csi-driver-sa"}
+    roles = {
+        r.name: json.loads(r.inputs["assumeRolePolicy"]) for r in run.of_type("aws:iam/role:Role")
+    }
+    subjects = {
+        name: next(iter(doc["Statement"][0]["Condition"]["StringEquals"].values()))
+        for name, doc in roles.items()
+        if "Condition" in doc["Statement"][0]
+    }
+    assert subjects == {
+        "cluster-autoscaler": "system:serviceaccount:kube-system:cluster-autoscaler",
+        "cluster-model-reader": "system:serviceaccount:kube-system:s3-csi-driver-sa",
+    }
     assert checked >= 4
 
 
@@ -451,29 +515,42 @@ def test_least_privilege_roles(k8s_runs):
 def test_dev_clusters_scale_gpu_pools_to_zero_outside_hours_and_at_the_ttl(k):
     run, cfg = k
     aws = cfg["cloud"] == "aws"
-    kind = "aws:autoscaling/schedule:Schedule" if aws else "alicloud:ess/scheduledTask:ScheduledTask"
+    kind = (
+        "aws:autoscaling/schedule:Schedule" if aws else "alicloud:ess/scheduledTask:ScheduledTask"
+    )
     tasks = run.of_type(kind)
     if cfg["env"] == "prod":
         assert tasks == [] and run.outputs["ttl_expiry"] is None
         return
-    groups = {r.name.removeprefix("cluster-"): r for r in run.of_type(POOL_TYPE[cfg["cloud"]])
-              if "gpu" in r.name}
+    groups = {
+        r.name.removeprefix("cluster-"): r
+        for r in run.of_type(POOL_TYPE[cfg["cloud"]])
+        if "gpu" in r.name
+    }
     checked = 0
     for pool, group in groups.items():
-        mine = {t.name.rsplit("-", 1)[1]: t.inputs for t in tasks
-                if t.name.startswith(f"teardown-{pool}-")}
+        mine = {
+            t.name.rsplit("-", 1)[1]: t.inputs
+            for t in tasks
+            if t.name.startswith(f"teardown-{pool}-")
+        }
         assert set(mine) == {"start", "stop", "ttl"}, (pool, sorted(mine))
         target = "autoscalingGroupName" if aws else "scalingGroupId"
         expected = f"eks-{group.name}-asg" if aws else f"asg-{group.name}"
         assert {t[target] for t in mine.values()} == {expected}
-        low, high, desired = (("minSize", "maxSize", "desiredCapacity") if aws
-                              else ("minValue", "maxValue", "desiredCapacity"))
+        low, high, desired = (
+            ("minSize", "maxSize", "desiredCapacity")
+            if aws
+            else ("minValue", "maxValue", "desiredCapacity")
+        )
         for action in ("stop", "ttl"):
             assert mine[action][low] == mine[action][high] == mine[action][desired] == 0
         if aws:
             scaling = group.inputs["scalingConfig"]
-            assert (mine["start"][low], mine["start"][high]) == (scaling["minSize"],
-                                                                scaling["maxSize"])
+            assert (mine["start"][low], mine["start"][high]) == (
+                scaling["minSize"],
+                scaling["maxSize"],
+            )
             assert mine["ttl"]["startTime"] == run.outputs["ttl_expiry"]
         else:
             assert mine["start"][high] == cfg["nodes"]["max"]
@@ -491,8 +568,12 @@ def test_plan_shows_the_clusters_fixed_cost(k):
     assert c["fixed_usd_per_hour"] == pytest.approx(plane + c["system_usd_per_hour"])
     assert c["monthly_fixed_usd"] == pytest.approx(c["fixed_usd_per_hour"] * 730, abs=0.01)
     assert c["monthly_fixed_usd"] < c["monthly_min_usd"] <= c["monthly_max_usd"]
-    assert c["gpu_max_usd_per_hour"] <= cfg["nodes"]["max"] * _cap(cfg, cfg["instance_type"]) \
-        + 1e-9 + cfg["nodes"]["max"] * lookup(cfg["cloud"], cfg["instance_type"]).usd_per_hour
+    assert (
+        c["gpu_max_usd_per_hour"]
+        <= cfg["nodes"]["max"] * _cap(cfg, cfg["instance_type"])
+        + 1e-9
+        + cfg["nodes"]["max"] * lookup(cfg["cloud"], cfg["instance_type"]).usd_per_hour
+    )
     assert "2026" in c["price_source"]
     if cfg.get("schedule"):
         assert c["gpu_hours_per_month"] < 730
@@ -526,23 +607,31 @@ def test_config_errors_name_the_key(with_overrides):
     block = with_overrides("aws-k8s")["torchfleet:kubernetes"]
     msg = _problems(with_overrides, "aws-k8s", kubernetes=None)
     assert "torchfleet:kubernetes = None" in msg and "image" in msg
-    msg = _problems(with_overrides, "aws-k8s", kubernetes={**block, "image": None,
-                                                           "version": "1.29"})
+    msg = _problems(
+        with_overrides, "aws-k8s", kubernetes={**block, "image": None, "version": "1.29"}
+    )
     assert "torchfleet:kubernetes.image" in msg and "torchfleet:kubernetes.version = '1.29'" in msg
     msg = _problems(with_overrides, "aws-k8s", kubernetes={**block, "replicas": {"max": 9}})
     assert "torchfleet:kubernetes.replicas" in msg and "<= 4" in msg
     msg = _problems(with_overrides, "aws-k8s", zones=["eu-central-1a"])
     assert "torchfleet:zones" in msg and "2 zones in mode: kubernetes" in msg
-    msg = _problems(with_overrides, "aws-k8s",
-                    spot={"enabled": True, "max_price_ratio": 0.9})
+    msg = _problems(with_overrides, "aws-k8s", spot={"enabled": True, "max_price_ratio": 0.9})
     assert "torchfleet:spot.max_price_ratio = 0.9" in msg and "managed node groups" in msg
-    msg = _problems(with_overrides, "aws-k8s", kubernetes={
-        **block, "charts": {"keda": {"version": "2.0.0"},
-                            "device_plugin": {"version": "latest"}}})
+    msg = _problems(
+        with_overrides,
+        "aws-k8s",
+        kubernetes={
+            **block,
+            "charts": {"keda": {"version": "2.0.0"}, "device_plugin": {"version": "latest"}},
+        },
+    )
     assert "torchfleet:kubernetes.charts.keda" in msg
     assert "torchfleet:kubernetes.charts.device_plugin.version = 'latest'" in msg
     msg = _problems(with_overrides, "aws-dev", kubernetes=block)
     assert "unset unless mode: kubernetes" in msg
-    msg = _problems(with_overrides, "alicloud-k8s",
-                    kubernetes={**block, "charts": {"device_plugin": {"version": "0.20.0"}}})
+    msg = _problems(
+        with_overrides,
+        "alicloud-k8s",
+        kubernetes={**block, "charts": {"device_plugin": {"version": "0.20.0"}}},
+    )
     assert "charts alicloud installs: prometheus, prometheus_adapter" in msg

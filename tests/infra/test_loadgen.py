@@ -1,4 +1,5 @@
-"""The controller-side load generator (`python -m infra.loadgen`) against a real loopback HTTP server written here: a stub that
+"""The controller-side load generator (`python -m infra.loadgen`) against a real loopback HTTP
+server written here: a stub that
 honours the runtime's HTTP contract (GET /v1/model, POST /v1/predict in JSON or binary) with a
 controllable latency, 503 injection and dropped connections. Plus the offline mode on a tiny
 TorchScript model, and the percentile math against numpy."""
@@ -107,8 +108,11 @@ class StubHandler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
             return None
         if srv.fail_every and n % srv.fail_every == 0:
-            return self._send(503, {"error": {"type": "overloaded", "message": "queue full"}},
-                              {"Retry-After": "1"})
+            return self._send(
+                503,
+                {"error": {"type": "overloaded", "message": "queue full"}},
+                {"Retry-After": "1"},
+            )
         if srv.latency_s:
             srv.delay.wait(srv.latency_s)
         return self._send(200, {"outputs": [[0.0] * 10 for _ in range(batch.shape[0])]})
@@ -189,8 +193,12 @@ def test_binary_payload_is_the_same_tensor_as_json():
     np.testing.assert_array_equal(from_bytes, from_json)
     bf16, _ = build_payload(SHAPE, "bfloat16", 1, binary=True)
     assert len(bf16) == 2 * 3 * 8 * 8  # two bytes per element, no numpy needed
-    as_f32 = np.frombuffer(b"".join(b"\0\0" + bf16[i:i + 2] for i in range(0, len(bf16), 2)), dtype="<f4")
-    np.testing.assert_array_equal(as_f32, from_bytes[0].reshape(-1))  # the values are exact in bfloat16
+    as_f32 = np.frombuffer(
+        b"".join(b"\0\0" + bf16[i : i + 2] for i in range(0, len(bf16), 2)), dtype="<f4"
+    )
+    np.testing.assert_array_equal(
+        as_f32, from_bytes[0].reshape(-1)
+    )  # the values are exact in bfloat16
     short, _ = build_payload(SHAPE, "float32", 1, binary=False, decimals=2)
     assert len(short) < len(doc) / 2 * 0.7
 
@@ -201,8 +209,9 @@ def test_binary_payload_is_the_same_tensor_as_json():
 def test_request_bound_counts_errors_and_keeps_connections_alive(stub):
     srv = stub(fail_every=5)
     body, headers = build_payload(SHAPE, "float32", 1, binary=False)
-    result = run_level(Target.parse(srv.url), body, headers, concurrency=4, batch=1,
-                       requests=40, warmup=0)
+    result = run_level(
+        Target.parse(srv.url), body, headers, concurrency=4, batch=1, requests=40, warmup=0
+    )
     assert result.requests == 40 == srv.predictions
     assert result.ok == 32
     assert result.errors == {"503": 8}
@@ -215,8 +224,9 @@ def test_request_bound_counts_errors_and_keeps_connections_alive(stub):
 def test_dropped_connections_are_tallied_and_the_worker_reconnects(stub):
     srv = stub(drop_every=4)
     body, headers = build_payload(SHAPE, "float32", 1, binary=True)
-    result = run_level(Target.parse(srv.url), body, headers, concurrency=2, batch=1,
-                       requests=20, warmup=0)
+    result = run_level(
+        Target.parse(srv.url), body, headers, concurrency=2, batch=1, requests=20, warmup=0
+    )
     assert result.requests == 20
     dropped = sum(v for k, v in result.errors.items() if k.startswith("conn:"))
     assert dropped == 5 and result.ok == 15
@@ -227,8 +237,9 @@ def test_dropped_connections_are_tallied_and_the_worker_reconnects(stub):
 def test_latency_is_the_round_trip(stub):
     srv = stub(latency_s=0.02)
     body, headers = build_payload(SHAPE, "float32", 1, binary=False)
-    result = run_level(Target.parse(srv.url), body, headers, concurrency=2, batch=1,
-                       requests=6, warmup=0)
+    result = run_level(
+        Target.parse(srv.url), body, headers, concurrency=2, batch=1, requests=6, warmup=0
+    )
     assert result.ok == 6
     assert result.latency_ms["min"] >= 20.0  # the server held every request at least 20 ms
 
@@ -236,8 +247,9 @@ def test_latency_is_the_round_trip(stub):
 def test_duration_bound_runs_until_the_deadline(stub):
     srv = stub()
     body, headers = build_payload(SHAPE, "float32", 1, binary=False)
-    result = run_level(Target.parse(srv.url), body, headers, concurrency=2, batch=1,
-                       duration_s=0.3, warmup=0)
+    result = run_level(
+        Target.parse(srv.url), body, headers, concurrency=2, batch=1, duration_s=0.3, warmup=0
+    )
     assert result.requests == srv.predictions > 0
     assert result.elapsed_s >= 0.3
 
@@ -245,8 +257,9 @@ def test_duration_bound_runs_until_the_deadline(stub):
 def test_the_window_opens_after_a_warm_up_longer_than_it(stub):
     srv = stub(latency_s=0.3)  # warm-up: 3 x 0.3 s per worker, longer than the 0.5 s window
     body, headers = build_payload(SHAPE, "float32", 1, binary=False)
-    result = run_level(Target.parse(srv.url), body, headers, concurrency=3, batch=1,
-                       duration_s=0.5, warmup=3)
+    result = run_level(
+        Target.parse(srv.url), body, headers, concurrency=3, batch=1, duration_s=0.5, warmup=3
+    )
     assert result.ok >= 3  # every worker measured at least its first request
     assert srv.predictions == 3 * 3 + result.requests
 
@@ -254,8 +267,20 @@ def test_the_window_opens_after_a_warm_up_longer_than_it(stub):
 def test_cli_json_report_binary_batches_and_warmup(stub, tmp_path):
     srv = stub()
     out = tmp_path / "bench.json"
-    rc = cli(srv.url, "--concurrency", "1,3", "--requests", "12", "--batch", "2", "--binary",
-             "--warmup", "2", "--json", out)
+    rc = cli(
+        srv.url,
+        "--concurrency",
+        "1,3",
+        "--requests",
+        "12",
+        "--batch",
+        "2",
+        "--binary",
+        "--warmup",
+        "2",
+        "--json",
+        out,
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["url"] == srv.url
@@ -265,7 +290,14 @@ def test_cli_json_report_binary_batches_and_warmup(stub, tmp_path):
     assert report["config"]["body_bytes"] == 2 * 3 * 8 * 8 * 4
     assert [lv["concurrency"] for lv in report["levels"]] == [1, 3]
     for lv in report["levels"]:
-        assert set(lv) >= {"requests", "ok", "errors", "throughput_rps", "items_per_s", "latency_ms"}
+        assert set(lv) >= {
+            "requests",
+            "ok",
+            "errors",
+            "throughput_rps",
+            "items_per_s",
+            "latency_ms",
+        }
         assert lv["requests"] == lv["ok"] == 12
         assert lv["items_per_s"] == pytest.approx(2 * lv["throughput_rps"], rel=1e-3)
         assert set(lv["latency_ms"]) == {"p50", "p90", "p99", "mean", "min", "max"}
@@ -323,17 +355,29 @@ def test_plot_without_matplotlib_says_how_to_get_it(stub, monkeypatch, capsys, t
 @pytest.fixture
 def tiny_model(tmp_path):
     torch.manual_seed(0)
-    model = torch.jit.script(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 10)))
+    model = torch.jit.script(
+        torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 10))
+    )
     path = tmp_path / "tiny.pt"
     model.save(str(path))
-    (tmp_path / "tiny.json").write_text(json.dumps({"input_shape": list(SHAPE), "dtype": "float32"}))
+    (tmp_path / "tiny.json").write_text(
+        json.dumps({"input_shape": list(SHAPE), "dtype": "float32"})
+    )
     return path
 
 
 def test_offline_reports_every_batch_size_and_the_best(tiny_model, tmp_path):
     out = tmp_path / "offline.json"
-    rc = cli("--offline", tiny_model, "--offline-max-batch", "8", "--offline-seconds", "0.01",
-             "--json", out)
+    rc = cli(
+        "--offline",
+        tiny_model,
+        "--offline-max-batch",
+        "8",
+        "--offline-seconds",
+        "0.01",
+        "--json",
+        out,
+    )
     assert rc == 0
     offline = json.loads(out.read_text())["offline"]
     assert [r["batch"] for r in offline["results"]] == [1, 2, 4, 8]
@@ -345,8 +389,21 @@ def test_offline_reports_every_batch_size_and_the_best(tiny_model, tmp_path):
 def test_served_over_offline_ratio(stub, tiny_model, tmp_path):
     srv = stub()
     out = tmp_path / "both.json"
-    rc = cli(srv.url, "--concurrency", "2", "--requests", "10", "--offline", tiny_model,
-             "--offline-max-batch", "2", "--offline-seconds", "0.01", "--json", out)
+    rc = cli(
+        srv.url,
+        "--concurrency",
+        "2",
+        "--requests",
+        "10",
+        "--offline",
+        tiny_model,
+        "--offline-max-batch",
+        "2",
+        "--offline-seconds",
+        "0.01",
+        "--json",
+        out,
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     best = report["offline"]["best"]["items_per_s"]
@@ -366,15 +423,38 @@ def test_offline_needs_a_shape_without_sidecar(tmp_path, capsys):
     torch.jit.script(torch.nn.Linear(4, 2)).save(str(path))
     assert cli("--offline", path) == 2
     assert "--shape" in capsys.readouterr().err
-    assert cli("--offline", path, "--shape", "4", "--offline-max-batch", "1",
-               "--offline-seconds", "0.01") == 0
+    assert (
+        cli(
+            "--offline",
+            path,
+            "--shape",
+            "4",
+            "--offline-max-batch",
+            "1",
+            "--offline-seconds",
+            "0.01",
+        )
+        == 0
+    )
 
 
 def test_module_runs_as_a_script(tiny_model):
     proc = subprocess.run(
-        [sys.executable, "-m", "infra.loadgen", "--offline", str(tiny_model),
-         "--offline-max-batch", "2", "--offline-seconds", "0.01"],
-        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
+        [
+            sys.executable,
+            "-m",
+            "infra.loadgen",
+            "--offline",
+            str(tiny_model),
+            "--offline-max-batch",
+            "2",
+            "--offline-seconds",
+            "0.01",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert proc.returncode == 0, proc.stderr
     assert "offline best:" in proc.stdout

@@ -19,7 +19,10 @@ from infra.offline import run_offline
 
 PROD = ("aws-prod", "alicloud-prod")
 NODE_EXPORTER, JOURNAL = 9100, 19532  # roles/monitoring defaults, spelled out on purpose
-SG = {"aws": "aws:ec2/securityGroup:SecurityGroup", "alicloud": "alicloud:ecs/securityGroup:SecurityGroup"}
+SG = {
+    "aws": "aws:ec2/securityGroup:SecurityGroup",
+    "alicloud": "alicloud:ecs/securityGroup:SecurityGroup",
+}
 HOST = {"aws": "aws:ec2/instance:Instance", "alicloud": "alicloud:ecs/instance:Instance"}
 AWS_RULE = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 ALI_RULE = "alicloud:ecs/securityGroupRule:SecurityGroupRule"
@@ -42,27 +45,40 @@ def _ingress(run) -> list[tuple[str, str, int, str]]:
 
     for sg in run.of_type(SG["aws"]):
         for rule in sg.inputs.get("ingress", []):
-            sources = [groups[g] for g in rule.get("securityGroups", [])] + \
-                rule.get("cidrBlocks", []) + rule.get("ipv6CidrBlocks", []) + \
-                rule.get("prefixListIds", []) + ([sg.name.rsplit("-", 1)[1]] if rule.get("self")
-                                                 else [])
+            sources = (
+                [groups[g] for g in rule.get("securityGroups", [])]
+                + rule.get("cidrBlocks", [])
+                + rule.get("ipv6CidrBlocks", [])
+                + rule.get("prefixListIds", [])
+                + ([sg.name.rsplit("-", 1)[1]] if rule.get("self") else [])
+            )
             assert sources, f"a rule with no source: {rule}"
-            out += [(sg.name.rsplit("-", 1)[1], rule["protocol"], p, src)
-                    for p in ports(int(rule["fromPort"]), int(rule["toPort"])) for src in sources]
+            out += [
+                (sg.name.rsplit("-", 1)[1], rule["protocol"], p, src)
+                for p in ports(int(rule["fromPort"]), int(rule["toPort"]))
+                for src in sources
+            ]
     for r in run.of_type(AWS_RULE):
         i = r.inputs
-        out += [(groups[i["securityGroupId"]], i["ipProtocol"], p, src)
-                for p in ports(int(i["fromPort"]), int(i["toPort"]))
-                for src in _sources(groups, i, "referencedSecurityGroupId", "cidrIpv4",
-                                    "cidrIpv6", "prefixListId")]
+        out += [
+            (groups[i["securityGroupId"]], i["ipProtocol"], p, src)
+            for p in ports(int(i["fromPort"]), int(i["toPort"]))
+            for src in _sources(
+                groups, i, "referencedSecurityGroupId", "cidrIpv4", "cidrIpv6", "prefixListId"
+            )
+        ]
     for r in run.of_type(ALI_RULE):
         i = r.inputs
         if i["type"] != "ingress":
             continue
         lo, hi = (int(p) for p in i["portRange"].split("/"))
-        out += [(groups[i["securityGroupId"]], i["ipProtocol"], p, src) for p in ports(lo, hi)
-                for src in _sources(groups, i, "sourceSecurityGroupId", "cidrIp", "ipv6CidrIp",
-                                    "prefixListId")]
+        out += [
+            (groups[i["securityGroupId"]], i["ipProtocol"], p, src)
+            for p in ports(lo, hi)
+            for src in _sources(
+                groups, i, "sourceSecurityGroupId", "cidrIp", "ipv6CidrIp", "prefixListId"
+            )
+        ]
     return out
 
 
@@ -88,8 +104,11 @@ def test_scrape_ports_admitted_only_from_the_monitoring_group(runs, settings, st
         if target == "nodes" and port == service:
             # the scraper, and the load balancer as before (AWS: its group; Alibaba: the VPC
             # and the CLB's source range, unchanged by monitoring)
-            allowed = {"monitoring", "lb"} if stack.startswith("aws") else \
-                {"monitoring", "10.42.0.0/16", "100.64.0.0/10"}
+            allowed = (
+                {"monitoring", "lb"}
+                if stack.startswith("aws")
+                else {"monitoring", "10.42.0.0/16", "100.64.0.0/10"}
+            )
             assert source in allowed, (target, port, source)
             checked += 1
     assert ("nodes", "tcp", NODE_EXPORTER, "monitoring") in rules
@@ -100,10 +119,13 @@ def test_scrape_ports_admitted_only_from_the_monitoring_group(runs, settings, st
 @pytest.mark.parametrize("stack", PROD)
 def test_monitoring_group_admits_only_what_is_listed(runs, settings, stack):
     run, cfg = runs[stack], settings(stack)
-    admitted = {(proto, port, src) for target, proto, port, src in _ingress(run)
-                if target == "monitoring"}
-    assert admitted == {("tcp", JOURNAL, "nodes"),
-                        *(("tcp", 22, cidr) for cidr in cfg["admin_cidrs"])}, admitted
+    admitted = {
+        (proto, port, src) for target, proto, port, src in _ingress(run) if target == "monitoring"
+    }
+    assert admitted == {
+        ("tcp", JOURNAL, "nodes"),
+        *(("tcp", 22, cidr) for cidr in cfg["admin_cidrs"]),
+    }, admitted
     if stack.startswith("aws"):
         # no inline rules beside the standalone ones (the provider would fight over them)
         (sg,) = [sg for sg in run.of_type(SG["aws"]) if sg.name.endswith("-monitoring")]
@@ -111,8 +133,9 @@ def test_monitoring_group_admits_only_what_is_listed(runs, settings, stack):
     # the load balancer may reach what it reached without monitoring: the service port only
     for sg in run.of_type(SG["aws"]):
         if sg.name.endswith("-lb"):
-            assert [(int(e["fromPort"]), int(e["toPort"])) for e in sg.inputs["egress"]] == \
-                [(cfg["service_port"], cfg["service_port"])]
+            assert [(int(e["fromPort"]), int(e["toPort"])) for e in sg.inputs["egress"]] == [
+                (cfg["service_port"], cfg["service_port"])
+            ]
 
 
 @pytest.mark.parametrize("stack", PROD)
@@ -126,14 +149,21 @@ def test_monitoring_host_is_private_encrypted_and_imdsv2(runs, stack):
         assert i["associatePublicIpAddress"] is False
         assert i["metadataOptions"]["httpTokens"] == "required"
         assert i["rootBlockDevice"]["encrypted"] is True
-        (subnet,) = [s for s in run.of_type("aws:ec2/subnet:Subnet")
-                     if i["subnetId"] == f"{s.name}-id"]
+        (subnet,) = [
+            s for s in run.of_type("aws:ec2/subnet:Subnet") if i["subnetId"] == f"{s.name}-id"
+        ]
         assert subnet.inputs["mapPublicIpOnLaunch"] is False
         assert subnet.inputs["cidrBlock"] == "10.42.240.0/20"
-        (assoc,) = [a for a in run.of_type("aws:ec2/routeTableAssociation:RouteTableAssociation")
-                    if a.inputs["subnetId"] == i["subnetId"]]
-        (table,) = [t for t in run.of_type("aws:ec2/routeTable:RouteTable")
-                    if assoc.inputs["routeTableId"] == f"{t.name}-id"]
+        (assoc,) = [
+            a
+            for a in run.of_type("aws:ec2/routeTableAssociation:RouteTableAssociation")
+            if a.inputs["subnetId"] == i["subnetId"]
+        ]
+        (table,) = [
+            t
+            for t in run.of_type("aws:ec2/routeTable:RouteTable")
+            if assoc.inputs["routeTableId"] == f"{t.name}-id"
+        ]
         assert [r.get("natGatewayId") for r in table.inputs["routes"]] != [None]
         assert not [r for r in table.inputs["routes"] if r.get("gatewayId")]  # no IGW route
     else:
@@ -147,17 +177,24 @@ def test_monitoring_host_is_private_encrypted_and_imdsv2(runs, stack):
 def test_monitoring_role_may_only_describe(runs):
     run = runs["aws-prod"]
     (host,) = run.tagged(HOST["aws"], "monitoring")
-    (profile,) = [p for p in run.of_type("aws:iam/instanceProfile:InstanceProfile")
-                  if host.inputs["iamInstanceProfile"] == f"{p.name}-name"]
+    (profile,) = [
+        p
+        for p in run.of_type("aws:iam/instanceProfile:InstanceProfile")
+        if host.inputs["iamInstanceProfile"] == f"{p.name}-name"
+    ]
     role = profile.inputs["role"].removesuffix("-name")
-    policies = [p for p in run.of_type("aws:iam/rolePolicy:RolePolicy")
-                if p.inputs["role"] == f"{role}-id"]
+    policies = [
+        p for p in run.of_type("aws:iam/rolePolicy:RolePolicy") if p.inputs["role"] == f"{role}-id"
+    ]
     assert len(policies) == 1
     (statement,) = json.loads(policies[0].inputs["policy"])["Statement"]
     assert statement["Effect"] == "Allow" and statement["Resource"] == "*"
     assert sorted(statement["Action"]) == ["ec2:DescribeAvailabilityZones", "ec2:DescribeInstances"]
-    assert not [a for a in run.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
-                if a.inputs["role"] == f"{role}-name"]
+    assert not [
+        a
+        for a in run.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+        if a.inputs["role"] == f"{role}-name"
+    ]
 
 
 @pytest.mark.parametrize("stack", PROD)
@@ -183,8 +220,7 @@ def test_inventory_and_bundle_name_the_monitoring_host(runs, stack):
 
 
 @pytest.mark.parametrize("stack", PROD)
-def test_ansible_sees_the_monitoring_host_from_the_stack_output(runs, settings, tmp_path,
-                                                                stack):
+def test_ansible_sees_the_monitoring_host_from_the_stack_output(runs, settings, tmp_path, stack):
     """The stack's inventory output, written as `torchfleet up` writes it (stack.yml beside the
     committed hosts.yml and group_vars), read by real `ansible-inventory`: the committed, empty
     `monitoring` group gains the host, and the nodes' group carries the receiver. The cloud
@@ -204,10 +240,19 @@ def test_ansible_sees_the_monitoring_host_from_the_stack_output(runs, settings, 
     write(stack, runs[stack].outputs["inventory"], tmp_path / "inventories")
     (inv_dir / "aws_ec2.yml").unlink(missing_ok=True)
     listed = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inv_dir), "--list",
-         "--export"],
-        capture_output=True, text=True, check=False, timeout=120,
-        env={**os.environ, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "true"})
+        [
+            str(Path(sys.executable).parent / "ansible-inventory"),
+            "-i",
+            str(inv_dir),
+            "--list",
+            "--export",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env={**os.environ, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "true"},
+    )
     assert listed.returncode == 0, listed.stderr
     found = json.loads(listed.stdout)
     assert found["monitoring"]["hosts"] == [f"{stack}-monitoring"]
@@ -223,15 +268,25 @@ def test_instances_mode_nodes_reach_the_monitoring_host(settings, with_overrides
     name the receiver, its node exporter admits the monitoring group only, and the host is in
     the inventory beside the nodes."""
     spot = {**settings(stack)["spot"], "on_demand_base": 0}
-    run = run_offline(stack, with_overrides(stack, mode="instances", spot=spot, scaling=None,
-                                            client_cidrs=None, extra_instance_types=None))
+    run = run_offline(
+        stack,
+        with_overrides(
+            stack,
+            mode="instances",
+            spot=spot,
+            scaling=None,
+            client_cidrs=None,
+            extra_instance_types=None,
+        ),
+    )
     assert run.tagged(HOST[stack.split("-")[0]], "gpu-node")  # plain instances, not a group
     children = run.outputs["inventory"]["all"]["children"]
     ((_, host),) = children["monitoring"]["hosts"].items()
     nodes = children["gpu_nodes"]["hosts"]
     assert nodes and all(h["monitoring_logs_server"] == host["private_ip"] for h in nodes.values())
-    exporter = [src for target, _, port, src in _ingress(run)
-                if target == "nodes" and port == NODE_EXPORTER]
+    exporter = [
+        src for target, _, port, src in _ingress(run) if target == "nodes" and port == NODE_EXPORTER
+    ]
     assert exporter == ["monitoring"], exporter
     assert ("monitoring", "tcp", JOURNAL, "nodes") in _ingress(run)
 
@@ -240,16 +295,29 @@ def test_instances_mode_nodes_reach_the_monitoring_host(settings, with_overrides
 # monitoring group and its rules (on Alibaba also the nodes' scrape rules and an explicit egress
 # rule; on AWS the scrape rules are inline in the nodes' group), the host, and on AWS its role.
 ADDED = {
-    "aws": {"aws:ec2/subnet:Subnet": 1, "aws:ec2/eip:Eip": 1, "aws:ec2/natGateway:NatGateway": 1,
-            "aws:ec2/routeTable:RouteTable": 1,
-            "aws:ec2/routeTableAssociation:RouteTableAssociation": 1, SG["aws"]: 1,
-            AWS_RULE: 2, "aws:iam/role:Role": 1, "aws:iam/rolePolicy:RolePolicy": 1,
-            "aws:iam/instanceProfile:InstanceProfile": 1, HOST["aws"]: 1},
-    "alicloud": {"alicloud:vpc/switch:Switch": 1, "alicloud:vpc/natGateway:NatGateway": 1,
-                 "alicloud:ecs/eipAddress:EipAddress": 1,
-                 "alicloud:ecs/eipAssociation:EipAssociation": 1,
-                 "alicloud:vpc/snatEntry:SnatEntry": 1, SG["alicloud"]: 1, ALI_RULE: 5,
-                 HOST["alicloud"]: 1},
+    "aws": {
+        "aws:ec2/subnet:Subnet": 1,
+        "aws:ec2/eip:Eip": 1,
+        "aws:ec2/natGateway:NatGateway": 1,
+        "aws:ec2/routeTable:RouteTable": 1,
+        "aws:ec2/routeTableAssociation:RouteTableAssociation": 1,
+        SG["aws"]: 1,
+        AWS_RULE: 2,
+        "aws:iam/role:Role": 1,
+        "aws:iam/rolePolicy:RolePolicy": 1,
+        "aws:iam/instanceProfile:InstanceProfile": 1,
+        HOST["aws"]: 1,
+    },
+    "alicloud": {
+        "alicloud:vpc/switch:Switch": 1,
+        "alicloud:vpc/natGateway:NatGateway": 1,
+        "alicloud:ecs/eipAddress:EipAddress": 1,
+        "alicloud:ecs/eipAssociation:EipAssociation": 1,
+        "alicloud:vpc/snatEntry:SnatEntry": 1,
+        SG["alicloud"]: 1,
+        ALI_RULE: 5,
+        HOST["alicloud"]: 1,
+    },
 }
 # reference prices (infra/catalog.py, spelled out): instance + NAT gateway per hour, disk per GB
 HOURLY = {"aws": 0.0416 + 0.05, "alicloud": 0.109 + 0.05}
@@ -266,8 +334,9 @@ def _without_monitoring(run) -> None:
     assert "monitoring" not in set(_groups(run).values())
     children = run.outputs["inventory"]["all"]["children"]
     assert "monitoring" not in children
-    assert not [g for g in children.values()
-                if "monitoring_logs_server" in (g.get("vars") or {})], run.stack
+    assert not [
+        g for g in children.values() if "monitoring_logs_server" in (g.get("vars") or {})
+    ], run.stack
     assert run.outputs["cost"]["monitoring_usd_per_month"] == 0
     assert run.outputs["cost"]["monitoring_instance_type"] == ""
 
@@ -296,11 +365,13 @@ def test_monitoring_is_off_unless_enabled(runs, settings, with_overrides, stack)
     disk = values["monitoring"]["disk_gb"]
     assert cost["monitoring_usd_per_hour"] == pytest.approx(HOURLY[cloud], abs=1e-4)
     assert cost["monitoring_usd_per_month"] == pytest.approx(
-        HOURLY[cloud] * 730 + disk * DISK_GB_MONTH[cloud], abs=0.01)
+        HOURLY[cloud] * 730 + disk * DISK_GB_MONTH[cloud], abs=0.01
+    )
     for key in ("monthly_worst_case_usd", "monthly_worst_at_max_usd", "monthly_typical_usd"):
         assert cost[key] == pytest.approx(base[key] + cost["monitoring_usd_per_month"], abs=0.02)
     assert cost["spot_cap_usd_per_hour"] == pytest.approx(
-        base["spot_cap_usd_per_hour"] + cost["monitoring_usd_per_hour"], abs=1e-4)
+        base["spot_cap_usd_per_hour"] + cost["monitoring_usd_per_hour"], abs=1e-4
+    )
 
 
 def _problems(raw: dict, stack: str) -> str:
@@ -311,16 +382,33 @@ def _problems(raw: dict, stack: str) -> str:
 
 def test_monitoring_config_errors(settings):
     prod = {**settings("aws-prod")}
-    msg = _problems({**prod, "monitoring": {"enabled": "yes", "instance_type": "g5.xlarge",
-                                            "disk_gb": 10, "size": 1}}, "aws-prod")
-    for fragment in ("torchfleet:monitoring.enabled = 'yes'", "true | false",
-                     "torchfleet:monitoring.instance_type = 'g5.xlarge'", "t3.medium",
-                     "torchfleet:monitoring.disk_gb = 10", "30..16384",
-                     "torchfleet:monitoring.size", "enabled, instance_type, disk_gb"):
+    msg = _problems(
+        {
+            **prod,
+            "monitoring": {
+                "enabled": "yes",
+                "instance_type": "g5.xlarge",
+                "disk_gb": 10,
+                "size": 1,
+            },
+        },
+        "aws-prod",
+    )
+    for fragment in (
+        "torchfleet:monitoring.enabled = 'yes'",
+        "true | false",
+        "torchfleet:monitoring.instance_type = 'g5.xlarge'",
+        "t3.medium",
+        "torchfleet:monitoring.disk_gb = 10",
+        "30..16384",
+        "torchfleet:monitoring.size",
+        "enabled, instance_type, disk_gb",
+    ):
         assert fragment in msg, fragment
     # even while disabled, a typo is reported
     assert "monitoring.instance_type = 't3.tiny'" in _problems(
-        {**prod, "monitoring": {"instance_type": "t3.tiny"}}, "aws-prod")
+        {**prod, "monitoring": {"instance_type": "t3.tiny"}}, "aws-prod"
+    )
     dev = {**settings("alicloud-dev"), "monitoring": {"enabled": True}}
     assert "false while ttl_hours is set" in _problems(dev, "alicloud-dev")
     cfg = load({**settings("alicloud-prod"), "monitoring": {"enabled": True}}, "alicloud-prod")

@@ -88,12 +88,19 @@ def _aws_rule_resources(run):
     """Standalone ingress rules (the monitoring group's), in the inline rules' shape."""
     for r in run.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"):
         i = r.inputs
-        yield i["securityGroupId"], {
-            "protocol": i["ipProtocol"], "fromPort": i["fromPort"], "toPort": i["toPort"],
-            "cidrBlocks": [i["cidrIpv4"]] if i.get("cidrIpv4") else [],
-            "ipv6CidrBlocks": [i["cidrIpv6"]] if i.get("cidrIpv6") else [],
-            "securityGroups": [i["referencedSecurityGroupId"]]
-            if i.get("referencedSecurityGroupId") else []}
+        yield (
+            i["securityGroupId"],
+            {
+                "protocol": i["ipProtocol"],
+                "fromPort": i["fromPort"],
+                "toPort": i["toPort"],
+                "cidrBlocks": [i["cidrIpv4"]] if i.get("cidrIpv4") else [],
+                "ipv6CidrBlocks": [i["cidrIpv6"]] if i.get("cidrIpv6") else [],
+                "securityGroups": [i["referencedSecurityGroupId"]]
+                if i.get("referencedSecurityGroupId")
+                else [],
+            },
+        )
 
 
 # Node exporter and the journal receiver (roles/monitoring) besides SSH and the service port.
@@ -184,8 +191,10 @@ def test_disks_encrypted(run):
         else:  # the monitoring host
             assert inst.inputs["rootBlockDevice"]["encrypted"] is True, inst.name
             checked += 1
-    for kind in ("alicloud:ecs/instance:Instance",
-                 "alicloud:ess/scalingConfiguration:ScalingConfiguration"):
+    for kind in (
+        "alicloud:ecs/instance:Instance",
+        "alicloud:ess/scalingConfiguration:ScalingConfiguration",
+    ):
         for r in run.of_type(kind):
             assert r.inputs["systemDiskEncrypted"] is True, r.name
             assert r.inputs["systemDiskCategory"] == "cloud_essd"
@@ -217,8 +226,9 @@ def test_spot_cap_within_ratio_of_on_demand(run, settings):
         for t in types:
             assert 0 < price <= _cap(ratio, cloud, t) + 1e-9, t
             checked += 1
-        assert policy["instancesDistribution"]["spotAllocationStrategy"] == \
-            "price-capacity-optimized"
+        assert (
+            policy["instancesDistribution"]["spotAllocationStrategy"] == "price-capacity-optimized"
+        )
     for inst in run.tagged("alicloud:ecs/instance:Instance", "gpu-node"):
         assert inst.inputs["spotStrategy"] == "SpotWithPriceLimit"
         assert inst.inputs["instanceChargeType"] == "PostPaid"
@@ -241,8 +251,10 @@ def test_dev_stacks_have_schedules_and_a_ttl(runs, settings):
     assert schedules["start"].inputs["scheduleExpressionTimezone"] == tz
     assert schedules["start"].inputs["scheduleExpression"].startswith("cron(0 8 ")
     assert schedules["stop"].inputs["scheduleExpression"].startswith("cron(0 19 ")
-    assert schedules["ttl-spot"].inputs["scheduleExpression"] == \
-        "at(" + aws.outputs["ttl_expiry"].rstrip("Z") + ")"
+    assert (
+        schedules["ttl-spot"].inputs["scheduleExpression"]
+        == "at(" + aws.outputs["ttl_expiry"].rstrip("Z") + ")"
+    )
     assert schedules["ttl"].inputs["target"]["arn"].endswith("ec2:terminateInstances")
 
     ali = runs["alicloud-dev"]
@@ -252,6 +264,7 @@ def test_dev_stacks_have_schedules_and_a_ttl(runs, settings):
     assert set(execs) == {"start", "stop"}
     assert execs["start"].inputs["templateName"] == "ACS-ECS-ScheduleToStartInstances"
     import json
+
     params = json.loads(execs["stop"].inputs["parameters"])
     assert params["cron"] == "0 0 21 ? * MON,TUE,WED,THU,FRI"
     assert params["timeZone"] == "Asia/Shanghai"
@@ -307,6 +320,7 @@ RAM_NO_RESOURCE_LEVEL = {"cms:PutCustomMetric", "ecs:DescribeInstances"}
 
 def test_least_privilege_roles(runs):
     import json
+
     checked = 0
     for stack in ("aws-dev", "aws-prod"):
         for policy in runs[stack].of_type("aws:iam/rolePolicy:RolePolicy"):
@@ -332,15 +346,17 @@ def test_least_privilege_roles(runs):
                 actions = statement["Action"]
                 assert "*" not in actions and not any(a.endswith(":*") for a in actions)
                 if "*" in statement["Resource"]:
-                    assert statement["Resource"] == ["*"] and set(actions) <= \
-                        RAM_NO_RESOURCE_LEVEL, statement
+                    assert (
+                        statement["Resource"] == ["*"] and set(actions) <= RAM_NO_RESOURCE_LEVEL
+                    ), statement
                 if any(a.startswith("ess:") for a in actions):
                     # the node's own group only: the user-data hands the agent its id, so no
                     # region-wide lookup (scalinggroup/*) is needed
-                    groups = [f"{g.name}-id" for g in
-                              runs[stack].of_type("alicloud:ess/scalingGroup:ScalingGroup")]
-                    assert [r.rsplit("/", 1)[1] for r in statement["Resource"]] == groups, \
-                        statement
+                    groups = [
+                        f"{g.name}-id"
+                        for g in runs[stack].of_type("alicloud:ess/scalingGroup:ScalingGroup")
+                    ]
+                    assert [r.rsplit("/", 1)[1] for r in statement["Resource"]] == groups, statement
                 checked += 1
     assert checked >= 10
 
@@ -355,8 +371,10 @@ def test_dev_ttl_cancels_persistent_spot_requests_before_terminating(runs):
     (template,) = run.of_type("aws:ec2/launchTemplate:LaunchTemplate")
     spot = template.inputs["instanceMarketOptions"]["spotOptions"]
     assert spot["spotInstanceType"] == "persistent"
-    schedules = {r.inputs["target"]["arn"].rsplit(":", 1)[1]: r.inputs
-                 for r in run.of_type("aws:scheduler/schedule:Schedule")}
+    schedules = {
+        r.inputs["target"]["arn"].rsplit(":", 1)[1]: r.inputs
+        for r in run.of_type("aws:scheduler/schedule:Schedule")
+    }
     cancel, terminate = schedules["cancelSpotInstanceRequests"], schedules["terminateInstances"]
 
     def at(expression: str) -> datetime:
@@ -366,9 +384,14 @@ def test_dev_ttl_cancels_persistent_spot_requests_before_terminating(runs):
     instances = run.of_type("aws:ec2/instance:Instance")
     requests = json.loads(cancel["target"]["input"])["SpotInstanceRequestIds"]
     assert len(requests) == len(instances) >= 1 and all(r.startswith("sir-") for r in requests)
-    (policy,) = [p for p in run.of_type("aws:iam/rolePolicy:RolePolicy")
-                 if p.name.endswith("-scheduler")]
-    grants = {a: s["Resource"] for s in json.loads(policy.inputs["policy"])["Statement"]
-              for a in s["Action"]}
-    assert sorted(r.rsplit("/", 1)[1] for r in grants["ec2:CancelSpotInstanceRequests"]) == \
-        sorted(requests)
+    (policy,) = [
+        p for p in run.of_type("aws:iam/rolePolicy:RolePolicy") if p.name.endswith("-scheduler")
+    ]
+    grants = {
+        a: s["Resource"]
+        for s in json.loads(policy.inputs["policy"])["Statement"]
+        for a in s["Action"]
+    }
+    assert sorted(r.rsplit("/", 1)[1] for r in grants["ec2:CancelSpotInstanceRequests"]) == sorted(
+        requests
+    )

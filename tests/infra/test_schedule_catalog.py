@@ -44,11 +44,14 @@ def test_ess_recurrence_crosses_midnight_into_utc():
     assert rec.weekdays == "1,2,3,4,5" and rec.launch_time == "2026-03-02T12:00Z"  # 20:00 today
 
 
-@pytest.mark.parametrize("now,hours,expected", [
-    ("2026-03-02T10:17:00", 8, "2026-03-02T19:00:00"),
-    ("2026-03-02T10:00:00", 8, "2026-03-02T18:00:00"),
-    ("2026-03-02T23:59:00", 1.5, "2026-03-03T01:30:00"),
-])
+@pytest.mark.parametrize(
+    "now,hours,expected",
+    [
+        ("2026-03-02T10:17:00", 8, "2026-03-02T19:00:00"),
+        ("2026-03-02T10:00:00", 8, "2026-03-02T18:00:00"),
+        ("2026-03-02T23:59:00", 1.5, "2026-03-03T01:30:00"),
+    ],
+)
 def test_ttl_counts_from_the_next_full_hour(now, hours, expected):
     start = datetime.fromisoformat(now).replace(tzinfo=UTC)
     assert ttl_expiry(hours, start) == datetime.fromisoformat(expected).replace(tzinfo=UTC)

@@ -10,31 +10,59 @@ from infra.plan import STACKS
 
 # Cloud resources each example must register at least once (the mode decides which).
 BUNDLE = {
-    "aws": {"aws:s3/bucket:Bucket", "aws:s3/bucketObjectv2:BucketObjectv2",
-            "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
-            "aws:s3/bucketPolicy:BucketPolicy"},
-    "alicloud": {"alicloud:oss/bucket:Bucket", "alicloud:oss/bucketObject:BucketObject",
-                 "alicloud:oss/bucketAcl:BucketAcl", "alicloud:oss/bucketPolicy:BucketPolicy"},
+    "aws": {
+        "aws:s3/bucket:Bucket",
+        "aws:s3/bucketObjectv2:BucketObjectv2",
+        "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
+        "aws:s3/bucketPolicy:BucketPolicy",
+    },
+    "alicloud": {
+        "alicloud:oss/bucket:Bucket",
+        "alicloud:oss/bucketObject:BucketObject",
+        "alicloud:oss/bucketAcl:BucketAcl",
+        "alicloud:oss/bucketPolicy:BucketPolicy",
+    },
 }
 EXPECTED = {
-    "aws-dev": {"aws:ec2/vpc:Vpc", "aws:ec2/subnet:Subnet", "aws:ec2/routeTable:RouteTable",
-                "aws:ec2/securityGroup:SecurityGroup", "aws:ec2/launchTemplate:LaunchTemplate",
-                "aws:ec2/instance:Instance", "aws:iam/instanceProfile:InstanceProfile",
-                "aws:scheduler/schedule:Schedule", "aws:budgets/budget:Budget"},
-    "aws-prod": {"aws:autoscaling/group:Group", "aws:lb/loadBalancer:LoadBalancer",
-                 "aws:lb/targetGroup:TargetGroup", "aws:lb/listener:Listener",
-                 "aws:ec2/launchTemplate:LaunchTemplate", "aws:budgets/budget:Budget",
-                 "aws:autoscaling/lifecycleHook:LifecycleHook", "aws:autoscaling/policy:Policy"},
-    "alicloud-dev": {"alicloud:vpc/network:Network", "alicloud:vpc/switch:Switch",
-                     "alicloud:ecs/securityGroupRule:SecurityGroupRule",
-                     "alicloud:ecs/instance:Instance", "alicloud:ram/role:Role",
-                     "alicloud:oos/execution:Execution"},
-    "alicloud-prod": {"alicloud:ess/scalingGroup:ScalingGroup",
-                      "alicloud:ess/scalingConfiguration:ScalingConfiguration",
-                      "alicloud:slb/applicationLoadBalancer:ApplicationLoadBalancer",
-                      "alicloud:slb/listener:Listener", "alicloud:ess/lifecycleHook:LifecycleHook",
-                      "alicloud:ess/scalingRule:ScalingRule", "alicloud:ess/alarm:Alarm",
-                      "alicloud:cms/monitorGroup:MonitorGroup"},
+    "aws-dev": {
+        "aws:ec2/vpc:Vpc",
+        "aws:ec2/subnet:Subnet",
+        "aws:ec2/routeTable:RouteTable",
+        "aws:ec2/securityGroup:SecurityGroup",
+        "aws:ec2/launchTemplate:LaunchTemplate",
+        "aws:ec2/instance:Instance",
+        "aws:iam/instanceProfile:InstanceProfile",
+        "aws:scheduler/schedule:Schedule",
+        "aws:budgets/budget:Budget",
+    },
+    "aws-prod": {
+        "aws:autoscaling/group:Group",
+        "aws:lb/loadBalancer:LoadBalancer",
+        "aws:lb/targetGroup:TargetGroup",
+        "aws:lb/listener:Listener",
+        "aws:ec2/launchTemplate:LaunchTemplate",
+        "aws:budgets/budget:Budget",
+        "aws:autoscaling/lifecycleHook:LifecycleHook",
+        "aws:autoscaling/policy:Policy",
+    },
+    "alicloud-dev": {
+        "alicloud:vpc/network:Network",
+        "alicloud:vpc/switch:Switch",
+        "alicloud:ecs/securityGroupRule:SecurityGroupRule",
+        "alicloud:ecs/instance:Instance",
+        "alicloud:ram/role:Role",
+        "alicloud:oos/execution:Execution",
+    },
+    "alicloud-prod": {
+        "alicloud:ess/scalingGroup:ScalingGroup",
+        "alicloud:ess/scalingConfiguration:ScalingConfiguration",
+        "alicloud:slb/applicationLoadBalancer:ApplicationLoadBalancer",
+        "alicloud:slb/listener:Listener",
+        "alicloud:ess/lifecycleHook:LifecycleHook",
+        "alicloud:ess/scalingRule:ScalingRule",
+        "alicloud:ess/alarm:Alarm",
+        "alicloud:cms/monitorGroup:MonitorGroup",
+    },
 }
 
 
@@ -45,10 +73,13 @@ def test_registers_a_real_fleet(run, settings):
     missing = expected - {r.type for r in custom}
     assert not missing, f"{run.stack} registered no {sorted(missing)}"
     # one component per concept
-    components = {r.type.rsplit(":", 1)[1] for r in run.resources if r.type.startswith("torchfleet:")}
+    components = {
+        r.type.rsplit(":", 1)[1] for r in run.resources if r.type.startswith("torchfleet:")
+    }
     monitored = "monitoring" in settings(run.stack)
     assert components == {"Network", "Bundle", "Fleet", "Teardown"} | (
-        {"Monitoring"} if monitored else set())
+        {"Monitoring"} if monitored else set()
+    )
 
 
 def test_every_cloud_resource_sits_in_a_component(run):
@@ -58,13 +89,15 @@ def test_every_cloud_resource_sits_in_a_component(run):
 
 
 def test_image_auto_resolved_through_an_invoke(run, settings):
-    images = [c for c in run.calls if c in ("aws:ec2/getAmi:getAmi",
-                                            "alicloud:ecs/getImages:getImages")]
+    images = [
+        c for c in run.calls if c in ("aws:ec2/getAmi:getAmi", "alicloud:ecs/getImages:getImages")
+    ]
     # the nodes' image, and the monitoring host's Debian 12 where there is one
     assert len(images) == 1 + ("monitoring" in settings(run.stack))
     # AWS also asks who it is: the node's lifecycle grant names the account's group ARN
     assert sorted(set(run.calls) - set(images)) == (
-        ["aws:index/getCallerIdentity:getCallerIdentity"] if run.stack.startswith("aws") else [])
+        ["aws:index/getCallerIdentity:getCallerIdentity"] if run.stack.startswith("aws") else []
+    )
     image = FAKE_AMI if run.stack.startswith("aws") else FAKE_ALI_IMAGE
     users = [r for r in run.custom() if r.inputs.get("imageId")]
     assert users and all(r.inputs["imageId"] == image for r in users)
@@ -79,7 +112,9 @@ def test_inventory_output(run, settings):
         itype = lookup(cfg["cloud"], cfg["instance_type"]) if "instance_type" in cfg else None
         for name, host in hosts.items():
             assert name.startswith(run.stack)
-            assert host["ansible_host"] == host["public_ip"] and host["private_ip"].startswith("10.42.")
+            assert host["ansible_host"] == host["public_ip"] and host["private_ip"].startswith(
+                "10.42."
+            )
             assert host["torchfleet_cloud"] == cfg["cloud"]
             assert host["torchfleet_env"] == cfg["env"]
             assert host["torchfleet_cuda_profile"] == cfg["cuda_profile"]
@@ -87,8 +122,10 @@ def test_inventory_output(run, settings):
             if itype:
                 assert host["torchfleet_instance_type"] == itype.name
                 assert host["torchfleet_gpu_model"] == itype.gpu_model
-            assert host["torchfleet_compute_capability"] == lookup(
-                cfg["cloud"], host["torchfleet_instance_type"]).compute_capability
+            assert (
+                host["torchfleet_compute_capability"]
+                == lookup(cfg["cloud"], host["torchfleet_instance_type"]).compute_capability
+            )
         assert run.outputs["endpoint"].endswith(f":{cfg['service_port']}")
         assert run.outputs["ssh_tunnel"].startswith("ssh -N -L")
     else:
@@ -106,10 +143,16 @@ def test_cost_output(run, settings):
     assert cost["spot_cap_usd_per_hour"] <= cost["on_demand_usd_per_hour"] * 1.3
     assert cost["monthly_typical_usd"] <= cost["monthly_worst_case_usd"]
     # the scaling bounds: instances mode runs a fixed count
-    assert cost["spot_cap_usd_per_hour_at_min"] <= cost["spot_cap_usd_per_hour"] \
+    assert (
+        cost["spot_cap_usd_per_hour_at_min"]
+        <= cost["spot_cap_usd_per_hour"]
         <= cost["spot_cap_usd_per_hour_at_max"]
-    assert cost["monthly_worst_at_min_usd"] <= cost["monthly_worst_case_usd"] \
+    )
+    assert (
+        cost["monthly_worst_at_min_usd"]
+        <= cost["monthly_worst_case_usd"]
         <= cost["monthly_worst_at_max_usd"]
+    )
     nodes = settings(run.stack)["nodes"]
     if "max" in nodes:
         assert (cost["min_nodes"], cost["max_nodes"]) == (nodes["min"], nodes["max"])
@@ -132,16 +175,22 @@ def test_ttl_output_only_in_dev(run, settings):
 
 
 def test_gpu_by_model_resolves_cheapest_type(with_overrides):
-    run = run_offline("aws-dev", with_overrides("aws-dev", gpu={"model": "A10G", "count": 1},
-                                                cuda_profile="cu116"))
-    assert run.of_type("aws:ec2/launchTemplate:LaunchTemplate")[0].inputs["instanceType"] == \
-        "g5.xlarge"
+    run = run_offline(
+        "aws-dev",
+        with_overrides("aws-dev", gpu={"model": "A10G", "count": 1}, cuda_profile="cu116"),
+    )
+    assert (
+        run.of_type("aws:ec2/launchTemplate:LaunchTemplate")[0].inputs["instanceType"]
+        == "g5.xlarge"
+    )
 
 
 def test_a_second_run_in_the_same_process_starts_clean(runs, with_overrides):
     again = run_offline("aws-dev", with_overrides("aws-dev"))
     # registration order is async; the set and the count must match exactly
-    assert sorted(r.urn for r in again.resources) == sorted(r.urn for r in runs["aws-dev"].resources)
+    assert sorted(r.urn for r in again.resources) == sorted(
+        r.urn for r in runs["aws-dev"].resources
+    )
 
 
 @pytest.mark.parametrize("stack", STACKS)

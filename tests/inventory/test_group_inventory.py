@@ -35,13 +35,28 @@ TAGS = {"torchfleet-role": "gpu-node", "stack": "aws-prod"}
 
 def outputs(cloud: str, discovery: dict[str, Any]) -> dict[str, Any]:
     """A group-mode stack's outputs as `pulumi stack output --json` gives them (infra.inventory)."""
-    return {"inventory": {"all": {
-        "vars": {"torchfleet_discovery": discovery},
-        "children": {"gpu_nodes": {"hosts": {}, "vars": {
-            "ansible_user": "ubuntu", "torchfleet_cloud": cloud, "torchfleet_env": "prod",
-            "torchfleet_gpu_model": "A10G", "torchfleet_compute_capability": "8.6",
-            "torchfleet_cuda_profile": "cu116", "torchfleet_instance_type": "g5.xlarge",
-            "torchfleet_spot": True}}}}}}
+    return {
+        "inventory": {
+            "all": {
+                "vars": {"torchfleet_discovery": discovery},
+                "children": {
+                    "gpu_nodes": {
+                        "hosts": {},
+                        "vars": {
+                            "ansible_user": "ubuntu",
+                            "torchfleet_cloud": cloud,
+                            "torchfleet_env": "prod",
+                            "torchfleet_gpu_model": "A10G",
+                            "torchfleet_compute_capability": "8.6",
+                            "torchfleet_cuda_profile": "cu116",
+                            "torchfleet_instance_type": "g5.xlarge",
+                            "torchfleet_spot": True,
+                        },
+                    }
+                },
+            }
+        }
+    }
 
 
 def inventory_dir(tmp: Path, stack: str, outs: dict[str, Any]) -> Path:
@@ -51,22 +66,44 @@ def inventory_dir(tmp: Path, stack: str, outs: dict[str, Any]) -> Path:
         script.unlink()
         script.symlink_to(REPO / "inventories" / stack / script.name)
     (tmp / "outputs.json").write_text(json.dumps(outs))
-    made = subprocess.run([sys.executable, str(REPO / "scripts" / "inventory_from_stack.py"), stack,
-                           "--input", str(tmp / "outputs.json"), "--out-dir", str(target)],
-                          capture_output=True, text=True, check=False)
+    made = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "inventory_from_stack.py"),
+            stack,
+            "--input",
+            str(tmp / "outputs.json"),
+            "--out-dir",
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert made.returncode == 0, made.stderr
     return target / stack
 
 
 def ansible_inventory(path: Path, env: dict[str, str]) -> dict[str, Any]:
-    run = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(path), "--list"],
-                         capture_output=True, text=True, check=False, timeout=120,
-                         env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
-                              "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), **env})
+    run = subprocess.run(
+        [str(VENV_BIN / "ansible-inventory"), "-i", str(path), "--list"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env={
+            **os.environ,
+            "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
+            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+            **env,
+        },
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     # Values the plugin composed from the cloud's answers are marked untrusted in the JSON.
-    return json.loads(run.stdout, object_hook=lambda d: d.get("__ansible_unsafe", d)
-                      if set(d) == {"__ansible_unsafe"} else d)
+    return json.loads(
+        run.stdout,
+        object_hook=lambda d: d.get("__ansible_unsafe", d) if set(d) == {"__ansible_unsafe"} else d,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,16 +115,35 @@ def moto_ec2() -> Iterator[str]:
     server.stop()
 
 
-def test_aws_group_inventory_lists_the_running_nodes_of_the_stack(moto_ec2: str, tmp_path: Path) -> None:
-    ec2 = boto3.client("ec2", endpoint_url=moto_ec2, region_name="eu-west-1",
-                       aws_access_key_id="test", aws_secret_access_key="test")
+def test_aws_group_inventory_lists_the_running_nodes_of_the_stack(
+    moto_ec2: str, tmp_path: Path
+) -> None:
+    ec2 = boto3.client(
+        "ec2",
+        endpoint_url=moto_ec2,
+        region_name="eu-west-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
 
     def launch(tags: dict[str, str], itype: str = "g5.xlarge", spot: bool = False) -> str:
         extra = {"InstanceMarketOptions": {"MarketType": "spot"}} if spot else {}
-        made = ec2.run_instances(ImageId="ami-12c6146b", InstanceType=itype, MinCount=1, MaxCount=1,
-                                 TagSpecifications=[{"ResourceType": "instance", "Tags": [
-                                     {"Key": k, "Value": v} for k, v in {**tags, "Name": "torchfleet-aws-prod-node"}.items()]}],
-                                 **extra)
+        made = ec2.run_instances(
+            ImageId="ami-12c6146b",
+            InstanceType=itype,
+            MinCount=1,
+            MaxCount=1,
+            TagSpecifications=[
+                {
+                    "ResourceType": "instance",
+                    "Tags": [
+                        {"Key": k, "Value": v}
+                        for k, v in {**tags, "Name": "torchfleet-aws-prod-node"}.items()
+                    ],
+                }
+            ],
+            **extra,
+        )
         return made["Instances"][0]["InstanceId"]
 
     on_demand, spot = launch(TAGS), launch(TAGS, "g5.2xlarge", spot=True)
@@ -95,24 +151,50 @@ def test_aws_group_inventory_lists_the_running_nodes_of_the_stack(moto_ec2: str,
     ec2.stop_instances(InstanceIds=[stopped])
     other_stack = launch({**TAGS, "stack": "aws-dev"})
     untagged = launch({})
-    path = inventory_dir(tmp_path, "aws-prod", outputs("aws", {
-        "cloud": "aws", "region": "eu-west-1", "group_name": "torchfleet-aws-prod-asg",
-        "filters": {"tag:torchfleet-role": "gpu-node", "tag:stack": "aws-prod",
-                    "instance-state-name": "running"}}))
+    path = inventory_dir(
+        tmp_path,
+        "aws-prod",
+        outputs(
+            "aws",
+            {
+                "cloud": "aws",
+                "region": "eu-west-1",
+                "group_name": "torchfleet-aws-prod-asg",
+                "filters": {
+                    "tag:torchfleet-role": "gpu-node",
+                    "tag:stack": "aws-prod",
+                    "instance-state-name": "running",
+                },
+            },
+        ),
+    )
     assert (path / "aws_ec2.yml").exists()
 
-    inv = ansible_inventory(path, {"AWS_URL": moto_ec2, "AWS_ACCESS_KEY_ID": "test",
-                                   "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "eu-west-1"})
+    inv = ansible_inventory(
+        path,
+        {
+            "AWS_URL": moto_ec2,
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "eu-west-1",
+        },
+    )
     assert sorted(inv["gpu_nodes"]["hosts"]) == sorted([on_demand, spot]), inv["gpu_nodes"]
     for decoy in (stopped, other_stack, untagged):
         assert decoy not in inv["_meta"]["hostvars"]
-    described = {i["InstanceId"]: i for r in ec2.describe_instances(InstanceIds=[on_demand, spot])["Reservations"]
-                 for i in r["Instances"]}
+    described = {
+        i["InstanceId"]: i
+        for r in ec2.describe_instances(InstanceIds=[on_demand, spot])["Reservations"]
+        for i in r["Instances"]
+    }
     for host, itype, is_spot in ((on_demand, "g5.xlarge", False), (spot, "g5.2xlarge", True)):
         hv = inv["_meta"]["hostvars"][host]
         want_host = described[host].get("PublicIpAddress") or described[host]["PrivateIpAddress"]
         # The instances-mode host's variables, per host ...
-        assert hv["ansible_host"] == want_host and hv["private_ip"] == described[host]["PrivateIpAddress"]
+        assert (
+            hv["ansible_host"] == want_host
+            and hv["private_ip"] == described[host]["PrivateIpAddress"]
+        )
         assert hv["public_ip"] == described[host].get("PublicIpAddress")
         assert hv["torchfleet_instance_type"] == itype and hv["torchfleet_spot"] is is_spot, hv
         # ... and the stack's shared facts from stack.yml's gpu_nodes vars.
@@ -131,13 +213,22 @@ class FakeEcs(BaseHTTPRequestHandler):
         good = params.pop("Signature") == rpc_signature("operator-secret", "GET", params)
         FakeEcs.seen.append(params)
         page = int(params["PageNumber"])
-        instances = [{"InstanceId": f"i-node{n}", "InstanceType": "ecs.gn6i-c4g1.xlarge",
-                      "PublicIpAddress": {"IpAddress": []}, "EipAddress": {"IpAddress": "47.0.0.9" if n == 1 else ""},
-                      "VpcAttributes": {"PrivateIpAddress": {"IpAddress": [f"192.168.0.{n}"]}},
-                      "SpotStrategy": "SpotWithPriceLimit" if n > 1 else "NoSpot"}
-                     for n in range(1 + 100 * (page - 1), min(101 + 100 * (page - 1), 103))]
-        body = json.dumps({"TotalCount": 102, "Instances": {"Instance": instances}} if good
-                          else {"Code": "SignatureDoesNotMatch"}).encode()
+        instances = [
+            {
+                "InstanceId": f"i-node{n}",
+                "InstanceType": "ecs.gn6i-c4g1.xlarge",
+                "PublicIpAddress": {"IpAddress": []},
+                "EipAddress": {"IpAddress": "47.0.0.9" if n == 1 else ""},
+                "VpcAttributes": {"PrivateIpAddress": {"IpAddress": [f"192.168.0.{n}"]}},
+                "SpotStrategy": "SpotWithPriceLimit" if n > 1 else "NoSpot",
+            }
+            for n in range(1 + 100 * (page - 1), min(101 + 100 * (page - 1), 103))
+        ]
+        body = json.dumps(
+            {"TotalCount": 102, "Instances": {"Instance": instances}}
+            if good
+            else {"Code": "SignatureDoesNotMatch"}
+        ).encode()
         self.send_response(200 if good else 400)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -149,19 +240,43 @@ def test_alicloud_group_inventory_lists_the_running_nodes(tmp_path: Path) -> Non
     threading.Thread(target=server.serve_forever, daemon=True).start()
     FakeEcs.seen = []
     try:
-        path = inventory_dir(tmp_path, "alicloud-prod", outputs("alicloud", {
-            "cloud": "alicloud", "region": "cn-shanghai", "scaling_group_name": "torchfleet-alicloud-prod-ess",
-            "tags": {"torchfleet-role": "gpu-node", "stack": "alicloud-prod"}}))
+        path = inventory_dir(
+            tmp_path,
+            "alicloud-prod",
+            outputs(
+                "alicloud",
+                {
+                    "cloud": "alicloud",
+                    "region": "cn-shanghai",
+                    "scaling_group_name": "torchfleet-alicloud-prod-ess",
+                    "tags": {"torchfleet-role": "gpu-node", "stack": "alicloud-prod"},
+                },
+            ),
+        )
         assert not (path / "aws_ec2.yml").exists()
-        inv = ansible_inventory(path, {"ALICLOUD_ACCESS_KEY": "operator", "ALICLOUD_SECRET_KEY": "operator-secret",
-                                       "ALICLOUD_ECS_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}"})
+        inv = ansible_inventory(
+            path,
+            {
+                "ALICLOUD_ACCESS_KEY": "operator",
+                "ALICLOUD_SECRET_KEY": "operator-secret",
+                "ALICLOUD_ECS_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+            },
+        )
     finally:
         server.shutdown()
     assert len(inv["gpu_nodes"]["hosts"]) == 102  # both pages
     first, second = inv["_meta"]["hostvars"]["i-node1"], inv["_meta"]["hostvars"]["i-node2"]
     assert first["ansible_host"] == "47.0.0.9" and first["torchfleet_spot"] is False
-    assert second["ansible_host"] == second["private_ip"] == "192.168.0.2" and second["torchfleet_spot"] is True
+    assert (
+        second["ansible_host"] == second["private_ip"] == "192.168.0.2"
+        and second["torchfleet_spot"] is True
+    )
     assert first["torchfleet_cuda_profile"] == "cu116"  # the shared facts from stack.yml
-    assert all(p["Action"] == "DescribeInstances" and p["Status"] == "Running" and p["RegionId"] == "cn-shanghai"
-               and {p["Tag.1.Key"]: p["Tag.1.Value"], p["Tag.2.Key"]: p["Tag.2.Value"]}
-               == {"stack": "alicloud-prod", "torchfleet-role": "gpu-node"} for p in FakeEcs.seen), FakeEcs.seen
+    assert all(
+        p["Action"] == "DescribeInstances"
+        and p["Status"] == "Running"
+        and p["RegionId"] == "cn-shanghai"
+        and {p["Tag.1.Key"]: p["Tag.1.Value"], p["Tag.2.Key"]: p["Tag.2.Value"]}
+        == {"stack": "alicloud-prod", "torchfleet-role": "gpu-node"}
+        for p in FakeEcs.seen
+    ), FakeEcs.seen

@@ -34,11 +34,17 @@ from monitoring_support import REPO, RULE_FILES, need
 GPU_EXPORTER = REPO / "roles" / "gpu_monitoring" / "files" / "torchfleet_gpu_textfile.py"
 # One GPU in nvidia-smi's --format=csv,noheader,nounits order (the exporter's FIELDS): an A10G
 # at 87 % busy with 9 of 22.5 GiB in use.
-NVIDIA_SMI_LINE = ("0, GPU-5f0a1c3e-live, NVIDIA A10G, 535.183.01, 87, 41, 9216, 23028, 54, "
-                   "141.20, 300.00, 0, 0, 0x0000000000000000")
+NVIDIA_SMI_LINE = (
+    "0, GPU-5f0a1c3e-live, NVIDIA A10G, 535.183.01, 87, 41, 9216, 23028, 54, "
+    "141.20, 300.00, 0, 0, 0x0000000000000000"
+)
 STACK = "live-test"
-NODE = {"private_ip": "127.0.0.1", "torchfleet_cloud": "aws",
-        "torchfleet_instance_type": "g5.xlarge", "torchfleet_spot": True}
+NODE = {
+    "private_ip": "127.0.0.1",
+    "torchfleet_cloud": "aws",
+    "torchfleet_instance_type": "g5.xlarge",
+    "torchfleet_spot": True,
+}
 NODE_NAME = "live-gpu-0"
 
 
@@ -91,8 +97,12 @@ class Webhook:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def alerts(self, name: str, status: str = "firing") -> list[dict[str, Any]]:
-        return [a for n in self.received for a in n["alerts"]
-                if a["labels"].get("alertname") == name and a["status"] == status]
+        return [
+            a
+            for n in self.received
+            for a in n["alerts"]
+            if a["labels"].get("alertname") == name and a["status"] == status
+        ]
 
     def close(self) -> None:
         self.server.shutdown()
@@ -100,14 +110,17 @@ class Webhook:
 
 
 class LiveStack:
-    def __init__(self, work: Path, filters: ModuleType, runtime_bin: Path,
-                 for_overrides: dict[str, str]) -> None:
+    def __init__(
+        self, work: Path, filters: ModuleType, runtime_bin: Path, for_overrides: dict[str, str]
+    ) -> None:
         self.work = work
         self.filters = filters
         self.runtime_bin = runtime_bin
         self.for_overrides = for_overrides
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.ports = {name: free_port() for name in ("runtime", "node", "prometheus", "alertmanager")}
+        self.ports = {
+            name: free_port() for name in ("runtime", "node", "prometheus", "alertmanager")
+        }
         self.prometheus_url = f"http://127.0.0.1:{self.ports['prometheus']}"
         self.runtime_url = f"http://127.0.0.1:{self.ports['runtime']}"
         self.webhook = Webhook()
@@ -115,8 +128,9 @@ class LiveStack:
     # --- processes --------------------------------------------------------------------------
     def _start(self, name: str, cmd: list[str]) -> None:
         log = (self.work / f"{name}.log").open("wb")
-        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                            cwd=self.work, start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.work, start_new_session=True
+        )
         log.close()
 
     def log(self, name: str) -> str:
@@ -147,12 +161,30 @@ class LiveStack:
     # --- the node ---------------------------------------------------------------------------
     def start_runtime(self) -> None:
         model_dir = self.work / "model"
-        subprocess.run([str(self.runtime_bin), "demo-model", str(model_dir)], check=True,
-                       capture_output=True, timeout=300)
+        subprocess.run(
+            [str(self.runtime_bin), "demo-model", str(model_dir)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
         self.input_shape = json.loads((model_dir / "model.json").read_text())["input_shape"]
-        self._start("runtime", [str(self.runtime_bin), "serve", "--model", str(model_dir / "model.pt"),
-                                "--host", "127.0.0.1", "--port", str(self.ports["runtime"]),
-                                "--spot-watch", "off", "--log-level", "warning"])
+        self._start(
+            "runtime",
+            [
+                str(self.runtime_bin),
+                "serve",
+                "--model",
+                str(model_dir / "model.pt"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.ports["runtime"]),
+                "--spot-watch",
+                "off",
+                "--log-level",
+                "warning",
+            ],
+        )
 
     def start_node_exporter(self) -> None:
         textfile = self.work / "textfile"
@@ -162,26 +194,51 @@ class LiveStack:
         smi = bindir / "nvidia-smi"
         smi.write_text(f"#!/bin/sh\necho '{NVIDIA_SMI_LINE}'\n")
         smi.chmod(0o755)
-        subprocess.run([sys.executable, str(GPU_EXPORTER), "--output-dir", str(textfile),
-                        "--nvidia-smi", str(smi)], check=True, capture_output=True, timeout=60)
-        self._start("node", [need("prometheus-node-exporter"),
-                             f"--web.listen-address=127.0.0.1:{self.ports['node']}",
-                             "--collector.disable-defaults", "--collector.textfile",
-                             f"--collector.textfile.directory={textfile}"])
+        subprocess.run(
+            [
+                sys.executable,
+                str(GPU_EXPORTER),
+                "--output-dir",
+                str(textfile),
+                "--nvidia-smi",
+                str(smi),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        self._start(
+            "node",
+            [
+                need("prometheus-node-exporter"),
+                f"--web.listen-address=127.0.0.1:{self.ports['node']}",
+                "--collector.disable-defaults",
+                "--collector.textfile",
+                f"--collector.textfile.directory={textfile}",
+            ],
+        )
 
     def wait_node_ready(self, timeout: float = 180) -> None:
         def ready() -> bool:
             self._alive("runtime")
             return http_get(self.runtime_url + "/readyz")[0] == 200
+
         wait_for("runtime /readyz 200", ready, timeout)
-        wait_for("node exporter /metrics", lambda: http_get(
-            f"http://127.0.0.1:{self.ports['node']}/metrics")[0] == 200, 30)
+        wait_for(
+            "node exporter /metrics",
+            lambda: http_get(f"http://127.0.0.1:{self.ports['node']}/metrics")[0] == 200,
+            30,
+        )
 
     def runtime_metric_names(self) -> set[str]:
         _, body = http_get(self.runtime_url + "/metrics")
-        return {line.split()[2] for line in body.decode().splitlines() if line.startswith("# TYPE ")}
+        return {
+            line.split()[2] for line in body.decode().splitlines() if line.startswith("# TYPE ")
+        }
 
-    def load(self, seconds: float, max_requests: int, min_ok: int, clients: int = 4) -> dict[int, int]:
+    def load(
+        self, seconds: float, max_requests: int, min_ok: int, clients: int = 4
+    ) -> dict[int, int]:
         """Closed-loop binary predictions from `clients` threads for `seconds` (longer, up to
         4x, until `min_ok` were answered: this machine is shared), never more than
         `max_requests`, and a few malformed bodies (400s). Returns the count per status code."""
@@ -189,8 +246,11 @@ class LiveStack:
         for d in self.input_shape:
             n *= d
         body = struct.pack(f"<{n}f", *([0.25] * n))
-        headers = {"Content-Type": "application/octet-stream",
-                   "X-Shape": ",".join(str(d) for d in [1, *self.input_shape]), "X-Dtype": "float32"}
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "X-Shape": ",".join(str(d) for d in [1, *self.input_shape]),
+            "X-Dtype": "float32",
+        }
         codes: dict[int, int] = {}
         lock = threading.Lock()
         sent = [0]
@@ -257,36 +317,63 @@ class LiveStack:
         for job, port_key in f.NODE_JOBS:
             port = self.ports["runtime" if port_key == "runtime_port" else "node"]
             (sd_dir / f"{job}.json").write_text(json.dumps(f.torchfleet_file_sd(nodes, port)))
-        prom = f.torchfleet_prometheus_config({
-            "stack": STACK, "discovery": "file", "file_sd_dir": str(sd_dir),
-            "rule_dir": str(self._rules()),
-            "scrape_interval": "1s", "evaluation_interval": "1s",
-            "runtime_port": self.ports["runtime"], "node_exporter_port": self.ports["node"],
-            "prometheus_address": f"127.0.0.1:{self.ports['prometheus']}",
-            "alertmanager_address": f"127.0.0.1:{self.ports['alertmanager']}",
-        })
-        am = f.torchfleet_alertmanager_config({
-            "receiver": "webhook", "webhook_url": self.webhook.url,
-            "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1m",
-        })
+        prom = f.torchfleet_prometheus_config(
+            {
+                "stack": STACK,
+                "discovery": "file",
+                "file_sd_dir": str(sd_dir),
+                "rule_dir": str(self._rules()),
+                "scrape_interval": "1s",
+                "evaluation_interval": "1s",
+                "runtime_port": self.ports["runtime"],
+                "node_exporter_port": self.ports["node"],
+                "prometheus_address": f"127.0.0.1:{self.ports['prometheus']}",
+                "alertmanager_address": f"127.0.0.1:{self.ports['alertmanager']}",
+            }
+        )
+        am = f.torchfleet_alertmanager_config(
+            {
+                "receiver": "webhook",
+                "webhook_url": self.webhook.url,
+                "group_wait": "1s",
+                "group_interval": "1s",
+                "repeat_interval": "1m",
+            }
+        )
         prom_file, am_file = self.work / "prometheus.yml", self.work / "alertmanager.yml"
         prom_file.write_text(yaml.safe_dump(prom, sort_keys=False))
         am_file.write_text(yaml.safe_dump(am, sort_keys=False))
         return prom_file, am_file
 
     def start_monitoring(self, prom_file: Path, am_file: Path) -> None:
-        self._start("alertmanager", [need("prometheus-alertmanager"), f"--config.file={am_file}",
-                                     f"--storage.path={self.work / 'am-data'}",
-                                     f"--web.listen-address=127.0.0.1:{self.ports['alertmanager']}",
-                                     "--cluster.listen-address="])
-        self._start("prometheus", [need("prometheus"), f"--config.file={prom_file}",
-                                   f"--storage.tsdb.path={self.work / 'tsdb'}",
-                                   f"--web.listen-address=127.0.0.1:{self.ports['prometheus']}"])
-        for name, port in (("prometheus", self.ports["prometheus"]),
-                           ("alertmanager", self.ports["alertmanager"])):
+        self._start(
+            "alertmanager",
+            [
+                need("prometheus-alertmanager"),
+                f"--config.file={am_file}",
+                f"--storage.path={self.work / 'am-data'}",
+                f"--web.listen-address=127.0.0.1:{self.ports['alertmanager']}",
+                "--cluster.listen-address=",
+            ],
+        )
+        self._start(
+            "prometheus",
+            [
+                need("prometheus"),
+                f"--config.file={prom_file}",
+                f"--storage.tsdb.path={self.work / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.ports['prometheus']}",
+            ],
+        )
+        for name, port in (
+            ("prometheus", self.ports["prometheus"]),
+            ("alertmanager", self.ports["alertmanager"]),
+        ):
+
             def ready(name: str = name, port: int = port) -> bool:
                 self._alive(name)
                 return http_get(f"http://127.0.0.1:{port}/-/ready")[0] == 200
+
             wait_for(f"{name} /-/ready", ready, 60)
 
     # --- Prometheus' HTTP API ---------------------------------------------------------------
@@ -302,5 +389,8 @@ class LiveStack:
         return self.api("query", query=expr)["result"]
 
     def alerts(self, name: str, state: str = "firing") -> list[dict[str, Any]]:
-        return [a for a in self.api("alerts")["alerts"]
-                if a["labels"]["alertname"] == name and a["state"] == state]
+        return [
+            a
+            for a in self.api("alerts")["alerts"]
+            if a["labels"]["alertname"] == name and a["state"] == state
+        ]

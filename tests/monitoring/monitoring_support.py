@@ -30,8 +30,12 @@ def load_filters() -> ModuleType:
 
 def need(binary: str) -> str:
     """The path of a Debian binary the test needs; a clear failure when it is missing."""
-    found = shutil.which(binary) or (f"/usr/bin/{binary}" if Path(f"/usr/bin/{binary}").exists() else None)
+    found = shutil.which(binary) or (
+        f"/usr/bin/{binary}" if Path(f"/usr/bin/{binary}").exists() else None
+    )
     if not found:
-        pytest.fail(f"{binary} is not installed: run `make setup` (it installs prometheus, "
-                    "prometheus-alertmanager and prometheus-node-exporter from Debian)")
+        pytest.fail(
+            f"{binary} is not installed: run `make setup` (it installs prometheus, "
+            "prometheus-alertmanager and prometheus-node-exporter from Debian)"
+        )
     return found

@@ -18,9 +18,13 @@ from roles.monitoring.generator import __main__ as generator
 from roles.monitoring.generator import dashboard
 
 SETTINGS = {
-    "stack": "aws-prod", "scrape_interval": "15s", "evaluation_interval": "15s",
-    "runtime_port": 8080, "node_exporter_port": 9100,
-    "prometheus_address": "127.0.0.1:9090", "alertmanager_address": "127.0.0.1:9093",
+    "stack": "aws-prod",
+    "scrape_interval": "15s",
+    "evaluation_interval": "15s",
+    "runtime_port": 8080,
+    "node_exporter_port": 9100,
+    "prometheus_address": "127.0.0.1:9090",
+    "alertmanager_address": "127.0.0.1:9093",
 }
 
 
@@ -30,16 +34,28 @@ def _write(path: Path, doc: dict) -> Path:
 
 
 @pytest.mark.parametrize("discovery", ["ec2", "file"])
-def test_prometheus_config_passes_promtool(discovery: str, filters: ModuleType, tmp_path: Path) -> None:
+def test_prometheus_config_passes_promtool(
+    discovery: str, filters: ModuleType, tmp_path: Path
+) -> None:
     rules = tmp_path / "rules"
     rules.mkdir()
     for path in RULE_FILES:
         (rules / path.name).write_text(path.read_text())
-    config = filters.torchfleet_prometheus_config({
-        **SETTINGS, "discovery": discovery, "ec2_region": "eu-central-1",
-        "rule_dir": str(rules), "file_sd_dir": str(tmp_path)})
-    done = subprocess.run([need("promtool"), "check", "config", str(_write(tmp_path / "p.yml", config))],
-                          capture_output=True, text=True, timeout=60)
+    config = filters.torchfleet_prometheus_config(
+        {
+            **SETTINGS,
+            "discovery": discovery,
+            "ec2_region": "eu-central-1",
+            "rule_dir": str(rules),
+            "file_sd_dir": str(tmp_path),
+        }
+    )
+    done = subprocess.run(
+        [need("promtool"), "check", "config", str(_write(tmp_path / "p.yml", config))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"SUCCESS: {len(RULE_FILES)} rule files found" in done.stdout, done.stdout
     jobs = {j["job_name"]: j for j in config["scrape_configs"]}
@@ -48,8 +64,10 @@ def test_prometheus_config_passes_promtool(discovery: str, filters: ModuleType, 
         sd = jobs["torchfleet-runtime"]["ec2_sd_configs"][0]
         assert sd["port"] == 8080 and sd["region"] == "eu-central-1"
         assert {f["name"]: f["values"] for f in sd["filters"]} == {
-            "tag:torchfleet-role": ["gpu-node"], "tag:stack": ["aws-prod"],
-            "instance-state-name": ["running"]}
+            "tag:torchfleet-role": ["gpu-node"],
+            "tag:stack": ["aws-prod"],
+            "instance-state-name": ["running"],
+        }
         targets = {r["target_label"] for r in jobs["torchfleet-node"]["relabel_configs"]}
         assert {"stack", "node", "instance_type", "lifecycle", "zone"} <= targets
 
@@ -64,17 +82,36 @@ def test_ec2_discovery_tags_match_the_ones_infra_sets(filters: ModuleType) -> No
 
 def test_file_sd_from_the_inventory(filters: ModuleType) -> None:
     hostvars = {
-        "aws-dev-gpu-0": {"ansible_host": "203.0.113.7", "private_ip": "10.0.1.5",
-                          "torchfleet_instance_type": "g6.xlarge", "torchfleet_spot": True,
-                          "torchfleet_cloud": "aws"},
+        "aws-dev-gpu-0": {
+            "ansible_host": "203.0.113.7",
+            "private_ip": "10.0.1.5",
+            "torchfleet_instance_type": "g6.xlarge",
+            "torchfleet_spot": True,
+            "torchfleet_cloud": "aws",
+        },
         "lab-1": {"ansible_host": "fd00::7", "torchfleet_spot": "false"},
     }
     nodes = filters.torchfleet_inventory_nodes(list(hostvars), hostvars, "aws-dev")
     assert filters.torchfleet_file_sd(nodes, 9100) == [
-        {"targets": ["10.0.1.5:9100"], "labels": {"stack": "aws-dev", "node": "aws-dev-gpu-0", "cloud": "aws",
-                                                  "instance_type": "g6.xlarge", "lifecycle": "spot"}},
-        {"targets": ["[fd00::7]:9100"], "labels": {"stack": "aws-dev", "node": "lab-1",
-                                                   "instance_type": "unknown", "lifecycle": "on-demand"}},
+        {
+            "targets": ["10.0.1.5:9100"],
+            "labels": {
+                "stack": "aws-dev",
+                "node": "aws-dev-gpu-0",
+                "cloud": "aws",
+                "instance_type": "g6.xlarge",
+                "lifecycle": "spot",
+            },
+        },
+        {
+            "targets": ["[fd00::7]:9100"],
+            "labels": {
+                "stack": "aws-dev",
+                "node": "lab-1",
+                "instance_type": "unknown",
+                "lifecycle": "on-demand",
+            },
+        },
     ]
     assert filters.torchfleet_first_address(["aws-dev-gpu-0"], hostvars) == "10.0.1.5"
     assert filters.torchfleet_first_address([], hostvars) == ""
@@ -83,27 +120,44 @@ def test_file_sd_from_the_inventory(filters: ModuleType) -> None:
 RECEIVERS = {
     "none": {},
     "webhook": {"webhook_url": "https://hooks.example.org/torchfleet"},
-    "slack": {"slack_api_url": "https://hooks.slack.com/services/T0/B0/x", "slack_channel": "#fleet"},
-    "email": {"email_to": "oncall@example.org", "email_from": "prometheus@example.org",
-              "email_smarthost": "smtp.example.org:587", "email_auth_username": "prometheus",
-              "email_auth_password": "s3cret"},
+    "slack": {
+        "slack_api_url": "https://hooks.slack.com/services/T0/B0/x",
+        "slack_channel": "#fleet",
+    },
+    "email": {
+        "email_to": "oncall@example.org",
+        "email_from": "prometheus@example.org",
+        "email_smarthost": "smtp.example.org:587",
+        "email_auth_username": "prometheus",
+        "email_auth_password": "s3cret",
+    },
 }
 
 
 @pytest.mark.parametrize("receiver", sorted(RECEIVERS))
-def test_alertmanager_config_passes_amtool(receiver: str, filters: ModuleType, tmp_path: Path) -> None:
+def test_alertmanager_config_passes_amtool(
+    receiver: str, filters: ModuleType, tmp_path: Path
+) -> None:
     config = filters.torchfleet_alertmanager_config({"receiver": receiver, **RECEIVERS[receiver]})
-    done = subprocess.run([need("amtool"), "check-config", str(_write(tmp_path / "am.yml", config))],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [need("amtool"), "check-config", str(_write(tmp_path / "am.yml", config))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout and " - 1 receivers" in done.stdout, done.stdout
     assert " - 3 inhibit rules" in done.stdout, done.stdout
 
 
 def test_an_unknown_receiver_or_discovery_is_refused(filters: ModuleType) -> None:
-    with pytest.raises(filters.MonitoringConfigError, match="receiver='pager'.*allowed none, webhook"):
+    with pytest.raises(
+        filters.MonitoringConfigError, match="receiver='pager'.*allowed none, webhook"
+    ):
         filters.torchfleet_alertmanager_config({"receiver": "pager"})
-    with pytest.raises(filters.MonitoringConfigError, match="discovery='consul': allowed ec2, file"):
+    with pytest.raises(
+        filters.MonitoringConfigError, match="discovery='consul': allowed ec2, file"
+    ):
         filters.torchfleet_prometheus_config({**SETTINGS, "discovery": "consul", "rule_dir": "/r"})
 
 
@@ -114,8 +168,12 @@ def test_generated_artifacts_are_current() -> None:
 
 def test_dashboard_uses_the_provisioned_data_source_everywhere() -> None:
     board = json.loads(DASHBOARD_JSON.read_text())
-    provisioned = yaml.safe_load((ROLE / "templates" / "grafana-datasources.yml.j2").read_text()
-                                 .replace("{{", "").replace("}}", ""))["datasources"][0]["uid"]
+    provisioned = yaml.safe_load(
+        (ROLE / "templates" / "grafana-datasources.yml.j2")
+        .read_text()
+        .replace("{{", "")
+        .replace("}}", "")
+    )["datasources"][0]["uid"]
     assert provisioned == dashboard.DATASOURCE_UID
     uids = {p["datasource"]["uid"] for p in board["panels"] if p["type"] != "row"}
     uids |= {t["datasource"]["uid"] for p in board["panels"] for t in p.get("targets", [])}
@@ -131,4 +189,6 @@ def test_every_role_option_is_documented() -> None:
     defaults = set(yaml.safe_load((ROLE / "defaults/main.yml").read_text()))
     specs = yaml.safe_load((ROLE / "meta/argument_specs.yml").read_text())["argument_specs"]
     options = set().union(*(set(entry["options"]) for entry in specs.values()))
-    assert defaults == options, f"only in defaults {defaults - options}, only in specs {options - defaults}"
+    assert defaults == options, (
+        f"only in defaults {defaults - options}, only in specs {options - defaults}"
+    )

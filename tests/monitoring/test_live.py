@@ -32,8 +32,12 @@ from monitoring_support import RULE_FILES
 from roles.monitoring.generator import dashboard, render
 
 # Metrics the runtime gains with the metric contract of issue 10.
-NEW_CONTRACT = ("torchfleet_stage_duration_seconds", "torchfleet_model_info",
-                "torchfleet_spot_interruption_notice", "torchfleet_reloads_total")
+NEW_CONTRACT = (
+    "torchfleet_stage_duration_seconds",
+    "torchfleet_model_info",
+    "torchfleet_spot_interruption_notice",
+    "torchfleet_reloads_total",
+)
 NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 HISTOGRAM_SUFFIX = re.compile(r"_(bucket|sum|count)$")
 
@@ -76,7 +80,9 @@ def substitute(expr: str) -> str:
 
 @pytest.fixture
 def live(tmp_path: Path, filters: ModuleType):
-    runtime_bin = Path(os.environ.get("TORCHFLEET_RUNTIME_BIN", Path(sys.executable).parent / "torchfleet-runtime"))
+    runtime_bin = Path(
+        os.environ.get("TORCHFLEET_RUNTIME_BIN", Path(sys.executable).parent / "torchfleet-runtime")
+    )
     stack = LiveStack(tmp_path, filters, runtime_bin, {"TorchfleetNodeNotReady": "2s"})
     try:
         yield stack
@@ -96,7 +102,11 @@ def test_every_panel_has_data_and_not_ready_fires(live: LiveStack, tmp_path: Pat
     prom_file, am_file = live.configure()
     live.start_monitoring(prom_file, am_file)
     live.wait_node_ready()
-    wait_for("both node targets up", lambda: len(live.query('up{job=~"torchfleet-(runtime|node)"} == 1')) == 2, 30)
+    wait_for(
+        "both node targets up",
+        lambda: len(live.query('up{job=~"torchfleet-(runtime|node)"} == 1')) == 2,
+        30,
+    )
 
     load_s = float(os.environ.get("TORCHFLEET_LIVE_LOAD_S", "8"))
     load_started = time.time()
@@ -106,13 +116,19 @@ def test_every_panel_has_data_and_not_ready_fires(live: LiveStack, tmp_path: Pat
     exported = live.runtime_metric_names()
     legacy_runtime = not any(m in exported for m in NEW_CONTRACT)
     recorded = _recorded()
-    pending = {(title, expr) for title, expr in targets
-               if legacy_runtime and raw_metrics(expr, recorded) & set(NEW_CONTRACT)}
+    pending = {
+        (title, expr)
+        for title, expr in targets
+        if legacy_runtime and raw_metrics(expr, recorded) & set(NEW_CONTRACT)
+    }
 
     # Recording rules evaluate every second; give the last rates a few evaluations.
     def empty_targets() -> list[tuple[str, str]]:
-        return [(title, expr) for title, expr in targets
-                if (title, expr) not in pending and not live.query(substitute(expr))]
+        return [
+            (title, expr)
+            for title, expr in targets
+            if (title, expr) not in pending and not live.query(substitute(expr))
+        ]
 
     deadline = time.monotonic() + 20
     empty = empty_targets()
@@ -123,8 +139,9 @@ def test_every_panel_has_data_and_not_ready_fires(live: LiveStack, tmp_path: Pat
 
     # Labels the scrape configuration promises on every node series.
     series = live.query(f'torchfleet_ready{{node="{NODE_NAME}"}}')
-    assert series and {k: series[0]["metric"][k] for k in ("stack", "instance_type", "lifecycle")} == {
-        "stack": STACK, "instance_type": "g5.xlarge", "lifecycle": "spot"}
+    assert series and {
+        k: series[0]["metric"][k] for k in ("stack", "instance_type", "lifecycle")
+    } == {"stack": STACK, "instance_type": "g5.xlarge", "lifecycle": "spot"}
     gpu = live.query("node_gpu:torchfleet_node_gpu_memory_used:ratio")
     assert gpu and abs(float(gpu[0]["value"][1]) - 9216 / 23028) < 1e-9, gpu
     cost = live.query("stack:torchfleet_cost_usd_per_hour:estimate")
@@ -134,30 +151,51 @@ def test_every_panel_has_data_and_not_ready_fires(live: LiveStack, tmp_path: Pat
     end = time.time()
 
     def fetch(expr: str) -> list[render.Series]:
-        data = live.api("query_range", query=substitute(expr), start=load_started - 5, end=end, step=1)
-        return [(r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in data["result"]]
+        data = live.api(
+            "query_range", query=substitute(expr), start=load_started - 5, end=end, step=1
+        )
+        return [
+            (r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in data["result"]
+        ]
 
     png = Path(os.environ.get("TORCHFLEET_DASHBOARD_PNG") or tmp_path / "dashboard.png")
     load1 = os.getloadavg()[0]
-    render.render(board, fetch, png, f"rendered with matplotlib from a live Prometheus scraping "
-                  f"torchfleet-runtime on loopback ({codes.get(200, 0)} predictions in {load_s:.0f} s, "
-                  f"load average {load1:.1f}); GPU panels from a recorded-format nvidia-smi sample")
+    render.render(
+        board,
+        fetch,
+        png,
+        f"rendered with matplotlib from a live Prometheus scraping "
+        f"torchfleet-runtime on loopback ({codes.get(200, 0)} predictions in {load_s:.0f} s, "
+        f"load average {load1:.1f}); GPU panels from a recorded-format nvidia-smi sample",
+    )
     assert png.stat().st_size > 50_000
 
     # Healthy: nothing that should not be firing is.
-    firing = {a["labels"]["alertname"] for a in live.api("alerts")["alerts"] if a["state"] == "firing"}
-    assert not firing & {"TorchfleetNodeNotReady", "TorchfleetGpuMemoryHigh", "TorchfleetTargetDown",
-                         "TorchfleetErrorBudgetBurnFast"}, firing
+    firing = {
+        a["labels"]["alertname"] for a in live.api("alerts")["alerts"] if a["state"] == "firing"
+    }
+    assert not firing & {
+        "TorchfleetNodeNotReady",
+        "TorchfleetGpuMemoryHigh",
+        "TorchfleetTargetDown",
+        "TorchfleetErrorBudgetBurnFast",
+    }, firing
 
     # Stop the runtime: its node is not serving, the alert fires and reaches the receiver.
     assert live.stop("runtime") == 0, live.log("runtime")
-    alert = wait_for("TorchfleetNodeNotReady firing", lambda: live.alerts("TorchfleetNodeNotReady"), 30)
+    alert = wait_for(
+        "TorchfleetNodeNotReady firing", lambda: live.alerts("TorchfleetNodeNotReady"), 30
+    )
     assert alert[0]["labels"]["node"] == NODE_NAME and alert[0]["labels"]["stack"] == STACK
-    delivered = wait_for("the webhook notified", lambda: live.webhook.alerts("TorchfleetNodeNotReady"), 30)
+    delivered = wait_for(
+        "the webhook notified", lambda: live.webhook.alerts("TorchfleetNodeNotReady"), 30
+    )
     assert delivered[0]["labels"]["severity"] == "ticket"
 
     elapsed = time.monotonic() - started
     print(f"\nlive monitoring test: {elapsed:.0f} s, {codes}, load average {load1:.2f}")
     if pending:
-        pytest.xfail("the runtime under test predates the metric contract; panels waiting for it: "
-                     + "; ".join(sorted({t for t, _ in pending})))
+        pytest.xfail(
+            "the runtime under test predates the metric contract; panels waiting for it: "
+            + "; ".join(sorted({t for t, _ in pending}))
+        )

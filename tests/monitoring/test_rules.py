@@ -26,16 +26,25 @@ def _alerts() -> set[str]:
 
 def test_rule_files_pass_promtool_check() -> None:
     assert RULE_FILES, "no rule files found"
-    done = subprocess.run([need("promtool"), "check", "rules", *map(str, RULE_FILES)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [need("promtool"), "check", "rules", *map(str, RULE_FILES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("SUCCESS") == len(RULE_FILES), done.stdout
 
 
 @pytest.mark.parametrize("test_file", TEST_FILES, ids=[p.name for p in TEST_FILES])
 def test_promtool_unit_tests_pass(test_file: Path) -> None:
-    done = subprocess.run([need("promtool"), "test", "rules", test_file.name], cwd=TESTS_DIR,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [need("promtool"), "test", "rules", test_file.name],
+        cwd=TESTS_DIR,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -45,7 +54,9 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
         doc = yaml.safe_load(path.read_text())
         loaded = {Path(f).name for f in doc["rule_files"]}
         if any("alert_rule_test" in t for t in doc["tests"]):
-            assert loaded >= {p.name for p in RULE_FILES}, f"{path.name} does not load every rule file"
+            assert loaded >= {p.name for p in RULE_FILES}, (
+                f"{path.name} does not load every rule file"
+            )
         for test in doc["tests"]:
             for check in test.get("alert_rule_test", []):
                 cases[check["alertname"]].add("firing" if check.get("exp_alerts") else "not firing")
@@ -53,8 +64,11 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
     assert len(alerts) >= 10, alerts
     unknown = set(cases) - alerts
     assert not unknown, f"tests name alerts the rules do not define: {sorted(unknown)}"
-    missing = {a: sorted({"firing", "not firing"} - cases[a]) for a in alerts
-               if cases[a] != {"firing", "not firing"}}
+    missing = {
+        a: sorted({"firing", "not firing"} - cases[a])
+        for a in alerts
+        if cases[a] != {"firing", "not firing"}
+    }
     assert not missing, f"alerts without a firing or a not-firing case: {missing}"
 
 

@@ -1,6 +1,8 @@
 """The Python 3.8 guard for runtime/ must catch what it claims to catch, and pass the runtime."""
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,3 +43,42 @@ def test_accepts_38_code_with_postponed_annotations():
 
 def test_runtime_package_is_38_clean():
     assert check_py38.main([str(ROOT / "runtime" / "src")]) == 0
+
+
+@pytest.mark.parametrize(
+    "source, flagged",
+    [
+        # the 3.8 grammar: ruff (target py38) reports these itself
+        ("match x:\n    case 1:\n        pass\n", True),
+        ("with (open('a') as a, open('b') as b):\n    pass\n", True),
+        # what only check_py38 sees, and why it stays: run-time generics and newer stdlib APIs
+        ("Alias = dict[str, int]\n", False),
+        ("'abc'.removeprefix('a')\n", False),
+        ("import functools\n@functools.cache\ndef f(): pass\n", False),
+        ("list(zip([1], [2], strict=True))\n", False),
+    ],
+)
+def test_what_ruff_catches_for_py38(source, flagged, tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(source)
+    ruff = Path(sys.executable).parent / "ruff"
+    done = subprocess.run(
+        [
+            str(ruff),
+            "check",
+            "--isolated",
+            "--target-version",
+            "py38",
+            "--select",
+            "E,F,W,UP,FA",
+            "--ignore",
+            "F821",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ("invalid-syntax" in done.stdout) is flagged, done.stdout
+    # and check_py38 catches every one of them
+    assert check_py38.check_source(source)

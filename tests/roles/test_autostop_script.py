@@ -52,7 +52,9 @@ def run(tmp_path: Path, config: dict, *args: str) -> subprocess.CompletedProcess
     path.write_text(json.dumps(config))
     return subprocess.run(
         [sys.executable, str(SCRIPT), "--config", str(path), *args],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -69,7 +71,9 @@ def prom(last_request: float, gpu_ratios: tuple[float, ...] = ()) -> str:
         f"torchfleet_last_request_timestamp_seconds {last_request!r}",
         'torchfleet_requests_total{code="200"} 12.0',
     ]
-    lines += [f'torchfleet_gpu_utilization_ratio{{gpu="{i}"}} {r}' for i, r in enumerate(gpu_ratios)]
+    lines += [
+        f'torchfleet_gpu_utilization_ratio{{gpu="{i}"}} {r}' for i, r in enumerate(gpu_ratios)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -109,16 +113,27 @@ def test_no_request_yet_counts_from_start_not_from_epoch(tmp_path: Path, metrics
     Metrics.text = prom(0.0)
     uptime = float(Path("/proc/uptime").read_text().split()[0])
     now = time.time()
-    d = decide(tmp_path, {"idle_minutes": 30, "metrics_url": metrics_url,
-                          "service": "torchfleet-test-absent.service"}, "--now", str(now))
+    d = decide(
+        tmp_path,
+        {
+            "idle_minutes": 30,
+            "metrics_url": metrics_url,
+            "service": "torchfleet-test-absent.service",
+        },
+        "--now",
+        str(now),
+    )
     assert d["idle_since"] == "boot (service not active)"
     assert d["idle_seconds"] <= uptime + 5
     assert d["stop"] is (uptime >= 30 * 60)
 
 
 def test_unreachable_metrics_count_from_boot(tmp_path: Path) -> None:
-    config = {"idle_minutes": 30, "metrics_url": "http://127.0.0.1:9/metrics",
-              "service": "torchfleet-test-absent.service"}
+    config = {
+        "idle_minutes": 30,
+        "metrics_url": "http://127.0.0.1:9/metrics",
+        "service": "torchfleet-test-absent.service",
+    }
     far = time.time() + 10 * 3600
     d = decide(tmp_path, config, "--now", str(far))
     assert d["metrics_error"]

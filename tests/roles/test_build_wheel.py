@@ -26,7 +26,9 @@ def make_project(root: Path) -> Path:
 def build(source: Path, cache: Path) -> dict:
     result = subprocess.run(
         [sys.executable, str(SCRIPT), str(source), str(cache)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
@@ -61,7 +63,9 @@ def test_leaves_the_checkout_clean(tmp_path: Path) -> None:
 def test_rejects_a_directory_without_pyproject(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(SCRIPT), str(tmp_path), str(tmp_path / "cache")],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode != 0
     assert "pyproject.toml" in result.stderr and "inference_runtime_source_dir" in result.stderr

@@ -17,7 +17,11 @@ INVENTORIES = sorted(p.name for p in (REPO / "inventories").iterdir() if p.is_di
 def test_ansible_lint_production_profile_is_clean(tool_env: dict[str, str]) -> None:
     result = subprocess.run(
         ["ansible-lint", "--profile", "production", "--nocolor", "playbooks", "roles"],
-        cwd=REPO, env=tool_env, capture_output=True, text=True, timeout=600,
+        cwd=REPO,
+        env=tool_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
 
@@ -26,7 +30,11 @@ def test_ansible_lint_production_profile_is_clean(tool_env: dict[str, str]) -> N
 def test_playbook_syntax(playbook: str, tool_env: dict[str, str]) -> None:
     result = subprocess.run(
         ["ansible-playbook", "-i", "inventories/local", "--syntax-check", f"playbooks/{playbook}"],
-        cwd=REPO, env=tool_env, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        env=tool_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
 
@@ -36,7 +44,11 @@ def test_inventory_puts_nodes_under_gpu_nodes(inventory: str, tool_env: dict[str
     """Every inventory parses and declares the gpu_nodes group the playbooks target."""
     result = subprocess.run(
         ["ansible-inventory", "-i", f"inventories/{inventory}", "--graph"],
-        cwd=REPO, env=tool_env, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        env=tool_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "@gpu_nodes" in result.stdout, result.stdout
@@ -52,4 +64,6 @@ def test_every_role_option_is_documented() -> None:
         defaults = set(yaml.safe_load((root / "defaults/main.yml").read_text()) or {})
         specs = yaml.safe_load((root / "meta/argument_specs.yml").read_text())
         options = set(specs["argument_specs"]["main"]["options"])
-        assert defaults == options, f"{role}: only in defaults {defaults - options}, only in specs {options - defaults}"
+        assert defaults == options, (
+            f"{role}: only in defaults {defaults - options}, only in specs {options - defaults}"
+        )

@@ -45,7 +45,9 @@ SCENARIOS = {
 STEPS = ("create", "prepare", "converge", "idempotence", "verify")
 
 
-def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: int) -> subprocess.CompletedProcess[str]:
+def _run(
+    cmd: list[str], env: dict[str, str], cwd: Path, timeout: int
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -53,13 +55,19 @@ def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: int) -> subpro
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize(
     "scenario",
-    [pytest.param("site"), pytest.param("legacy", marks=pytest.mark.legacy), pytest.param("monitoring")],
+    [
+        pytest.param("site"),
+        pytest.param("legacy", marks=pytest.mark.legacy),
+        pytest.param("monitoring"),
+    ],
 )
 def test_scenario(scenario: str, tool_env: dict[str, str]) -> None:
     missing = missing_tools("podman", "runc", "ssh", "ssh-keygen")
     if missing:
-        pytest.fail(f"{', '.join(missing)} not installed: run `make setup` (it installs podman, "
-                    "runc, debootstrap, openssh-client)")
+        pytest.fail(
+            f"{', '.join(missing)} not installed: run `make setup` (it installs podman, "
+            "runc, debootstrap, openssh-client)"
+        )
     suite, abi = SCENARIOS[scenario]
     env = dict(tool_env)
     env["MOLECULE_EPHEMERAL_DIRECTORY"] = str(REPO / ".cache" / "molecule" / scenario)
@@ -68,8 +76,11 @@ def test_scenario(scenario: str, tool_env: dict[str, str]) -> None:
     # A snapshot of runtime/ for the whole scenario (see TORCHFLEET_RUNTIME_SOURCE in molecule.yml).
     snapshot = REPO / ".cache" / "molecule" / f"{scenario}-runtime-src"
     shutil.rmtree(snapshot, ignore_errors=True)
-    shutil.copytree(REPO / "runtime", snapshot,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".ruff_cache"))
+    shutil.copytree(
+        REPO / "runtime",
+        snapshot,
+        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".ruff_cache"),
+    )
     env["TORCHFLEET_RUNTIME_SOURCE"] = str(snapshot)
     ensure_ssh_key(SSH_KEY)  # the throwaway key (shared with the demo's container nodes)
     # podman publishes the node's sshd on a port the kernel picked: nothing collides
@@ -95,8 +106,10 @@ def test_scenario(scenario: str, tool_env: dict[str, str]) -> None:
             result = _run(["molecule", step, "-s", scenario], env, HERE, 1500)
             label = label or step
             times[label] = time.monotonic() - started
-            out.write(f"===== molecule {step} -s {scenario} ({label}): rc={result.returncode} "
-                      f"{times[label]:.0f} s\n{result.stdout}{result.stderr}\n")
+            out.write(
+                f"===== molecule {step} -s {scenario} ({label}): rc={result.returncode} "
+                f"{times[label]:.0f} s\n{result.stdout}{result.stderr}\n"
+            )
             out.flush()
             return result
 
@@ -111,4 +124,7 @@ def test_scenario(scenario: str, tool_env: dict[str, str]) -> None:
         finally:
             if not os.environ.get("TORCHFLEET_MOLECULE_KEEP"):
                 molecule("destroy")
-            print(f"\nmolecule -s {scenario}: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()))
+            print(
+                f"\nmolecule -s {scenario}: "
+                + ", ".join(f"{k} {v:.0f} s" for k, v in times.items())
+            )

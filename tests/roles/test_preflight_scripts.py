@@ -72,15 +72,32 @@ def run_probe(root: Path, bindir: Path | None = None, **params) -> dict:
         "ANSIBLE_LOCAL_TEMP": str(root / ".ansible-tmp"),
     }
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-i",
-         "localhost,", "-e", f"ansible_python_interpreter={sys.executable}",
-         "-m", "torchfleet_probe", "-a", json.dumps(args)],
-        capture_output=True, text=True, check=False, env=env, cwd=root,
+        [
+            str(Path(sys.executable).parent / "ansible"),
+            "localhost",
+            "-c",
+            "local",
+            "-i",
+            "localhost,",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            "-m",
+            "torchfleet_probe",
+            "-a",
+            json.dumps(args),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        cwd=root,
     )
     try:
         result = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
     except (ValueError, KeyError, IndexError):
-        raise AssertionError(f"ansible failed ({done.returncode}):\n{done.stdout}\n{done.stderr}") from None
+        raise AssertionError(
+            f"ansible failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+        ) from None
     return result
 
 
@@ -113,7 +130,9 @@ def test_probe_without_gpu_reports_none_and_reads_mirror(tmp_path: Path) -> None
     assert result["packages"] == {"pciutils": False, "refresh_lists": False, "cache_valid_time": 0}
 
 
-def test_probe_names_gpu_with_lspci_and_refuses_a_profile_that_cannot_drive_it(tmp_path: Path) -> None:
+def test_probe_names_gpu_with_lspci_and_refuses_a_profile_that_cannot_drive_it(
+    tmp_path: Path,
+) -> None:
     fake_pci(tmp_path, "0000:00:1e.0", "0x10de", "0x030200", "0x2330")
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev/nvidia0").write_text("")
@@ -127,8 +146,8 @@ def test_probe_names_gpu_with_lspci_and_refuses_a_profile_that_cannot_drive_it(t
     fake_bin(
         bindir,
         "lspci",
-        "echo '00:1e.0 \"3D controller\" \"NVIDIA Corporation\" "
-        "\"GH100 [H100 SXM5 80GB HBM3]\" -ra1 \"NVIDIA Corporation\" \"Device 16c1\"'\n",
+        'echo \'00:1e.0 "3D controller" "NVIDIA Corporation" '
+        '"GH100 [H100 SXM5 80GB HBM3]" -ra1 "NVIDIA Corporation" "Device 16c1"\'\n',
     )
     # this interpreter's Python is not the subject here
     result = run_probe(tmp_path, bindir, profile="cu116", check_python=False)
@@ -160,8 +179,14 @@ def test_probe_prefers_nvidia_smi_and_falls_back_without_compute_cap(tmp_path: P
         'case "$1" in *compute_cap*) exit 2;; esac\n'
         'echo "NVIDIA A100-SXM4-80GB, 470.82.01, 81920, 00000000:00:1E.0"\n',
     )
-    result = run_probe(tmp_path, bindir, profile="cu116", gpu_model="T4",
-                       check_kernel_headers=False, check_python=False)
+    result = run_probe(
+        tmp_path,
+        bindir,
+        profile="cu116",
+        gpu_model="T4",
+        check_kernel_headers=False,
+        check_python=False,
+    )
     (smi,) = result["probe"]["gpu"]["nvidia_smi"]
     assert smi["model"] == "A100-80G"
     assert smi["compute_capability"] is None
@@ -175,15 +200,18 @@ def test_probe_prefers_nvidia_smi_and_falls_back_without_compute_cap(tmp_path: P
 
 
 def test_probe_reports_every_bad_input_at_once(tmp_path: Path) -> None:
-    result = run_probe(tmp_path, profile="cu999", gpu_model="K80", compute_capability="eight",
-                       min_free_disk_gb=-1)
+    result = run_probe(
+        tmp_path, profile="cu999", gpu_model="K80", compute_capability="eight", min_free_disk_gb=-1
+    )
     assert result["failed"] is True
     msg = result["msg"]
-    for part in ("(1) torchfleet_cuda_profile=cu999 is not a profile of compat/matrix.yml; "
-                 "allowed: cu116, cu118, cu121, cpu",
-                 "(2) torchfleet_gpu_model=K80 is not in the matrix gpus; allowed: V100,",
-                 "(3) torchfleet_compute_capability=eight is not a compute capability",
-                 "(4) preflight_min_free_disk_gb=-1.0 is invalid"):
+    for part in (
+        "(1) torchfleet_cuda_profile=cu999 is not a profile of compat/matrix.yml; "
+        "allowed: cu116, cu118, cu121, cpu",
+        "(2) torchfleet_gpu_model=K80 is not in the matrix gpus; allowed: V100,",
+        "(3) torchfleet_compute_capability=eight is not a compute capability",
+        "(4) preflight_min_free_disk_gb=-1.0 is invalid",
+    ):
         assert part in msg
 
 

@@ -17,20 +17,28 @@ REPO = Path(__file__).resolve().parents[2]
 PROFILE = {"torch": "2.13.0", "torchvision": None, "cuda": None, "wheel_index": None}
 
 
-def run_assert(tmp_path: Path, env: dict[str, str], role: str, extra: dict) -> subprocess.CompletedProcess[str]:
-    play = [{
-        "name": "assert",
-        "hosts": "localhost",
-        "gather_facts": False,
-        "vars": {"torchfleet_profile": PROFILE, "torchfleet_python_version": "3.11", **extra},
-        "tasks": [{"ansible.builtin.include_role": {"name": role, "tasks_from": "assert.yml"}}],
-    }]
+def run_assert(
+    tmp_path: Path, env: dict[str, str], role: str, extra: dict
+) -> subprocess.CompletedProcess[str]:
+    play = [
+        {
+            "name": "assert",
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars": {"torchfleet_profile": PROFILE, "torchfleet_python_version": "3.11", **extra},
+            "tasks": [{"ansible.builtin.include_role": {"name": role, "tasks_from": "assert.yml"}}],
+        }
+    ]
     playbook = tmp_path / "play.yml"
     playbook.write_text(json.dumps(play))
     env = dict(env, ANSIBLE_ROLES_PATH=str(REPO / "roles"))
     return subprocess.run(
         ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
 
 
@@ -41,10 +49,19 @@ CASES = [
     ("pytorch", {"pytorch_torch_version": "latest"}, "pytorch_torch_version=latest"),
     ("inference_runtime", {}, None),
     ("inference_runtime", {"inference_runtime_config": {"max_batch": 8}}, "max_batch"),
-    ("inference_runtime", {"inference_runtime_model_source": "https://example.invalid/m.pt"},
-     "inference_runtime_model_source=https://example.invalid/m.pt"),
-    ("inference_runtime", {"inference_runtime_model_source": "s3://b/m.pt",
-                           "inference_runtime_model_checksum": "sha256:REPLACE"}, "sha256:REPLACE"),
+    (
+        "inference_runtime",
+        {"inference_runtime_model_source": "https://example.invalid/m.pt"},
+        "inference_runtime_model_source=https://example.invalid/m.pt",
+    ),
+    (
+        "inference_runtime",
+        {
+            "inference_runtime_model_source": "s3://b/m.pt",
+            "inference_runtime_model_checksum": "sha256:REPLACE",
+        },
+        "sha256:REPLACE",
+    ),
     ("autostop", {}, None),
     ("autostop", {"autostop_idle_minutes": 0}, "autostop_idle_minutes=0"),
     ("autostop", {"autostop_check_interval": "often"}, "autostop_check_interval=often"),
@@ -52,7 +69,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("role", "extra", "message"), CASES)
-def test_assert(role: str, extra: dict, message: str | None, tmp_path: Path, tool_env: dict[str, str]) -> None:
+def test_assert(
+    role: str, extra: dict, message: str | None, tmp_path: Path, tool_env: dict[str, str]
+) -> None:
     result = run_assert(tmp_path, tool_env, role, extra)
     output = result.stdout + result.stderr
     if message is None:
@@ -73,21 +92,42 @@ SPEC_CASES = [
 
 
 @pytest.mark.parametrize(("role", "extra", "name"), SPEC_CASES)
-def test_argument_specs_refuse_what_no_assert_restates(role: str, extra: dict, name: str, tmp_path: Path,
-                                                        tool_env: dict[str, str]) -> None:
+def test_argument_specs_refuse_what_no_assert_restates(
+    role: str, extra: dict, name: str, tmp_path: Path, tool_env: dict[str, str]
+) -> None:
     spec = yaml.safe_load((REPO / "roles" / role / "meta" / "argument_specs.yml").read_text())
     options = spec["argument_specs"]["main"]["options"]
-    play = [{"name": "spec", "hosts": "localhost", "gather_facts": False, "tasks": [
-        {"ansible.builtin.validate_argument_spec": {"argument_spec": {name: options[name]},
-                                                    "provided_arguments": extra}}]}]
+    play = [
+        {
+            "name": "spec",
+            "hosts": "localhost",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "ansible.builtin.validate_argument_spec": {
+                        "argument_spec": {name: options[name]},
+                        "provided_arguments": extra,
+                    }
+                }
+            ],
+        }
+    ]
     playbook = tmp_path / "play.yml"
     playbook.write_text(json.dumps(play))
-    result = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook)],
-                            cwd=tmp_path, env=tool_env, capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook)],
+        cwd=tmp_path,
+        env=tool_env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-3000:]
     assert name in output and str(extra[name]) in output, output[-3000:]
     # and the role's own asserts no longer restate the rule
     tasks = yaml.safe_load((REPO / "roles" / role / "tasks" / "assert.yml").read_text())
-    conditions = [str(t["ansible.builtin.assert"]["that"]) for t in tasks if "ansible.builtin.assert" in t]
+    conditions = [
+        str(t["ansible.builtin.assert"]["that"]) for t in tasks if "ansible.builtin.assert" in t
+    ]
     assert conditions and not any(name in c for c in conditions)

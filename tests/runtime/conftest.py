@@ -26,8 +26,13 @@ class Client:
         self.port = port
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
 
-    def call(self, method: str, path: str, body: bytes | None = None,
-             headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
         self.conn.request(method, path, body=body, headers=headers or {})
         resp = self.conn.getresponse()
         data = resp.read()
@@ -37,8 +42,12 @@ class Client:
         return resp.status, dict(resp.getheaders()), data
 
     def predict(self, inputs: Any, **kw: Any) -> tuple[int, dict[str, str], Any]:
-        status, headers, data = self.call("POST", "/v1/predict", json.dumps({"inputs": inputs}).encode(),
-                                          {"Content-Type": "application/json", **kw})
+        status, headers, data = self.call(
+            "POST",
+            "/v1/predict",
+            json.dumps({"inputs": inputs}).encode(),
+            {"Content-Type": "application/json", **kw},
+        )
         return status, headers, json.loads(data)
 
     def get_json(self, path: str) -> tuple[int, Any]:
@@ -66,7 +75,9 @@ def start_runtime() -> Iterator[Callable[..., Service]]:
     threads: list[threading.Thread] = []
 
     def start(module: Any = None, wait: bool = True, **overrides: Any) -> Service:
-        base = dict(port=0, spot_watch="off", input_shape=(4,), max_delay_ms=2.0, log_level="warning")
+        base = dict(
+            port=0, spot_watch="off", input_shape=(4,), max_delay_ms=2.0, log_level="warning"
+        )
         base.update(overrides)
         svc = Service(Config(**base), module=module)
         started.append(svc)
@@ -141,7 +152,9 @@ def parse_responses(data: bytes) -> list[RawResponse]:
         except httptools.HttpParserUpgrade:
             rest = b""
         except httptools.HttpParserError:
-            if out and out[-1].status == 100:  # llhttp stops after an interim answer: go on with the rest
+            if (
+                out and out[-1].status == 100
+            ):  # llhttp stops after an interim answer: go on with the rest
                 idx = data.find(b"\r\n\r\n", data.find(b"HTTP/1.1 100")) + 4
                 parser = httptools.HttpResponseParser(sink)
                 rest, data = data[idx:], data[idx:]
@@ -150,8 +163,13 @@ def parse_responses(data: bytes) -> list[RawResponse]:
     return out
 
 
-def raw_exchange(port: int, data: bytes | list[bytes], timeout: float = 10.0, half_close: bool = True,
-                 pause_s: float = 0.0) -> tuple[list[RawResponse], bool]:
+def raw_exchange(
+    port: int,
+    data: bytes | list[bytes],
+    timeout: float = 10.0,
+    half_close: bool = True,
+    pause_s: float = 0.0,
+) -> tuple[list[RawResponse], bool]:
     """Send `data` (pieces with `pause_s` between them) on a fresh connection, half-close, read
     until the server closes or `timeout`; -> (responses, closed_by_server)."""
     import socket

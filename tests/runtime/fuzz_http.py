@@ -69,37 +69,95 @@ def valid_requests() -> list[bytes]:
     buf = io.BytesIO()
     np.save(buf, np.ones((2, 4), dtype="<f4"))
     return [
-        _req("POST", "/v1/predict", b'{"inputs": [1, 2, 3, 4]}', ["Content-Type: application/json"]),
-        _req("POST", "/v1/predict", b'{"inputs": [[1, 2, 3, 4], [0.5, 0, 0, 1]]}', ["Content-Type: application/json"]),
-        _req("POST", "/v1/predict", struct.pack("<4f", 1, 2, 3, 4),
-             ["Content-Type: application/octet-stream", "X-Shape: 1,4", "X-Dtype: float32"]),
-        _req("POST", "/v1/predict", buf.getvalue(), ["Content-Type: application/x-npy", "Accept: application/octet-stream"]),
-        _req("GET", "/v1/model"), _req("GET", "/readyz"), _req("GET", "/livez"), _req("HEAD", "/v1/model"),
+        _req(
+            "POST", "/v1/predict", b'{"inputs": [1, 2, 3, 4]}', ["Content-Type: application/json"]
+        ),
+        _req(
+            "POST",
+            "/v1/predict",
+            b'{"inputs": [[1, 2, 3, 4], [0.5, 0, 0, 1]]}',
+            ["Content-Type: application/json"],
+        ),
+        _req(
+            "POST",
+            "/v1/predict",
+            struct.pack("<4f", 1, 2, 3, 4),
+            ["Content-Type: application/octet-stream", "X-Shape: 1,4", "X-Dtype: float32"],
+        ),
+        _req(
+            "POST",
+            "/v1/predict",
+            buf.getvalue(),
+            ["Content-Type: application/x-npy", "Accept: application/octet-stream"],
+        ),
+        _req("GET", "/v1/model"),
+        _req("GET", "/readyz"),
+        _req("GET", "/livez"),
+        _req("HEAD", "/v1/model"),
     ]
 
 
 HOSTILE_HEADERS = [
-    "Transfer-Encoding: chunked", "Transfer-Encoding : chunked", "Transfer-Encoding:\tchunked",
-    "Transfer-Encoding: xchunked", "Transfer-Encoding: chunked, identity", "transfer-encoding: CHUNKED",
-    "Content-Length: 0", "Content-Length: 1", "Content-Length: -1", "Content-Length: 1.5", "Content-Length:",
-    "Content-Length: 18446744073709551616", "Connection: close", "Connection: keep-alive, Upgrade", "Upgrade: h2c",
-    "Expect: 100-continue", "Expect: garbage", "Host: other", "X-Shape: -1", "X-Shape: 99999999999999,4",
-    "X-Shape: " + "1," * 500, "X-Dtype: complex128", "X-Dtype: ../../etc", "Content-Type: application/x-npy",
-    "Content-Type: application/octet-stream", "Content-Type: text/html; charset=\xff", "Authorization: Bearer x",
-    "X-Request-Id: " + "r" * 400, "X-Request-Id: \x7f\x01", "Accept: application/octet-stream",
-    "X-Long: " + "v" * 9000, "\x00: nul", ": empty-name", "Bad Header: space", "Folded: a\r\n b",
+    "Transfer-Encoding: chunked",
+    "Transfer-Encoding : chunked",
+    "Transfer-Encoding:\tchunked",
+    "Transfer-Encoding: xchunked",
+    "Transfer-Encoding: chunked, identity",
+    "transfer-encoding: CHUNKED",
+    "Content-Length: 0",
+    "Content-Length: 1",
+    "Content-Length: -1",
+    "Content-Length: 1.5",
+    "Content-Length:",
+    "Content-Length: 18446744073709551616",
+    "Connection: close",
+    "Connection: keep-alive, Upgrade",
+    "Upgrade: h2c",
+    "Expect: 100-continue",
+    "Expect: garbage",
+    "Host: other",
+    "X-Shape: -1",
+    "X-Shape: 99999999999999,4",
+    "X-Shape: " + "1," * 500,
+    "X-Dtype: complex128",
+    "X-Dtype: ../../etc",
+    "Content-Type: application/x-npy",
+    "Content-Type: application/octet-stream",
+    "Content-Type: text/html; charset=\xff",
+    "Authorization: Bearer x",
+    "X-Request-Id: " + "r" * 400,
+    "X-Request-Id: \x7f\x01",
+    "Accept: application/octet-stream",
+    "X-Long: " + "v" * 9000,
+    "\x00: nul",
+    ": empty-name",
+    "Bad Header: space",
+    "Folded: a\r\n b",
 ]
 
 FRAMINGS = [
-    ["Content-Length: 5", "Content-Length: 5"], ["Content-Length: 5", "Content-Length: 6"],
-    ["Content-Length: 5", "Transfer-Encoding: chunked"], ["Transfer-Encoding: chunked", "Content-Length: 5"],
-    ["Transfer-Encoding: chunked"], ["Transfer-Encoding: chunked", "Transfer-Encoding: identity"],
-    ["Transfer-Encoding: identity, chunked"], ["Transfer-Encoding : chunked", "Content-Length: 5"],
-    ["Transfer-Encoding: \x0bchunked", "Content-Length: 5"], ["Transfer-Encoding:\tchunked"],
-    ["Content-Length: +5"], ["Content-Length: 5 5"], ["Content-Length: 0x5"], ["Content-Length: 05"],
-    [" Content-Length: 5"], ["Content-Length: 5", " 6"], ["Content-Length:\t5"], ["Content-Length: 5,5"],
-    ["Content-Length: 5\rContent-Length: 80"], ["Content-Length: 5\nTransfer-Encoding: chunked"],
-    ["X: y\r\nTransfer-Encoding: chunked"], ["Content-Length: 5", "Transfer-Encoding: gzip"],
+    ["Content-Length: 5", "Content-Length: 5"],
+    ["Content-Length: 5", "Content-Length: 6"],
+    ["Content-Length: 5", "Transfer-Encoding: chunked"],
+    ["Transfer-Encoding: chunked", "Content-Length: 5"],
+    ["Transfer-Encoding: chunked"],
+    ["Transfer-Encoding: chunked", "Transfer-Encoding: identity"],
+    ["Transfer-Encoding: identity, chunked"],
+    ["Transfer-Encoding : chunked", "Content-Length: 5"],
+    ["Transfer-Encoding: \x0bchunked", "Content-Length: 5"],
+    ["Transfer-Encoding:\tchunked"],
+    ["Content-Length: +5"],
+    ["Content-Length: 5 5"],
+    ["Content-Length: 0x5"],
+    ["Content-Length: 05"],
+    [" Content-Length: 5"],
+    ["Content-Length: 5", " 6"],
+    ["Content-Length:\t5"],
+    ["Content-Length: 5,5"],
+    ["Content-Length: 5\rContent-Length: 80"],
+    ["Content-Length: 5\nTransfer-Encoding: chunked"],
+    ["X: y\r\nTransfer-Encoding: chunked"],
+    ["Content-Length: 5", "Transfer-Encoding: gzip"],
 ]
 
 
@@ -112,8 +170,17 @@ def desync_cases() -> Iterator[tuple[str, bytes]]:
     """Each case smuggles a request carrying its own canary value, CANARY + its index."""
     k = 0
     for framing in FRAMINGS:
-        head = "POST /v1/predict HTTP/1.1\r\nHost: fuzz\r\nContent-Type: application/json\r\n" + "\r\n".join(framing)
-        for tail in (b"0\r\n\r\n", b"hello", b"5\r\nhello\r\n0\r\n\r\n", b"", b'{"inputs": [1, 2, 3, 4]}'):
+        head = (
+            "POST /v1/predict HTTP/1.1\r\nHost: fuzz\r\nContent-Type: application/json\r\n"
+            + "\r\n".join(framing)
+        )
+        for tail in (
+            b"0\r\n\r\n",
+            b"hello",
+            b"5\r\nhello\r\n0\r\n\r\n",
+            b"",
+            b'{"inputs": [1, 2, 3, 4]}',
+        ):
             yield "desync", (head + "\r\n\r\n").encode("latin-1") + tail + smuggled(CANARY + k)
             k += 1
 
@@ -126,45 +193,102 @@ def body_cases(rng: random.Random) -> Iterator[tuple[str, bytes]]:
     for depth in (10, 100, 1000, 1025, 5000, 100_000):
         yield "deep-json", _json_body(b'{"inputs": ' + b"[" * depth + b"1" + b"]" * depth + b"}")
         yield "deep-json", _json_body(b'{"inputs": ' + b"[" * depth + b"}")
-        yield "deep-json", _json_body(b'{"inputs": [1, 2, 3, 4], "x": ' + b'{"a":' * depth + b"1" + b"}" * depth + b"}")
-    for doc in (b'{"inputs": [NaN, 1, 2, 3]}', b'{"inputs": [Infinity, 1, 2, 3]}', b'{"inputs": [1e999, 1, 2, 3]}',
-                b'{"inputs": [-1e999, 1, 2, 3]}', b'{"inputs": [' + b"9" * 5000 + b', 1, 2, 3]}',
-                b'{"inputs": [1, 2, 3, 4]', b'{"inputs": "1234"}', b'{"inputs": null}', b'{"inputs": {}}',
-                b'{"inputs": [true, false, true, false]}', b'{"inputs": [[1, 2], [3]]}', b'{"inputs": [[], []]}',
-                b'{"inputs": [1, "2", 3, 4]}', b'{"inputs": [1, 2, 3, 4], "inputs": [5]}', b"\xff\xfe{}",
-                b'{"inputs": [1, 2, 3, 4]}\x00', b"[" * 3 + b"]" * 3, b'"just a string"', b"{}", b"null",
-                b'{"inputs": [' + b"1," * 100_000 + b"1]}", b'{"inputs": [[1, 2, 3, 4]' + b", [1, 2, 3, 4]" * 5000 + b"]}",
-                b'{"inputs": [1, 2, 3, 4], "x": "\\ud800"}', b'{"inputs": [1.0e-400, 0, 0, 0]}'):
+        yield (
+            "deep-json",
+            _json_body(
+                b'{"inputs": [1, 2, 3, 4], "x": ' + b'{"a":' * depth + b"1" + b"}" * depth + b"}"
+            ),
+        )
+    for doc in (
+        b'{"inputs": [NaN, 1, 2, 3]}',
+        b'{"inputs": [Infinity, 1, 2, 3]}',
+        b'{"inputs": [1e999, 1, 2, 3]}',
+        b'{"inputs": [-1e999, 1, 2, 3]}',
+        b'{"inputs": [' + b"9" * 5000 + b", 1, 2, 3]}",
+        b'{"inputs": [1, 2, 3, 4]',
+        b'{"inputs": "1234"}',
+        b'{"inputs": null}',
+        b'{"inputs": {}}',
+        b'{"inputs": [true, false, true, false]}',
+        b'{"inputs": [[1, 2], [3]]}',
+        b'{"inputs": [[], []]}',
+        b'{"inputs": [1, "2", 3, 4]}',
+        b'{"inputs": [1, 2, 3, 4], "inputs": [5]}',
+        b"\xff\xfe{}",
+        b'{"inputs": [1, 2, 3, 4]}\x00',
+        b"[" * 3 + b"]" * 3,
+        b'"just a string"',
+        b"{}",
+        b"null",
+        b'{"inputs": [' + b"1," * 100_000 + b"1]}",
+        b'{"inputs": [[1, 2, 3, 4]' + b", [1, 2, 3, 4]" * 5000 + b"]}",
+        b'{"inputs": [1, 2, 3, 4], "x": "\\ud800"}',
+        b'{"inputs": [1.0e-400, 0, 0, 0]}',
+    ):
         yield "json-body", _json_body(doc)
     headers_f4 = ["Content-Type: application/x-npy"]
-    for header in (b"{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }",
-                   b"{'descr': '<f4', 'fortran_order': True, 'shape': (4,), }",
-                   b"{'descr': '>f4', 'fortran_order': False, 'shape': (4,), }",
-                   b"{'descr': '<c16', 'fortran_order': False, 'shape': (4,), }",
-                   b"{'descr': 4, 'fortran_order': False, 'shape': (4,), }",
-                   b"{'descr': '<f4', 'fortran_order': 'no', 'shape': (4,), }",
-                   b"{'descr': '<f4', 'fortran_order': False, 'shape': (-4,), }",
-                   b"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }",
-                   b"{'descr': '<f4', 'fortran_order': False, 'shape': (4.0,), }",
-                   b"{'descr': '<f4', 'fortran_order': False, 'shape': " + b"(" * 5000 + b")" * 5000 + b", }",
-                   b"{'descr': '<f4', 'fortran_order': False, 'shape': [4], }",
-                   b"{'descr': '<f4', 'fortran_order': False}", b"[1, 2, 3]", b"{" * 10000, b"__import__('os')",
-                   b"{'descr': '<f4', 'fortran_order': False, 'shape': (4,), 'x': " + b"9" * 5000 + b"}",
-                   "{'descr': '<f4\u00e9', 'fortran_order': False, 'shape': (4,), }".encode("utf-8"), b"\xff" * 50):
+    for header in (
+        b"{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }",
+        b"{'descr': '<f4', 'fortran_order': True, 'shape': (4,), }",
+        b"{'descr': '>f4', 'fortran_order': False, 'shape': (4,), }",
+        b"{'descr': '<c16', 'fortran_order': False, 'shape': (4,), }",
+        b"{'descr': 4, 'fortran_order': False, 'shape': (4,), }",
+        b"{'descr': '<f4', 'fortran_order': 'no', 'shape': (4,), }",
+        b"{'descr': '<f4', 'fortran_order': False, 'shape': (-4,), }",
+        b"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }",
+        b"{'descr': '<f4', 'fortran_order': False, 'shape': (4.0,), }",
+        b"{'descr': '<f4', 'fortran_order': False, 'shape': " + b"(" * 5000 + b")" * 5000 + b", }",
+        b"{'descr': '<f4', 'fortran_order': False, 'shape': [4], }",
+        b"{'descr': '<f4', 'fortran_order': False}",
+        b"[1, 2, 3]",
+        b"{" * 10000,
+        b"__import__('os')",
+        b"{'descr': '<f4', 'fortran_order': False, 'shape': (4,), 'x': " + b"9" * 5000 + b"}",
+        "{'descr': '<f4\u00e9', 'fortran_order': False, 'shape': (4,), }".encode("utf-8"),
+        b"\xff" * 50,
+    ):
         yield "npy-header", _req("POST", "/v1/predict", _npy(header), headers_f4)
         yield "npy-header", _req("POST", "/v1/predict", _npy(header, version=2), headers_f4)
-    for raw in (b"\x93NUMPY\x09\x00\x10\x00", b"\x93NUMPY\x01\x00\xff\xff{", b"\x93NUMPY\x02\x00\xff\xff\xff\xff{",
-                b"\x93NUMP", b"NOTNUMPY" * 4, _npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }", b"\0" * 3)):
+    for raw in (
+        b"\x93NUMPY\x09\x00\x10\x00",
+        b"\x93NUMPY\x01\x00\xff\xff{",
+        b"\x93NUMPY\x02\x00\xff\xff\xff\xff{",
+        b"\x93NUMP",
+        b"NOTNUMPY" * 4,
+        _npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }", b"\0" * 3),
+    ):
         yield "npy-header", _req("POST", "/v1/predict", raw, headers_f4)
-    for shape, dtype, n in (("4", "float32", 16), ("1,4", "float64", 32), ("99999999999999,4", "float32", 16),
-                            ("-1,4", "float32", 16), ("1,,4", "float32", 16), ("a,b", "float32", 16),
-                            ("0,4", "float32", 0), ("1,4", "bfloat16", 8), ("1,4", "float32", 15), ("1," * 40 + "4", "float32", 16),
-                            ("1,4", "", 16), ("", "float32", 16), ("1,4", "FLOAT32", 16)):
+    for shape, dtype, n in (
+        ("4", "float32", 16),
+        ("1,4", "float64", 32),
+        ("99999999999999,4", "float32", 16),
+        ("-1,4", "float32", 16),
+        ("1,,4", "float32", 16),
+        ("a,b", "float32", 16),
+        ("0,4", "float32", 0),
+        ("1,4", "bfloat16", 8),
+        ("1,4", "float32", 15),
+        ("1," * 40 + "4", "float32", 16),
+        ("1,4", "", 16),
+        ("", "float32", 16),
+        ("1,4", "FLOAT32", 16),
+    ):
         body = bytes(rng.getrandbits(8) for _ in range(n))
-        headers = ["Content-Type: application/octet-stream", f"X-Shape: {shape}", f"X-Dtype: {dtype}"]
+        headers = [
+            "Content-Type: application/octet-stream",
+            f"X-Shape: {shape}",
+            f"X-Dtype: {dtype}",
+        ]
         yield "raw-body", _req("POST", "/v1/predict", body, headers)
-    yield "raw-body", _req("POST", "/v1/predict", struct.pack("<4f", float("nan"), 0, 0, 0),
-                           ["Content-Type: application/octet-stream", "X-Shape: 4", "X-Dtype: float32"])
+    yield (
+        "raw-body",
+        _req(
+            "POST",
+            "/v1/predict",
+            struct.pack("<4f", float("nan"), 0, 0, 0),
+            ["Content-Type: application/octet-stream", "X-Shape: 4", "X-Dtype: float32"],
+        ),
+    )
 
 
 def mutate(rng: random.Random, data: bytes) -> bytes:
@@ -177,15 +301,19 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
         elif op == 1:  # insert random bytes
             b[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
         elif op == 2 and b:  # delete a span
-            del b[pos:pos + rng.randint(1, 16)]
+            del b[pos : pos + rng.randint(1, 16)]
         elif op == 3:  # truncate
             del b[pos:]
         elif op == 4:  # line ends: bare LF or bare CR
-            b = bytearray(bytes(b).replace(b"\r\n", rng.choice([b"\n", b"\r", b"\r\r\n", b"\n\r"]), rng.randint(1, 3)))
+            b = bytearray(
+                bytes(b).replace(
+                    b"\r\n", rng.choice([b"\n", b"\r", b"\r\r\n", b"\n\r"]), rng.randint(1, 3)
+                )
+            )
         elif op == 5:  # a hostile header line
             idx = bytes(b).find(b"\r\n")
             if idx > 0:
-                b[idx + 2:idx + 2] = (rng.choice(HOSTILE_HEADERS) + "\r\n").encode("latin-1")
+                b[idx + 2 : idx + 2] = (rng.choice(HOSTILE_HEADERS) + "\r\n").encode("latin-1")
         elif op == 6:  # duplicate a line
             lines = bytes(b).split(b"\r\n")
             if len(lines) > 2:
@@ -195,11 +323,38 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
         elif op == 7:  # another method or path
             sp = bytes(b).find(b" ")
             if sp > 0:
-                b[:sp] = rng.choice([b"GET", b"PUT", b"DELETE", b"PATCH", b"OPTIONS", b"TRACE", b"CONNECT", b"BREW",
-                                     b"get", b"POST\x00", b""])
+                b[:sp] = rng.choice(
+                    [
+                        b"GET",
+                        b"PUT",
+                        b"DELETE",
+                        b"PATCH",
+                        b"OPTIONS",
+                        b"TRACE",
+                        b"CONNECT",
+                        b"BREW",
+                        b"get",
+                        b"POST\x00",
+                        b"",
+                    ]
+                )
         else:  # version games
-            b = bytearray(bytes(b).replace(b"HTTP/1.1", rng.choice([b"HTTP/1.0", b"HTTP/2", b"HTTP/0.9", b"HTTP/1.1 x",
-                                                                    b"HTTP/9.9", b"http/1.1"]), 1))
+            b = bytearray(
+                bytes(b).replace(
+                    b"HTTP/1.1",
+                    rng.choice(
+                        [
+                            b"HTTP/1.0",
+                            b"HTTP/2",
+                            b"HTTP/0.9",
+                            b"HTTP/1.1 x",
+                            b"HTTP/9.9",
+                            b"http/1.1",
+                        ]
+                    ),
+                    1,
+                )
+            )
     return bytes(b)
 
 
@@ -223,7 +378,7 @@ def canary_of(data: bytes) -> float | None:
     if i < 0:
         return None
     try:
-        v = float(data[i + 12:].split(b",", 1)[0])
+        v = float(data[i + 12 :].split(b",", 1)[0])
     except ValueError:
         return None
     return v if v >= CANARY else None
@@ -248,7 +403,9 @@ def _exchange(port: int, data: bytes, timeout: float) -> tuple[bytes, bool]:
 def violations(kind: str, data: bytes, got: bytes, closed: bool) -> list[str]:
     if not got:
         return [] if not data.strip() else [f"{kind}: no answer at all (closed={closed})"]
-    if data.startswith(b"HEAD "):  # no body follows a HEAD answer's Content-Length: check the head only
+    if data.startswith(
+        b"HEAD "
+    ):  # no body follows a HEAD answer's Content-Length: check the head only
         status = got.split(b"\r\n", 1)[0]
         ok = status.startswith(b"HTTP/1.1 ") and status[9:12].isdigit() and int(status[9:12]) < 500
         return [] if ok and b"\r\n\r\n" in got else [f"{kind}: HEAD answer {got[:120]!r}"]
@@ -262,21 +419,32 @@ def violations(kind: str, data: bytes, got: bytes, closed: bool) -> list[str]:
     for r in responses:
         if r.status >= 500:
             out.append(f"{kind}: {r.status} {r.body[:200]!r}")
-        if r.status >= 400 or (r.status == 200 and r.headers.get("Content-Type") == "application/json" and r.body):
+        if r.status >= 400 or (
+            r.status == 200 and r.headers.get("Content-Type") == "application/json" and r.body
+        ):
             try:
                 doc = orjson.loads(r.body)  # strict: a NaN token fails here
             except orjson.JSONDecodeError:
                 if not data.startswith(b"HEAD"):
-                    out.append(f"{kind}: {r.status} with a body that is not strict JSON: {r.body[:120]!r}")
+                    out.append(
+                        f"{kind}: {r.status} with a body that is not strict JSON: {r.body[:120]!r}"
+                    )
                 continue
-            if r.status >= 400 and not (isinstance(doc, dict) and isinstance(doc.get("error"), dict)
-                                        and isinstance(doc["error"].get("type"), str)
-                                        and isinstance(doc["error"].get("message"), str)):
-                out.append(f"{kind}: {r.status} error body without the error shape: {r.body[:120]!r}")
+            if r.status >= 400 and not (
+                isinstance(doc, dict)
+                and isinstance(doc.get("error"), dict)
+                and isinstance(doc["error"].get("type"), str)
+                and isinstance(doc["error"].get("message"), str)
+            ):
+                out.append(
+                    f"{kind}: {r.status} error body without the error shape: {r.body[:120]!r}"
+                )
     return out
 
 
-def _slow_client(port: int, head: bytes, results: list[str], lock: threading.Lock, drip_s: float) -> None:
+def _slow_client(
+    port: int, head: bytes, results: list[str], lock: threading.Lock, drip_s: float
+) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         got = b""
         try:
@@ -294,13 +462,23 @@ def _slow_client(port: int, head: bytes, results: list[str], lock: threading.Loc
 
 def probe(port: int) -> bool:
     body = b'{"inputs": [1, 2, 3, 4]}'
-    got, _ = _exchange(port, _req("POST", "/v1/predict", body, ["Content-Type: application/json"]), 10)
+    got, _ = _exchange(
+        port, _req("POST", "/v1/predict", body, ["Content-Type: application/json"]), 10
+    )
     return got.startswith(b"HTTP/1.1 200 ")
 
 
-def run(port: int, cases: int, seen: Callable[[], set[float]], seed: int = 7, workers: int = 4,
-        probe_every: int = 500, slow_clients: int = 8, slow_drip_s: float = 0.05,
-        timeout: float = 10.0) -> dict[str, Any]:
+def run(
+    port: int,
+    cases: int,
+    seen: Callable[[], set[float]],
+    seed: int = 7,
+    workers: int = 4,
+    probe_every: int = 500,
+    slow_clients: int = 8,
+    slow_drip_s: float = 0.05,
+    timeout: float = 10.0,
+) -> dict[str, Any]:
     """Send every case; -> {"cases", "by_kind", "violations", "probes_failed", "slow", "seconds"}.
 
     `seen()` returns the canary values the model ran. A smuggled canary may run only when the
@@ -312,14 +490,21 @@ def run(port: int, cases: int, seen: Callable[[], set[float]], seed: int = 7, wo
     lock = threading.Lock()
     slow: list[str] = []
     slow_threads = []
-    heads = [b"POST /v1/predict HTTP/1.1\r\nHost: fuzz\r\nX-Slow: " + b"a" * 200,  # slowloris: never ends its head
-             b"POST /v1/predict HTTP/1.1\r\nHost: fuzz\r\nContent-Type: application/json\r\nContent-Length: 9999\r\n\r\n{"]
+    heads = [
+        b"POST /v1/predict HTTP/1.1\r\nHost: fuzz\r\nX-Slow: "
+        + b"a" * 200,  # slowloris: never ends its head
+        b"POST /v1/predict HTTP/1.1\r\nHost: fuzz\r\nContent-Type: application/json\r\nContent-Length: 9999\r\n\r\n{",
+    ]
     for i in range(slow_clients):
-        t = threading.Thread(target=_slow_client, args=(port, heads[i % 2], slow, lock, slow_drip_s), daemon=True)
+        t = threading.Thread(
+            target=_slow_client, args=(port, heads[i % 2], slow, lock, slow_drip_s), daemon=True
+        )
         t.start()
         slow_threads.append(t)
     probes_failed = 0
-    answered_apart: dict[float, bytes] = {}  # canary -> its case, when the server answered it separately
+    answered_apart: dict[
+        float, bytes
+    ] = {}  # canary -> its case, when the server answered it separately
     desyncs: dict[float, bytes] = {}
 
     def one(case: tuple[str, bytes]) -> None:
@@ -357,9 +542,17 @@ def run(port: int, cases: int, seen: Callable[[], set[float]], seed: int = 7, wo
         t.join(60)
     for mark in sorted(seen()):
         if mark in desyncs and mark not in answered_apart:
-            found.append(f"desync: the smuggled request {mark} ran behind one answer <- {desyncs[mark][:200]!r}")
-    return {"cases": cases, "by_kind": by_kind, "violations": found, "probes_failed": probes_failed, "slow": slow,
-            "seconds": round(time.monotonic() - started, 2)}
+            found.append(
+                f"desync: the smuggled request {mark} ran behind one answer <- {desyncs[mark][:200]!r}"
+            )
+    return {
+        "cases": cases,
+        "by_kind": by_kind,
+        "violations": found,
+        "probes_failed": probes_failed,
+        "slow": slow,
+        "seconds": round(time.monotonic() - started, 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,21 +566,43 @@ def main(argv: list[str] | None = None) -> int:
     from torchfleet_runtime.config import Config
 
     model = rt_models.Recorder()
-    svc = Service(Config(port=0, spot_watch="off", input_shape=SHAPE, max_batch_size=4, log_level="error",
-                         header_timeout_s=2, body_timeout_s=2, max_body_mb=1), module=model)
+    svc = Service(
+        Config(
+            port=0,
+            spot_watch="off",
+            input_shape=SHAPE,
+            max_batch_size=4,
+            log_level="error",
+            header_timeout_s=2,
+            body_timeout_s=2,
+            max_body_mb=1,
+        ),
+        module=model,
+    )
     svc.start()
     try:
-        result = run(svc.port, args.cases, lambda: model.seen, args.seed, args.workers,
-                     slow_clients=args.slow_clients, slow_drip_s=0.2)
+        result = run(
+            svc.port,
+            args.cases,
+            lambda: model.seen,
+            args.seed,
+            args.workers,
+            slow_clients=args.slow_clients,
+            slow_drip_s=0.2,
+        )
     finally:
         svc.close()
     slow_ok = sum(s.startswith("HTTP/1.1 408") for s in result["slow"])
-    print(f"{result['cases']} cases in {result['seconds']} s {result['by_kind']}; smuggled requests answered "
-          f"apart: {len(model.seen)}; probes failed: {result['probes_failed']}; slow clients answered 408: {slow_ok}/"
-          f"{args.slow_clients}; violations: {len(result['violations'])}")
+    print(
+        f"{result['cases']} cases in {result['seconds']} s {result['by_kind']}; smuggled requests answered "
+        f"apart: {len(model.seen)}; probes failed: {result['probes_failed']}; slow clients answered 408: {slow_ok}/"
+        f"{args.slow_clients}; violations: {len(result['violations'])}"
+    )
     for v in result["violations"][:50]:
         print("  " + v)
-    return 1 if result["violations"] or result["probes_failed"] or slow_ok != args.slow_clients else 0
+    return (
+        1 if result["violations"] or result["probes_failed"] or slow_ok != args.slow_clients else 0
+    )
 
 
 if __name__ == "__main__":

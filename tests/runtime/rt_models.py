@@ -47,7 +47,11 @@ class Instrumented(Tiny):
     signals `entered` when such a batch starts; raises an OOM-like error above `oom_above`;
     blocks warm-up on `warm_gate` when it is armed."""
 
-    def __init__(self, oom_above: int | None = None, oom_message: str = "CUDA out of memory. Tried to allocate 2.00 GiB") -> None:
+    def __init__(
+        self,
+        oom_above: int | None = None,
+        oom_message: str = "CUDA out of memory. Tried to allocate 2.00 GiB",
+    ) -> None:
         super().__init__()
         self.sizes: Counter[int] = Counter()
         self.gate = threading.Event()

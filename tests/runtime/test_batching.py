@@ -55,7 +55,9 @@ def test_waiting_requests_form_one_padded_batch(start_runtime, client_for):
         t.join(20)
         status, _, doc = out[0]
         assert status == 200
-        assert torch.allclose(torch.tensor(doc["outputs"]), rt_models.expected(x[None])[0], atol=1e-6)
+        assert torch.allclose(
+            torch.tensor(doc["outputs"]), rt_models.expected(x[None])[0], atol=1e-6
+        )
     assert [(b.size, b.bucket, b.chunks) for b in batches] == [(1, 1, 1), (7, 8, 7)]
     assert m.sizes == {8: 1}  # padded to the warmed bucket, not run at an unwarmed 7
     text = rt.runtime.metrics.render().decode()
@@ -77,7 +79,9 @@ def test_a_full_batch_goes_at_once_without_waiting_for_the_delay(start_runtime, 
 
 
 def test_a_lone_request_goes_when_the_delay_expires(start_runtime, client_for):
-    rt = start_runtime(rt_models.Instrumented(), max_batch_size=8, max_delay_ms=50, batch_wait="always")
+    rt = start_runtime(
+        rt_models.Instrumented(), max_batch_size=8, max_delay_ms=50, batch_wait="always"
+    )
     batches: list[BatchInfo] = []
     rt.runtime.batcher.on_batch.append(batches.append)
     assert client_for(rt).predict([1.0, 2.0, 3.0, 4.0])[0] == 200
@@ -205,7 +209,9 @@ def test_oom_frees_splits_retries_and_lowers_the_cap(start_runtime, client_for):
     assert torch.allclose(torch.tensor(doc["outputs"]), rt_models.expected(x), atol=1e-6)
     assert m.oom_raised == 2  # at 8, then at 4; never again once the cap is 2
     assert rt.runtime.batcher.cap == 2 and c.get_json("/v1/model")[1]["max_batch_size"] == 2
-    assert metric_value(rt.runtime.metrics.render().decode(), "torchfleet_oom_recoveries_total") == 2
+    assert (
+        metric_value(rt.runtime.metrics.render().decode(), "torchfleet_oom_recoveries_total") == 2
+    )
 
     m.oom_above = 0  # even one instance does not fit: a 503 naming the problem, not a crash
     status, headers, doc = c.predict(x[0].tolist())
@@ -214,11 +220,17 @@ def test_oom_frees_splits_retries_and_lowers_the_cap(start_runtime, client_for):
     assert c.predict(x[0].tolist())[0] == 200
 
 
-@pytest.mark.parametrize("message, oom", [
-    ("CUDA out of memory. Tried to allocate 20.00 MiB", True),  # torch 1.12's RuntimeError text
-    ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes. Out of memory", True),
-    ("mat1 and mat2 shapes cannot be multiplied", False),
-])
+@pytest.mark.parametrize(
+    "message, oom",
+    [
+        ("CUDA out of memory. Tried to allocate 20.00 MiB", True),  # torch 1.12's RuntimeError text
+        (
+            "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes. Out of memory",
+            True,
+        ),
+        ("mat1 and mat2 shapes cannot be multiplied", False),
+    ],
+)
 def test_oom_is_recognised_on_every_torch_version(message, oom):
     assert compat.is_oom(RuntimeError(message)) is oom
     if hasattr(torch.cuda, "OutOfMemoryError"):
@@ -276,11 +288,19 @@ def test_not_ready_until_warm_up_ends(start_runtime, client_for):
     assert c.predict([1.0, 1.0, 1.0, 1.0])[0] == 200
 
 
-def test_a_request_larger_than_max_queue_is_413_at_once_even_on_an_empty_queue(start_runtime, client_for):
+def test_a_request_larger_than_max_queue_is_413_at_once_even_on_an_empty_queue(
+    start_runtime, client_for
+):
     rt = start_runtime(rt_models.Instrumented(), max_batch_size=2, max_queue=4)
     c = client_for(rt)
     status, _, doc = c.predict(torch.randn(5, 4).tolist())
-    assert status == 413 and doc["error"]["type"] == "too_many_instances" and "max_queue" in doc["error"]["message"]
-    status, _, doc = c.predict(torch.randn(4, 4).tolist())  # exactly the bound: admitted, split by the cap
+    assert (
+        status == 413
+        and doc["error"]["type"] == "too_many_instances"
+        and "max_queue" in doc["error"]["message"]
+    )
+    status, _, doc = c.predict(
+        torch.randn(4, 4).tolist()
+    )  # exactly the bound: admitted, split by the cap
     assert status == 200 and len(doc["outputs"]) == 4
     assert rt.runtime.batcher.queued == 0

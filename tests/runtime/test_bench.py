@@ -18,10 +18,28 @@ def test_runtime_benchmark_end_to_end(tmp_path):
     """`make bench` in miniature: real serve processes, the demo model, every ratio computed."""
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "runtime_bench.py"
     proc = subprocess.run(
-        [sys.executable, str(script), "--concurrency", "1,2", "--duration", "0.3",
-         "--offline-seconds", "0.05", "--threads", "1", "--out", str(tmp_path), "--no-plot",
-         "--wrk-seconds", "1", "--overhead-rounds", "1"],
-        capture_output=True, text=True, timeout=400,
+        [
+            sys.executable,
+            str(script),
+            "--concurrency",
+            "1,2",
+            "--duration",
+            "0.3",
+            "--offline-seconds",
+            "0.05",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--no-plot",
+            "--wrk-seconds",
+            "1",
+            "--overhead-rounds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "runtime_bench_cpu.json").read_text())
@@ -44,7 +62,12 @@ def test_runtime_benchmark_end_to_end(tmp_path):
     if shutil.which("wrk"):  # the wrk levels and the stage_timing on/off ratio
         wrk = report["servers"]["batching"]["wrk"]
         assert [lv["concurrency"] for lv in wrk["json"]] == [8, 32, 64]
-        assert all(lv["rps"] > 0 and lv["non_2xx"] == 0 and lv["server_cpu_ms_per_req"] > 0
-                   for body in ("json", "binary") for lv in wrk[body])
+        assert all(
+            lv["rps"] > 0 and lv["non_2xx"] == 0 and lv["server_cpu_ms_per_req"] > 0
+            for body in ("json", "binary")
+            for lv in wrk[body]
+        )
         inst = report["instrumentation"]
-        assert inst["on_over_off"] == pytest.approx(inst["median_on"] / inst["median_off"], abs=1e-3)
+        assert inst["on_over_off"] == pytest.approx(
+            inst["median_on"] / inst["median_off"], abs=1e-3
+        )

@@ -41,16 +41,19 @@ def test_env_can_name_the_config_file(tmp_path):
     assert cfg.max_batch_size == 16 and cfg.input_shape == (3, 8, 8)
 
 
-@pytest.mark.parametrize("yaml_text, env, needles", [
-    ("modle: x.pt\n", {}, ["unknown config key 'modle'", "allowed keys:", "model,"]),
-    ("precision: fp8\n", {}, ["'precision'", "'fp8'", "fp32, fp16, bf16"]),
-    ("", {"TORCHFLEET_PORT": "http"}, ["'port'", "env TORCHFLEET_PORT", "'http'", "1-65535"]),
-    ("warmup_iterations: 1\n", {}, ["'warmup_iterations'", "integer >= 3"]),
-    ("memory_fraction: 1.5\n", {}, ["'memory_fraction'", "(0, 1]"]),
-    ("device: gpu\n", {}, ["'device'", "cuda:N"]),
-    ("- just\n- a list\n", {}, ["expected a mapping"]),
-    ("model_format: eager\n", {}, ["'factory' is required"]),
-])
+@pytest.mark.parametrize(
+    "yaml_text, env, needles",
+    [
+        ("modle: x.pt\n", {}, ["unknown config key 'modle'", "allowed keys:", "model,"]),
+        ("precision: fp8\n", {}, ["'precision'", "'fp8'", "fp32, fp16, bf16"]),
+        ("", {"TORCHFLEET_PORT": "http"}, ["'port'", "env TORCHFLEET_PORT", "'http'", "1-65535"]),
+        ("warmup_iterations: 1\n", {}, ["'warmup_iterations'", "integer >= 3"]),
+        ("memory_fraction: 1.5\n", {}, ["'memory_fraction'", "(0, 1]"]),
+        ("device: gpu\n", {}, ["'device'", "cuda:N"]),
+        ("- just\n- a list\n", {}, ["expected a mapping"]),
+        ("model_format: eager\n", {}, ["'factory' is required"]),
+    ],
+)
 def test_config_errors_name_the_key_value_and_what_is_allowed(tmp_path, yaml_text, env, needles):
     f = tmp_path / "runtime.yml"
     f.write_text(yaml_text)
@@ -66,14 +69,22 @@ def test_a_named_config_file_must_exist(tmp_path):
 
 
 def test_serve_reports_config_errors_with_exit_2():
-    proc = subprocess.run([CLI, "serve", "--model", "m.pt", "--max-queue", "zero"], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [CLI, "serve", "--model", "m.pt", "--max-queue", "zero"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "config key 'max_queue' (flag --max-queue): 'zero' is invalid" in proc.stderr
 
 
-def test_demo_model_is_deterministic_and_serves_its_own_answers(tmp_path, start_runtime, client_for):
-    proc = subprocess.run([CLI, "demo-model", str(tmp_path / "a")], capture_output=True, text=True, timeout=120)
+def test_demo_model_is_deterministic_and_serves_its_own_answers(
+    tmp_path, start_runtime, client_for
+):
+    proc = subprocess.run(
+        [CLI, "demo-model", str(tmp_path / "a")], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     demo.write_demo_model(tmp_path / "b")
     meta = json.loads((tmp_path / "a" / "model.json").read_text())
@@ -106,7 +117,13 @@ def test_eager_factory_with_a_state_dict(tmp_path):
     with pytest.raises(ModelError, match="has no attribute 'nope'"):
         load(Config(model=str(weights), factory="rt_models:nope", input_shape=(4,)))
     with pytest.raises(ModelError, match="does not fit 'torchfleet_runtime.demo:build_demo_model'"):
-        load(Config(model=str(weights), factory="torchfleet_runtime.demo:build_demo_model", input_shape=(4,)))
+        load(
+            Config(
+                model=str(weights),
+                factory="torchfleet_runtime.demo:build_demo_model",
+                input_shape=(4,),
+            )
+        )
 
 
 def test_precision_that_the_device_cannot_run_is_a_config_error():
@@ -147,7 +164,6 @@ def test_plugins_get_their_own_parser(monkeypatch):
     monkeypatch.setitem(sys.modules, "fake_check_plugin", Plugin)
     monkeypatch.setitem(cli.PLUGINS, "check", ("fake_check_plugin", "x"))
     assert cli.main(["check", "--json"]) == 3 and seen == {"json": True}
-
 
 
 class Stringly(torch.nn.Module):

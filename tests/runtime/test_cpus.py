@@ -56,7 +56,9 @@ def test_v2_a_parent_slice_quota_limits_the_child(tmp_path):
 def test_v2_without_a_namespace_reads_the_mount_the_container_sees(tmp_path):
     cg = tmp_path / "cg"
     write(cg, cpu_max="200000 100000")  # the host path below does not exist in the container
-    proc = fake_proc(tmp_path, "0::/machine.slice/libpod-abc.scope\n", V2_MOUNT.format(root="/", point=cg))
+    proc = fake_proc(
+        tmp_path, "0::/machine.slice/libpod-abc.scope\n", V2_MOUNT.format(root="/", point=cg)
+    )
     assert usable_cpus(proc, affinity=8) == 2
 
 
@@ -64,8 +66,11 @@ def test_v1_cfs_quota_with_a_mount_showing_a_sub_tree(tmp_path):
     cpu = tmp_path / "cpu,cpuacct"
     write(cpu, cpu_cfs_quota_us="250000", cpu_cfs_period_us="100000")
     # docker on cgroup v1: the mount's root is the container's own cgroup
-    proc = fake_proc(tmp_path, "5:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n",
-                     V1_MOUNT.format(root="/docker/abc", point=cpu, opts="cpu,cpuacct"))
+    proc = fake_proc(
+        tmp_path,
+        "5:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n",
+        V1_MOUNT.format(root="/docker/abc", point=cpu, opts="cpu,cpuacct"),
+    )
     assert cgroup_cpu_limit(proc) == pytest.approx(2.5)
     assert usable_cpus(proc, affinity=8) == 2
     write(cpu, cpu_cfs_quota_us="-1")  # no quota
@@ -74,15 +79,25 @@ def test_v1_cfs_quota_with_a_mount_showing_a_sub_tree(tmp_path):
 
 def test_hybrid_host_counts_the_v1_cpu_controller(tmp_path):
     cpu, unified = tmp_path / "cpu", tmp_path / "unified"
-    write(cpu / "system.slice" / "torchfleet-runtime.service", cpu_cfs_quota_us="100000", cpu_cfs_period_us="100000")
+    write(
+        cpu / "system.slice" / "torchfleet-runtime.service",
+        cpu_cfs_quota_us="100000",
+        cpu_cfs_period_us="100000",
+    )
     write(cpu, cpu_cfs_quota_us="-1", cpu_cfs_period_us="100000")
     unified.mkdir()  # no cpu controller in the unified hierarchy: no cpu.max there
-    mounts = (V1_MOUNT.format(root="/", point=cpu, opts="cpu") + V1_MOUNT.format(root="/", point=tmp_path / "mem",
-                                                                                opts="memory")
-              + V2_MOUNT.format(root="/", point=unified))
-    proc = fake_proc(tmp_path, "4:memory:/system.slice/torchfleet-runtime.service\n"
-                               "1:cpu:/system.slice/torchfleet-runtime.service\n"
-                               "0::/system.slice/torchfleet-runtime.service\n", mounts)
+    mounts = (
+        V1_MOUNT.format(root="/", point=cpu, opts="cpu")
+        + V1_MOUNT.format(root="/", point=tmp_path / "mem", opts="memory")
+        + V2_MOUNT.format(root="/", point=unified)
+    )
+    proc = fake_proc(
+        tmp_path,
+        "4:memory:/system.slice/torchfleet-runtime.service\n"
+        "1:cpu:/system.slice/torchfleet-runtime.service\n"
+        "0::/system.slice/torchfleet-runtime.service\n",
+        mounts,
+    )
     assert cgroup_cpu_limit(proc) == pytest.approx(1.0)
     assert usable_cpus(proc, affinity=4) == 1
 
@@ -109,6 +124,8 @@ def test_torch_threads_auto_uses_the_quota(monkeypatch):
     try:
         assert service.configure_threads(Config(model="x"))[0] == 1
         assert torch.get_num_threads() == 1
-        assert service.configure_threads(Config(model="x", torch_threads=2))[0] == 2  # an explicit value wins
+        assert (
+            service.configure_threads(Config(model="x", torch_threads=2))[0] == 2
+        )  # an explicit value wins
     finally:
         torch.set_num_threads(before)

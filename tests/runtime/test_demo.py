@@ -56,7 +56,9 @@ def test_building_does_not_touch_the_callers_random_state():
     assert torch.equal(torch.rand(3), expected)
 
 
-@pytest.mark.parametrize("kw, message", [({"width": 0}, "width"), ({"stem": "vit"}, "stem must be one of demo, resnet")])
+@pytest.mark.parametrize(
+    "kw, message", [({"width": 0}, "width"), ({"stem": "vit"}, "stem must be one of demo, resnet")]
+)
 def test_bad_family_parameters_are_named(kw, message):
     with pytest.raises(ValueError, match=message):
         demo.build_demo_model(**kw)

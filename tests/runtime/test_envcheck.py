@@ -31,8 +31,13 @@ from torchfleet_runtime.nodefacts import Gpu, HostFacts, format_cudnn
 REPO = Path(__file__).resolve().parents[2]
 
 # A small matrix of the same shape as compat/matrix.yml, so tests do not depend on its values.
-NO_TOOLKIT = {"toolkit_version": None, "torchvision": None, "runfile": None, "toolkit_repos": [],
-              "toolkit_package": None}
+NO_TOOLKIT = {
+    "toolkit_version": None,
+    "torchvision": None,
+    "runfile": None,
+    "toolkit_repos": [],
+    "toolkit_package": None,
+}
 MATRIX_DATA = {
     "default_profile": "cu116",
     "min_free_disk_gb": 20,
@@ -369,7 +374,16 @@ def test_cli_json_on_this_machine(matrix_file, tmp_path):
         assert set(check) == {"name", "status", "value", "expected", "hint"}
         assert check["status"] in (OK, WARN, FAIL, SKIP)
     checks = {c["name"]: c for c in report["checks"]}
-    for name in ("python", "torch", "torch CUDA", "nvidia driver", "gpu", "cudnn", "disk", "memory"):
+    for name in (
+        "python",
+        "torch",
+        "torch CUDA",
+        "nvidia driver",
+        "gpu",
+        "cudnn",
+        "disk",
+        "memory",
+    ):
         assert name in checks
     major_minor = "{}.{}".format(*sys.version_info[:2])
     assert checks["python"]["value"].startswith(major_minor)

@@ -49,8 +49,13 @@ def test_demo_model_fp16_matches_fp32(start_runtime, client_for, tmp_path):
     x = torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(0))
     outs = {}
     for precision in ("fp32", "fp16"):
-        rt = start_runtime(model=str(model_path), input_shape=None, device="cuda", precision=precision,
-                           max_batch_size=4)
+        rt = start_runtime(
+            model=str(model_path),
+            input_shape=None,
+            device="cuda",
+            precision=precision,
+            max_batch_size=4,
+        )
         status, _, doc = client_for(rt).predict(x.tolist())
         assert status == 200
         outs[precision] = torch.tensor(doc["outputs"])
@@ -60,13 +65,17 @@ def test_demo_model_fp16_matches_fp32(start_runtime, client_for, tmp_path):
 def test_cap_is_the_largest_bucket_within_the_memory_fraction(start_runtime, tmp_path):
     model_path, _ = demo.write_demo_model(tmp_path)
     fraction = 0.02
-    rt = start_runtime(model=str(model_path), input_shape=None, device="cuda", memory_fraction=fraction)
+    rt = start_runtime(
+        model=str(model_path), input_shape=None, device="cuda", memory_fraction=fraction
+    )
     sizing = rt.runtime.sizing
     limit = fraction * torch.cuda.mem_get_info()[1]
     assert sizing.method == "memory"
     fits = [b for b, peak in sizing.measurements.items() if peak <= limit]
     assert sizing.cap == max(fits)
-    assert any(peak > limit for peak in sizing.measurements.values()), "the 2 % limit was never reached"
+    assert any(peak > limit for peak in sizing.measurements.values()), (
+        "the 2 % limit was never reached"
+    )
     assert rt.runtime.batcher.buckets == buckets_up_to(sizing.cap)
 
 

@@ -46,15 +46,25 @@ def test_a_request_larger_than_the_cap_is_split_not_refused(served):
 def test_raw_and_npy_bodies_and_binary_answers(served):
     _, c = served
     x = torch.randn(3, 4)
-    status, _, data = c.call("POST", "/v1/predict", x.numpy().tobytes(),
-                             {"Content-Type": "application/octet-stream", "X-Shape": "3,4", "X-Dtype": "float32"})
+    status, _, data = c.call(
+        "POST",
+        "/v1/predict",
+        x.numpy().tobytes(),
+        {"Content-Type": "application/octet-stream", "X-Shape": "3,4", "X-Dtype": "float32"},
+    )
     assert status == 200
-    assert torch.allclose(torch.tensor(json.loads(data)["outputs"]), rt_models.expected(x), atol=1e-6)
+    assert torch.allclose(
+        torch.tensor(json.loads(data)["outputs"]), rt_models.expected(x), atol=1e-6
+    )
 
     buf = io.BytesIO()
     np.save(buf, x.numpy())
-    status, headers, data = c.call("POST", "/v1/predict", buf.getvalue(),
-                                   {"Content-Type": "application/x-npy", "Accept": "application/octet-stream"})
+    status, headers, data = c.call(
+        "POST",
+        "/v1/predict",
+        buf.getvalue(),
+        {"Content-Type": "application/x-npy", "Accept": "application/octet-stream"},
+    )
     assert status == 200
     assert headers["X-Shape"] == "3,3" and headers["X-Dtype"] == "float32"
     got = torch.tensor(struct.unpack("<9f", data)).reshape(3, 3)
@@ -66,20 +76,42 @@ BAD = [
     (b'{"inputs": [1, 2', {"Content-Type": "application/json"}, 400, "malformed_json"),
     (b'{"data": [1, 2, 3, 4]}', {"Content-Type": "application/json"}, 400, "malformed_json"),
     (b'{"inputs": [1, 2, 3]}', {"Content-Type": "application/json"}, 400, "wrong_shape"),
-    (b'{"inputs": [[1, 2, 3, 4], [1, 2]]}', {"Content-Type": "application/json"}, 400, "wrong_shape"),
+    (
+        b'{"inputs": [[1, 2, 3, 4], [1, 2]]}',
+        {"Content-Type": "application/json"},
+        400,
+        "wrong_shape",
+    ),
     (b'{"inputs": ["a", "b", "c", "d"]}', {"Content-Type": "application/json"}, 400, "wrong_dtype"),
     (b'{"inputs": []}', {"Content-Type": "application/json"}, 400, "empty_input"),
     (b"", {"Content-Type": "application/json"}, 400, "empty_input"),
     (b"1,2,3,4", {"Content-Type": "text/csv"}, 415, "unsupported_media_type"),
-    (b"\0" * 16, {"Content-Type": "application/octet-stream", "X-Shape": "4", "X-Dtype": "float64"}, 400, "wrong_dtype"),
-    (b"\0" * 12, {"Content-Type": "application/octet-stream", "X-Shape": "4", "X-Dtype": "float32"}, 400, "wrong_shape"),
-    (b"\0" * 16, {"Content-Type": "application/octet-stream", "X-Dtype": "float32"}, 400, "missing_header"),
+    (
+        b"\0" * 16,
+        {"Content-Type": "application/octet-stream", "X-Shape": "4", "X-Dtype": "float64"},
+        400,
+        "wrong_dtype",
+    ),
+    (
+        b"\0" * 12,
+        {"Content-Type": "application/octet-stream", "X-Shape": "4", "X-Dtype": "float32"},
+        400,
+        "wrong_shape",
+    ),
+    (
+        b"\0" * 16,
+        {"Content-Type": "application/octet-stream", "X-Dtype": "float32"},
+        400,
+        "missing_header",
+    ),
     (b"not npy", {"Content-Type": "application/x-npy"}, 400, "malformed_npy"),
     (b"x" * 20000, {"Content-Type": "application/json"}, 413, "payload_too_large"),
 ]
 
 
-@pytest.mark.parametrize("body, headers, status, type_", BAD, ids=[b[3] + "-" + str(i) for i, b in enumerate(BAD)])
+@pytest.mark.parametrize(
+    "body, headers, status, type_", BAD, ids=[b[3] + "-" + str(i) for i, b in enumerate(BAD)]
+)
 def test_bad_input_is_a_json_4xx_and_the_server_keeps_serving(served, body, headers, status, type_):
     rt, c = served
     got, resp_headers, data = c.call("POST", "/v1/predict", body, headers)
@@ -89,7 +121,12 @@ def test_bad_input_is_a_json_4xx_and_the_server_keeps_serving(served, body, head
     assert err["type"] == type_ and err["message"]
     ok, _, doc = c.predict([1.0, 2.0, 3.0, 4.0])  # same client, reconnecting if the server closed
     assert ok == 200 and len(doc["outputs"]) == 3
-    assert metric_value(rt.runtime.metrics.render().decode(), "torchfleet_requests_total", f'code="{status}"') >= 1
+    assert (
+        metric_value(
+            rt.runtime.metrics.render().decode(), "torchfleet_requests_total", f'code="{status}"'
+        )
+        >= 1
+    )
 
 
 def test_unknown_path_and_wrong_method(served):
@@ -137,23 +174,45 @@ def test_non_finite_inputs_are_refused_unless_allowed(start_runtime, client_for)
     strict = client_for(start_runtime(rt_models.tiny(), max_batch_size=2))
     status, _, data = strict.call("POST", "/v1/predict", nan, raw)
     assert status == 400 and json.loads(data)["error"]["type"] == "non_finite_input"
-    status, _, data = strict.call("POST", "/v1/predict", b'{"inputs": [NaN, 1, 2, 3]}', {"Content-Type": "application/json"})
-    assert status == 400 and json.loads(data)["error"]["type"] == "malformed_json"  # JSON has no NaN
-    lenient = client_for(start_runtime(rt_models.tiny(), max_batch_size=2, allow_non_finite_inputs=True,
-                                       non_finite_outputs="null"))
+    status, _, data = strict.call(
+        "POST", "/v1/predict", b'{"inputs": [NaN, 1, 2, 3]}', {"Content-Type": "application/json"}
+    )
+    assert (
+        status == 400 and json.loads(data)["error"]["type"] == "malformed_json"
+    )  # JSON has no NaN
+    lenient = client_for(
+        start_runtime(
+            rt_models.tiny(),
+            max_batch_size=2,
+            allow_non_finite_inputs=True,
+            non_finite_outputs="null",
+        )
+    )
     status, _, data = lenient.call("POST", "/v1/predict", nan, raw)
-    assert status == 200 and json.loads(data)["outputs"][0] is None  # NaN in, NaN out, written as null
+    assert (
+        status == 200 and json.loads(data)["outputs"][0] is None
+    )  # NaN in, NaN out, written as null
 
 
-def test_non_finite_outputs_are_an_error_by_default_or_null_never_a_bare_nan(start_runtime, client_for):
+def test_non_finite_outputs_are_an_error_by_default_or_null_never_a_bare_nan(
+    start_runtime, client_for
+):
     c = client_for(start_runtime(NaNModel(), max_batch_size=2))
-    status, _, data = c.call("POST", "/v1/predict", b'{"inputs": [1, 2, 3, 4]}', {"Content-Type": "application/json"})
+    status, _, data = c.call(
+        "POST", "/v1/predict", b'{"inputs": [1, 2, 3, 4]}', {"Content-Type": "application/json"}
+    )
     assert status == 500 and json.loads(data)["error"]["type"] == "non_finite_output"
-    status, headers, data = c.call("POST", "/v1/predict", b'{"inputs": [1, 2, 3, 4]}',
-                                   {"Content-Type": "application/json", "Accept": "application/octet-stream"})
+    status, headers, data = c.call(
+        "POST",
+        "/v1/predict",
+        b'{"inputs": [1, 2, 3, 4]}',
+        {"Content-Type": "application/json", "Accept": "application/octet-stream"},
+    )
     got = struct.unpack("<3f", data)  # binary answers carry IEEE values as they are
     assert status == 200 and got[1] != got[1] and got[2] == float("inf")
     c = client_for(start_runtime(NaNModel(), max_batch_size=2, non_finite_outputs="null"))
-    status, _, data = c.call("POST", "/v1/predict", b'{"inputs": [1, 2, 3, 4]}', {"Content-Type": "application/json"})
+    status, _, data = c.call(
+        "POST", "/v1/predict", b'{"inputs": [1, 2, 3, 4]}', {"Content-Type": "application/json"}
+    )
     assert status == 200 and b"NaN" not in data and b"Infinity" not in data
     assert json.loads(data)["outputs"][1:] == [None, None]

@@ -20,9 +20,13 @@ pytestmark = pytest.mark.timeout(120)
 CANARY = rt_models.CANARY
 
 
-def predict_bytes(body: bytes = b'{"inputs": [1, 2, 3, 4]}', extra: str = "", ctype: str = "application/json") -> bytes:
-    return (f"POST /v1/predict HTTP/1.1\r\nHost: t\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            f"{extra}\r\n").encode() + body
+def predict_bytes(
+    body: bytes = b'{"inputs": [1, 2, 3, 4]}', extra: str = "", ctype: str = "application/json"
+) -> bytes:
+    return (
+        f"POST /v1/predict HTTP/1.1\r\nHost: t\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+        f"{extra}\r\n"
+    ).encode() + body
 
 
 SMUGGLED = predict_bytes(f'{{"inputs": [{CANARY}, 0, 0, 0]}}'.encode())
@@ -31,26 +35,38 @@ SMUGGLED = predict_bytes(f'{{"inputs": [{CANARY}, 0, 0, 0]}}'.encode())
 @pytest.fixture
 def edge(start_runtime):
     m = rt_models.Recorder()
-    svc = start_runtime(m, max_batch_size=4, max_body_mb=1, header_timeout_s=0.5, body_timeout_s=0.5,
-                        keepalive_timeout_s=5, max_connections=40)
+    svc = start_runtime(
+        m,
+        max_batch_size=4,
+        max_body_mb=1,
+        header_timeout_s=0.5,
+        body_timeout_s=0.5,
+        keepalive_timeout_s=5,
+        max_connections=40,
+    )
     m.instances = 0  # warm-up ran it too
     return svc, m
 
 
-@pytest.mark.parametrize("framing", [
-    "Content-Length: 5\r\nContent-Length: 5",  # duplicate, even when equal
-    "Content-Length: 5\r\nContent-Length: 80",  # conflicting
-    "Content-Length: 5\r\nTransfer-Encoding: chunked",  # both (CL.TE / TE.CL desync)
-    "Transfer-Encoding: chunked\r\nContent-Length: 5",
-    "Content-Length: +5",  # not a run of digits
-    "Content-Length: 5x",
-    "Content-Length: -5",
-    "Content-Length: 0x10",
-    " Content-Length: 5",  # obs-fold / leading whitespace
-    "Content-Length : 5",  # whitespace before the colon
-    "Content-Length: 99999999999999999999999",
-])
-def test_conflicting_or_malformed_framing_is_400_close_and_never_executes_the_smuggled_request(edge, framing):
+@pytest.mark.parametrize(
+    "framing",
+    [
+        "Content-Length: 5\r\nContent-Length: 5",  # duplicate, even when equal
+        "Content-Length: 5\r\nContent-Length: 80",  # conflicting
+        "Content-Length: 5\r\nTransfer-Encoding: chunked",  # both (CL.TE / TE.CL desync)
+        "Transfer-Encoding: chunked\r\nContent-Length: 5",
+        "Content-Length: +5",  # not a run of digits
+        "Content-Length: 5x",
+        "Content-Length: -5",
+        "Content-Length: 0x10",
+        " Content-Length: 5",  # obs-fold / leading whitespace
+        "Content-Length : 5",  # whitespace before the colon
+        "Content-Length: 99999999999999999999999",
+    ],
+)
+def test_conflicting_or_malformed_framing_is_400_close_and_never_executes_the_smuggled_request(
+    edge, framing
+):
     svc, m = edge
     head = f"POST /v1/predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{framing}\r\n\r\n"
     responses, closed = raw_exchange(svc.port, head.encode() + b"0\r\n\r\n" + SMUGGLED)
@@ -64,7 +80,7 @@ def test_conflicting_or_malformed_framing_is_400_close_and_never_executes_the_sm
 @pytest.mark.parametrize("te", ["chunked", "gzip, chunked", "identity"])
 def test_transfer_encoding_is_411_and_close(edge, te):
     svc, m = edge
-    body = b"5\r\n{\"inp\r\n0\r\n\r\n"
+    body = b'5\r\n{"inp\r\n0\r\n\r\n'
     head = f"POST /v1/predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nTransfer-Encoding: {te}\r\n\r\n"
     responses, closed = raw_exchange(svc.port, head.encode() + body + SMUGGLED)
     assert responses and responses[0].status in (400, 411) and closed, responses
@@ -72,20 +88,36 @@ def test_transfer_encoding_is_411_and_close(edge, te):
     assert len(responses) == 1 and not m.canary
 
 
-@pytest.mark.parametrize("raw, status, type_", [
-    (b"FOO /v1/predict HTTP/1.1\r\nHost: t\r\n\r\n", 405, "method_not_allowed"),
-    (b"GET /v1/predict HTTP/1.1\r\nHost: t\r\n\r\n", 405, "method_not_allowed"),
-    (b"GET /livez HTTP/2.0\r\nHost: t\r\n\r\n", 400, "unsupported_http_version"),
-    (b"GET /livez HTTP/1.1\r\n\r\n", 400, "bad_request"),  # no Host
-    (b"GET /livez HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "bad_request"),
-    (b"GET /livez HTTP/1.1\nHost: t\n\n", 400, "bad_request"),  # bare LF
-    (b"GET /li\x00vez HTTP/1.1\r\nHost: t\r\n\r\n", 400, "bad_request"),
-    (b"GET /livez HTTP/1.1\r\nHost: t\r\nX: " + b"a" * 20000 + b"\r\n\r\n", 431, "headers_too_large"),
-    (b"GET /livez HTTP/1.1\r\nHost: t\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n", 431,
-     "headers_too_large"),
-    (b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\nHost: t\r\n\r\n", 431, "headers_too_large"),
-    (b"POST /v1/predict HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{\"in", 400, "bad_request"),  # cut short
-])
+@pytest.mark.parametrize(
+    "raw, status, type_",
+    [
+        (b"FOO /v1/predict HTTP/1.1\r\nHost: t\r\n\r\n", 405, "method_not_allowed"),
+        (b"GET /v1/predict HTTP/1.1\r\nHost: t\r\n\r\n", 405, "method_not_allowed"),
+        (b"GET /livez HTTP/2.0\r\nHost: t\r\n\r\n", 400, "unsupported_http_version"),
+        (b"GET /livez HTTP/1.1\r\n\r\n", 400, "bad_request"),  # no Host
+        (b"GET /livez HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "bad_request"),
+        (b"GET /livez HTTP/1.1\nHost: t\n\n", 400, "bad_request"),  # bare LF
+        (b"GET /li\x00vez HTTP/1.1\r\nHost: t\r\n\r\n", 400, "bad_request"),
+        (
+            b"GET /livez HTTP/1.1\r\nHost: t\r\nX: " + b"a" * 20000 + b"\r\n\r\n",
+            431,
+            "headers_too_large",
+        ),
+        (
+            b"GET /livez HTTP/1.1\r\nHost: t\r\n"
+            + b"".join(b"X-%d: 1\r\n" % i for i in range(200))
+            + b"\r\n",
+            431,
+            "headers_too_large",
+        ),
+        (b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\nHost: t\r\n\r\n", 431, "headers_too_large"),
+        (
+            b'POST /v1/predict HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{"in',
+            400,
+            "bad_request",
+        ),  # cut short
+    ],
+)
 def test_protocol_mistakes_are_json_4xx_with_a_status_line(edge, raw, status, type_):
     svc, _ = edge
     responses, closed = raw_exchange(svc.port, raw)
@@ -111,7 +143,9 @@ def test_slowloris_headers_get_408_and_cost_no_thread(edge):
         data = b""
         while chunk := s.recv(4096):
             data += chunk
-        assert data.startswith(b"HTTP/1.1 408 Request Timeout") and b'"request_timeout"' in data, data
+        assert data.startswith(b"HTTP/1.1 408 Request Timeout") and b'"request_timeout"' in data, (
+            data
+        )
         s.close()
 
 
@@ -140,11 +174,17 @@ def test_bytes_not_arrived_are_not_allocated(edge):
     socks = []
     for _ in range(30):
         s = socket.create_connection(("127.0.0.1", svc.port))
-        s.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\n"
-                  b"Content-Length: 1048576\r\n\r\n0123456789")
+        s.sendall(
+            b"POST /v1/predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\n"
+            b"Content-Length: 1048576\r\n\r\n0123456789"
+        )
         socks.append(s)
-    wait_until(lambda: metric_value(svc.runtime.metrics_text().decode(), "torchfleet_inflight_requests") == 30,
-               "30 uploads in progress")
+    wait_until(
+        lambda: (
+            metric_value(svc.runtime.metrics_text().decode(), "torchfleet_inflight_requests") == 30
+        ),
+        "30 uploads in progress",
+    )
     assert rss_mib() - before < 10
     for s in socks:
         s.close()
@@ -153,20 +193,33 @@ def test_bytes_not_arrived_are_not_allocated(edge):
 def test_connection_cap_answers_503_and_closes(edge):
     svc, _ = edge
     held = [socket.create_connection(("127.0.0.1", svc.port)) for _ in range(40)]
-    wait_until(lambda: metric_value(svc.runtime.metrics_text().decode(), "torchfleet_open_connections") == 40,
-               "40 open connections")
+    wait_until(
+        lambda: (
+            metric_value(svc.runtime.metrics_text().decode(), "torchfleet_open_connections") == 40
+        ),
+        "40 open connections",
+    )
     responses, closed = raw_exchange(svc.port, b"GET /livez HTTP/1.1\r\nHost: t\r\n\r\n")
     assert [r.status for r in responses] == [503] and closed
-    assert responses[0].json()["error"]["type"] == "too_many_connections" and responses[0].headers["Retry-After"]
+    assert (
+        responses[0].json()["error"]["type"] == "too_many_connections"
+        and responses[0].headers["Retry-After"]
+    )
     for s in held:
         s.close()
-    wait_until(lambda: raw_exchange(svc.port, b"GET /livez HTTP/1.1\r\nHost: t\r\n\r\n")[0][0].status == 200,
-               "room again")
+    wait_until(
+        lambda: (
+            raw_exchange(svc.port, b"GET /livez HTTP/1.1\r\nHost: t\r\n\r\n")[0][0].status == 200
+        ),
+        "room again",
+    )
 
 
 def test_an_oversized_body_gets_a_readable_413_by_lingering_close(edge):
     svc, m = edge
-    body = b"x" * (3 * 2**20)  # 3 MiB against a 1 MiB limit, sent in full: the client reads its 413, no reset
+    body = b"x" * (
+        3 * 2**20
+    )  # 3 MiB against a 1 MiB limit, sent in full: the client reads its 413, no reset
     responses, closed = raw_exchange(svc.port, predict_bytes(body))
     assert [r.status for r in responses] == [413] and closed
     assert responses[0].json()["error"]["type"] == "payload_too_large"
@@ -185,8 +238,13 @@ def test_early_answers_skip_a_small_body_and_keep_the_connection(edge):
 
 def test_pipelined_requests_are_answered_in_order(edge):
     svc, _ = edge
-    reqs = [predict_bytes(f'{{"inputs": [{i}, 0, 0, 0]}}'.encode(), f"X-Request-Id: r{i}\r\n") for i in range(6)]
-    responses, _ = raw_exchange(svc.port, b"".join(reqs) + b"GET /readyz HTTP/1.1\r\nHost: t\r\n\r\n")
+    reqs = [
+        predict_bytes(f'{{"inputs": [{i}, 0, 0, 0]}}'.encode(), f"X-Request-Id: r{i}\r\n")
+        for i in range(6)
+    ]
+    responses, _ = raw_exchange(
+        svc.port, b"".join(reqs) + b"GET /readyz HTTP/1.1\r\nHost: t\r\n\r\n"
+    )
     assert [r.status for r in responses] == [200] * 6 + [200]
     assert [r.headers["X-Request-Id"] for r in responses[:6]] == [f"r{i}" for i in range(6)]
     for i, r in enumerate(responses[:6]):
@@ -197,8 +255,10 @@ def test_pipelined_requests_are_answered_in_order(edge):
 def test_expect_100_continue_only_for_an_acceptable_request(edge):
     svc, _ = edge
     body = b'{"inputs": [1, 2, 3, 4]}'
-    head = (b"POST /v1/predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body))
+    head = (
+        b"POST /v1/predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
     with socket.create_connection(("127.0.0.1", svc.port), timeout=5) as s:
         s.sendall(head)
         assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -227,15 +287,24 @@ def test_prediction_answers_carry_request_id_model_version_and_server_timing(edg
     assert status == 200 and headers["X-Request-Id"] == "client-id.42"
     assert headers["X-Model-Version"] == svc.runtime.version == "module"
     stages = dict(part.strip().split(";dur=") for part in headers["Server-Timing"].split(","))
-    assert set(stages) == {"decode", "queue", "model", "encode"} and all(float(v) >= 0 for v in stages.values())
+    assert set(stages) == {"decode", "queue", "model", "encode"} and all(
+        float(v) >= 0 for v in stages.values()
+    )
     status, headers, _ = c.predict([1.0, 2.0, 3.0, 4.0], **{"X-Request-Id": "bad id\u00e9" * 30})
-    assert status == 200 and len(headers["X-Request-Id"]) == 16 and headers["X-Request-Id"] != "bad id"
+    assert (
+        status == 200 and len(headers["X-Request-Id"]) == 16 and headers["X-Request-Id"] != "bad id"
+    )
     status, headers, _ = c.predict([1.0, 2.0])  # errors carry the ids too
     assert status == 400 and headers["X-Request-Id"] and headers["X-Model-Version"] == "module"
     text = svc.runtime.metrics_text().decode()
     for stage in ("decode", "queue", "model", "encode", "write"):
-        assert metric_value(text, "torchfleet_stage_duration_seconds_count", f'stage="{stage}"') == 2
-    assert 'torchfleet_model_info{device="cpu",format="module",model_name="model",model_version="module",precision="fp32"} 1.0' in text
+        assert (
+            metric_value(text, "torchfleet_stage_duration_seconds_count", f'stage="{stage}"') == 2
+        )
+    labels = (
+        'device="cpu",format="module",model_name="model",model_version="module",precision="fp32"'
+    )
+    assert "torchfleet_model_info{" + labels + "} 1.0" in text
 
 
 def test_stage_timing_off_drops_the_header_and_the_stage_histograms(start_runtime):
@@ -244,7 +313,9 @@ def test_stage_timing_off_drops_the_header_and_the_stage_histograms(start_runtim
     assert status == 200 and "Server-Timing" not in headers
     text = svc.runtime.metrics_text().decode()
     assert metric_value(text, "torchfleet_stage_duration_seconds_count", 'stage="decode"') == 0
-    assert metric_value(text, "torchfleet_stage_duration_seconds_count", 'stage="model"') == 1  # the batcher's own
+    assert (
+        metric_value(text, "torchfleet_stage_duration_seconds_count", 'stage="model"') == 1
+    )  # the batcher's own
 
 
 TOKEN = "s3cret-token-0123456789"
@@ -255,7 +326,11 @@ def test_bearer_tokens_guard_v1_and_admin_but_not_health(start_runtime):
     svc = start_runtime(rt_models.tiny(), max_batch_size=2, api_token=TOKEN, admin_token=ADMIN)
     c = Client(svc.port)
     status, headers, doc = c.predict([1.0, 2.0, 3.0, 4.0])
-    assert status == 401 and doc["error"]["type"] == "unauthorized" and headers["WWW-Authenticate"].startswith("Bearer")
+    assert (
+        status == 401
+        and doc["error"]["type"] == "unauthorized"
+        and headers["WWW-Authenticate"].startswith("Bearer")
+    )
     assert c.predict([1.0, 2.0, 3.0, 4.0], Authorization="Bearer wrong-token-0123456789")[0] == 401
     assert c.predict([1.0, 2.0, 3.0, 4.0], Authorization=f"Bearer {TOKEN}")[0] == 200
     assert c.call("GET", "/v1/model")[0] == 401

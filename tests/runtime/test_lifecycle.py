@@ -31,8 +31,12 @@ class ServeProcess:
     """`torchfleet-runtime serve` on a free port; the port is read from its 'listening on' log line."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([CLI, "serve", "--port", "0", "--spot-watch", "off", *args],
-                                     stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+        self.proc = subprocess.Popen(
+            [CLI, "serve", "--port", "0", "--spot-watch", "off", *args],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env},
+        )
         self.log: list[str] = []
         for line in self.proc.stderr:
             self.log.append(line)
@@ -42,7 +46,9 @@ class ServeProcess:
                 break
         else:
             raise AssertionError("serve exited before listening:\n" + "".join(self.log))
-        self._reader = threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True)
+        self._reader = threading.Thread(
+            target=lambda: self.log.extend(self.proc.stderr), daemon=True
+        )
         self._reader.start()
 
     def wait(self, timeout: float) -> int:
@@ -65,8 +71,22 @@ def gated_server(tmp_path):
 
     def start(*extra: str) -> ServeProcess:
         env = {"PYTHONPATH": str(Path(rt_models.__file__).parent), "RT_GATE_FILE": str(gate)}
-        p = ServeProcess(["--model", str(weights), "--factory", "rt_models:file_gated", "--input-shape", "4",
-                          "--max-batch-size", "1", "--log-level", "info", *extra], env)
+        p = ServeProcess(
+            [
+                "--model",
+                str(weights),
+                "--factory",
+                "rt_models:file_gated",
+                "--input-shape",
+                "4",
+                "--max-batch-size",
+                "1",
+                "--log-level",
+                "info",
+                *extra,
+            ],
+            env,
+        )
         started.append(p)
         c = Client(p.port)
         wait_until(lambda: c.call("GET", "/readyz")[0] == 200, "the server to be ready", 60)
@@ -83,8 +103,12 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(gated_server):
     c = Client(p.port)
     xs = [torch.tensor([rt_models.GATE_VALUE, float(i), 1.0, 2.0]) for i in range(4)]
     workers = [in_thread(lambda x=x: Client(p.port).predict(x.tolist())) for x in xs]
-    wait_until(lambda: metric_value(c.call("GET", "/metrics")[2].decode(), "torchfleet_inflight_requests") == 4,
-               "4 requests in flight")
+    wait_until(
+        lambda: (
+            metric_value(c.call("GET", "/metrics")[2].decode(), "torchfleet_inflight_requests") == 4
+        ),
+        "4 requests in flight",
+    )
     p.proc.send_signal(signal.SIGTERM)
     wait_until(lambda: c.call("GET", "/readyz")[0] == 503, "/readyz to turn 503")
     status, headers, doc = c.predict([1.0, 2.0, 3.0, 4.0])
@@ -94,7 +118,9 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(gated_server):
         t.join(30)
         status, _, doc = out[0]
         assert status == 200
-        assert torch.allclose(torch.tensor(doc["outputs"]), rt_models.expected(x[None])[0], atol=1e-5)
+        assert torch.allclose(
+            torch.tensor(doc["outputs"]), rt_models.expected(x[None])[0], atol=1e-5
+        )
     assert p.wait(30) == 0
     assert any("draining: SIGTERM" in line for line in p.log)
 
@@ -104,13 +130,19 @@ def test_drain_gives_up_after_the_timeout_and_still_exits_0(gated_server):
     p = start("--drain-timeout-s", "0.5")
     c = Client(p.port)
     t, out = in_thread(lambda: Client(p.port).predict([rt_models.GATE_VALUE, 0.0, 0.0, 0.0]))
-    wait_until(lambda: metric_value(c.call("GET", "/metrics")[2].decode(), "torchfleet_inflight_requests") == 1,
-               "a stuck request")
+    wait_until(
+        lambda: (
+            metric_value(c.call("GET", "/metrics")[2].decode(), "torchfleet_inflight_requests") == 1
+        ),
+        "a stuck request",
+    )
     p.proc.send_signal(signal.SIGTERM)
     assert p.wait(30) == 0  # the gate never opens: the drain timeout ends it
     t.join(10)
     status, headers, doc = out[0]  # cut off with an answer it can act on, not a reset
-    assert status == 503 and doc["error"]["type"] == "not_ready" and "drain" in doc["error"]["message"]
+    assert (
+        status == 503 and doc["error"]["type"] == "not_ready" and "drain" in doc["error"]["message"]
+    )
     assert headers["Connection"] == "close" and headers["Retry-After"]
     assert any("drain timeout: 1 request(s) still in flight" in line for line in p.log)
 
@@ -130,18 +162,41 @@ def _no_abort(p: ServeProcess) -> None:
 def test_a_torchscript_batch_running_past_the_drain_timeout_exits_0(demo_model):
     """The batcher is inside TorchScript when the drain gives up: interpreter shutdown would stop
     that thread inside torch's C++ frames and abort (exit 134); the process must exit 0."""
-    p = ServeProcess(["--model", demo_model, "--max-batch-size", "4", "--max-queue", "1024", "--torch-threads", "1",
-                      "--drain-timeout-s", "0.3", "--log-level", "info", "--log-format", "text"], {})
+    p = ServeProcess(
+        [
+            "--model",
+            demo_model,
+            "--max-batch-size",
+            "4",
+            "--max-queue",
+            "1024",
+            "--torch-threads",
+            "1",
+            "--drain-timeout-s",
+            "0.3",
+            "--log-level",
+            "info",
+            "--log-format",
+            "text",
+        ],
+        {},
+    )
     try:
         c = Client(p.port)
         wait_until(lambda: c.call("GET", "/readyz")[0] == 200, "the server to be ready", 60)
         n = 512  # 128 batches of 4: seconds of model work, far past the drain timeout
         body = bytes(n * 3 * 64 * 64 * 4)
-        headers = {"Content-Type": "application/octet-stream", "X-Shape": f"{n},3,64,64", "X-Dtype": "float32"}
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "X-Shape": f"{n},3,64,64",
+            "X-Dtype": "float32",
+        }
         t, out = in_thread(lambda: Client(p.port).call("POST", "/v1/predict", body, headers))
 
         def batches_run() -> float:
-            return metric_value(c.call("GET", "/metrics")[2].decode(), "torchfleet_batch_size_count")
+            return metric_value(
+                c.call("GET", "/metrics")[2].decode(), "torchfleet_batch_size_count"
+            )
 
         wait_until(lambda: batches_run() >= 2, "the batcher to be busy with the big request", 60)
         p.proc.send_signal(signal.SIGTERM)
@@ -157,10 +212,29 @@ def test_a_torchscript_batch_running_past_the_drain_timeout_exits_0(demo_model):
 
 
 def test_sigterm_during_a_torchscript_warm_up_exits_0_at_once(demo_model):
-    p = ServeProcess(["--model", demo_model, "--max-batch-size", "8", "--warmup-iterations", "500", "--torch-threads",
-                      "1", "--log-level", "info", "--log-format", "text"], {})
+    p = ServeProcess(
+        [
+            "--model",
+            demo_model,
+            "--max-batch-size",
+            "8",
+            "--warmup-iterations",
+            "500",
+            "--torch-threads",
+            "1",
+            "--log-level",
+            "info",
+            "--log-format",
+            "text",
+        ],
+        {},
+    )
     try:
-        wait_until(lambda: any("loaded torchscript model" in line for line in p.log), "the model to load", 60)
+        wait_until(
+            lambda: any("loaded torchscript model" in line for line in p.log),
+            "the model to load",
+            60,
+        )
         time.sleep(0.2)  # inside the warm-up runs now (500 per bucket: many seconds)
         assert Client(p.port).call("GET", "/readyz")[0] == 503
         started = time.monotonic()
@@ -180,9 +254,24 @@ def test_a_model_that_was_never_mounted_fails_start_up_naming_the_path_and_the_w
     models.mkdir()
     config = tmp_path / "runtime.yml"
     config.write_text(f"model: {models / 'model.pt'}\n")
-    proc = subprocess.run([CLI, "serve", "--config", str(config), "--port", "0", "--spot-watch", "off",
-                           "--log-format", "text"], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "container": "podman"})
+    proc = subprocess.run(
+        [
+            CLI,
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            "0",
+            "--spot-watch",
+            "off",
+            "--log-format",
+            "text",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "container": "podman"},
+    )
     err = proc.stderr
     assert proc.returncode == 1, err
     assert "Traceback" not in err and "input shape is unknown" not in err, err
@@ -204,7 +293,10 @@ def test_a_bad_model_path_is_explained_by_what_is_there(tmp_path, monkeypatch):
         return str(info.value)
 
     err = error(models / "model.pt")
-    assert f"{models} holds resnet50.onnx" in err and f"TORCHFLEET_MODEL={models / 'resnet50.onnx'}" in err
+    assert (
+        f"{models} holds resnet50.onnx" in err
+        and f"TORCHFLEET_MODEL={models / 'resnet50.onnx'}" in err
+    )
     assert "mount" not in err  # not in a container: no podman advice
     assert f"{tmp_path / 'nowhere'} does not exist" in error(tmp_path / "nowhere" / "model.pt")
     err = error(models)
@@ -217,15 +309,33 @@ def test_sighup_reloads_the_model_in_the_same_process(tmp_path):
     torch.jit.script(rt_models.tiny()).save(str(path))
     meta = {"input_shape": [4], "name": "tiny", "version": "2026-12-01.1"}
     path.with_suffix(".json").write_text(json.dumps(meta))
-    p = ServeProcess(["--model", str(path), "--max-batch-size", "2", "--log-level", "info", "--log-format", "json"], {})
+    p = ServeProcess(
+        [
+            "--model",
+            str(path),
+            "--max-batch-size",
+            "2",
+            "--log-level",
+            "info",
+            "--log-format",
+            "json",
+        ],
+        {},
+    )
     try:
         c = Client(p.port)
         wait_until(lambda: c.call("GET", "/readyz")[0] == 200, "the server to be ready", 60)
         assert c.predict([1.0, 2.0, 3.0, 4.0])[1]["X-Model-Version"] == "2026-12-01.1"
         path.with_suffix(".json").write_text(json.dumps({**meta, "version": "2026-12-01.2"}))
         p.proc.send_signal(signal.SIGHUP)
-        wait_until(lambda: c.get_json("/v1/model")[1]["model_version"] == "2026-12-01.2", "the new version", 60)
-        assert c.call("GET", "/readyz")[0] == 200 and p.proc.poll() is None  # the same process, still ready
+        wait_until(
+            lambda: c.get_json("/v1/model")[1]["model_version"] == "2026-12-01.2",
+            "the new version",
+            60,
+        )
+        assert (
+            c.call("GET", "/readyz")[0] == 200 and p.proc.poll() is None
+        )  # the same process, still ready
         status, headers, _ = c.predict([1.0, 2.0, 3.0, 4.0])
         assert status == 200 and headers["X-Model-Version"] == "2026-12-01.2"
         p.proc.send_signal(signal.SIGTERM)
@@ -234,16 +344,23 @@ def test_sighup_reloads_the_model_in_the_same_process(tmp_path):
         p.kill()
     lines = [json.loads(line) for line in p.log if line.startswith("{")]
     done = [r for r in lines if r["msg"].startswith("reload done")]
-    assert done and done[0]["model_version"] == "2026-12-01.2" and done[0]["previous_version"] == "2026-12-01.1"
+    assert (
+        done
+        and done[0]["model_version"] == "2026-12-01.2"
+        and done[0]["previous_version"] == "2026-12-01.1"
+    )
     assert {"ts", "level", "logger", "msg"} <= set(done[0])
 
 
 def test_during_a_drain_503s_close_the_connection_are_not_in_flight_and_the_drain_ends_with_the_work(
-        start_runtime):
+    start_runtime,
+):
     m = rt_models.Instrumented()
     svc = start_runtime(m, max_batch_size=1, drain_timeout_s=30)
     rt = svc.runtime
-    stuck, stuck_out = in_thread(lambda: Client(svc.port).predict([rt_models.GATE_VALUE, 0.0, 0.0, 0.0]))
+    stuck, stuck_out = in_thread(
+        lambda: Client(svc.port).predict([rt_models.GATE_VALUE, 0.0, 0.0, 0.0])
+    )
     assert m.entered.wait(20)
     rt.request_stop("test")
     svc.http.begin_closing()

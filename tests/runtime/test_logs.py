@@ -22,8 +22,16 @@ def record(msg: str = "hello %s", args: tuple = ("world",), **extra) -> logging.
 
 
 def test_json_lines_carry_ts_level_logger_msg_request_id_and_fields():
-    doc = json.loads(JsonFormatter().format(record(request_id="r-1", fields={"status": 400, "type": "wrong_shape"})))
-    assert doc["msg"] == "hello world" and doc["level"] == "info" and doc["logger"] == "torchfleet_runtime.x"
+    doc = json.loads(
+        JsonFormatter().format(
+            record(request_id="r-1", fields={"status": 400, "type": "wrong_shape"})
+        )
+    )
+    assert (
+        doc["msg"] == "hello world"
+        and doc["level"] == "info"
+        and doc["logger"] == "torchfleet_runtime.x"
+    )
     assert doc["request_id"] == "r-1" and doc["status"] == 400 and doc["type"] == "wrong_shape"
     assert doc["ts"].endswith("Z") and "T" in doc["ts"]
     text = TextFormatter().format(record(request_id="r-1", fields={"status": 400}))
@@ -56,7 +64,11 @@ def test_batch_summary_is_one_line_per_interval():
     s.add(2, 2, "idle", 0.001, "v1")
     assert len(lines) == 1
     f = lines[0].fields
-    assert f["batches"] == 1001 and f["instances"] == 4002 and f["reasons"] == {"full": 1000, "idle": 1}
+    assert (
+        f["batches"] == 1001
+        and f["instances"] == 4002
+        and f["reasons"] == {"full": 1000, "idle": 1}
+    )
     assert f["model_version"] == "v1" and f["max_batch"] == 4
 
 

@@ -70,8 +70,11 @@ def test_every_schema_problem_is_reported_at_once_with_file_key_value_and_allowe
 def test_a_file_that_is_not_a_matrix_names_the_file(tmp_path):
     bad = tmp_path / "m.yml"
     bad.write_text("- just\n- a list\n")
-    with pytest.raises(compat.MatrixError, match=r"m.yml: \(the file\) = .* is invalid; allowed: "
-                                                 r"a mapping with the keys default_profile"):
+    with pytest.raises(
+        compat.MatrixError,
+        match=r"m.yml: \(the file\) = .* is invalid; allowed: "
+        r"a mapping with the keys default_profile",
+    ):
         compat.read(str(bad))
     with pytest.raises(compat.MatrixError, match="cannot read the version matrix"):
         compat.read(str(tmp_path / "missing.yml"))
@@ -79,8 +82,11 @@ def test_a_file_that_is_not_a_matrix_names_the_file(tmp_path):
 
 def test_a_profile_name_outside_the_matrix_names_the_setting_and_the_choices():
     m = compat.parse(RAW)
-    with pytest.raises(compat.MatrixError, match=r"--profile = 'cu999' is not a profile of "
-                                                 r"compat/matrix.yml; allowed: cu116, cu118, cu121, cpu"):
+    with pytest.raises(
+        compat.MatrixError,
+        match=r"--profile = 'cu999' is not a profile of "
+        r"compat/matrix.yml; allowed: cu116, cu118, cu121, cpu",
+    ):
         m.profile("cu999", "--profile")
     assert m.profile("").name == m.default_profile
 
@@ -115,8 +121,13 @@ def test_resolve_gpu_prefers_what_the_driver_reports():
 
 @pytest.mark.parametrize(
     ("os_id", "version", "name"),
-    [("debian", "12", "debian-12"), ("debian", "11.9", "debian-11"),
-     ("ubuntu", "22.04", "ubuntu-22.04"), ("Ubuntu", "20.04", "ubuntu-20.04"), ("arch", "", "arch")],
+    [
+        ("debian", "12", "debian-12"),
+        ("debian", "11.9", "debian-11"),
+        ("ubuntu", "22.04", "ubuntu-22.04"),
+        ("Ubuntu", "20.04", "ubuntu-20.04"),
+        ("arch", "", "arch"),
+    ],
 )
 def test_distro_names(os_id, version, name):
     assert compat.distro_name(os_id, version) == name
@@ -146,10 +157,17 @@ def test_the_module_needs_only_the_standard_library():
     assert imported - set(sys.stdlib_module_names) == {"yaml"}
     # and it imports with nothing else on the path (isolated mode, no site-packages)
     done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c",
-         f"import importlib.util as u, sys; s = u.spec_from_file_location('m', {str(MODULE)!r}); "
-         "m = sys.modules['m'] = u.module_from_spec(s); s.loader.exec_module(m); "
-         "print(m.match_gpu('NVIDIA L4', ['L4']))"],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            f"import importlib.util as u, sys; s = u.spec_from_file_location('m', {str(MODULE)!r}); "
+            "m = sys.modules['m'] = u.module_from_spec(s); s.loader.exec_module(m); "
+            "print(m.match_gpu('NVIDIA L4', ['L4']))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert done.stdout.strip() == "L4"

@@ -19,7 +19,10 @@ def _tiny_onnx(path) -> None:
     w = numpy_helper.from_array(fc.weight.detach().numpy().T.copy(), "W")
     b = numpy_helper.from_array(fc.bias.detach().numpy(), "B")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "B"], ["y"])],
+        [
+            helper.make_node("MatMul", ["x", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "B"], ["y"]),
+        ],
         "tiny",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", rt_models.IN])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", rt_models.OUT])],
@@ -47,5 +50,7 @@ def test_onnx_refuses_autocast_precisions(tmp_path, start_runtime):
 
     path = tmp_path / "tiny.onnx"
     _tiny_onnx(path)
-    with pytest.raises(ConfigError, match="ONNX models run at the precision they were exported with"):
+    with pytest.raises(
+        ConfigError, match="ONNX models run at the precision they were exported with"
+    ):
         load(Config(model=str(path), precision="bf16", input_shape=(4,)))

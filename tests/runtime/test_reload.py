@@ -43,7 +43,9 @@ def write_model(path: Path, bias_shift: float, version: str | None) -> None:
 def served_file(tmp_path, start_runtime):
     path = tmp_path / "model.pt"
     write_model(path, 0.0, "v1")
-    svc = start_runtime(model=str(path), input_shape=None, max_batch_size=4, admin_token=ADMIN, log_level="info")
+    svc = start_runtime(
+        model=str(path), input_shape=None, max_batch_size=4, admin_token=ADMIN, log_level="info"
+    )
     return svc, path
 
 
@@ -85,7 +87,11 @@ def test_reload_under_load_loses_no_request_and_keeps_readyz_200(served_file):
         t.join(30)
     assert status == 200, data
     answer = json.loads(data)
-    assert answer["result"] == "ok" and answer["model_version"] == "v2" and answer["previous_version"] == "v1"
+    assert (
+        answer["result"] == "ok"
+        and answer["model_version"] == "v2"
+        and answer["previous_version"] == "v1"
+    )
     assert readyz and set(readyz) == {200}  # ready throughout
     want = {"v1": expected(torch.tensor([x]), 0.0)[0], "v2": expected(torch.tensor([x]), 1.0)[0]}
     for out in results:
@@ -93,7 +99,9 @@ def test_reload_under_load_loses_no_request_and_keeps_readyz_200(served_file):
         versions = [v for _, v, _ in out]
         assert versions == sorted(versions)  # v1 ... v1 v2 ... v2: the swap is atomic per client
         for _, version, outputs in out:
-            assert torch.allclose(torch.tensor(outputs), want[version], atol=1e-5)  # each answer from its version
+            assert torch.allclose(
+                torch.tensor(outputs), want[version], atol=1e-5
+            )  # each answer from its version
     assert any(v == "v2" for out in results for _, v, _ in out)
     c = Client(svc.port)
     assert c.get_json("/v1/model")[1]["model_version"] == "v2"
@@ -109,7 +117,11 @@ def test_a_broken_model_keeps_the_old_one_serving_and_says_why(served_file, capl
     status, _, data = c.call("POST", "/admin/reload", headers=AUTH)
     assert status == 422
     err = json.loads(data)["error"]
-    assert err["type"] == "reload_failed" and "not a TorchScript archive" in err["message"] and "v1" in err["message"]
+    assert (
+        err["type"] == "reload_failed"
+        and "not a TorchScript archive" in err["message"]
+        and "v1" in err["message"]
+    )
     assert c.call("GET", "/readyz")[0] == 200
     status, headers, _ = c.predict([1.0, 2.0, 3.0, 4.0])
     assert status == 200 and headers["X-Model-Version"] == "v1"
@@ -138,5 +150,7 @@ def test_reload_needs_the_admin_token(served_file):
     c = Client(svc.port)
     status, headers, _ = c.call("POST", "/admin/reload")
     assert status == 401 and headers["WWW-Authenticate"] == 'Bearer realm="torchfleet-admin"'
-    assert c.call("POST", "/admin/reload", headers={"Authorization": "Bearer " + "x" * 24})[0] == 401
+    assert (
+        c.call("POST", "/admin/reload", headers={"Authorization": "Bearer " + "x" * 24})[0] == 401
+    )
     assert c.call("GET", "/admin/reload", headers=AUTH)[0] == 405

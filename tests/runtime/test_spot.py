@@ -18,10 +18,15 @@ from torchfleet_runtime.interruption import SpotWatcher
 
 from infra.bootstrap import agent
 
-TTL = {"aws": "X-aws-ec2-metadata-token-ttl-seconds", "alicloud": "X-aliyun-ecs-metadata-token-ttl-seconds"}
+TTL = {
+    "aws": "X-aws-ec2-metadata-token-ttl-seconds",
+    "alicloud": "X-aliyun-ecs-metadata-token-ttl-seconds",
+}
 TOKEN = {"aws": "X-aws-ec2-metadata-token", "alicloud": "X-aliyun-ecs-metadata-token"}
-NOTICE = {"aws": "/latest/meta-data/spot/instance-action",
-          "alicloud": "/latest/meta-data/instance/spot/termination-time"}
+NOTICE = {
+    "aws": "/latest/meta-data/spot/instance-action",
+    "alicloud": "/latest/meta-data/instance/spot/termination-time",
+}
 REFUSED = {"aws": 401, "alicloud": 403}  # what each answers a request without a valid token
 
 
@@ -86,22 +91,33 @@ def metadata_server():
     srv.polls = {"aws": 0, "alicloud": 0}
     srv.notice = {"aws": "", "alicloud": ""}
     srv.log = []
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()  # quick shutdown
+    threading.Thread(
+        target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+    ).start()  # quick shutdown
     yield srv, f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
     srv.server_close()
 
 
 def notice_for(cloud: str) -> str:
-    return json.dumps({"action": "terminate", "time": "2026-11-30T20:00:00Z"}) if cloud == "aws" \
+    return (
+        json.dumps({"action": "terminate", "time": "2026-11-30T20:00:00Z"})
+        if cloud == "aws"
         else "2026-11-30T20:00:00Z"
+    )
 
 
 @pytest.mark.parametrize("cloud", ["aws", "alicloud"])
 def test_a_spot_notice_drains_the_runtime(cloud, metadata_server, start_runtime, client_for):
     srv, url = metadata_server
-    rt = start_runtime(rt_models.tiny(), max_batch_size=2, spot_watch=cloud, aws_metadata_url=url,
-                       alicloud_metadata_url=url, spot_poll_interval_s=0.02)
+    rt = start_runtime(
+        rt_models.tiny(),
+        max_batch_size=2,
+        spot_watch=cloud,
+        aws_metadata_url=url,
+        alicloud_metadata_url=url,
+        spot_poll_interval_s=0.02,
+    )
     c = client_for(rt)
     wait_until(lambda: srv.polls[cloud] >= 2, "the watcher to poll")
     assert c.call("GET", "/readyz")[0] == 200 and c.predict([1.0, 2.0, 3.0, 4.0])[0] == 200
@@ -156,20 +172,33 @@ def test_auto_detects_the_cloud_through_its_token_or_turns_itself_off(metadata_s
 
 
 @pytest.mark.parametrize("cloud, agent_class", [("aws", agent.Aws), ("alicloud", agent.Alicloud)])
-def test_the_runtime_and_the_node_agent_speak_the_same_metadata_protocol(cloud, agent_class, metadata_server):
+def test_the_runtime_and_the_node_agent_speak_the_same_metadata_protocol(
+    cloud, agent_class, metadata_server
+):
     """The header names and TTL live twice (runtime/.../interruption.py and
     infra/bootstrap/agent.py, which cannot share a module): both sessions against one fake."""
     srv, url = metadata_server
     srv.clouds = {cloud}
-    node = agent_class({"region": "cn-hangzhou" if cloud == "alicloud" else "us-east-1", "endpoints": {"imds": url}})
+    node = agent_class(
+        {
+            "region": "cn-hangzhou" if cloud == "alicloud" else "us-east-1",
+            "endpoints": {"imds": url},
+        }
+    )
     assert node.imds.get("instance-id") == f"i-{cloud}"
     agent_put, agent_get = (h for _, _, h in srv.log)
     srv.log.clear()
     session = SpotWatcher(cloud, url, url, 1.0, lambda _: None).sessions[cloud]
     assert session.get("/latest/meta-data/instance-id") == (200, f"i-{cloud}")
     runtime_put, runtime_get = (h for _, _, h in srv.log)
-    assert (session.token_header, session.ttl_header) == (node.imds.token_header, node.imds.ttl_header)
-    assert (session.token_header, session.ttl_header) == (TOKEN[cloud], TTL[cloud])  # Alibaba's and AWS's docs
+    assert (session.token_header, session.ttl_header) == (
+        node.imds.token_header,
+        node.imds.ttl_header,
+    )
+    assert (session.token_header, session.ttl_header) == (
+        TOKEN[cloud],
+        TTL[cloud],
+    )  # Alibaba's and AWS's docs
     ttl = TTL[cloud].lower()
     assert runtime_put[ttl] == agent_put[ttl] == str(interruption.TOKEN_TTL_S)
     assert TOKEN[cloud].lower() in runtime_get and TOKEN[cloud].lower() in agent_get

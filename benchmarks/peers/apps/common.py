@@ -31,4 +31,6 @@ def encode(row: torch.Tensor) -> dict[str, list[float]]:
 
 def batch_settings() -> tuple[int, float]:
     """(max batch size, max wait in ms), the same for every peer: the harness sets them."""
-    return int(os.environ.get("PEERS_MAX_BATCH", "16")), float(os.environ.get("PEERS_MAX_WAIT_MS", "10"))
+    return int(os.environ.get("PEERS_MAX_BATCH", "16")), float(
+        os.environ.get("PEERS_MAX_WAIT_MS", "10")
+    )

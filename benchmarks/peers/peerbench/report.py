@@ -16,6 +16,13 @@ from typing import Any
 OURS = "torchfleet"
 
 
+def _ratio_cell(per_c: dict, c: int) -> str:
+    """'0.54 vs torchserve' for a concurrency the run measured, else '-'."""
+    if str(c) not in per_c:
+        return "-"
+    return _fmt(per_c[str(c)]["ratio"], ".2f") + " vs " + str(per_c[str(c)]["best_peer"])
+
+
 def stats(values: Iterable[float | None]) -> dict[str, float | int | None]:
     """median/min/max/n over the values that exist (a failed repetition gives None)."""
     xs = [float(v) for v in values if v is not None]
@@ -111,14 +118,22 @@ def ratios(
                 "ratio": round(ours_rps / best_rps, 3) if ours_rps and best_rps else None,
                 "best_peer": split_key(best)[0] if best else None,
                 "best_peer_req_per_s": best_rps,
-                "ranking": [split_key(k)[0] for _, k in sorted(
-                    ((_median(summary, k, c) or 0.0, k) for k in [mine, *peers]), reverse=True)],
+                "ranking": [
+                    split_key(k)[0]
+                    for _, k in sorted(
+                        ((_median(summary, k, c) or 0.0, k) for k in [mine, *peers]), reverse=True
+                    )
+                ],
             }
         out["ours_over_best_peer"][threads] = per_c
     for key, s in summary.items():
         best = offline.get(split_key(key)[1])
         out["served_over_offline"][key] = {
-            c: (round(lv["req_per_s"]["median"] / best, 3) if best and lv["req_per_s"]["median"] else None)
+            c: (
+                round(lv["req_per_s"]["median"] / best, 3)
+                if best and lv["req_per_s"]["median"]
+                else None
+            )
             for c, lv in s["levels"].items()
         }
     return out
@@ -126,7 +141,10 @@ def ratios(
 
 def ranking_changes(rat: dict[str, Any]) -> dict[str, bool]:
     """Per level: does OMP_NUM_THREADS=1 order the servers differently from the defaults?"""
-    base, one = rat["ours_over_best_peer"].get("default", {}), rat["ours_over_best_peer"].get("1", {})
+    base, one = (
+        rat["ours_over_best_peer"].get("default", {}),
+        rat["ours_over_best_peer"].get("1", {}),
+    )
     return {c: base[c]["ranking"] != one[c]["ranking"] for c in one if c in base}
 
 
@@ -162,7 +180,9 @@ def render(
         lines.append(label)
         lines.append(head)
         for k in keys:
-            lines.append(f"  {k:<{width - 2}}" + "".join(f"{cell(k, str(c)):>{colw}}" for c in concs))
+            lines.append(
+                f"  {k:<{width - 2}}" + "".join(f"{cell(k, str(c)):>{colw}}" for c in concs)
+            )
         lines.append("")
 
     def level(figure: str, spec: str = ".1f") -> Any:
@@ -174,11 +194,7 @@ def render(
     for threads, per_c in rat["ours_over_best_peer"].items():
         name = "default threads" if threads == "default" else f"OMP_NUM_THREADS={threads}"
         lines.append(
-            f"  {name:<{width - 2}}"
-            + "".join(
-                f"{(_fmt(per_c[str(c)]['ratio'], '.2f') + ' vs ' + str(per_c[str(c)]['best_peer'])) if str(c) in per_c else '-':>{colw}}"
-                for c in concs
-            )
+            f"  {name:<{width - 2}}" + "".join(f"{_ratio_cell(per_c, c):>{colw}}" for c in concs)
         )
     lines.append("")
     block("p50 ms", level("p50_ms"))
@@ -188,17 +204,26 @@ def render(
         "errors (non-2xx + socket errors, all repetitions)",
         lambda k, c: str(summary[k]["levels"].get(c, {}).get("errors", "-")),
     )
-    short = [f"{k} c={c} ({lv['underfilled']}x)" for k in keys for c, lv in summary[k]["levels"].items()
-             if lv.get("underfilled")]
+    short = [
+        f"{k} c={c} ({lv['underfilled']}x)"
+        for k in keys
+        for c, lv in summary[k]["levels"].items()
+        if lv.get("underfilled")
+    ]
     if short:
-        lines.append("fewer answers than connections in the window (latency > duration; req/s is a floor): "
-                     + ", ".join(short))
+        lines.append(
+            "fewer answers than connections in the window (latency > duration; req/s is a floor): "
+            + ", ".join(short)
+        )
         lines.append("")
     lines.append("served / offline best (median req/s over the model's in-process items/s)")
     lines.append(head)
     for k in keys:
         row = rat["served_over_offline"].get(k, {})
-        lines.append(f"  {k:<{width - 2}}" + "".join(f"{_fmt(row.get(str(c)), '.2f'):>{colw}}" for c in concs))
+        lines.append(
+            f"  {k:<{width - 2}}"
+            + "".join(f"{_fmt(row.get(str(c)), '.2f'):>{colw}}" for c in concs)
+        )
     lines.append("")
     lines.append(
         f"{'':<{width}}{'peak RSS MB':>16}{'peak PSS MB':>16}{'procs':>7}{'start->ready s':>18}"

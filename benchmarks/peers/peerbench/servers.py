@@ -112,14 +112,29 @@ class Server:
         s = self.settings
         if self.name == "torchfleet":
             cli = Path(sys.executable).with_name("torchfleet-runtime")
-            argv = [str(cli)] if cli.exists() else [
-                sys.executable, "-c", "import sys; from torchfleet_runtime.cli import main; sys.exit(main())"
-            ]
+            argv = (
+                [str(cli)]
+                if cli.exists()
+                else [
+                    sys.executable,
+                    "-c",
+                    "import sys; from torchfleet_runtime.cli import main; sys.exit(main())",
+                ]
+            )
             # its defaults: max_batch_size auto, its own thread settings, only where to listen
-            return [*argv, "serve", "--model", str(self.model.model), "--port", str(self.port)], base_env(s)
+            return [
+                *argv,
+                "serve",
+                "--model",
+                str(self.model.model),
+                "--port",
+                str(self.port),
+            ], base_env(s)
         py = venv_python(self.name)
         if not py.exists():
-            raise RuntimeError(f"{self.name} is not installed: run benchmarks/peers/install.sh {self.name}")
+            raise RuntimeError(
+                f"{self.name} is not installed: run benchmarks/peers/install.sh {self.name}"
+            )
         env = base_env(s, py.parent)
         env.update(
             PEERS_MODEL=str(self.model.model),
@@ -131,8 +146,14 @@ class Server:
         if self.name == "mosec":
             ipc = self.work / f"mosec-ipc-{secrets.token_hex(4)}"
             return [
-                str(py), str(APPS / "mosec_app.py"),
-                "--address", "127.0.0.1", "--port", str(self.port), "--path", str(ipc),
+                str(py),
+                str(APPS / "mosec_app.py"),
+                "--address",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--path",
+                str(ipc),
             ], env
         # torchserve: the archive is built in prepare(); its pid file goes to TMPDIR
         self.info["management_port"] = mgmt = free_port()
@@ -146,9 +167,17 @@ class Server:
         )
         env["TMPDIR"] = str(self.work)
         return [
-            str(py.parent / "torchserve"), "--start", "--foreground", "--ncs",
-            "--model-store", str(self.work.parent / "torchserve-store"), "--models", "peer=peer.mar",
-            "--ts-config", str(props), "--disable-token-auth",
+            str(py.parent / "torchserve"),
+            "--start",
+            "--foreground",
+            "--ncs",
+            "--model-store",
+            str(self.work.parent / "torchserve-store"),
+            "--models",
+            "peer=peer.mar",
+            "--ts-config",
+            str(props),
+            "--disable-token-auth",
         ], env
 
     def ready(self) -> bool:
@@ -177,8 +206,13 @@ class Server:
         self._log = open(self.work / "server.log", "wb")  # noqa: SIM115 - closed in stop()
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            argv, cwd=self.work, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            argv,
+            cwd=self.work,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
     def wait_ready(self, timeout: float) -> float:
@@ -276,11 +310,25 @@ def prepare_torchserve(model: ModelFiles, work: Path, settings: Settings) -> Pat
     archiver = venv_python("torchserve").with_name("torch-model-archiver")
     subprocess.run(
         [
-            str(archiver), "--model-name", "peer", "--version", "1.0",
-            "--serialized-file", str(model.model), "--handler", str(APPS / "torchserve_handler.py"),
-            "--extra-files", str(APPS / "common.py"), "--config-file", str(cfg),
-            "--export-path", str(store), "--force",
+            str(archiver),
+            "--model-name",
+            "peer",
+            "--version",
+            "1.0",
+            "--serialized-file",
+            str(model.model),
+            "--handler",
+            str(APPS / "torchserve_handler.py"),
+            "--extra-files",
+            str(APPS / "common.py"),
+            "--config-file",
+            str(cfg),
+            "--export-path",
+            str(store),
+            "--force",
         ],
-        check=True, capture_output=True, timeout=300,
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     return store / "peer.mar"

@@ -91,7 +91,8 @@ def _from_text(output: str) -> WrkResult:
         raise WrkError("no result in wrk's output:\n" + output[-2000:])
     requests, duration_s = int(m.group(1)), _ms(m.group(2)) / 1000.0
     dist = {
-        f"p{q}": _ms(v) for q, v in re.findall(r"^\s+(50|90|99)(?:\.0+)?%\s+(\S+)\s*$", output, re.M)
+        f"p{q}": _ms(v)
+        for q, v in re.findall(r"^\s+(50|90|99)(?:\.0+)?%\s+(\S+)\s*$", output, re.M)
     }
     lat = re.search(r"^\s+Latency\s+(\S+)\s+(\S+)\s+(\S+)", output, re.M)
     errs = re.search(
@@ -99,14 +100,18 @@ def _from_text(output: str) -> WrkResult:
     )
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
     # with no answer wrk prints a distribution of zeros: no latency was measured
-    latency: dict[str, float | None] = {k: dist.get(k) if requests else None for k in ("p50", "p90", "p99")}
+    latency: dict[str, float | None] = {
+        k: dist.get(k) if requests else None for k in ("p50", "p90", "p99")
+    }
     latency["mean"] = _ms(lat.group(1)) if lat and requests else None
     latency["max"] = _ms(lat.group(3)) if lat and requests else None
     return WrkResult(
         requests=requests,
         duration_s=duration_s,
         non_2xx=int(non2xx.group(1)) if non2xx else 0,
-        socket_errors=dict(zip(ERROR_KINDS, map(int, errs.groups()), strict=True)) if errs else dict.fromkeys(ERROR_KINDS, 0),
+        socket_errors=dict(zip(ERROR_KINDS, map(int, errs.groups()), strict=True))
+        if errs
+        else dict.fromkeys(ERROR_KINDS, 0),
         latency_ms=latency,
         source="text",
     )
@@ -154,5 +159,7 @@ def run(
     except subprocess.TimeoutExpired:
         raise WrkError(f"wrk did not finish: {' '.join(cmd)}") from None
     if proc.returncode != 0:
-        raise WrkError(f"wrk exited {proc.returncode}: {proc.stderr.strip() or proc.stdout[-1000:]}")
+        raise WrkError(
+            f"wrk exited {proc.returncode}: {proc.stderr.strip() or proc.stdout[-1000:]}"
+        )
     return parse(proc.stdout), proc.stdout

@@ -51,7 +51,11 @@ def load_config(path):
             )
         )
     for key in ("idle_minutes", "gpu_threshold_percent"):
-        if isinstance(config[key], bool) or not isinstance(config[key], (int, float)) or config[key] < 0:
+        if (
+            isinstance(config[key], bool)
+            or not isinstance(config[key], (int, float))
+            or config[key] < 0
+        ):
             raise ValueError(f"{path}: {key}={config[key]!r}; allowed: a number >= 0")
     return config
 
@@ -86,8 +90,19 @@ def service_started_at(service):
     """Unix time the service last became active, or None when it is not active."""
     try:
         out = subprocess.run(
-            ["systemctl", "show", service, "-p", "ActiveState", "-p", "ActiveEnterTimestampMonotonic"],
-            capture_output=True, text=True, timeout=10, check=False,
+            [
+                "systemctl",
+                "show",
+                service,
+                "-p",
+                "ActiveState",
+                "-p",
+                "ActiveEnterTimestampMonotonic",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
@@ -111,7 +126,10 @@ def gpu_utilisation(samples):
         try:
             out = subprocess.run(
                 [smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-                capture_output=True, text=True, timeout=20, check=True,
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
             ).stdout
             values = [float(v) for v in out.split() if v.strip()]
             if values:

@@ -31,19 +31,23 @@ class MonitoringConfigError(ValueError):
     pass
 
 
-def torchfleet_inventory_nodes(hosts: list[str], hostvars: Mapping[str, Any], stack: str) -> list[dict[str, str]]:
+def torchfleet_inventory_nodes(
+    hosts: list[str], hostvars: Mapping[str, Any], stack: str
+) -> list[dict[str, str]]:
     nodes = []
     for name in hosts:
         hv = hostvars[name]
         spot = hv.get("torchfleet_spot", False)
-        nodes.append({
-            "node": str(name),
-            "address": _address(hv, name),
-            "stack": stack,
-            "cloud": str(hv.get("torchfleet_cloud", "")),
-            "instance_type": str(hv.get("torchfleet_instance_type") or "unknown"),
-            "lifecycle": "spot" if str(spot).lower() in ("true", "yes", "1") else "on-demand",
-        })
+        nodes.append(
+            {
+                "node": str(name),
+                "address": _address(hv, name),
+                "stack": stack,
+                "cloud": str(hv.get("torchfleet_cloud", "")),
+                "instance_type": str(hv.get("torchfleet_instance_type") or "unknown"),
+                "lifecycle": "spot" if str(spot).lower() in ("true", "yes", "1") else "on-demand",
+            }
+        )
     return nodes
 
 
@@ -61,10 +65,17 @@ def _host_port(address: str, port: int) -> str:
 
 
 def torchfleet_file_sd(nodes: list[Mapping[str, str]], port: int) -> list[dict[str, Any]]:
-    return [{
-        "targets": [_host_port(n["address"], int(port))],
-        "labels": {k: n[k] for k in ("stack", "node", "cloud", "instance_type", "lifecycle") if n.get(k)},
-    } for n in nodes]
+    return [
+        {
+            "targets": [_host_port(n["address"], int(port))],
+            "labels": {
+                k: n[k]
+                for k in ("stack", "node", "cloud", "instance_type", "lifecycle")
+                if n.get(k)
+            },
+        }
+        for n in nodes
+    ]
 
 
 def _ec2_job(job: str, port: int, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -91,16 +102,25 @@ def _ec2_job(job: str, port: int, settings: Mapping[str, Any]) -> dict[str, Any]
         {"target_label": "cloud", "replacement": "aws"},
         # EC2 sets the lifecycle only for spot (and scheduled) instances.
         {"target_label": "lifecycle", "replacement": "on-demand"},
-        {"source_labels": ["__meta_ec2_instance_lifecycle"], "regex": "(.+)", "target_label": "lifecycle"},
+        {
+            "source_labels": ["__meta_ec2_instance_lifecycle"],
+            "regex": "(.+)",
+            "target_label": "lifecycle",
+        },
     ]
     return {"job_name": job, "ec2_sd_configs": [sd], "relabel_configs": relabel}
 
 
 def _file_job(job: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    return {"job_name": job, "file_sd_configs": [{
-        "files": [f"{settings['file_sd_dir']}/{job}.json"],
-        "refresh_interval": "1m",
-    }]}
+    return {
+        "job_name": job,
+        "file_sd_configs": [
+            {
+                "files": [f"{settings['file_sd_dir']}/{job}.json"],
+                "refresh_interval": "1m",
+            }
+        ],
+    }
 
 
 def torchfleet_prometheus_config(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -109,30 +129,46 @@ def torchfleet_prometheus_config(settings: Mapping[str, Any]) -> dict[str, Any]:
         raise MonitoringConfigError(f"discovery={discovery!r}: allowed ec2, file")
     self_labels = {"stack": settings["stack"]}
     jobs: list[dict[str, Any]] = [
-        {"job_name": "prometheus",
-         "static_configs": [{"targets": [settings["prometheus_address"]], "labels": self_labels}]},
+        {
+            "job_name": "prometheus",
+            "static_configs": [
+                {"targets": [settings["prometheus_address"]], "labels": self_labels}
+            ],
+        },
     ]
     if settings.get("alertmanager_address"):
-        jobs.append({"job_name": "alertmanager",
-                     "static_configs": [{"targets": [settings["alertmanager_address"]],
-                                         "labels": self_labels}]})
+        jobs.append(
+            {
+                "job_name": "alertmanager",
+                "static_configs": [
+                    {"targets": [settings["alertmanager_address"]], "labels": self_labels}
+                ],
+            }
+        )
     for job, port_key in NODE_JOBS:
-        jobs.append(_ec2_job(job, int(settings[port_key]), settings) if discovery == "ec2"
-                    else _file_job(job, settings))
+        jobs.append(
+            _ec2_job(job, int(settings[port_key]), settings)
+            if discovery == "ec2"
+            else _file_job(job, settings)
+        )
     jobs.extend(settings.get("extra_scrape_configs") or [])
     config: dict[str, Any] = {
         "global": {
             "scrape_interval": settings["scrape_interval"],
             "scrape_timeout": settings.get("scrape_timeout") or settings["scrape_interval"],
             "evaluation_interval": settings["evaluation_interval"],
-            "external_labels": {"stack": settings["stack"], **(settings.get("external_labels") or {})},
+            "external_labels": {
+                "stack": settings["stack"],
+                **(settings.get("external_labels") or {}),
+            },
         },
         "rule_files": [f"{settings['rule_dir']}/*.rules.yml"],
         "scrape_configs": jobs,
     }
     if settings.get("alertmanager_address"):
-        config["alerting"] = {"alertmanagers": [
-            {"static_configs": [{"targets": [settings["alertmanager_address"]]}]}]}
+        config["alerting"] = {
+            "alertmanagers": [{"static_configs": [{"targets": [settings["alertmanager_address"]]}]}]
+        }
     return config
 
 
@@ -142,13 +178,15 @@ def _receiver(settings: Mapping[str, Any]) -> dict[str, Any]:
     if kind == "webhook":
         receiver["webhook_configs"] = [{"url": settings["webhook_url"], "send_resolved": True}]
     elif kind == "slack":
-        receiver["slack_configs"] = [{
-            "api_url": settings["slack_api_url"],
-            "channel": settings["slack_channel"],
-            "send_resolved": True,
-            "title": '[{{ .Status | toUpper }}] {{ .CommonLabels.alertname }} {{ .CommonLabels.stack }}',
-            "text": "{{ range .Alerts }}{{ .Annotations.summary }}\n{{ end }}",
-        }]
+        receiver["slack_configs"] = [
+            {
+                "api_url": settings["slack_api_url"],
+                "channel": settings["slack_channel"],
+                "send_resolved": True,
+                "title": "[{{ .Status | toUpper }}] {{ .CommonLabels.alertname }} {{ .CommonLabels.stack }}",
+                "text": "{{ range .Alerts }}{{ .Annotations.summary }}\n{{ end }}",
+            }
+        ]
     elif kind == "email":
         receiver["email_configs"] = [{"to": settings["email_to"], "send_resolved": True}]
     elif kind != "none":
@@ -170,23 +208,34 @@ def torchfleet_alertmanager_config(settings: Mapping[str, Any]) -> dict[str, Any
             "smtp_from": settings["email_from"],
             "smtp_smarthost": settings["email_smarthost"],
             "smtp_require_tls": True,
-            **({"smtp_auth_username": settings["email_auth_username"],
-                "smtp_auth_password": settings["email_auth_password"]}
-               if settings.get("email_auth_username") else {}),
+            **(
+                {
+                    "smtp_auth_username": settings["email_auth_username"],
+                    "smtp_auth_password": settings["email_auth_password"],
+                }
+                if settings.get("email_auth_username")
+                else {}
+            ),
         }
     # Spare people the echoes of one cause: a node the cloud is reclaiming is expected to go
     # not-ready and dark; a stack with no ready node says more than each node's alert; a
     # stopped runtime is a not-ready node first and a dead scrape target second.
     config["inhibit_rules"] = [
-        {"source_matchers": ['alertname="TorchfleetSpotInterruptionNotice"'],
-         "target_matchers": ['alertname=~"TorchfleetNodeNotReady|TorchfleetTargetDown"'],
-         "equal": ["stack", "node"]},
-        {"source_matchers": ['alertname="TorchfleetNoReadyNodes"'],
-         "target_matchers": ['alertname="TorchfleetNodeNotReady"'],
-         "equal": ["stack"]},
-        {"source_matchers": ['alertname="TorchfleetNodeNotReady"'],
-         "target_matchers": ['alertname="TorchfleetTargetDown"', f'job="{RUNTIME_JOB}"'],
-         "equal": ["stack", "node"]},
+        {
+            "source_matchers": ['alertname="TorchfleetSpotInterruptionNotice"'],
+            "target_matchers": ['alertname=~"TorchfleetNodeNotReady|TorchfleetTargetDown"'],
+            "equal": ["stack", "node"],
+        },
+        {
+            "source_matchers": ['alertname="TorchfleetNoReadyNodes"'],
+            "target_matchers": ['alertname="TorchfleetNodeNotReady"'],
+            "equal": ["stack"],
+        },
+        {
+            "source_matchers": ['alertname="TorchfleetNodeNotReady"'],
+            "target_matchers": ['alertname="TorchfleetTargetDown"', f'job="{RUNTIME_JOB}"'],
+            "equal": ["stack", "node"],
+        },
     ]
     return config
 

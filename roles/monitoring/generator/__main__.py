@@ -25,15 +25,19 @@ class _IndentedDumper(yaml.SafeDumper):
 def artifacts() -> dict[Path, str]:
     return {
         DASHBOARD: dashboard.render_json(),
-        PRICES: prices.HEADER + yaml.dump(prices.price_rules(), Dumper=_IndentedDumper,
-                                          sort_keys=False, width=120),
+        PRICES: prices.HEADER
+        + yaml.dump(prices.price_rules(), Dumper=_IndentedDumper, sort_keys=False, width=120),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m roles.monitoring.generator",
-                                     description="Generate the monitoring role's dashboard and price rules.")
-    parser.add_argument("--check", action="store_true", help="fail if a committed artifact is stale")
+    parser = argparse.ArgumentParser(
+        prog="python -m roles.monitoring.generator",
+        description="Generate the monitoring role's dashboard and price rules.",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="fail if a committed artifact is stale"
+    )
     args = parser.parse_args(argv)
     stale = []
     for path, text in artifacts().items():
@@ -47,8 +51,10 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(text)
             print(f"wrote {path.relative_to(ROLE.parents[1])}")
     for path in stale:
-        print(f"stale: {path.relative_to(ROLE.parents[1])} (run python -m roles.monitoring.generator)",
-              file=sys.stderr)
+        print(
+            f"stale: {path.relative_to(ROLE.parents[1])} (run python -m roles.monitoring.generator)",
+            file=sys.stderr,
+        )
     return 1 if stale else 0
 
 

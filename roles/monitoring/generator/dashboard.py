@@ -65,106 +65,263 @@ class RowSpec:
 
 
 ROWS: tuple[RowSpec, ...] = (
-    RowSpec("Fleet", (
-        PanelSpec("Ready nodes", "stat", (Target(f"sum(node:torchfleet_serving:bool{{{S}}})"),),
-                  width=4, height=4, description="Nodes whose runtime is warmed up and not draining."),
-        PanelSpec("Nodes by lifecycle", "stat",
-                  (Target(f"sum by (lifecycle) (stack_lifecycle:torchfleet_nodes:count{{{S}}})",
-                          "{{lifecycle}}"),),
-                  width=4, height=4, description="Discovered nodes, spot and on-demand."),
-        PanelSpec("Estimated cost", "stat",
-                  (Target(f"sum(stack:torchfleet_cost_usd_per_hour:estimate{{{S}}})"),),
-                  unit="currencyUSD", width=4, height=4,
-                  description="USD per hour: each discovered node at its instance type's "
-                              "reference price (infra/catalog.py); spot at the family's typical "
-                              "spot ratio. An estimate, not a bill."),
-        PanelSpec("Throughput", "stat", (Target(f"sum(stack:torchfleet_requests:rate1m{{{S}}})"),),
-                  unit="reqps", width=4, height=4),
-        PanelSpec("p99 latency", "stat",
-                  (Target(f"max(stack:torchfleet_request_duration_seconds:p99_rate1m{{{S}}})"),),
-                  unit="s", width=4, height=4, threshold=0.2),
-        PanelSpec("Error ratio (1 h)", "stat",
-                  (Target(f"max(stack:torchfleet_request_errors:ratio_rate1h{{{S}}})"),),
-                  unit="percentunit", width=4, height=4, threshold=0.001,
-                  description="Share of prediction requests answered with a 5xx. SLO: 0.1 %."),
-    )),
-    RowSpec("Traffic and latency", (
-        PanelSpec("Throughput per node", "timeseries",
-                  (Target(f"node:torchfleet_requests:rate1m{{{SN}}}", "{{node}}"),),
-                  unit="reqps", stacking="normal"),
-        PanelSpec("Latency percentiles", "timeseries", (
-            Target(f"stack:torchfleet_request_duration_seconds:p50_rate1m{{{S}}}", "p50 {{stack}}"),
-            Target(f"stack:torchfleet_request_duration_seconds:p90_rate1m{{{S}}}", "p90 {{stack}}"),
-            Target(f"stack:torchfleet_request_duration_seconds:p99_rate1m{{{S}}}", "p99 {{stack}}"),
-        ), unit="s", threshold=0.2, description="Arrival to answer. The red line is the 200 ms p99 objective."),
-        PanelSpec("Error ratio by window", "timeseries", (
-            Target(f"stack:torchfleet_request_errors:ratio_rate5m{{{S}}}", "5m {{stack}}"),
-            Target(f"stack:torchfleet_request_errors:ratio_rate1h{{{S}}}", "1h {{stack}}"),
-            Target(f"stack:torchfleet_request_errors:ratio_rate6h{{{S}}}", "6h {{stack}}"),
-        ), unit="percentunit", threshold=0.001,
-            description="The burn-rate alerts' windows. The red line is the 0.1 % error budget."),
-    )),
-    RowSpec("Where request time goes", (
-        PanelSpec("Mean time per stage", "timeseries",
-                  (Target(f"stack_stage:torchfleet_stage_duration_seconds:mean_rate1m{{{S}}}",
-                          "{{stage}}"),),
-                  unit="s", stacking="normal",
-                  description="Stacked: decode + queue + model (per batch run) + encode + write."),
-        PanelSpec("Share of request time", "timeseries",
-                  (Target(f"stack_stage:torchfleet_stage_duration_seconds:share_rate1m{{{S}}}",
-                          "{{stage}}"),),
-                  unit="percentunit", stacking="percent",
-                  description="Each stage's share of a request's time: the first place to look "
-                              "when latency moves."),
-        PanelSpec("p99 per stage", "timeseries",
-                  (Target(f"stack_stage:torchfleet_stage_duration_seconds:p99_rate1m{{{S}}}",
-                          "{{stage}}"),),
-                  unit="s"),
-    )),
-    RowSpec("Batching and models", (
-        PanelSpec("Batch size", "timeseries", (
-            Target(f"stack:torchfleet_batch_size:mean_rate1m{{{S}}}", "mean {{stack}}"),
-            Target(f"torchfleet_max_batch_size{{{SN}}}", "cap {{node}}"),
-        ), description="Instances per model run (before padding to a warmed bucket) against "
-                       "each node's batch cap."),
-        PanelSpec("Queue depth and requests in flight", "timeseries", (
-            Target(f"torchfleet_queue_depth{{{SN}}}", "queued {{node}}"),
-            Target(f"torchfleet_inflight_requests{{{SN}}}", "in flight {{node}}"),
-        )),
-        PanelSpec("p99 latency by model version", "timeseries",
-                  (Target(f"stack_version:torchfleet_request_duration_seconds:p99_rate1m{{{S}}}",
-                          "{{model_version}}"),),
-                  unit="s", threshold=0.2,
-                  description="Compare a new model version with the one it replaces."),
-        PanelSpec("Model on each node", "table",
-                  (Target(f"torchfleet_model_info{{{SN}}}",
-                          "{{node}}  {{model_name}} {{model_version}}  {{format}} {{device}} {{precision}}"),),
-                  width=24, height=5,
-                  description="torchfleet_model_info: version, name, format, device, precision."),
-    )),
-    RowSpec("GPU", (
-        PanelSpec("GPU utilisation", "timeseries",
-                  (Target(f"torchfleet_node_gpu_utilization_ratio{{{SN}}}", "{{node}} gpu{{gpu}}"),),
-                  unit="percentunit", width=12, threshold=0.7,
-                  description="nvidia-smi, whole GPU (node exporter textfile). Alert under 70 % "
-                              "while requests queue."),
-        PanelSpec("GPU memory used", "timeseries",
-                  (Target(f"node_gpu:torchfleet_node_gpu_memory_used:ratio{{{SN}}}",
-                          "{{node}} gpu{{gpu}}"),),
-                  unit="percentunit", width=12, threshold=0.6,
-                  description="Used / total per GPU. Alert over the 60 % watermark."),
-    )),
-    RowSpec("Capacity and cost", (
-        PanelSpec("Spot and on-demand nodes", "timeseries",
-                  (Target(f"sum by (lifecycle) (stack_lifecycle:torchfleet_nodes:count{{{S}}})",
-                          "{{lifecycle}}"),),
-                  stacking="normal"),
-        PanelSpec("Ready nodes over time", "timeseries",
-                  (Target(f"sum by (stack) (node:torchfleet_serving:bool{{{S}}})", "{{stack}}"),)),
-        PanelSpec("Estimated cost per hour", "timeseries",
-                  (Target(f"stack:torchfleet_cost_usd_per_hour:estimate{{{S}}}", "{{stack}}"),),
-                  unit="currencyUSD"),
-    )),
+    RowSpec(
+        "Fleet",
+        (
+            PanelSpec(
+                "Ready nodes",
+                "stat",
+                (Target(f"sum(node:torchfleet_serving:bool{{{S}}})"),),
+                width=4,
+                height=4,
+                description="Nodes whose runtime is warmed up and not draining.",
+            ),
+            PanelSpec(
+                "Nodes by lifecycle",
+                "stat",
+                (
+                    Target(
+                        f"sum by (lifecycle) (stack_lifecycle:torchfleet_nodes:count{{{S}}})",
+                        "{{lifecycle}}",
+                    ),
+                ),
+                width=4,
+                height=4,
+                description="Discovered nodes, spot and on-demand.",
+            ),
+            PanelSpec(
+                "Estimated cost",
+                "stat",
+                (Target(f"sum(stack:torchfleet_cost_usd_per_hour:estimate{{{S}}})"),),
+                unit="currencyUSD",
+                width=4,
+                height=4,
+                description="USD per hour: each discovered node at its instance type's "
+                "reference price (infra/catalog.py); spot at the family's typical "
+                "spot ratio. An estimate, not a bill.",
+            ),
+            PanelSpec(
+                "Throughput",
+                "stat",
+                (Target(f"sum(stack:torchfleet_requests:rate1m{{{S}}})"),),
+                unit="reqps",
+                width=4,
+                height=4,
+            ),
+            PanelSpec(
+                "p99 latency",
+                "stat",
+                (Target(f"max(stack:torchfleet_request_duration_seconds:p99_rate1m{{{S}}})"),),
+                unit="s",
+                width=4,
+                height=4,
+                threshold=0.2,
+            ),
+            PanelSpec(
+                "Error ratio (1 h)",
+                "stat",
+                (Target(f"max(stack:torchfleet_request_errors:ratio_rate1h{{{S}}})"),),
+                unit="percentunit",
+                width=4,
+                height=4,
+                threshold=0.001,
+                description="Share of prediction requests answered with a 5xx. SLO: 0.1 %.",
+            ),
+        ),
+    ),
+    RowSpec(
+        "Traffic and latency",
+        (
+            PanelSpec(
+                "Throughput per node",
+                "timeseries",
+                (Target(f"node:torchfleet_requests:rate1m{{{SN}}}", "{{node}}"),),
+                unit="reqps",
+                stacking="normal",
+            ),
+            PanelSpec(
+                "Latency percentiles",
+                "timeseries",
+                (
+                    Target(
+                        f"stack:torchfleet_request_duration_seconds:p50_rate1m{{{S}}}",
+                        "p50 {{stack}}",
+                    ),
+                    Target(
+                        f"stack:torchfleet_request_duration_seconds:p90_rate1m{{{S}}}",
+                        "p90 {{stack}}",
+                    ),
+                    Target(
+                        f"stack:torchfleet_request_duration_seconds:p99_rate1m{{{S}}}",
+                        "p99 {{stack}}",
+                    ),
+                ),
+                unit="s",
+                threshold=0.2,
+                description="Arrival to answer. The red line is the 200 ms p99 objective.",
+            ),
+            PanelSpec(
+                "Error ratio by window",
+                "timeseries",
+                (
+                    Target(f"stack:torchfleet_request_errors:ratio_rate5m{{{S}}}", "5m {{stack}}"),
+                    Target(f"stack:torchfleet_request_errors:ratio_rate1h{{{S}}}", "1h {{stack}}"),
+                    Target(f"stack:torchfleet_request_errors:ratio_rate6h{{{S}}}", "6h {{stack}}"),
+                ),
+                unit="percentunit",
+                threshold=0.001,
+                description="The burn-rate alerts' windows. The red line is the 0.1 % error budget.",
+            ),
+        ),
+    ),
+    RowSpec(
+        "Where request time goes",
+        (
+            PanelSpec(
+                "Mean time per stage",
+                "timeseries",
+                (
+                    Target(
+                        f"stack_stage:torchfleet_stage_duration_seconds:mean_rate1m{{{S}}}",
+                        "{{stage}}",
+                    ),
+                ),
+                unit="s",
+                stacking="normal",
+                description="Stacked: decode + queue + model (per batch run) + encode + write.",
+            ),
+            PanelSpec(
+                "Share of request time",
+                "timeseries",
+                (
+                    Target(
+                        f"stack_stage:torchfleet_stage_duration_seconds:share_rate1m{{{S}}}",
+                        "{{stage}}",
+                    ),
+                ),
+                unit="percentunit",
+                stacking="percent",
+                description="Each stage's share of a request's time: the first place to look "
+                "when latency moves.",
+            ),
+            PanelSpec(
+                "p99 per stage",
+                "timeseries",
+                (
+                    Target(
+                        f"stack_stage:torchfleet_stage_duration_seconds:p99_rate1m{{{S}}}",
+                        "{{stage}}",
+                    ),
+                ),
+                unit="s",
+            ),
+        ),
+    ),
+    RowSpec(
+        "Batching and models",
+        (
+            PanelSpec(
+                "Batch size",
+                "timeseries",
+                (
+                    Target(f"stack:torchfleet_batch_size:mean_rate1m{{{S}}}", "mean {{stack}}"),
+                    Target(f"torchfleet_max_batch_size{{{SN}}}", "cap {{node}}"),
+                ),
+                description="Instances per model run (before padding to a warmed bucket) against "
+                "each node's batch cap.",
+            ),
+            PanelSpec(
+                "Queue depth and requests in flight",
+                "timeseries",
+                (
+                    Target(f"torchfleet_queue_depth{{{SN}}}", "queued {{node}}"),
+                    Target(f"torchfleet_inflight_requests{{{SN}}}", "in flight {{node}}"),
+                ),
+            ),
+            PanelSpec(
+                "p99 latency by model version",
+                "timeseries",
+                (
+                    Target(
+                        f"stack_version:torchfleet_request_duration_seconds:p99_rate1m{{{S}}}",
+                        "{{model_version}}",
+                    ),
+                ),
+                unit="s",
+                threshold=0.2,
+                description="Compare a new model version with the one it replaces.",
+            ),
+            PanelSpec(
+                "Model on each node",
+                "table",
+                (
+                    Target(
+                        f"torchfleet_model_info{{{SN}}}",
+                        "{{node}}  {{model_name}} {{model_version}}  {{format}} {{device}} {{precision}}",
+                    ),
+                ),
+                width=24,
+                height=5,
+                description="torchfleet_model_info: version, name, format, device, precision.",
+            ),
+        ),
+    ),
+    RowSpec(
+        "GPU",
+        (
+            PanelSpec(
+                "GPU utilisation",
+                "timeseries",
+                (Target(f"torchfleet_node_gpu_utilization_ratio{{{SN}}}", "{{node}} gpu{{gpu}}"),),
+                unit="percentunit",
+                width=12,
+                threshold=0.7,
+                description="nvidia-smi, whole GPU (node exporter textfile). Alert under 70 % "
+                "while requests queue.",
+            ),
+            PanelSpec(
+                "GPU memory used",
+                "timeseries",
+                (
+                    Target(
+                        f"node_gpu:torchfleet_node_gpu_memory_used:ratio{{{SN}}}",
+                        "{{node}} gpu{{gpu}}",
+                    ),
+                ),
+                unit="percentunit",
+                width=12,
+                threshold=0.6,
+                description="Used / total per GPU. Alert over the 60 % watermark.",
+            ),
+        ),
+    ),
+    RowSpec(
+        "Capacity and cost",
+        (
+            PanelSpec(
+                "Spot and on-demand nodes",
+                "timeseries",
+                (
+                    Target(
+                        f"sum by (lifecycle) (stack_lifecycle:torchfleet_nodes:count{{{S}}})",
+                        "{{lifecycle}}",
+                    ),
+                ),
+                stacking="normal",
+            ),
+            PanelSpec(
+                "Ready nodes over time",
+                "timeseries",
+                (Target(f"sum by (stack) (node:torchfleet_serving:bool{{{S}}})", "{{stack}}"),),
+            ),
+            PanelSpec(
+                "Estimated cost per hour",
+                "timeseries",
+                (Target(f"stack:torchfleet_cost_usd_per_hour:estimate{{{S}}}", "{{stack}}"),),
+                unit="currencyUSD",
+            ),
+        ),
+    ),
 )
 
 
@@ -178,28 +335,51 @@ def _thresholds(value: float | None) -> dashboard.ThresholdsConfig:
 def _panel(spec: PanelSpec, panel_id: int, pos: GridPos) -> Any:
     builder: Any
     if spec.kind == "stat":
-        builder = (stat.Panel().graph_mode(common_models.BigValueGraphMode.AREA)
-                   .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"])))
+        builder = (
+            stat.Panel()
+            .graph_mode(common_models.BigValueGraphMode.AREA)
+            .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]))
+        )
     elif spec.kind == "table":
         builder = table.Panel()
     else:
-        builder = (timeseries.Panel()
-                   .line_width(1).fill_opacity(10 if spec.stacking == "none" else 60)
-                   .legend(common.VizLegendOptions().show_legend(True)
-                           .display_mode(common_models.LegendDisplayMode.LIST)
-                           .placement(common_models.LegendPlacement.BOTTOM))
-                   .stacking(common.StackingConfig().mode(common_models.StackingMode(spec.stacking))))
+        builder = (
+            timeseries.Panel()
+            .line_width(1)
+            .fill_opacity(10 if spec.stacking == "none" else 60)
+            .legend(
+                common.VizLegendOptions()
+                .show_legend(True)
+                .display_mode(common_models.LegendDisplayMode.LIST)
+                .placement(common_models.LegendPlacement.BOTTOM)
+            )
+            .stacking(common.StackingConfig().mode(common_models.StackingMode(spec.stacking)))
+        )
         if spec.threshold is not None:
             builder = builder.thresholds_style(
-                common.GraphThresholdsStyleConfig().mode(common_models.GraphThresholdsStyleMode.DASHED))
-    builder = (builder.id(panel_id).title(spec.title).datasource(DATASOURCE).unit(spec.unit)
-               .grid_pos(pos).thresholds(_thresholds(spec.threshold)))
+                common.GraphThresholdsStyleConfig().mode(
+                    common_models.GraphThresholdsStyleMode.DASHED
+                )
+            )
+    builder = (
+        builder.id(panel_id)
+        .title(spec.title)
+        .datasource(DATASOURCE)
+        .unit(spec.unit)
+        .grid_pos(pos)
+        .thresholds(_thresholds(spec.threshold))
+    )
     if spec.description:
         builder = builder.description(spec.description)
     if spec.minimum is not None and spec.kind == "timeseries":
         builder = builder.min(spec.minimum)
     for i, target in enumerate(spec.targets):
-        query = prometheus.Dataquery().ref_id(chr(ord("A") + i)).expr(target.expr).datasource(DATASOURCE)
+        query = (
+            prometheus.Dataquery()
+            .ref_id(chr(ord("A") + i))
+            .expr(target.expr)
+            .datasource(DATASOURCE)
+        )
         if target.legend:
             query = query.legend_format(target.legend)
         if spec.kind == "table":
@@ -209,29 +389,52 @@ def _panel(spec: PanelSpec, panel_id: int, pos: GridPos) -> Any:
 
 
 def _variable(name: str, label: str, query: str) -> dashboard.QueryVariable:
-    return (dashboard.QueryVariable(name).label(label).datasource(DATASOURCE).query(query)
-            .include_all(True).all_value(".*").multi(True).refresh(VariableRefresh.ON_TIME_RANGE_CHANGED))
+    return (
+        dashboard.QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query(query)
+        .include_all(True)
+        .all_value(".*")
+        .multi(True)
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+    )
 
 
 def build() -> dict[str, Any]:
-    board = (dashboard.Dashboard(TITLE).uid(UID)
-             .description("torchfleet serving fleet: traffic, latency and where it goes, errors "
-                          "against the SLO, batching, GPUs, capacity and cost.")
-             .tags(["torchfleet", "inference", "gpu"])
-             .refresh("30s").time("now-1h", "now").timezone("browser")
-             .with_variable(_variable("stack", "Stack",
-                                      'label_values(up{job="torchfleet-runtime"}, stack)'))
-             .with_variable(_variable("node", "Node",
-                                      'label_values(up{job="torchfleet-runtime", stack=~"$stack"}, node)')))
+    board = (
+        dashboard.Dashboard(TITLE)
+        .uid(UID)
+        .description(
+            "torchfleet serving fleet: traffic, latency and where it goes, errors "
+            "against the SLO, batching, GPUs, capacity and cost."
+        )
+        .tags(["torchfleet", "inference", "gpu"])
+        .refresh("30s")
+        .time("now-1h", "now")
+        .timezone("browser")
+        .with_variable(
+            _variable("stack", "Stack", 'label_values(up{job="torchfleet-runtime"}, stack)')
+        )
+        .with_variable(
+            _variable(
+                "node", "Node", 'label_values(up{job="torchfleet-runtime", stack=~"$stack"}, node)'
+            )
+        )
+    )
     panel_id, y = 1, 0
     for row in ROWS:
-        board = board.with_row(dashboard.Row(row.title).id(panel_id).grid_pos(GridPos(h=1, w=GRID_WIDTH, x=0, y=y)))
+        board = board.with_row(
+            dashboard.Row(row.title).id(panel_id).grid_pos(GridPos(h=1, w=GRID_WIDTH, x=0, y=y))
+        )
         panel_id, y = panel_id + 1, y + 1
         x, row_height = 0, 0
         for spec in row.panels:
             if x + spec.width > GRID_WIDTH:
                 x, y, row_height = 0, y + row_height, 0
-            board = board.with_panel(_panel(spec, panel_id, GridPos(h=spec.height, w=spec.width, x=x, y=y)))
+            board = board.with_panel(
+                _panel(spec, panel_id, GridPos(h=spec.height, w=spec.width, x=x, y=y))
+            )
             panel_id += 1
             x += spec.width
             row_height = max(row_height, spec.height)

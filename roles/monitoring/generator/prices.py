@@ -26,13 +26,17 @@ def price_rules() -> dict[str, Any]:
     rules = []
     for cloud in sorted(CATALOG):
         for name, itype in sorted(CATALOG[cloud].items()):
-            for lifecycle, price in (("on-demand", itype.usd_per_hour),
-                                     ("spot", itype.usd_per_hour * itype.typical_spot_ratio)):
-                rules.append({
-                    "record": RECORD,
-                    "expr": f"vector({price:.4f})",
-                    "labels": {"cloud": cloud, "instance_type": name, "lifecycle": lifecycle},
-                })
+            for lifecycle, price in (
+                ("on-demand", itype.usd_per_hour),
+                ("spot", itype.usd_per_hour * itype.typical_spot_ratio),
+            ):
+                rules.append(
+                    {
+                        "record": RECORD,
+                        "expr": f"vector({price:.4f})",
+                        "labels": {"cloud": cloud, "instance_type": name, "lifecycle": lifecycle},
+                    }
+                )
     # Evaluated at the global interval like every other group: a longer group interval would
     # leave the constants stale between evaluations (instant queries look back 5 minutes).
     return {"groups": [{"name": "torchfleet-prices", "rules": rules}]}

@@ -43,7 +43,9 @@ def _legend(fmt: str, labels: dict[str, str]) -> str:
     return text.strip() or ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "value"
 
 
-def _panel_series(panel: dict[str, Any], fetch: Fetch) -> list[tuple[str, list[tuple[float, float]]]]:
+def _panel_series(
+    panel: dict[str, Any], fetch: Fetch
+) -> list[tuple[str, list[tuple[float, float]]]]:
     out = []
     for target in panel.get("targets", []):
         for labels, points in fetch(target["expr"]):
@@ -57,19 +59,30 @@ def _thresholds(panel: dict[str, Any]) -> list[float]:
 
 
 def _draw_timeseries(ax: Any, panel: dict[str, Any], series: list, unit: str) -> None:
-    stacking = (panel.get("fieldConfig", {}).get("defaults", {}).get("custom", {})
-                .get("stacking", {}).get("mode", "none"))
+    stacking = (
+        panel.get("fieldConfig", {})
+        .get("defaults", {})
+        .get("custom", {})
+        .get("stacking", {})
+        .get("mode", "none")
+    )
     if stacking in ("normal", "percent") and series:
         times = sorted({t for _, pts in series for t, _ in pts})
         rows = [[dict(pts).get(t, 0.0) for t in times] for _, pts in series]
         if stacking == "percent":
             totals = [sum(col) or 1.0 for col in zip(*rows, strict=True)]
             rows = [[v / tot for v, tot in zip(row, totals, strict=True)] for row in rows]
-        ax.stackplot([datetime.fromtimestamp(t) for t in times], rows,
-                     labels=[name for name, _ in series], alpha=0.75)
+        ax.stackplot(
+            [datetime.fromtimestamp(t) for t in times],
+            rows,
+            labels=[name for name, _ in series],
+            alpha=0.75,
+        )
     else:
         for name, pts in series:
-            ax.plot([datetime.fromtimestamp(t) for t, _ in pts], [v for _, v in pts], label=name, lw=1.3)
+            ax.plot(
+                [datetime.fromtimestamp(t) for t, _ in pts], [v for _, v in pts], label=name, lw=1.3
+            )
     for value in _thresholds(panel):
         ax.axhline(value, color="tab:red", ls="--", lw=1)
     minimum = panel.get("fieldConfig", {}).get("defaults", {}).get("min")
@@ -96,20 +109,31 @@ def render(board: dict[str, Any], fetch: Fetch, out: Path, caption: str) -> Path
     panels = board["panels"]
     bottom = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels)
     fig = plt.figure(figsize=(WIDTH_IN, bottom * ROW_UNIT_IN + 1.2))
-    grid = fig.add_gridspec(bottom, 24, hspace=3.5, wspace=1.6, top=1 - 0.9 / fig.get_figheight(),
-                            bottom=0.5 / fig.get_figheight(), left=0.03, right=0.99)
+    grid = fig.add_gridspec(
+        bottom,
+        24,
+        hspace=3.5,
+        wspace=1.6,
+        top=1 - 0.9 / fig.get_figheight(),
+        bottom=0.5 / fig.get_figheight(),
+        left=0.03,
+        right=0.99,
+    )
     fig.suptitle(f"{board['title']} — {caption}", fontsize=12, x=0.01, ha="left")
     for panel in panels:
         pos = panel["gridPos"]
         if panel["type"] == "row":
-            ax = fig.add_subplot(grid[pos["y"]:pos["y"] + 1, :])
+            ax = fig.add_subplot(grid[pos["y"] : pos["y"] + 1, :])
             ax.axis("off")
             ax.text(0, 0.2, panel["title"], fontsize=11, weight="bold", transform=ax.transAxes)
             continue
         # Tall panels leave a unit above (title) and below (tick labels) free.
-        top, bottom_row = ((pos["y"] + 1, pos["y"] + pos["h"] - 1) if pos["h"] > 4
-                           else (pos["y"], pos["y"] + pos["h"]))
-        ax = fig.add_subplot(grid[top:bottom_row, pos["x"]:pos["x"] + pos["w"]])
+        top, bottom_row = (
+            (pos["y"] + 1, pos["y"] + pos["h"] - 1)
+            if pos["h"] > 4
+            else (pos["y"], pos["y"] + pos["h"])
+        )
+        ax = fig.add_subplot(grid[top:bottom_row, pos["x"] : pos["x"] + pos["w"]])
         unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "short")
         series = _panel_series(panel, fetch)
         ax.set_title(panel["title"], fontsize=9, loc="left")
@@ -117,15 +141,33 @@ def render(board: dict[str, Any], fetch: Fetch, out: Path, caption: str) -> Path
             ax.axis("off")
             limit = (_thresholds(panel) or [math.inf])[0]
             lines = [(name, pts[-1][1]) for name, pts in series if pts]
-            text = "\n".join((f"{name}: " if len(lines) > 1 else "") + _fmt(v, unit) for name, v in lines)
+            text = "\n".join(
+                (f"{name}: " if len(lines) > 1 else "") + _fmt(v, unit) for name, v in lines
+            )
             color = "tab:red" if any(v >= limit for _, v in lines) else "tab:green"
-            ax.text(0.5, 0.4, text or "no data", ha="center", va="center", color=color,
-                    fontsize=16 if len(lines) <= 1 else 11, weight="bold", transform=ax.transAxes)
+            ax.text(
+                0.5,
+                0.4,
+                text or "no data",
+                ha="center",
+                va="center",
+                color=color,
+                fontsize=16 if len(lines) <= 1 else 11,
+                weight="bold",
+                transform=ax.transAxes,
+            )
         elif panel["type"] == "table":
             ax.axis("off")
             rows = [name for name, _ in series] or ["no data"]
-            ax.text(0.01, 0.85, "\n".join(rows), va="top", family="monospace", fontsize=8,
-                    transform=ax.transAxes)
+            ax.text(
+                0.01,
+                0.85,
+                "\n".join(rows),
+                va="top",
+                family="monospace",
+                fontsize=8,
+                transform=ax.transAxes,
+            )
         else:
             _draw_timeseries(ax, panel, series, unit)
     out.parent.mkdir(parents=True, exist_ok=True)

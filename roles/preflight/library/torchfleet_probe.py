@@ -68,7 +68,10 @@ options:
   install_pciutils: {type: bool, default: true, description: Ask for pciutils when lspci is missing on a GPU node.}
   kernel_upgrade_hint: {type: str, default: "", description: What to tell the user when no headers exist.}
   python_interpreter: {type: str, default: "", description: The interpreter's path, for messages.}
-  roots: {type: dict, default: {}, description: Test roots (sysfs, dev, proc, modules, apt, apt_lists, os_release, kernel).}
+  roots:
+    type: dict
+    default: {}
+    description: Test roots (sysfs, dev, proc, modules, apt, apt_lists, os_release, kernel).
 """
 
 NVIDIA_VENDOR = "0x10de"
@@ -156,7 +159,7 @@ def smi_gpus(nvidia_smi):
                 continue
             values = [v.strip() for v in line.split(",")]
             # zip(strict=) needs 3.10; the nodes may run 3.8.
-            row = dict(zip(fields, values))  # noqa: B905
+            row = dict(zip(fields, values))
             gpus.append(
                 {
                     "name": row.get("name"),
@@ -177,7 +180,12 @@ def free_disk(path):
         checked = os.path.dirname(checked)
     stats = os.statvfs(checked)
     free = stats.f_bavail * stats.f_frsize
-    return {"path": path, "checked_path": checked, "free_bytes": free, "free_gb": round(free / 1e9, 1)}
+    return {
+        "path": path,
+        "checked_path": checked,
+        "free_bytes": free,
+        "free_gb": round(free / 1e9, 1),
+    }
 
 
 def debian_mirror(apt_root):
@@ -243,7 +251,9 @@ def probe(roots, install_root, models, ask_apt):
             "headers_dir": headers_dir,
             "headers_present": headers,
             # asked only where it matters: a GPU node without the headers installed
-            "headers_offered": headers_candidate(kernel) if ask_apt and present and not headers else None,
+            "headers_offered": headers_candidate(kernel)
+            if ask_apt and present and not headers
+            else None,
         },
         "disk": free_disk(install_root),
         "apt_mirror": debian_mirror(roots["apt"]),
@@ -280,7 +290,9 @@ def check_inputs(matrix, params):
                 params["gpu_model"], ", ".join(matrix.gpus)
             )
         )
-    if params["compute_capability"] and not re.match(r"^[0-9]+\.[0-9]+$", params["compute_capability"]):
+    if params["compute_capability"] and not re.match(
+        r"^[0-9]+\.[0-9]+$", params["compute_capability"]
+    ):
         problems.append(
             "torchfleet_compute_capability={} is not a compute capability; allowed: MAJOR.MINOR "
             'in quotes, e.g. "8.6"'.format(params["compute_capability"])
@@ -294,7 +306,9 @@ def check_inputs(matrix, params):
         )
     if not params["install_root"].startswith("/"):
         problems.append(
-            "preflight_install_root={} is invalid; allowed: an absolute path".format(params["install_root"])
+            "preflight_install_root={} is invalid; allowed: an absolute path".format(
+                params["install_root"]
+            )
         )
     return problems
 
@@ -308,7 +322,12 @@ def _detected(facts):
         first, via = gpu["pci"][0], "lspci" if gpu["lspci_available"] else "sysfs"
     else:
         first, via = {}, "device files"
-    return first.get("name") or "", first.get("model") or "", first.get("compute_capability") or "", via
+    return (
+        first.get("name") or "",
+        first.get("model") or "",
+        first.get("compute_capability") or "",
+        via,
+    )
 
 
 def _either(choices, fallback):
@@ -321,8 +340,13 @@ def judge(matrix: Matrix, facts, params):
     name, detected, smi_cc, via = _detected(facts)
     declared = params["gpu_model"]
     gpu_present = facts["gpu"]["present"]
-    who = resolve_gpu(matrix, name=name, reported_cc=smi_cc, declared_model=declared,
-                      declared_cc=params["compute_capability"])
+    who = resolve_gpu(
+        matrix,
+        name=name,
+        reported_cc=smi_cc,
+        declared_model=declared,
+        declared_cc=params["compute_capability"],
+    )
     # The GPU rule runs on a node that has a GPU or declares one (so a refusal can be shown on
     # any node: -e torchfleet_gpu_model=H100).
     judged_gpu = who if (gpu_present or who.model or who.compute_capability) else None
@@ -333,41 +357,65 @@ def judge(matrix: Matrix, facts, params):
         if verdict.ok or not params["check_" + verdict.rule]:
             continue
         if verdict.rule == "distro":
-            problems.append(verdict.reason + ": use one of those images, or set "
-                            "preflight_check_distro=false to try anyway")
+            problems.append(
+                verdict.reason + ": use one of those images, or set "
+                "preflight_check_distro=false to try anyway"
+            )
         elif verdict.rule == "python":
             problems.append(
                 "{} on this node ({}): set torchfleet_cuda_profile to {}, or run a distro whose "
                 "Python {} supports ({})".format(
-                    verdict.reason, params["python_interpreter"] or facts["python"]["executable"],
-                    _either(verdict.profiles, "a profile that supports it"), profile.name,
-                    ", ".join(verdict.distros) or "none listed"))
+                    verdict.reason,
+                    params["python_interpreter"] or facts["python"]["executable"],
+                    _either(verdict.profiles, "a profile that supports it"),
+                    profile.name,
+                    ", ".join(verdict.distros) or "none listed",
+                )
+            )
         elif who.compute_capability:
-            problems.append("{}: set torchfleet_cuda_profile to {}".format(
-                verdict.reason, _either(verdict.profiles, "a newer profile (none in the matrix fits)")))
+            problems.append(
+                "{}: set torchfleet_cuda_profile to {}".format(
+                    verdict.reason,
+                    _either(verdict.profiles, "a newer profile (none in the matrix fits)"),
+                )
+            )
         else:
             pci = facts["gpu"]["pci"]
             problems.append(
                 '{} (PCI {}): set torchfleet_compute_capability (e.g. "8.6") or add the model to '
-                "compat/matrix.yml `gpus`".format(verdict.reason, pci[0]["device_id"] if pci else "?"))
+                "compat/matrix.yml `gpus`".format(
+                    verdict.reason, pci[0]["device_id"] if pci else "?"
+                )
+            )
     if params["check_gpu_model_match"] and detected and declared and detected != declared:
         problems.append(
             f"the inventory declares torchfleet_gpu_model={declared} but this node has {detected} ({via}): fix the "
-            "inventory (or infra's instance type), or set preflight_check_gpu_model_match=false")
+            "inventory (or infra's instance type), or set preflight_check_gpu_model_match=false"
+        )
     disk = facts["disk"]
     verdict = disk_verdict(matrix, disk["free_bytes"], params["min_free_disk_gb"])
     if not verdict.ok:
         problems.append(
             "{} at {} (filesystem of {}): grow the disk, or lower preflight_min_free_disk_gb (0 "
-            "disables the check)".format(verdict.reason, params["install_root"], disk["checked_path"]))
+            "disables the check)".format(
+                verdict.reason, params["install_root"], disk["checked_path"]
+            )
+        )
     kernel = facts["kernel"]
-    if params["check_kernel_headers"] and gpu_present and not kernel["headers_present"] \
-            and kernel["headers_offered"] is False:
+    if (
+        params["check_kernel_headers"]
+        and gpu_present
+        and not kernel["headers_present"]
+        and kernel["headers_offered"] is False
+    ):
         problems.append(
             "no headers for the running kernel {0}: linux-headers-{0} is neither installed nor "
             "offered by apt, so DKMS cannot build the driver: {1}, then rerun; or set "
             "preflight_check_kernel_headers=false if the driver comes prebuilt".format(
-                kernel["release"], params["kernel_upgrade_hint"] or "install the current kernel and its headers"))
+                kernel["release"],
+                params["kernel_upgrade_hint"] or "install the current kernel and its headers",
+            )
+        )
 
     gpu = facts["gpu"]
     count = max(len(gpu["nvidia_smi"]), len(gpu["pci"]), len(gpu["device_files"]))
@@ -390,23 +438,49 @@ def judge(matrix: Matrix, facts, params):
     }
     if gpu_present:
         gpu_text = "{} x {} (compute {}, via {}, {})".format(
-            count, who.model or name or "unknown", who.compute_capability or "?", via,
-            "driver " + gpu["driver_loaded_version"] if gpu["driver_loaded_version"] else "no driver loaded")
+            count,
+            who.model or name or "unknown",
+            who.compute_capability or "?",
+            via,
+            "driver " + gpu["driver_loaded_version"]
+            if gpu["driver_loaded_version"]
+            else "no driver loaded",
+        )
     else:
         gpu_text = "none detected{}: driver and toolkit steps will be skipped unless forced".format(
-            f" (declared {who.model})" if who.model else "")
-    summary = "{}, Python {}, profile {} (torch {}), GPU: {}, {} GB free at {}, {} problem(s)".format(
-        distro, python, profile.name, profile.torch, gpu_text, disk["free_gb"],
-        params["install_root"], len(problems))
+            f" (declared {who.model})" if who.model else ""
+        )
+    summary = (
+        "{}, Python {}, profile {} (torch {}), GPU: {}, {} GB free at {}, {} problem(s)".format(
+            distro,
+            python,
+            profile.name,
+            profile.torch,
+            gpu_text,
+            disk["free_gb"],
+            params["install_root"],
+            len(problems),
+        )
+    )
     packages = {
         "pciutils": bool(params["install_pciutils"] and gpu["pci"] and not gpu["lspci_available"]),
-        "refresh_lists": bool(params["check_kernel_headers"] and gpu_present
-                              and not kernel["headers_present"] and not kernel["headers_offered"]),
+        "refresh_lists": bool(
+            params["check_kernel_headers"]
+            and gpu_present
+            and not kernel["headers_present"]
+            and not kernel["headers_offered"]
+        ),
         "cache_valid_time": 3600 if facts["apt_lists_present"] else 0,
     }
-    return {"facts": published, "problems": problems, "summary": summary, "packages": packages,
-            "probe": facts, "min_free_disk_gb": min_free_disk(matrix, params["min_free_disk_gb"]),
-            "rules": {v.rule: v.ok for v in node_verdicts(matrix, profile, distro, python, judged_gpu)}}
+    return {
+        "facts": published,
+        "problems": problems,
+        "summary": summary,
+        "packages": packages,
+        "probe": facts,
+        "min_free_disk_gb": min_free_disk(matrix, params["min_free_disk_gb"]),
+        "rules": {v.rule: v.ok for v in node_verdicts(matrix, profile, distro, python, judged_gpu)},
+    }
 
 
 ARGUMENTS = {
@@ -435,13 +509,19 @@ def main():
     try:
         matrix = parse(params["matrix"], params["matrix_file"])
     except MatrixError as exc:
-        module.fail_json(msg="{} is not a torchfleet version matrix:\n{}".format(params["matrix_file"], exc))
+        module.fail_json(
+            msg="{} is not a torchfleet version matrix:\n{}".format(params["matrix_file"], exc)
+        )
     problems = check_inputs(matrix, params)
     if problems:
-        module.fail_json(msg="preflight: " + " ".join(f"({i}) {p}." for i, p in enumerate(problems, 1)))
+        module.fail_json(
+            msg="preflight: " + " ".join(f"({i}) {p}." for i, p in enumerate(problems, 1))
+        )
     unknown = sorted(set(params["roots"]) - set(ROOTS))
     if unknown:
-        module.fail_json(msg="roots: unknown keys {}; allowed: {}".format(", ".join(unknown), ", ".join(ROOTS)))
+        module.fail_json(
+            msg="roots: unknown keys {}; allowed: {}".format(", ".join(unknown), ", ".join(ROOTS))
+        )
     roots = dict(ROOTS, **params["roots"])
     facts = probe(roots, params["install_root"], list(matrix.gpus), ask_apt=True)
     module.exit_json(changed=False, **judge(matrix, facts, params))

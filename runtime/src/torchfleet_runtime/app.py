@@ -34,16 +34,27 @@ from .service import Runtime
 log = logging.getLogger(__name__)
 
 CUT_OFF_GRACE_S = 1.0  # longest wait for the 503s of a timed-out drain to be written
-MODEL_THREADS = ("torchfleet-batcher", "torchfleet-warmup", "torchfleet-reload")  # threads that run torch
+MODEL_THREADS = (
+    "torchfleet-batcher",
+    "torchfleet-warmup",
+    "torchfleet-reload",
+)  # threads that run torch
 
 
 class Service:
     def __init__(self, config: Config, module: Any = None) -> None:
         self.config = config
         self.runtime = Runtime(config, module)
-        self.http: HttpServer = build_http(self.runtime, config, self.runtime.metrics.connections.set)
-        self.spot = SpotWatcher(config.spot_watch, config.aws_metadata_url, config.alicloud_metadata_url,
-                                config.spot_poll_interval_s, self._on_spot_notice)
+        self.http: HttpServer = build_http(
+            self.runtime, config, self.runtime.metrics.connections.set
+        )
+        self.spot = SpotWatcher(
+            config.spot_watch,
+            config.aws_metadata_url,
+            config.alicloud_metadata_url,
+            config.spot_poll_interval_s,
+            self._on_spot_notice,
+        )
         self._listening = False
 
     @property
@@ -107,7 +118,9 @@ class Service:
             pass
         if failure:
             self.close()
-            expected = isinstance(failure[0], (ConfigError, ModelError))  # the user's mistake: no traceback
+            expected = isinstance(
+                failure[0], (ConfigError, ModelError)
+            )  # the user's mistake: no traceback
             log.error("start-up failed: %s", failure[0], exc_info=None if expected else failure[0])
             return 1
         started = time.monotonic()
@@ -122,11 +135,17 @@ class Service:
         # After a clean drain the queue is empty and the worker stops at once; after a timeout
         # its batch may run on, and waiting for it would break the drain_timeout_s promise.
         self.close(worker_timeout_s=5.0 if clean else 0.0)
-        log.info("stopped after draining for %.2f s (%s)%s", time.monotonic() - started, rt.stop_reason,
-                 "" if clean else f"; {cut} request(s) were cut off with 503")
+        log.info(
+            "stopped after draining for %.2f s (%s)%s",
+            time.monotonic() - started,
+            rt.stop_reason,
+            "" if clean else f"; {cut} request(s) were cut off with 503",
+        )
         return 0
 
     def unfinished_threads(self) -> list[str]:
         """This process's threads that may still be inside torch once serve_until_stopped() has
         returned: a batch that outlived the drain, a warm-up or a reload a signal cut short."""
-        return sorted(t.name for t in threading.enumerate() if t.name in MODEL_THREADS and t.is_alive())
+        return sorted(
+            t.name for t in threading.enumerate() if t.name in MODEL_THREADS and t.is_alive()
+        )

@@ -44,7 +44,9 @@ class TooLarge(Exception):
 
 class QueueFull(Exception):
     def __init__(self, retry_after_s: int, queued: int, limit: int) -> None:
-        super().__init__(f"the queue holds {queued} of {limit} instances; retry in {retry_after_s} s")
+        super().__init__(
+            f"the queue holds {queued} of {limit} instances; retry in {retry_after_s} s"
+        )
         self.retry_after_s = retry_after_s
 
 
@@ -149,9 +151,16 @@ class _Chunk:
 
 
 class Batcher:
-    def __init__(self, predictor: Predictor, buckets: list[int], max_delay_s: float, max_queue: int,
-                 metrics: Metrics | None = None, clock: Callable[[], float] = time.monotonic,
-                 wait_for_arrivals: bool = False) -> None:
+    def __init__(
+        self,
+        predictor: Predictor,
+        buckets: list[int],
+        max_delay_s: float,
+        max_queue: int,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wait_for_arrivals: bool = False,
+    ) -> None:
         self._predictor = predictor
         self.buckets = list(buckets)
         self.max_delay_s = max_delay_s
@@ -169,7 +178,9 @@ class Batcher:
         self.busy_since: float | None = None  # monotonic start of the running batch
         self._running: list[_Chunk] = []  # the chunks of the running batch (abort fails them)
         self.on_batch: list[Callable[[BatchInfo], None]] = []
-        self._thread: threading.Thread | None = None  # the worker: start() makes one, serve_here() is one
+        self._thread: threading.Thread | None = (
+            None  # the worker: start() makes one, serve_here() is one
+        )
 
     # --- public -----------------------------------------------------------------------------
 
@@ -186,7 +197,9 @@ class Batcher:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="torchfleet-batcher", daemon=True)
+            self._thread = threading.Thread(
+                target=self._loop, name="torchfleet-batcher", daemon=True
+            )
             self._thread.start()
 
     def serve_here(self) -> None:
@@ -222,7 +235,7 @@ class Batcher:
     def submit(self, tensor: torch.Tensor, expected: bool = False) -> Request:
         n = int(tensor.shape[0])
         cap = self.cap
-        pieces = [tensor[i:i + cap] for i in range(0, n, cap)]
+        pieces = [tensor[i : i + cap] for i in range(0, n, cap)]
         request = Request(len(pieces))
         with self._cond:
             if expected:  # it has arrived, whether or not it is admitted
@@ -231,8 +244,10 @@ class Batcher:
             if self._stopping:
                 raise Stopped("the batcher is stopping")
             if n > self.max_queue:
-                raise TooLarge(f"the request holds {n} instances; at most {self.max_queue} can wait "
-                               "(config key max_queue): split it")
+                raise TooLarge(
+                    f"the request holds {n} instances; at most {self.max_queue} can wait "
+                    "(config key max_queue): split it"
+                )
             if self._queued + n > self.max_queue:
                 raise QueueFull(self._retry_after(), self._queued, self.max_queue)
             now = self._clock()
@@ -339,8 +354,12 @@ class Batcher:
             t0 = time.perf_counter()
             outputs = self._run_split(inputs)
             model_s = time.perf_counter() - t0
-        except BaseException as exc:  # the model's failure is every caller's failure, never the worker's
-            log.error("batch of %d failed: %s", size, exc, exc_info=not isinstance(exc, OutOfMemory))
+        except (
+            BaseException
+        ) as exc:  # the model's failure is every caller's failure, never the worker's
+            log.error(
+                "batch of %d failed: %s", size, exc, exc_info=not isinstance(exc, OutOfMemory)
+            )
             failure = exc
         finally:
             elapsed = self._clock() - start
@@ -353,8 +372,14 @@ class Batcher:
             self._metrics.batch_size.observe(size)
             self._metrics.stage_of["model"].observe(model_s)
         if self.on_batch:
-            info = BatchInfo(size, bucket_for(min(size, self.cap), self.buckets), len(chunks), reason,
-                             start - chunks[0].enqueued_at, model_s)
+            info = BatchInfo(
+                size,
+                bucket_for(min(size, self.cap), self.buckets),
+                len(chunks),
+                reason,
+                start - chunks[0].enqueued_at,
+                model_s,
+            )
             for hook in self.on_batch:
                 hook(info)
         if failure is not None:
@@ -366,13 +391,17 @@ class Batcher:
         for c in chunks:
             first = id(c.request) not in counted
             counted.add(id(c.request))
-            c.request._deliver(c.index, split_outputs(outputs, offset, offset + c.n), model_s if first else 0.0)
+            c.request._deliver(
+                c.index, split_outputs(outputs, offset, offset + c.n), model_s if first else 0.0
+            )
             offset += c.n
 
     def _run_split(self, inputs: torch.Tensor) -> Outputs:
         n = int(inputs.shape[0])
         if n > self.cap:  # the cap was lowered after this batch formed
-            return concat_outputs([self._run_split(inputs[i:i + self.cap]) for i in range(0, n, self.cap)])
+            return concat_outputs(
+                [self._run_split(inputs[i : i + self.cap]) for i in range(0, n, self.cap)]
+            )
         bucket = bucket_for(n, self.buckets)
         padded = inputs
         if bucket > n:

@@ -18,32 +18,47 @@ from . import __version__
 from .config import FIELDS, ConfigError, load_config
 
 PLUGINS = {
-    "check": ("torchfleet_runtime.envcheck", "check this node: torch, CUDA, driver, GPU, disk, memory"),
+    "check": (
+        "torchfleet_runtime.envcheck",
+        "check this node: torch, CUDA, driver, GPU, disk, memory",
+    ),
 }
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "serve", help="serve a model over HTTP",
+        "serve",
+        help="serve a model over HTTP",
         description="Serve a model over HTTP. Precedence: flags > env TORCHFLEET_<KEY> > YAML config "
-                    "(--config, else /etc/torchfleet/runtime.yml if present) > defaults.")
-    p.add_argument("--config", metavar="FILE", help="YAML file whose keys are these flags in snake_case")
+        "(--config, else /etc/torchfleet/runtime.yml if present) > defaults.",
+    )
+    p.add_argument(
+        "--config", metavar="FILE", help="YAML file whose keys are these flags in snake_case"
+    )
     for key, field in FIELDS.items():
         # default None: "not given", so lower-precedence sources show through
-        p.add_argument("--" + key.replace("_", "-"), dest=key, default=None, metavar=key.upper(),
-                       help=field.help or field.allowed)
+        p.add_argument(
+            "--" + key.replace("_", "-"),
+            dest=key,
+            default=None,
+            metavar=key.upper(),
+            help=field.help or field.allowed,
+        )
     p.set_defaults(func=_serve)
 
 
 def _demo_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo-model", help="write a small ResNet-style TorchScript model and its metadata")
+    p = sub.add_parser(
+        "demo-model", help="write a small ResNet-style TorchScript model and its metadata"
+    )
     p.add_argument("output_dir", metavar="OUTPUT_DIR")
     p.set_defaults(func=_demo_model)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchfleet-runtime",
-                                     description="Warmed-up, batching PyTorch inference service.")
+    parser = argparse.ArgumentParser(
+        prog="torchfleet-runtime", description="Warmed-up, batching PyTorch inference service."
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -78,7 +93,10 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"torchfleet-runtime serve: {exc}", file=sys.stderr)
         return 2
     if not config.model and not config.factory:
-        print("torchfleet-runtime serve: config key 'model' is required (--model PATH)", file=sys.stderr)
+        print(
+            "torchfleet-runtime serve: config key 'model' is required (--model PATH)",
+            file=sys.stderr,
+        )
         return 2
     logs.setup(config.log_level, config.log_format)
     service = Service(config)

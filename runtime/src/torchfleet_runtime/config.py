@@ -66,8 +66,14 @@ class Config:
     non_finite_outputs: str = "error"
 
     def __repr__(self) -> str:  # never print a token (logs, tracebacks)
-        shown = {f.name: ("***" if f.name.endswith("_token") and getattr(self, f.name) else getattr(self, f.name))
-                 for f in dataclasses.fields(self)}
+        shown = {
+            f.name: (
+                "***"
+                if f.name.endswith("_token") and getattr(self, f.name)
+                else getattr(self, f.name)
+            )
+            for f in dataclasses.fields(self)
+        }
         return "Config(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
     def replace(self, **changes: Any) -> Config:
@@ -75,6 +81,7 @@ class Config:
 
 
 # --- value parsers: each takes the raw value (str from env/flags, any from YAML) -------------
+
 
 def _as_str(v: Any) -> str:
     if not isinstance(v, (str, int, float)) or isinstance(v, bool):
@@ -151,60 +158,135 @@ _DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?$")
 _DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "int8", "bool")
 
 FIELDS: dict[str, _Field] = {
-    "model": _Field(_as_str, "a path to the model file", help="model file (.pt TorchScript, state_dict, .onnx)"),
-    "metadata": _Field(_as_str, "a path to a JSON sidecar", help="metadata sidecar (default: MODEL with .json)"),
+    "model": _Field(
+        _as_str, "a path to the model file", help="model file (.pt TorchScript, state_dict, .onnx)"
+    ),
+    "metadata": _Field(
+        _as_str, "a path to a JSON sidecar", help="metadata sidecar (default: MODEL with .json)"
+    ),
     "model_format": _choice("auto", "torchscript", "eager", "onnx"),
-    "factory": _Field(_as_str, "pkg.module:function",
-                      lambda v: re.fullmatch(r"[\w.]+:[\w.]+", v) is not None,
-                      help="eager model factory pkg.mod:fn; MODEL is then its state_dict"),
-    "input_shape": _Field(_as_shape, "positive integers such as 3,64,64",
-                          help="input shape without batch dim (overrides metadata)"),
+    "factory": _Field(
+        _as_str,
+        "pkg.module:function",
+        lambda v: re.fullmatch(r"[\w.]+:[\w.]+", v) is not None,
+        help="eager model factory pkg.mod:fn; MODEL is then its state_dict",
+    ),
+    "input_shape": _Field(
+        _as_shape,
+        "positive integers such as 3,64,64",
+        help="input shape without batch dim (overrides metadata)",
+    ),
     "dtype": _choice(*_DTYPES),
     "host": _Field(_as_str, "an address to bind", help="bind address (default 127.0.0.1)"),
-    "port": _Field(_as_int, "an integer 1-65535", lambda v: 0 <= v <= 65535, help="port (0 = any free port)"),
-    "device": _Field(_as_str, "auto, cpu, cuda or cuda:N", lambda v: _DEVICE_RE.match(v) is not None),
+    "port": _Field(
+        _as_int, "an integer 1-65535", lambda v: 0 <= v <= 65535, help="port (0 = any free port)"
+    ),
+    "device": _Field(
+        _as_str, "auto, cpu, cuda or cuda:N", lambda v: _DEVICE_RE.match(v) is not None
+    ),
     "precision": _choice("fp32", "fp16", "bf16"),
-    "max_batch_size": _Field(_as_optional_int, "auto or an integer >= 1", lambda v: v is None or v >= 1,
-                             help="batch cap (default auto: memory on CUDA, latency budget on CPU)"),
-    "max_delay_ms": _Field(_as_float, "a number >= 0", lambda v: v >= 0,
-                           help="longest a request waits for its batch to fill"),
+    "max_batch_size": _Field(
+        _as_optional_int,
+        "auto or an integer >= 1",
+        lambda v: v is None or v >= 1,
+        help="batch cap (default auto: memory on CUDA, latency budget on CPU)",
+    ),
+    "max_delay_ms": _Field(
+        _as_float,
+        "a number >= 0",
+        lambda v: v >= 0,
+        help="longest a request waits for its batch to fill",
+    ),
     "batch_wait": _choice("arrivals", "always"),
-    "max_queue": _Field(_as_int, "an integer >= 1", lambda v: v >= 1,
-                        help="instances allowed to wait; beyond it 503 + Retry-After"),
+    "max_queue": _Field(
+        _as_int,
+        "an integer >= 1",
+        lambda v: v >= 1,
+        help="instances allowed to wait; beyond it 503 + Retry-After",
+    ),
     "memory_fraction": _Field(_as_float, "a number in (0, 1]", lambda v: 0 < v <= 1),
-    "latency_budget_ms": _Field(_as_float, "a number > 0", lambda v: v > 0,
-                                help="CPU: largest batch whose run fits this budget"),
+    "latency_budget_ms": _Field(
+        _as_float,
+        "a number > 0",
+        lambda v: v > 0,
+        help="CPU: largest batch whose run fits this budget",
+    ),
     "warmup_iterations": _Field(_as_int, "an integer >= 3", lambda v: v >= 3),
     "sample_input": _Field(_as_str, "a path to a .npy or torch .pt tensor file"),
     "drain_timeout_s": _Field(_as_float, "a number >= 0", lambda v: v >= 0),
     "spot_watch": _choice("auto", "aws", "alicloud", "off"),
-    "aws_metadata_url": _Field(_as_str, "an http:// URL", lambda v: v.startswith(("http://", "https://"))),
-    "alicloud_metadata_url": _Field(_as_str, "an http:// URL", lambda v: v.startswith(("http://", "https://"))),
+    "aws_metadata_url": _Field(
+        _as_str, "an http:// URL", lambda v: v.startswith(("http://", "https://"))
+    ),
+    "alicloud_metadata_url": _Field(
+        _as_str, "an http:// URL", lambda v: v.startswith(("http://", "https://"))
+    ),
     "spot_poll_interval_s": _Field(_as_float, "a number > 0", lambda v: v > 0),
     "log_level": _choice("debug", "info", "warning", "error"),
     "max_body_mb": _Field(_as_float, "a number > 0", lambda v: v > 0),
-    "stuck_timeout_s": _Field(_as_float, "a number > 0", lambda v: v > 0,
-                              help="/livez fails when one batch runs longer than this"),
-    "header_timeout_s": _Field(_as_float, "a number > 0", lambda v: v > 0,
-                               help="a request's headers must arrive within this (else 408, close)"),
-    "body_timeout_s": _Field(_as_float, "a number > 0", lambda v: v > 0,
-                             help="longest pause while a body arrives (else 408, close)"),
-    "keepalive_timeout_s": _Field(_as_float, "a number > 0", lambda v: v > 0,
-                                  help="an idle keep-alive connection is closed after this"),
-    "max_connections": _Field(_as_int, "an integer >= 1", lambda v: v >= 1,
-                              help="open connections at most; beyond it 503 and close"),
-    "api_token": _Field(_as_token, "16-512 token characters", help="bearer token required on /v1/* (default: none)"),
-    "admin_token": _Field(_as_token, "16-512 token characters",
-                          help="bearer token of POST /admin/reload (default: none, the admin API is off)"),
-    "torch_threads": _Field(_as_optional_int, "auto or an integer >= 1", lambda v: v is None or v >= 1,
-                            help="torch intra-op threads (default auto: one per CPU this process may use)"),
-    "torch_interop_threads": _Field(_as_optional_int, "auto or an integer >= 1", lambda v: v is None or v >= 1,
-                                    help="torch inter-op threads (default auto: 1)"),
+    "stuck_timeout_s": _Field(
+        _as_float,
+        "a number > 0",
+        lambda v: v > 0,
+        help="/livez fails when one batch runs longer than this",
+    ),
+    "header_timeout_s": _Field(
+        _as_float,
+        "a number > 0",
+        lambda v: v > 0,
+        help="a request's headers must arrive within this (else 408, close)",
+    ),
+    "body_timeout_s": _Field(
+        _as_float,
+        "a number > 0",
+        lambda v: v > 0,
+        help="longest pause while a body arrives (else 408, close)",
+    ),
+    "keepalive_timeout_s": _Field(
+        _as_float,
+        "a number > 0",
+        lambda v: v > 0,
+        help="an idle keep-alive connection is closed after this",
+    ),
+    "max_connections": _Field(
+        _as_int,
+        "an integer >= 1",
+        lambda v: v >= 1,
+        help="open connections at most; beyond it 503 and close",
+    ),
+    "api_token": _Field(
+        _as_token, "16-512 token characters", help="bearer token required on /v1/* (default: none)"
+    ),
+    "admin_token": _Field(
+        _as_token,
+        "16-512 token characters",
+        help="bearer token of POST /admin/reload (default: none, the admin API is off)",
+    ),
+    "torch_threads": _Field(
+        _as_optional_int,
+        "auto or an integer >= 1",
+        lambda v: v is None or v >= 1,
+        help="torch intra-op threads (default auto: one per CPU this process may use)",
+    ),
+    "torch_interop_threads": _Field(
+        _as_optional_int,
+        "auto or an integer >= 1",
+        lambda v: v is None or v >= 1,
+        help="torch inter-op threads (default auto: 1)",
+    ),
     "log_format": _choice("auto", "json", "text"),
-    "log_summary_s": _Field(_as_float, "a number >= 0", lambda v: v >= 0,
-                            help="seconds between batch-summary log lines at info (0: none)"),
-    "stage_timing": _Field(_as_bool, "true or false", help="per-stage histograms and the Server-Timing header"),
-    "allow_non_finite_inputs": _Field(_as_bool, "true or false", help="accept NaN/Inf in binary bodies"),
+    "log_summary_s": _Field(
+        _as_float,
+        "a number >= 0",
+        lambda v: v >= 0,
+        help="seconds between batch-summary log lines at info (0: none)",
+    ),
+    "stage_timing": _Field(
+        _as_bool, "true or false", help="per-stage histograms and the Server-Timing header"
+    ),
+    "allow_non_finite_inputs": _Field(
+        _as_bool, "true or false", help="accept NaN/Inf in binary bodies"
+    ),
     "non_finite_outputs": _choice("error", "null"),
 }
 assert set(FIELDS) == {f.name for f in dataclasses.fields(Config)}
@@ -220,9 +302,13 @@ def _set(values: dict[str, Any], sources: dict[str, str], key: str, raw: Any, so
         value = None if raw is None else field.parse(raw)
         ok = value is None or field.check(value)
     except ValueError as exc:
-        raise ConfigError(f"config key {key!r} ({source}): {raw!r} is invalid ({exc}); allowed: {field.allowed}") from None
+        raise ConfigError(
+            f"config key {key!r} ({source}): {raw!r} is invalid ({exc}); allowed: {field.allowed}"
+        ) from None
     if not ok:
-        raise ConfigError(f"config key {key!r} ({source}): {raw!r} is not allowed; allowed: {field.allowed}")
+        raise ConfigError(
+            f"config key {key!r} ({source}): {raw!r} is not allowed; allowed: {field.allowed}"
+        )
     values[key] = value
     sources[key] = source
 
@@ -241,7 +327,9 @@ def read_yaml(path: str) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: expected a mapping of keys, got {type(data).__name__}")
+        raise ConfigError(
+            f"config file {path}: expected a mapping of keys, got {type(data).__name__}"
+        )
     return data
 
 
@@ -282,6 +370,10 @@ def load_config(
 
 def _check_combinations(config: Config) -> None:
     if config.model_format == "eager" and not config.factory:
-        raise ConfigError("config key 'factory' is required when model_format is 'eager' (pkg.module:function)")
+        raise ConfigError(
+            "config key 'factory' is required when model_format is 'eager' (pkg.module:function)"
+        )
     if config.factory and config.model_format not in ("auto", "eager"):
-        raise ConfigError(f"config key 'factory' is only used with model_format eager, not {config.model_format!r}")
+        raise ConfigError(
+            f"config key 'factory' is only used with model_format eager, not {config.model_format!r}"
+        )

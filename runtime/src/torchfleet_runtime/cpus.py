@@ -76,7 +76,11 @@ def _cgroup_dirs(proc: Path) -> Iterator[tuple[str, Path, Path]]:
             # The path is relative to the hierarchy's root; the mount may show a sub-tree of it
             # (a container's own cgroup). Without a cgroup namespace the path names host
             # directories the container cannot see: its own cgroup is then the mount itself.
-            rel = path[len(root):] if root != "/" and (path == root or path.startswith(root + "/")) else path
+            rel = (
+                path[len(root) :]
+                if root != "/" and (path == root or path.startswith(root + "/"))
+                else path
+            )
             here = mount / rel.lstrip("/")
             yield kind, (here if here.is_dir() else mount), mount
 
@@ -93,7 +97,10 @@ def _quota(kind: str, directory: Path) -> float | None:
                 return None
             q, p = int(quota), int(period or "100000")
         else:
-            q_text, p_text = _read(directory / "cpu.cfs_quota_us"), _read(directory / "cpu.cfs_period_us")
+            q_text, p_text = (
+                _read(directory / "cpu.cfs_quota_us"),
+                _read(directory / "cpu.cfs_period_us"),
+            )
             if q_text is None or p_text is None:
                 return None
             q, p = int(q_text.strip()), int(p_text.strip())

@@ -30,7 +30,9 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(c_out)
         self.shortcut = nn.Sequential()
         if stride != 1 or c_in != c_out:
-            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.relu(self.bn1(self.conv1(x)))
@@ -57,10 +59,16 @@ class DemoResNet(nn.Module):
             raise ValueError(f"stem must be one of {', '.join(STEMS)}, got {stem!r}")
         w = [c * width for c in WIDTHS]
         if stem == "demo":
-            self.stem = nn.Sequential(nn.Conv2d(3, w[0], 3, 1, 1, bias=False), nn.BatchNorm2d(w[0]), nn.ReLU())
+            self.stem = nn.Sequential(
+                nn.Conv2d(3, w[0], 3, 1, 1, bias=False), nn.BatchNorm2d(w[0]), nn.ReLU()
+            )
         else:
-            self.stem = nn.Sequential(nn.Conv2d(3, w[0], 7, 2, 3, bias=False), nn.BatchNorm2d(w[0]), nn.ReLU(),
-                                      nn.MaxPool2d(3, 2, 1))
+            self.stem = nn.Sequential(
+                nn.Conv2d(3, w[0], 7, 2, 3, bias=False),
+                nn.BatchNorm2d(w[0]),
+                nn.ReLU(),
+                nn.MaxPool2d(3, 2, 1),
+            )
         self.layers = nn.Sequential(
             BasicBlock(w[0], w[0]),
             BasicBlock(w[0], w[1], stride=2),

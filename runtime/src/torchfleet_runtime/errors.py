@@ -12,14 +12,22 @@ import orjson
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, type_: str, message: str, retry_after: int | None = None,
-                 close: bool = False) -> None:
+    def __init__(
+        self,
+        status: int,
+        type_: str,
+        message: str,
+        retry_after: int | None = None,
+        close: bool = False,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.type = type_
         self.message = message
         self.retry_after = retry_after if retry_after is not None or status != 503 else 1
-        self.close = close  # answer with Connection: close (a drain, a connection we will not reuse)
+        self.close = (
+            close  # answer with Connection: close (a drain, a connection we will not reuse)
+        )
 
 
 def bad_input(message: str, type_: str = "invalid_input") -> ApiError:

@@ -46,15 +46,29 @@ log = logging.getLogger(__name__)
 MAX_HEAD_BYTES = 16 * 1024
 MAX_HEADERS = 100
 MAX_PIPELINE = 16  # complete requests queued behind one in progress before reading pauses
-EARLY_SKIP_BYTES = 64 * 1024  # after an early answer, bodies up to this are read and dropped (keep-alive)
+EARLY_SKIP_BYTES = (
+    64 * 1024
+)  # after an early answer, bodies up to this are read and dropped (keep-alive)
 LINGER_S = 5.0  # a lingering close reads and drops for at most this long...
 LINGER_IDLE_S = 2.0  # ...and stops after this long without data
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 
 
 class Request:
-    __slots__ = ("method", "path", "query", "version", "headers", "body", "keep_alive", "content_length",
-                 "context", "_url", "_size", "_head")
+    __slots__ = (
+        "method",
+        "path",
+        "query",
+        "version",
+        "headers",
+        "body",
+        "keep_alive",
+        "content_length",
+        "context",
+        "_url",
+        "_size",
+        "_head",
+    )
 
     def __init__(self) -> None:
         self.method = ""
@@ -74,9 +88,15 @@ class Request:
 class Response:
     __slots__ = ("status", "body", "content_type", "headers", "close", "on_sent")
 
-    def __init__(self, status: int, body: bytes, content_type: str = "application/json",
-                 headers: dict[str, str] | None = None, close: bool = False,
-                 on_sent: Callable[[str, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+        close: bool = False,
+        on_sent: Callable[[str, float], None] | None = None,
+    ) -> None:
         self.status = status
         self.body = body
         self.content_type = content_type
@@ -88,12 +108,17 @@ class Response:
         self.on_sent = on_sent
 
 
-def error_response(exc: ApiError, headers: dict[str, str] | None = None,
-                   on_sent: Callable[[str, float], None] | None = None) -> Response:
+def error_response(
+    exc: ApiError,
+    headers: dict[str, str] | None = None,
+    on_sent: Callable[[str, float], None] | None = None,
+) -> Response:
     h = dict(headers or {})
     if exc.retry_after is not None:
         h["Retry-After"] = str(exc.retry_after)
-    return Response(exc.status, error_body(exc.type, exc.message), headers=h, close=exc.close, on_sent=on_sent)
+    return Response(
+        exc.status, error_body(exc.type, exc.message), headers=h, close=exc.close, on_sent=on_sent
+    )
 
 
 class App(Protocol):
@@ -113,8 +138,14 @@ class _Abort(Exception):
 
 
 class _Limits:
-    def __init__(self, header_timeout_s: float, body_timeout_s: float, keepalive_timeout_s: float,
-                 max_connections: int, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        header_timeout_s: float,
+        body_timeout_s: float,
+        keepalive_timeout_s: float,
+        max_connections: int,
+        max_body_bytes: int,
+    ) -> None:
         self.header_timeout_s = header_timeout_s
         self.body_timeout_s = body_timeout_s
         self.keepalive_timeout_s = keepalive_timeout_s
@@ -137,9 +168,13 @@ class _Clock:
         return self._value
 
 
-def _head(status: int, content_type: str, length: int, headers: dict[str, str], close: bool, date: bytes) -> bytes:
-    parts = [b"HTTP/1.1 %d %s\r\nDate: %s\r\nServer: torchfleet-runtime\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
-             % (status, _REASONS.get(status, "Unknown").encode(), date, content_type.encode(), length)]
+def _head(
+    status: int, content_type: str, length: int, headers: dict[str, str], close: bool, date: bytes
+) -> bytes:
+    parts = [
+        b"HTTP/1.1 %d %s\r\nDate: %s\r\nServer: torchfleet-runtime\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+        % (status, _REASONS.get(status, "Unknown").encode(), date, content_type.encode(), length)
+    ]
     for k, v in headers.items():
         parts.append(b"%s: %s\r\n" % (k.encode(), v.encode("latin-1", "replace")))
     parts.append(b"Connection: close\r\n\r\n" if close else b"\r\n")
@@ -158,7 +193,9 @@ class Connection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._req: Request | None = None  # being parsed
         self._skipping = False  # the request being parsed was answered early: drop its body
-        self._queue: collections.deque[list[Any]] = collections.deque()  # [request, response or None, started]
+        self._queue: collections.deque[list[Any]] = (
+            collections.deque()
+        )  # [request, response or None, started]
         self._closing = False  # answers carry Connection: close; close once they are out
         self._eof = False  # the client half-closed: close once the queued answers are out
         self._lingering = False
@@ -186,12 +223,22 @@ class Connection(asyncio.Protocol):
         s.connections.add(self)
         s.on_count(len(s.connections))
         if len(s.connections) > self._limits.max_connections:
-            log.warning("connection from %s refused: %d open (config key max_connections)", self.peer,
-                        len(s.connections) - 1)
+            log.warning(
+                "connection from %s refused: %d open (config key max_connections)",
+                self.peer,
+                len(s.connections) - 1,
+            )
             self._parser = None  # type: ignore[assignment]
-            self._fail(ApiError(503, "too_many_connections",
-                                f"the server holds its limit of {self._limits.max_connections} connections",
-                                retry_after=1, close=True), linger=True)
+            self._fail(
+                ApiError(
+                    503,
+                    "too_many_connections",
+                    f"the server holds its limit of {self._limits.max_connections} connections",
+                    retry_after=1,
+                    close=True,
+                ),
+                linger=True,
+            )
             return
         if s.closing:
             self._closing = True
@@ -239,15 +286,28 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserCallbackError as exc:
             if not isinstance(exc.__context__, _Abort):
                 log.error("HTTP callback failed for %s", self.peer, exc_info=exc.__context__ or exc)
-                self._fail(ApiError(500, "internal_error", "the server failed to read this request", close=True))
+                self._fail(
+                    ApiError(
+                        500, "internal_error", "the server failed to read this request", close=True
+                    )
+                )
             return
         except httptools.HttpParserUpgrade:
-            self._closing = True  # the request before the upgrade is answered; the rest is not HTTP/1.1
+            self._closing = (
+                True  # the request before the upgrade is answered; the rest is not HTTP/1.1
+            )
             self._parser = None  # type: ignore[assignment]
             self._flush()
         except httptools.HttpParserInvalidMethodError:
-            self._fail(ApiError(405, "method_not_allowed", "the request method is not one this server knows; "
-                                "use GET, HEAD or POST", close=True), {"Allow": "GET, HEAD, POST"})
+            self._fail(
+                ApiError(
+                    405,
+                    "method_not_allowed",
+                    "the request method is not one this server knows; use GET, HEAD or POST",
+                    close=True,
+                ),
+                {"Allow": "GET, HEAD, POST"},
+            )
             return
         except httptools.HttpParserError as exc:
             self._fail(ApiError(400, "bad_request", f"malformed HTTP request: {exc}", close=True))
@@ -258,8 +318,14 @@ class Connection(asyncio.Protocol):
             # line itself, so the head is bounded here (the callbacks count complete headers)
             req._head += len(data)
             if req._head > MAX_HEAD_BYTES:
-                self._fail(ApiError(431, "headers_too_large", f"the request head exceeds {MAX_HEAD_BYTES} bytes",
-                                    close=True))
+                self._fail(
+                    ApiError(
+                        431,
+                        "headers_too_large",
+                        f"the request head exceeds {MAX_HEAD_BYTES} bytes",
+                        close=True,
+                    )
+                )
 
     def eof_received(self) -> bool | None:
         if self._lingering:
@@ -268,8 +334,14 @@ class Connection(asyncio.Protocol):
         self._eof = True
         if self._req is not None and self._parser is not None:
             # half-closed in the middle of a request: say so (the client may still read)
-            self._fail(ApiError(400, "bad_request", "the connection ended before the request was complete",
-                                close=True))
+            self._fail(
+                ApiError(
+                    400,
+                    "bad_request",
+                    "the connection ended before the request was complete",
+                    close=True,
+                )
+            )
         elif not self._queue:
             self._close()
         return True  # keep the transport open to write the answers still queued
@@ -289,7 +361,14 @@ class Connection(asyncio.Protocol):
         req._url += url
         req._size += len(url)
         if req._size > MAX_HEAD_BYTES:
-            self._fail(ApiError(431, "headers_too_large", f"the request target exceeds {MAX_HEAD_BYTES} bytes", close=True))
+            self._fail(
+                ApiError(
+                    431,
+                    "headers_too_large",
+                    f"the request target exceeds {MAX_HEAD_BYTES} bytes",
+                    close=True,
+                )
+            )
             raise _Abort
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -300,8 +379,14 @@ class Connection(asyncio.Protocol):
         val = value.decode("latin-1")
         req._size += len(name) + len(value) + 4
         if len(headers) >= MAX_HEADERS or req._size > MAX_HEAD_BYTES:
-            self._fail(ApiError(431, "headers_too_large", f"more than {MAX_HEADERS} headers or {MAX_HEAD_BYTES} bytes",
-                                close=True))
+            self._fail(
+                ApiError(
+                    431,
+                    "headers_too_large",
+                    f"more than {MAX_HEADERS} headers or {MAX_HEAD_BYTES} bytes",
+                    close=True,
+                )
+            )
             raise _Abort
         if key in headers:
             if key == "host":
@@ -322,28 +407,51 @@ class Connection(asyncio.Protocol):
         try:
             url = httptools.parse_url(req._url)
         except httptools.HttpParserInvalidURLError:
-            self._fail(ApiError(400, "bad_request", "the request target is not a valid URL", close=True))
+            self._fail(
+                ApiError(400, "bad_request", "the request target is not a valid URL", close=True)
+            )
             raise _Abort from None
         req.path = url.path.decode("latin-1")
         req.query = (url.query or b"").decode("latin-1")
         if req.version not in ("1.1", "1.0"):
-            self._fail(ApiError(400, "unsupported_http_version", f"HTTP/{req.version} is not served; use HTTP/1.1",
-                                close=True))
+            self._fail(
+                ApiError(
+                    400,
+                    "unsupported_http_version",
+                    f"HTTP/{req.version} is not served; use HTTP/1.1",
+                    close=True,
+                )
+            )
             raise _Abort
         if req.version == "1.1" and "host" not in req.headers:
-            self._fail(ApiError(400, "bad_request", "HTTP/1.1 requests need a Host header", close=True))
+            self._fail(
+                ApiError(400, "bad_request", "HTTP/1.1 requests need a Host header", close=True)
+            )
             raise _Abort
         if "transfer-encoding" in req.headers:
-            self._fail(ApiError(411, "length_required", "Transfer-Encoding is not accepted; send the body with "
-                                "Content-Length", close=True))
+            self._fail(
+                ApiError(
+                    411,
+                    "length_required",
+                    "Transfer-Encoding is not accepted; send the body with Content-Length",
+                    close=True,
+                )
+            )
             raise _Abort
         cl = req.headers.get("content-length")
-        req.content_length = int(cl) if cl is not None else 0  # llhttp checked it is one run of digits
+        req.content_length = (
+            int(cl) if cl is not None else 0
+        )  # llhttp checked it is one run of digits
         early = self._app.on_headers(req)
         if early is not None:
             self._skipping = True
             self._queue.append([req, early, True])
-            if early.close or early.status == 413 or req.content_length > EARLY_SKIP_BYTES or not req.keep_alive:
+            if (
+                early.close
+                or early.status == 413
+                or req.content_length > EARLY_SKIP_BYTES
+                or not req.keep_alive
+            ):
                 early.close = True
                 if req.content_length:  # before the answer goes: its close must linger, not reset
                     self._start_lingering()
@@ -354,9 +462,18 @@ class Connection(asyncio.Protocol):
                 self._arm("body", self._limits.body_timeout_s)
             return
         if req.content_length:
-            if req.content_length > self._limits.max_body_bytes:  # the app did not check: the edge does
-                self._fail(ApiError(413, "payload_too_large", f"the body has {req.content_length} bytes", close=True),
-                           linger=True)
+            if (
+                req.content_length > self._limits.max_body_bytes
+            ):  # the app did not check: the edge does
+                self._fail(
+                    ApiError(
+                        413,
+                        "payload_too_large",
+                        f"the body has {req.content_length} bytes",
+                        close=True,
+                    ),
+                    linger=True,
+                )
                 raise _Abort
             if req.headers.get("expect", "").lower() == "100-continue" and not self._queue:
                 assert self._transport is not None
@@ -418,7 +535,9 @@ class Connection(asyncio.Protocol):
             item[1] = fut.result()
         except Exception as exc:  # a bug in the application: say so, keep serving others
             log.error("request handler failed", exc_info=exc)
-            item[1] = error_response(ApiError(500, "internal_error", f"{type(exc).__name__}: {exc}", close=True))
+            item[1] = error_response(
+                ApiError(500, "internal_error", f"{type(exc).__name__}: {exc}", close=True)
+            )
         if self._transport is None:
             if item[1].on_sent is not None:
                 item[1].on_sent("dropped", 0.0)
@@ -428,14 +547,27 @@ class Connection(asyncio.Protocol):
     def _write(self, req: Request | None, resp: Response) -> None:
         t = self._transport
         last = not self._queue
-        close = (resp.close or (req is not None and not req.keep_alive)
-                 or ((self._closing or self._eof or self._server.closing) and last))
+        close = (
+            resp.close
+            or (req is not None and not req.keep_alive)
+            or ((self._closing or self._eof or self._server.closing) and last)
+        )
         if t is None or t.is_closing():
             if resp.on_sent is not None:
                 resp.on_sent("dropped", 0.0)
             return
         body = b"" if req is not None and req.method == "HEAD" else resp.body
-        data = _head(resp.status, resp.content_type, len(resp.body), resp.headers, close, self._server.clock.date()) + body
+        data = (
+            _head(
+                resp.status,
+                resp.content_type,
+                len(resp.body),
+                resp.headers,
+                close,
+                self._server.clock.date(),
+            )
+            + body
+        )
         if resp.on_sent is not None:
             resp.on_sent("sending", 0.0)
         t0 = time.perf_counter()
@@ -455,7 +587,9 @@ class Connection(asyncio.Protocol):
                 self._app.aborted(self._req, None)
             self._req = None
 
-    def _fail(self, exc: ApiError, headers: dict[str, str] | None = None, linger: bool = False) -> None:
+    def _fail(
+        self, exc: ApiError, headers: dict[str, str] | None = None, linger: bool = False
+    ) -> None:
         """A framing or limit error: answer it after the answers already due, then close
         (lingering when the client may still be sending a body)."""
         req = self._req
@@ -506,8 +640,11 @@ class Connection(asyncio.Protocol):
             self._transport.pause_reading()
 
     def _maybe_resume(self, force: bool = False) -> None:
-        if self._paused and self._transport is not None and (force or (not self._write_paused
-                                                                       and len(self._queue) <= MAX_PIPELINE)):
+        if (
+            self._paused
+            and self._transport is not None
+            and (force or (not self._write_paused and len(self._queue) <= MAX_PIPELINE))
+        ):
             self._paused = False
             self._transport.resume_reading()
 
@@ -533,12 +670,23 @@ class Connection(asyncio.Protocol):
             return
         kind = self._timeout_kind
         if kind == "header":
-            self._fail(ApiError(408, "request_timeout",
-                                f"the request headers did not arrive within {self._limits.header_timeout_s:g} s",
-                                close=True))
+            self._fail(
+                ApiError(
+                    408,
+                    "request_timeout",
+                    f"the request headers did not arrive within {self._limits.header_timeout_s:g} s",
+                    close=True,
+                )
+            )
         elif kind == "body":
-            self._fail(ApiError(408, "request_timeout",
-                                f"the body stalled for {self._limits.body_timeout_s:g} s", close=True))
+            self._fail(
+                ApiError(
+                    408,
+                    "request_timeout",
+                    f"the body stalled for {self._limits.body_timeout_s:g} s",
+                    close=True,
+                )
+            )
         else:  # idle keep-alive, or a lingering close that has waited long enough
             self._lingering = False
             self._close()
@@ -547,11 +695,22 @@ class Connection(asyncio.Protocol):
 class HttpServer:
     """The listening socket and its event loop, in one thread ("torchfleet-http")."""
 
-    def __init__(self, app: App, host: str, port: int, header_timeout_s: float, body_timeout_s: float,
-                 keepalive_timeout_s: float, max_connections: int, max_body_bytes: int,
-                 on_count: Callable[[int], None] = lambda n: None) -> None:
+    def __init__(
+        self,
+        app: App,
+        host: str,
+        port: int,
+        header_timeout_s: float,
+        body_timeout_s: float,
+        keepalive_timeout_s: float,
+        max_connections: int,
+        max_body_bytes: int,
+        on_count: Callable[[int], None] = lambda n: None,
+    ) -> None:
         self.app = app
-        self.limits = _Limits(header_timeout_s, body_timeout_s, keepalive_timeout_s, max_connections, max_body_bytes)
+        self.limits = _Limits(
+            header_timeout_s, body_timeout_s, keepalive_timeout_s, max_connections, max_body_bytes
+        )
         self.on_count = on_count
         self.clock = _Clock()
         self.connections: set[Connection] = set()
@@ -564,10 +723,15 @@ class HttpServer:
 
     def start(self) -> None:
         """Bind (raising OSError here, in the caller's thread, if the port is taken) and serve."""
-        self._server = self.loop.run_until_complete(self.loop.create_server(
-            lambda: Connection(self), self._host, self._port, backlog=1024, reuse_address=True))
+        self._server = self.loop.run_until_complete(
+            self.loop.create_server(
+                lambda: Connection(self), self._host, self._port, backlog=1024, reuse_address=True
+            )
+        )
         self.port = int(self._server.sockets[0].getsockname()[1])
-        self._thread = threading.Thread(target=self.loop.run_forever, name="torchfleet-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="torchfleet-http", daemon=True
+        )
         self._thread.start()
 
     def call(self, fn: Callable[[], Any]) -> None:
@@ -577,8 +741,10 @@ class HttpServer:
     def begin_closing(self) -> None:
         """Answers from now on carry Connection: close. Idle keep-alive connections stay open
         until stop(): closing one now would race a request the client is sending on it."""
+
         def run() -> None:
             self.closing = True
+
         self.call(run)
 
     def stop(self, timeout: float = 5.0) -> None:

@@ -54,7 +54,9 @@ class MetadataSession:
         self._expires = 0.0
         self.tokens_fetched = 0
 
-    def _request(self, path: str, method: str = "GET", headers: dict[str, str] | None = None) -> tuple[int, str]:
+    def _request(
+        self, path: str, method: str = "GET", headers: dict[str, str] | None = None
+    ) -> tuple[int, str]:
         req = urllib.request.Request(self.base + path, method=method, headers=headers or {})
         try:
             with _opener.open(req, timeout=self._timeout) as resp:
@@ -68,7 +70,9 @@ class MetadataSession:
         if self._token is None or time.monotonic() >= self._expires:
             status, body = self._request(TOKEN_PATH, "PUT", {self.ttl_header: str(TOKEN_TTL_S)})
             if status != 200 or not body.strip():
-                raise OSError(f"metadata token request to {self.base}{TOKEN_PATH} answered {status}")
+                raise OSError(
+                    f"metadata token request to {self.base}{TOKEN_PATH} answered {status}"
+                )
             self._token = body.strip()
             self._expires = time.monotonic() + TOKEN_TTL_S - 60
             self.tokens_fetched += 1
@@ -84,12 +88,21 @@ class MetadataSession:
 
 
 class SpotWatcher:
-    def __init__(self, mode: str, aws_url: str, alicloud_url: str, interval_s: float,
-                 on_notice: Callable[[str], None], timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        mode: str,
+        aws_url: str,
+        alicloud_url: str,
+        interval_s: float,
+        on_notice: Callable[[str], None],
+        timeout_s: float = 2.0,
+    ) -> None:
         self.mode = mode  # auto | aws | alicloud | off; resolved to the cloud (or off) by start()
         self.sessions = {
             "aws": MetadataSession(aws_url, AWS_TOKEN_HEADER, AWS_TTL_HEADER, timeout_s),
-            "alicloud": MetadataSession(alicloud_url, ALICLOUD_TOKEN_HEADER, ALICLOUD_TTL_HEADER, timeout_s),
+            "alicloud": MetadataSession(
+                alicloud_url, ALICLOUD_TOKEN_HEADER, ALICLOUD_TTL_HEADER, timeout_s
+            ),
         }
         self._interval = interval_s
         self._on_notice = on_notice
@@ -145,7 +158,9 @@ class SpotWatcher:
                 notice = None
             if notice is not None:
                 self.notice = notice
-                log.warning("spot interruption notice from %s: %s; draining", self.mode, notice.strip())
+                log.warning(
+                    "spot interruption notice from %s: %s; draining", self.mode, notice.strip()
+                )
                 self._on_notice(notice)
                 return
             self._stop.wait(self._interval)

@@ -28,8 +28,12 @@ def _iso(ts: float) -> str:
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {"ts": _iso(record.created), "level": record.levelname.lower(),
-                               "logger": record.name, "msg": record.getMessage()}
+        doc: dict[str, Any] = {
+            "ts": _iso(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
         rid = getattr(record, "request_id", None)
         if rid:
             doc["request_id"] = rid
@@ -85,7 +89,9 @@ class BatchSummary:
     """Aggregates batch runs and emits one info line per `interval_s` (from the thread that
     adds the batch that crosses the interval: no timer thread, no line when idle)."""
 
-    def __init__(self, logger: logging.Logger, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, logger: logging.Logger, interval_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._log = logger
         self._interval = interval_s
         self._clock = clock
@@ -117,12 +123,22 @@ class BatchSummary:
             if now - self._since < self._interval:
                 return
             fields = {
-                "interval_s": round(now - self._since, 3), "batches": self._batches, "instances": self._instances,
-                "mean_batch": round(self._instances / self._batches, 2), "max_batch": self._max_size,
-                "padded": self._padded, "model_ms_mean": round(self._model_s / self._batches * 1000, 3),
-                "model_ms_max": round(self._max_model_s * 1000, 3), "reasons": dict(self._reasons),
+                "interval_s": round(now - self._since, 3),
+                "batches": self._batches,
+                "instances": self._instances,
+                "mean_batch": round(self._instances / self._batches, 2),
+                "max_batch": self._max_size,
+                "padded": self._padded,
+                "model_ms_mean": round(self._model_s / self._batches * 1000, 3),
+                "model_ms_max": round(self._max_model_s * 1000, 3),
+                "reasons": dict(self._reasons),
                 "model_version": version,
             }
             self._reset(now)
-        self._log.info("batches: %d runs, %d instances, mean batch %.2f", fields["batches"], fields["instances"],
-                       fields["mean_batch"], extra={"fields": fields})
+        self._log.info(
+            "batches: %d runs, %d instances, mean batch %.2f",
+            fields["batches"],
+            fields["instances"],
+            fields["mean_batch"],
+            extra={"fields": fields},
+        )

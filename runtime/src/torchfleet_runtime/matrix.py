@@ -247,9 +247,7 @@ class _Schema:
         self.problems: list[str] = []
 
     def fail(self, key: str, value: Any, allowed: str) -> None:
-        self.problems.append(
-            f"{self.source}: {key} = {value!r} is invalid; allowed: {allowed}"
-        )
+        self.problems.append(f"{self.source}: {key} = {value!r} is invalid; allowed: {allowed}")
 
     def mapping(self, key: str, value: Any, fields: Sequence[str]) -> Mapping[str, Any] | None:
         """`value` when it is a mapping with exactly `fields` (else None, problems recorded)."""
@@ -263,25 +261,34 @@ class _Schema:
                 self.fail(where + str(k), value[k], "the keys " + ", ".join(fields))
         for k in fields:
             if k not in value:
-                self.fail(where + k, "(missing)", "a value: each entry has the keys " + ", ".join(fields))
+                self.fail(
+                    where + k, "(missing)", "a value: each entry has the keys " + ", ".join(fields)
+                )
                 complete = False
         return value if complete else None
 
-    def text(self, key: str, value: Any, pattern: re.Pattern[str], allowed: str,
-             optional: bool = False) -> str | None:
+    def text(
+        self, key: str, value: Any, pattern: re.Pattern[str], allowed: str, optional: bool = False
+    ) -> str | None:
         if value is None and optional:
             return None
         if not isinstance(value, str) or not pattern.match(value):
-            quote = ' in quotes (YAML reads 3.10 as the number 3.1)' \
-                if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+            quote = (
+                " in quotes (YAML reads 3.10 as the number 3.1)"
+                if isinstance(value, (int, float)) and not isinstance(value, bool)
+                else ""
+            )
             self.fail(key, value, allowed + quote + (", or null" if optional else ""))
             return None
         return value
 
-    def texts(self, key: str, value: Any, pattern: re.Pattern[str], allowed: str,
-              non_empty: bool = False) -> tuple[str, ...]:
+    def texts(
+        self, key: str, value: Any, pattern: re.Pattern[str], allowed: str, non_empty: bool = False
+    ) -> tuple[str, ...]:
         if not isinstance(value, list) or (non_empty and not value):
-            self.fail(key, value, "a {}list of {}".format("non-empty " if non_empty else "", allowed))
+            self.fail(
+                key, value, "a {}list of {}".format("non-empty " if non_empty else "", allowed)
+            )
             return ()
         out = []
         for i, item in enumerate(value):
@@ -291,7 +298,7 @@ class _Schema:
         return tuple(out)
 
 
-_CC_ALLOWED = "a compute capability MAJOR.MINOR such as \"8.6\""
+_CC_ALLOWED = 'a compute capability MAJOR.MINOR such as "8.6"'
 
 # Each entry builder gets a mapping that has exactly its section's fields; `parse` keeps the
 # entry only when building it recorded no problem.
@@ -300,53 +307,104 @@ _CC_ALLOWED = "a compute capability MAJOR.MINOR such as \"8.6\""
 def _profile(s: _Schema, name: str, key: str, raw: Mapping[str, Any]) -> Profile | None:
     before = len(s.problems)  # the cross-field checks below need sound fields
     cc = _CC_ALLOWED
-    ver = "a version such as \"11.6\" or \"510.47.03\""
-    cuda = s.text(key + ".cuda", raw.get("cuda"), re.compile(r"^[0-9]+\.[0-9]+$"),
-                  "a CUDA version MAJOR.MINOR such as \"11.6\"", optional=True)
+    ver = 'a version such as "11.6" or "510.47.03"'
+    cuda = s.text(
+        key + ".cuda",
+        raw.get("cuda"),
+        re.compile(r"^[0-9]+\.[0-9]+$"),
+        'a CUDA version MAJOR.MINOR such as "11.6"',
+        optional=True,
+    )
     prof = Profile(
         name=name,
         cuda=cuda,
-        toolkit_version=s.text(key + ".toolkit_version", raw.get("toolkit_version"),
-                               _VERSION_RE, ver, optional=True),
-        min_driver=s.text(key + ".min_driver", raw.get("min_driver"), _VERSION_RE, ver,
-                          optional=True),
-        torch=s.text(key + ".torch", raw.get("torch"), _VERSION_RE,
-                     "a torch version such as \"1.12.1+cu116\"") or "",
-        torchvision=s.text(key + ".torchvision", raw.get("torchvision"), _VERSION_RE,
-                           "a torchvision version", optional=True),
-        wheel_index=s.text(key + ".wheel_index", raw.get("wheel_index"),
-                           re.compile(r"^(https?|file)://\S+$"), "an http(s):// or file:// URL",
-                           optional=True),
-        pythons=s.texts(key + ".pythons", raw.get("pythons"), _PY_RE,
-                        "Python versions such as \"3.10\"", non_empty=True),
-        compute_capabilities=s.texts(key + ".compute_capabilities",
-                                     raw.get("compute_capabilities"), _CC_RE, cc),
-        max_compute_capability=s.text(key + ".max_compute_capability",
-                                      raw.get("max_compute_capability"), _CC_RE, cc, optional=True),
-        runfile=s.text(key + ".runfile", raw.get("runfile"), _NAME_RE, "a runfile name",
-                       optional=True),
-        toolkit_repos=s.texts(key + ".toolkit_repos", raw.get("toolkit_repos"), _NAME_RE,
-                              "NVIDIA repository directories such as ubuntu2204"),
-        toolkit_package=s.text(key + ".toolkit_package", raw.get("toolkit_package"), _NAME_RE,
-                               "a package name such as cuda-toolkit-11-6", optional=True),
+        toolkit_version=s.text(
+            key + ".toolkit_version", raw.get("toolkit_version"), _VERSION_RE, ver, optional=True
+        ),
+        min_driver=s.text(
+            key + ".min_driver", raw.get("min_driver"), _VERSION_RE, ver, optional=True
+        ),
+        torch=s.text(
+            key + ".torch", raw.get("torch"), _VERSION_RE, 'a torch version such as "1.12.1+cu116"'
+        )
+        or "",
+        torchvision=s.text(
+            key + ".torchvision",
+            raw.get("torchvision"),
+            _VERSION_RE,
+            "a torchvision version",
+            optional=True,
+        ),
+        wheel_index=s.text(
+            key + ".wheel_index",
+            raw.get("wheel_index"),
+            re.compile(r"^(https?|file)://\S+$"),
+            "an http(s):// or file:// URL",
+            optional=True,
+        ),
+        pythons=s.texts(
+            key + ".pythons",
+            raw.get("pythons"),
+            _PY_RE,
+            'Python versions such as "3.10"',
+            non_empty=True,
+        ),
+        compute_capabilities=s.texts(
+            key + ".compute_capabilities", raw.get("compute_capabilities"), _CC_RE, cc
+        ),
+        max_compute_capability=s.text(
+            key + ".max_compute_capability",
+            raw.get("max_compute_capability"),
+            _CC_RE,
+            cc,
+            optional=True,
+        ),
+        runfile=s.text(
+            key + ".runfile", raw.get("runfile"), _NAME_RE, "a runfile name", optional=True
+        ),
+        toolkit_repos=s.texts(
+            key + ".toolkit_repos",
+            raw.get("toolkit_repos"),
+            _NAME_RE,
+            "NVIDIA repository directories such as ubuntu2204",
+        ),
+        toolkit_package=s.text(
+            key + ".toolkit_package",
+            raw.get("toolkit_package"),
+            _NAME_RE,
+            "a package name such as cuda-toolkit-11-6",
+            optional=True,
+        ),
     )
     if len(s.problems) > before:
         return None
     # The CUDA fields come together: a profile either drives GPUs (all set) or none (all null).
-    gpu_fields = {"min_driver": prof.min_driver,
-                  "max_compute_capability": prof.max_compute_capability,
-                  "compute_capabilities": prof.compute_capabilities}
+    gpu_fields = {
+        "min_driver": prof.min_driver,
+        "max_compute_capability": prof.max_compute_capability,
+        "compute_capabilities": prof.compute_capabilities,
+    }
     for k, v in gpu_fields.items():
         if bool(v) != bool(prof.cuda):
-            s.fail(f"{key}.{k}", raw.get(k),
-                   f"set when cuda is set, empty/null when it is not (cuda = {prof.cuda!r})")
+            s.fail(
+                f"{key}.{k}",
+                raw.get(k),
+                f"set when cuda is set, empty/null when it is not (cuda = {prof.cuda!r})",
+            )
     if prof.toolkit_version and not (prof.runfile and prof.toolkit_package):
-        s.fail(key + ".toolkit_version", prof.toolkit_version,
-               "null, or set together with runfile and toolkit_package")
-    if prof.capability_range and cc_tuple(max(prof.compute_capabilities, key=cc_tuple)) > \
-            cc_tuple(prof.max_compute_capability or "0.0"):
-        s.fail(key + ".max_compute_capability", prof.max_compute_capability,
-               f"at least the highest of compute_capabilities ({max(prof.compute_capabilities, key=cc_tuple)})")
+        s.fail(
+            key + ".toolkit_version",
+            prof.toolkit_version,
+            "null, or set together with runfile and toolkit_package",
+        )
+    if prof.capability_range and cc_tuple(max(prof.compute_capabilities, key=cc_tuple)) > cc_tuple(
+        prof.max_compute_capability or "0.0"
+    ):
+        s.fail(
+            key + ".max_compute_capability",
+            prof.max_compute_capability,
+            f"at least the highest of compute_capabilities ({max(prof.compute_capabilities, key=cc_tuple)})",
+        )
     return prof
 
 
@@ -366,9 +424,13 @@ def _gpu(s: _Schema, name: str, key: str, raw: Mapping[str, Any]) -> GpuModel | 
 def _distro(s: _Schema, name: str, key: str, raw: Mapping[str, Any]) -> Distro | None:
     if not re.match(r"^(debian-[0-9]+|ubuntu-[0-9]{2}\.[0-9]{2})$", name):
         s.fail("distros", name, "names such as debian-12 or ubuntu-22.04 (see distro_name)")
-    python = s.text(key + ".python", raw.get("python"), _PY_RE, "a Python version such as \"3.10\"")
-    repo = s.text(key + ".cuda_repo", raw.get("cuda_repo"), _NAME_RE,
-                  "an NVIDIA repository directory such as ubuntu2204")
+    python = s.text(key + ".python", raw.get("python"), _PY_RE, 'a Python version such as "3.10"')
+    repo = s.text(
+        key + ".cuda_repo",
+        raw.get("cuda_repo"),
+        _NAME_RE,
+        "an NVIDIA repository directory such as ubuntu2204",
+    )
     source = raw.get("driver_source")
     if source not in DRIVER_SOURCES:
         s.fail(key + ".driver_source", source, " | ".join(DRIVER_SOURCES))
@@ -384,8 +446,11 @@ def parse(data: Any, source: str = "compat/matrix.yml") -> Matrix:
     if top is None:
         raise MatrixError(s.problems)
     sections: dict[str, dict[str, Any]] = {}
-    builders = (("profiles", _profile, PROFILE_FIELDS), ("gpus", _gpu, GPU_FIELDS),
-                ("distros", _distro, DISTRO_FIELDS))
+    builders = (
+        ("profiles", _profile, PROFILE_FIELDS),
+        ("gpus", _gpu, GPU_FIELDS),
+        ("distros", _distro, DISTRO_FIELDS),
+    )
     for section, build, fields in builders:
         raw = top.get(section)
         sections[section] = {}
@@ -559,7 +624,8 @@ def python_verdict(matrix: Matrix, profile: Profile, python: str) -> Verdict:
     return Verdict(
         PYTHON,
         False,
-        f"torch {profile.torch} ({profile.name}) supports Python {profile.pythons[0]}-{profile.pythons[-1]}, not {minor(python)}",
+        f"torch {profile.torch} ({profile.name}) supports Python "
+        f"{profile.pythons[0]}-{profile.pythons[-1]}, not {minor(python)}",
         profiles=tuple(matrix.profiles_for_python(python)),
         distros=tuple(matrix.distros_for(profile)),
     )
@@ -580,7 +646,11 @@ def gpu_verdict(matrix: Matrix, profile: Profile, gpu: GpuIdentity) -> Verdict:
     rng = profile.capability_range
     if rng is None:
         return Verdict(
-            GPU, False, f"{profile.name} has no CUDA and cannot drive {gpu.label} (compute {cc})", profiles=fits)
+            GPU,
+            False,
+            f"{profile.name} has no CUDA and cannot drive {gpu.label} (compute {cc})",
+            profiles=fits,
+        )
     lo, hi = rng
     if cc_tuple(cc) > cc_tuple(hi):
         why = "> " + hi
@@ -589,7 +659,9 @@ def gpu_verdict(matrix: Matrix, profile: Profile, gpu: GpuIdentity) -> Verdict:
     else:
         return Verdict(GPU, True, f"{profile.name} drives {gpu.label} (compute {cc})")
     return Verdict(
-        GPU, False, f"{profile.name} cannot drive {gpu.label} (compute {cc} {why})",
+        GPU,
+        False,
+        f"{profile.name} cannot drive {gpu.label} (compute {cc} {why})",
         profiles=fits,
     )
 
@@ -654,8 +726,11 @@ def disk_verdict(matrix: Matrix, free_bytes: int, override: float | None = None)
     free_gb = free_bytes / 1e9
     if minimum > 0 and free_gb < minimum:
         return Verdict(
-            DISK, False, f"only {free_gb:.1f} GB free but a node needs {minimum:g} GB for driver, toolkit, "
-            "wheels and model")
+            DISK,
+            False,
+            f"only {free_gb:.1f} GB free but a node needs {minimum:g} GB for driver, toolkit, "
+            "wheels and model",
+        )
     return Verdict(DISK, True, f"{free_gb:.1f} GB free (>= {minimum:g} GB)")
 
 

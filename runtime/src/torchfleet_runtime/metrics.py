@@ -6,7 +6,8 @@ write once per prediction, model once per batch run (the forward with its pad an
 replaces the former torchfleet_queue_wait_seconds with stage="queue").
 `torchfleet_model_info{model_version, model_name, format, device, precision}` is 1 for the model
 being served (one series; a reload replaces it). The standard `process_*` metrics (CPU seconds,
-resident memory, open fds) come from prometheus-client's process collector. GPU utilisation and memory are read from NVML at scrape
+resident memory, open fds) come from prometheus-client's process collector. GPU utilisation
+and memory are read from NVML at scrape
 time (nvidia-ml-py, the `gpu` extra), so a scrape always shows the current value and nothing
 polls the driver between scrapes.
 """
@@ -28,10 +29,41 @@ from prometheus_client.core import GaugeMetricFamily
 
 log = logging.getLogger(__name__)
 
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # Stages run from microseconds (decode of a binary body) to seconds (a big batch on CPU).
-STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+STAGE_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    10.0,
+)
 STAGES = ("decode", "queue", "model", "encode", "write")
 
 
@@ -40,46 +72,77 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.request_duration = Histogram(
-            "torchfleet_request_duration_seconds", "Time from a prediction request's arrival to its answer.",
-            buckets=LATENCY_BUCKETS, registry=r)
+            "torchfleet_request_duration_seconds",
+            "Time from a prediction request's arrival to its answer.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.stage = Histogram(
             "torchfleet_stage_duration_seconds",
             "Time per stage: decode, queue, encode, write per prediction; model per batch run.",
-            ["stage"], buckets=STAGE_BUCKETS, registry=r)
+            ["stage"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
+        )
         # Children resolved once: .labels() is a dict lookup under a lock on every call.
         self.stage_of = {s: self.stage.labels(stage=s) for s in STAGES}
         self.model_info = Gauge(
-            "torchfleet_model_info", "1 for the model being served.",
-            ["model_version", "model_name", "format", "device", "precision"], registry=r)
+            "torchfleet_model_info",
+            "1 for the model being served.",
+            ["model_version", "model_name", "format", "device", "precision"],
+            registry=r,
+        )
         self.spot_notice = Gauge(
-            "torchfleet_spot_interruption_notice", "1 once a spot interruption notice has been seen.", registry=r)
+            "torchfleet_spot_interruption_notice",
+            "1 once a spot interruption notice has been seen.",
+            registry=r,
+        )
         self.reloads = Counter(
-            "torchfleet_reloads", "Model reloads by result (ok, failed).", ["result"], registry=r)
+            "torchfleet_reloads", "Model reloads by result (ok, failed).", ["result"], registry=r
+        )
         for result in ("ok", "failed"):
             self.reloads.labels(result=result)
         self.connections = Gauge(
-            "torchfleet_open_connections", "HTTP connections open now.", registry=r)
+            "torchfleet_open_connections", "HTTP connections open now.", registry=r
+        )
         self.batch_size = Histogram(
-            "torchfleet_batch_size", "Instances per model run, before padding to a bucket.",
-            buckets=BATCH_BUCKETS, registry=r)
+            "torchfleet_batch_size",
+            "Instances per model run, before padding to a bucket.",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
         self.requests = Counter(
-            "torchfleet_requests", "Prediction requests answered, by HTTP status code.", ["code"], registry=r)
+            "torchfleet_requests",
+            "Prediction requests answered, by HTTP status code.",
+            ["code"],
+            registry=r,
+        )
         self.inflight = Gauge(
-            "torchfleet_inflight_requests", "Prediction requests being handled now.", registry=r)
+            "torchfleet_inflight_requests", "Prediction requests being handled now.", registry=r
+        )
         self.queue_depth = Gauge(
-            "torchfleet_queue_depth", "Instances waiting in the batch queue.", registry=r)
+            "torchfleet_queue_depth", "Instances waiting in the batch queue.", registry=r
+        )
         self.ready = Gauge("torchfleet_ready", "1 when warmed up and not draining.", registry=r)
         self.last_request = Gauge(
             "torchfleet_last_request_timestamp_seconds",
-            "Unix time of the last prediction (0 if none); the autostop role reads it.", registry=r)
+            "Unix time of the last prediction (0 if none); the autostop role reads it.",
+            registry=r,
+        )
         self.model_load = Gauge(
-            "torchfleet_model_load_seconds", "Seconds spent loading the model.", registry=r)
+            "torchfleet_model_load_seconds", "Seconds spent loading the model.", registry=r
+        )
         self.warmup = Gauge(
-            "torchfleet_warmup_seconds", "Seconds spent sizing the batch cap and warming every bucket.",
-            registry=r)
+            "torchfleet_warmup_seconds",
+            "Seconds spent sizing the batch cap and warming every bucket.",
+            registry=r,
+        )
         self.batch_cap = Gauge("torchfleet_max_batch_size", "The batch cap in force.", registry=r)
         self.oom = Counter(
-            "torchfleet_oom_recoveries", "Out-of-memory errors recovered from by splitting a batch.", registry=r)
+            "torchfleet_oom_recoveries",
+            "Out-of-memory errors recovered from by splitting a batch.",
+            registry=r,
+        )
         self.last_request.set(0)
         self.ready.set(0)
         self.spot_notice.set(0)
@@ -126,9 +189,17 @@ class GpuCollector:
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         nv = self._nvml
-        util = GaugeMetricFamily("torchfleet_gpu_utilization_ratio", "GPU busy fraction over NVML's last sample period.", labels=["gpu"])
-        used = GaugeMetricFamily("torchfleet_gpu_memory_used_bytes", "GPU memory in use.", labels=["gpu"])
-        total = GaugeMetricFamily("torchfleet_gpu_memory_total_bytes", "GPU memory in all.", labels=["gpu"])
+        util = GaugeMetricFamily(
+            "torchfleet_gpu_utilization_ratio",
+            "GPU busy fraction over NVML's last sample period.",
+            labels=["gpu"],
+        )
+        used = GaugeMetricFamily(
+            "torchfleet_gpu_memory_used_bytes", "GPU memory in use.", labels=["gpu"]
+        )
+        total = GaugeMetricFamily(
+            "torchfleet_gpu_memory_total_bytes", "GPU memory in all.", labels=["gpu"]
+        )
         try:
             for i in range(nv.nvmlDeviceGetCount()):
                 h = nv.nvmlDeviceGetHandleByIndex(i)

@@ -22,10 +22,20 @@ from . import compat
 from .config import Config, ConfigError
 from .tensors import DTYPE_NAMES, DTYPES, Outputs
 
-__all__ = ["DTYPES", "DTYPE_NAMES", "LoadedModel", "Metadata", "ModelError", "Outputs", "Predictor", "check_model_file",
-           "load"]
+__all__ = [
+    "DTYPES",
+    "DTYPE_NAMES",
+    "LoadedModel",
+    "Metadata",
+    "ModelError",
+    "Outputs",
+    "Predictor",
+    "check_model_file",
+    "load",
+]
 
 log = logging.getLogger(__name__)
+
 
 class ModelError(RuntimeError):
     """The model or its metadata cannot be loaded."""
@@ -48,8 +58,12 @@ class Metadata:
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.extra)
-        out.update(name=self.name, input_shape=list(self.input_shape), dtype=self.dtype,
-                   output_description=self.output_description)
+        out.update(
+            name=self.name,
+            input_shape=list(self.input_shape),
+            dtype=self.dtype,
+            output_description=self.output_description,
+        )
         if self.version:
             out["version"] = self.version
         return out
@@ -86,14 +100,22 @@ def load_metadata(config: Config) -> Metadata:
     try:
         shape = tuple(int(d) for d in shape)
     except (TypeError, ValueError):
-        raise ModelError(f"metadata {path}: 'input_shape' must be a list of integers, got {shape!r}") from None
+        raise ModelError(
+            f"metadata {path}: 'input_shape' must be a list of integers, got {shape!r}"
+        ) from None
     dtype = config.dtype or data.get("dtype", "float32")
     if dtype not in DTYPES:
         raise ModelError(f"metadata {path}: 'dtype' {dtype!r} is not one of {', '.join(DTYPES)}")
     known = {"input_shape", "dtype", "name", "output_description", "version"}
     version = data.get("version", "")
-    if not isinstance(version, (str, int, float)) or isinstance(version, bool) or len(str(version)) > 128:
-        raise ModelError(f"metadata {path}: 'version' must be a short string such as \"2026-12-01.1\", got {version!r}")
+    if (
+        not isinstance(version, (str, int, float))
+        or isinstance(version, bool)
+        or len(str(version)) > 128
+    ):
+        raise ModelError(
+            f"metadata {path}: 'version' must be a short string such as \"2026-12-01.1\", got {version!r}"
+        )
     return Metadata(
         input_shape=shape,
         dtype=dtype,
@@ -110,7 +132,9 @@ def resolve_device(spec: str) -> torch.device:
     device = torch.device(spec)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"config key 'device': {spec!r} but CUDA is not available; allowed here: auto, cpu")
+            raise ConfigError(
+                f"config key 'device': {spec!r} but CUDA is not available; allowed here: auto, cpu"
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ConfigError(
                 f"config key 'device': {spec!r} but only {torch.cuda.device_count()} CUDA device(s) exist"
@@ -124,20 +148,31 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
         return None
     if precision == "fp16":
         if device.type != "cuda":
-            raise ConfigError("config key 'precision': 'fp16' needs a CUDA device; on CPU use fp32 or bf16")
+            raise ConfigError(
+                "config key 'precision': 'fp16' needs a CUDA device; on CPU use fp32 or bf16"
+            )
         return torch.float16
     if device.type == "cuda" and not compat.bf16_supported_on_cuda():
-        raise ConfigError("config key 'precision': 'bf16' is not supported by this GPU (needs sm_80+); use fp16")
+        raise ConfigError(
+            "config key 'precision': 'bf16' is not supported by this GPU (needs sm_80+); use fp16"
+        )
     if not compat.HAS_AUTOCAST:
-        raise ConfigError(f"config key 'precision': 'bf16' needs torch >= 1.10, this is {torch.__version__}")
+        raise ConfigError(
+            f"config key 'precision': 'bf16' needs torch >= 1.10, this is {torch.__version__}"
+        )
     return torch.bfloat16
 
 
 class Predictor:
     """Runs one batch: moves it to the device, applies precision, returns outputs on the CPU."""
 
-    def __init__(self, fn: Callable[[torch.Tensor], Outputs], device: torch.device,
-                 amp_dtype: torch.dtype | None, uses_torch: bool = True) -> None:
+    def __init__(
+        self,
+        fn: Callable[[torch.Tensor], Outputs],
+        device: torch.device,
+        amp_dtype: torch.dtype | None,
+        uses_torch: bool = True,
+    ) -> None:
         self._fn = fn
         self.device = device
         self.amp_dtype = amp_dtype
@@ -161,7 +196,9 @@ def _to_cpu(out: Outputs) -> Outputs:
         return type(out)(_to_cpu(o) for o in out)
     if isinstance(out, dict):
         return {k: _to_cpu(v) for k, v in out.items()}
-    raise ModelError(f"the model returned {type(out).__name__}; expected a tensor or a tuple/list/dict of tensors")
+    raise ModelError(
+        f"the model returned {type(out).__name__}; expected a tensor or a tuple/list/dict of tensors"
+    )
 
 
 @dataclass
@@ -175,7 +212,7 @@ class LoadedModel:
 
 
 def file_version(path: str) -> str:
-    """"sha256:" + the first 12 hex digits of the file's SHA-256 (read in 1 MiB blocks)."""
+    """ "sha256:" + the first 12 hex digits of the file's SHA-256 (read in 1 MiB blocks)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -208,7 +245,14 @@ def load(config: Config, module: Any = None) -> LoadedModel:
     return _versioned(_load(config, module), config)
 
 
-MODEL_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".onnx", ".bin")  # what a model file is likely named
+MODEL_SUFFIXES = (
+    ".pt",
+    ".pth",
+    ".ts",
+    ".jit",
+    ".onnx",
+    ".bin",
+)  # what a model file is likely named
 
 
 def _in_container() -> bool:
@@ -224,17 +268,24 @@ def check_model_file(path: str) -> None:
     how = "point --model, TORCHFLEET_MODEL or the config file's 'model:' at the model file"
     if p.is_file():
         if not os.access(p, os.R_OK):
-            raise ModelError(f"config key 'model': {path}: permission denied for uid {os.getuid()}; "
-                             "make the file (and its directories) readable by that user")
+            raise ModelError(
+                f"config key 'model': {path}: permission denied for uid {os.getuid()}; "
+                "make the file (and its directories) readable by that user"
+            )
         return
     home = p if p.is_dir() else p.parent  # the directory that should hold the model
-    what = (f"config key 'model': {path} is a directory, not a model file" if p.is_dir()
-            else f"config key 'model': model file not found: {path}")
+    what = (
+        f"config key 'model': {path} is a directory, not a model file"
+        if p.is_dir()
+        else f"config key 'model': model file not found: {path}"
+    )
     where = home
     while not where.is_dir() and where != where.parent:
         where = where.parent
     try:
-        names = sorted(c.name for c in where.iterdir() if c.suffix in MODEL_SUFFIXES and c.is_file())
+        names = sorted(
+            c.name for c in where.iterdir() if c.suffix in MODEL_SUFFIXES and c.is_file()
+        )
     except OSError:
         names = []
     if names:
@@ -243,7 +294,9 @@ def check_model_file(path: str) -> None:
     else:
         found = f"{home} {'holds no model file' if where == home else 'does not exist'}; {how}"
         if _in_container():
-            found += f", or mount the model's directory at {home} (podman/docker run -v DIR:{home}:ro)"
+            found += (
+                f", or mount the model's directory at {home} (podman/docker run -v DIR:{home}:ro)"
+            )
     raise ModelError(f"{what} ({found})")
 
 
@@ -261,7 +314,11 @@ def _load(config: Config, module: Any = None) -> LoadedModel:
         fmt = detect_format(config)
         if fmt == "onnx":
             return _load_onnx(config, metadata, device)
-        module = _load_torchscript(config.model, device) if fmt == "torchscript" else _load_eager(config, device)
+        module = (
+            _load_torchscript(config.model, device)
+            if fmt == "torchscript"
+            else _load_eager(config, device)
+        )
         if fmt == "torchscript" and amp is not None:
             compat.dispatcher_autocast_for_torchscript()
     module = module.to(device).eval()
@@ -283,12 +340,16 @@ def import_factory(spec: str) -> Callable[[], Any]:
     try:
         obj: Any = importlib.import_module(mod_name)
     except ImportError as exc:
-        raise ModelError(f"config key 'factory': cannot import module {mod_name!r} ({exc})") from None
+        raise ModelError(
+            f"config key 'factory': cannot import module {mod_name!r} ({exc})"
+        ) from None
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ModelError(f"config key 'factory': module {mod_name!r} has no attribute {attr!r}") from None
+            raise ModelError(
+                f"config key 'factory': module {mod_name!r} has no attribute {attr!r}"
+            ) from None
     if not callable(obj):
         raise ModelError(f"config key 'factory': {spec!r} is not callable")
     return obj
@@ -298,19 +359,27 @@ def _load_eager(config: Config, device: torch.device) -> Any:
     factory = import_factory(str(config.factory))
     module = factory()
     if not isinstance(module, torch.nn.Module):
-        raise ModelError(f"config key 'factory': {config.factory!r} returned {type(module).__name__}, not an nn.Module")
+        raise ModelError(
+            f"config key 'factory': {config.factory!r} returned {type(module).__name__}, not an nn.Module"
+        )
     try:
         state = torch.load(config.model, map_location="cpu")
     except Exception as exc:  # pickle, zip or torch errors: all mean "not a state_dict file"
-        raise ModelError(f"config key 'model': cannot read a state_dict from {config.model!r} ({exc})") from None
+        raise ModelError(
+            f"config key 'model': cannot read a state_dict from {config.model!r} ({exc})"
+        ) from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]  # the common checkpoint layout
     if not isinstance(state, dict):
-        raise ModelError(f"config key 'model': {config.model!r} holds {type(state).__name__}, not a state_dict")
+        raise ModelError(
+            f"config key 'model': {config.model!r} holds {type(state).__name__}, not a state_dict"
+        )
     try:
         module.load_state_dict(state)
     except RuntimeError as exc:
-        raise ModelError(f"state_dict {config.model!r} does not fit {config.factory!r}: {exc}") from None
+        raise ModelError(
+            f"state_dict {config.model!r} does not fit {config.factory!r}: {exc}"
+        ) from None
     return module
 
 
@@ -323,7 +392,9 @@ def _load_onnx(config: Config, metadata: Metadata, device: torch.device) -> Load
             f"ONNX models need the 'onnx' extra: pip install 'torchfleet-runtime[onnx]' ({exc})"
         ) from None
     if config.precision != "fp32":
-        raise ConfigError("config key 'precision': ONNX models run at the precision they were exported with; use fp32")
+        raise ConfigError(
+            "config key 'precision': ONNX models run at the precision they were exported with; use fp32"
+        )
     providers = ["CPUExecutionProvider"]
     if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
         providers.insert(0, ("CUDAExecutionProvider", {"device_id": device.index or 0}))

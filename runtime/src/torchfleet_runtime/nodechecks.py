@@ -28,7 +28,6 @@ MIN_TORCH = "1.12"
 LOW_MEMORY_BYTES = 1 << 30
 
 
-
 class CheckError(Exception):
     """A usage problem (no matrix, bad profile): reported as one line, exit status 2."""
 
@@ -212,9 +211,10 @@ def _describes_wheel(facts: HostFacts, prof: Profile) -> bool:
     list is the witness."""
     if not facts.arch_list:
         return True
-    return bool(prof.cuda and facts.torch_cuda) and compat.parse_version(prof.cuda)[
-        :2
-    ] == compat.parse_version(str(facts.torch_cuda))[:2]
+    return (
+        bool(prof.cuda and facts.torch_cuda)
+        and compat.parse_version(prof.cuda)[:2] == compat.parse_version(str(facts.torch_cuda))[:2]
+    )
 
 
 def _check_gpus(facts: HostFacts, prof: Profile, matrix: Matrix) -> list[Check]:
@@ -247,12 +247,21 @@ def _check_gpus(facts: HostFacts, prof: Profile, matrix: Matrix) -> list[Check]:
                 covered, why = compat.arch_coverage(cc, facts.arch_list)
                 if covered == FAIL:
                     status, value = FAIL, f"{value}, but the wheel has {why}"
-            hint = "" if status == OK else (
-                "add this GPU model to the matrix's gpus" if not cc
-                else f"{verdict.reason}: {_fits('profile', verdict.profiles)}"
+            hint = (
+                ""
+                if status == OK
+                else (
+                    "add this GPU model to the matrix's gpus"
+                    if not cc
+                    else f"{verdict.reason}: {_fits('profile', verdict.profiles)}"
+                )
             )
         elif not cc:
-            status, value, hint = WARN, "unknown compute capability", "add this GPU model to the matrix's gpus"
+            status, value, hint = (
+                WARN,
+                "unknown compute capability",
+                "add this GPU model to the matrix's gpus",
+            )
         else:
             status, why = compat.arch_coverage(cc, facts.arch_list)
             value = "sm_{} ({})".format(cc.replace(".", ""), why)

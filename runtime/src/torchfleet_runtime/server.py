@@ -62,7 +62,9 @@ def request_id(headers: dict[str, str]) -> str:
 def _token_ok(headers: dict[str, str], token: str) -> bool:
     auth = headers.get("authorization", "")
     scheme, _, given = auth.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    )
 
 
 def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Response:
@@ -84,26 +86,46 @@ class Routes:
     def on_headers(self, req: Request) -> Response | None:
         methods = ROUTES.get(req.path)
         if methods is None:
-            return error_response(ApiError(404, "not_found", f"no route {req.path[:200]!r}; routes: {', '.join(ROUTES)}"))
+            return error_response(
+                ApiError(
+                    404, "not_found", f"no route {req.path[:200]!r}; routes: {', '.join(ROUTES)}"
+                )
+            )
         if req.method not in methods:
-            return error_response(ApiError(405, "method_not_allowed",
-                                           f"{req.method} is not allowed on {req.path}; use {' or '.join(methods)}"),
-                                  {"Allow": ", ".join(methods)})
+            return error_response(
+                ApiError(
+                    405,
+                    "method_not_allowed",
+                    f"{req.method} is not allowed on {req.path}; use {' or '.join(methods)}",
+                ),
+                {"Allow": ", ".join(methods)},
+            )
         if req.path.startswith("/admin/"):
             return self._admin_auth(req)
         if req.path == "/v1/predict":
             return self._predict_headers(req)
-        if self.api_token and req.path.startswith("/v1/") and not _token_ok(req.headers, self.api_token):
+        if (
+            self.api_token
+            and req.path.startswith("/v1/")
+            and not _token_ok(req.headers, self.api_token)
+        ):
             return self._unauthorized("api_token", "torchfleet")
         return None
 
-    def _unauthorized(self, key: str, realm: str, on_sent: Any = None, headers: dict[str, str] | None = None) -> Response:
-        return error_response(ApiError(401, "unauthorized", f"send Authorization: Bearer <{key}>"),
-                              {**(headers or {}), "WWW-Authenticate": f'Bearer realm="{realm}"'}, on_sent)
+    def _unauthorized(
+        self, key: str, realm: str, on_sent: Any = None, headers: dict[str, str] | None = None
+    ) -> Response:
+        return error_response(
+            ApiError(401, "unauthorized", f"send Authorization: Bearer <{key}>"),
+            {**(headers or {}), "WWW-Authenticate": f'Bearer realm="{realm}"'},
+            on_sent,
+        )
 
     def _admin_auth(self, req: Request) -> Response | None:
         if not self.admin_token:
-            return error_response(ApiError(403, "forbidden", "the admin API is off: set the config key admin_token"))
+            return error_response(
+                ApiError(403, "forbidden", "the admin API is off: set the config key admin_token")
+            )
         if not _token_ok(req.headers, self.admin_token):
             return self._unauthorized("admin_token", "torchfleet-admin")
         return None
@@ -112,15 +134,25 @@ class Routes:
         call = self.rt.predict(request_id(req.headers))
         req.context = call
         if self.api_token and not _token_ok(req.headers, self.api_token):
-            return self._unauthorized("api_token", "torchfleet", self._sent(call, 401), self._ids(call))
+            return self._unauthorized(
+                "api_token", "torchfleet", self._sent(call, 401), self._ids(call)
+            )
         try:
             call.check_ready()
             if req.content_length > self.max_body_bytes:
-                raise ApiError(413, "payload_too_large", f"the body has {req.content_length} bytes; the limit is "
-                               f"{self.max_body_bytes} (config key max_body_mb)")
+                raise ApiError(
+                    413,
+                    "payload_too_large",
+                    f"the body has {req.content_length} bytes; the limit is "
+                    f"{self.max_body_bytes} (config key max_body_mb)",
+                )
             ctype = media_type(req.headers.get("content-type", ""))
             if ctype not in _BODY_TYPES:
-                raise ApiError(415, "unsupported_media_type", f"Content-Type {ctype[:100]!r} is not supported; use {MEDIA_TYPES}")
+                raise ApiError(
+                    415,
+                    "unsupported_media_type",
+                    f"Content-Type {ctype[:100]!r} is not supported; use {MEDIA_TYPES}",
+                )
         except ApiError as exc:
             return self._error(call, exc)
         call.expect()
@@ -136,7 +168,9 @@ class Routes:
             st = self.rt.status()
             if st["ready"]:
                 return _json(200, {"status": "ready"})
-            return error_response(ApiError(503, "not_ready", f"the runtime is {st['state']}", st["retry_after"]))
+            return error_response(
+                ApiError(503, "not_ready", f"the runtime is {st['state']}", st["retry_after"])
+            )
         if path == "/livez":
             st = self.rt.status()
             if st["alive"]:
@@ -145,7 +179,9 @@ class Routes:
         if path == "/v1/model":
             st = self.rt.status(detail=True)
             if st["model"] is None:
-                return error_response(ApiError(503, "not_ready", f"the runtime is {st['state']}", st["retry_after"]))
+                return error_response(
+                    ApiError(503, "not_ready", f"the runtime is {st['state']}", st["retry_after"])
+                )
             return _json(200, st["model"])
         if path == "/metrics":
             return Response(200, self.rt.metrics_text(), METRICS_TYPE)
@@ -218,7 +254,9 @@ class Routes:
                 out.set_result(error_response(exc))
             else:
                 log.error("reload failed", exc_info=exc)
-                out.set_result(error_response(ApiError(500, "internal_error", f"{type(exc).__name__}: {exc}")))
+                out.set_result(
+                    error_response(ApiError(500, "internal_error", f"{type(exc).__name__}: {exc}"))
+                )
 
         job.add_done_callback(done)
         return out
@@ -226,7 +264,16 @@ class Routes:
 
 def build_http(runtime: RuntimeApi, config: Config, on_count: Any = lambda n: None) -> HttpServer:
     routes = Routes(runtime, config)
-    http = HttpServer(routes, config.host, config.port, config.header_timeout_s, config.body_timeout_s,
-                      config.keepalive_timeout_s, config.max_connections, routes.max_body_bytes, on_count)
+    http = HttpServer(
+        routes,
+        config.host,
+        config.port,
+        config.header_timeout_s,
+        config.body_timeout_s,
+        config.keepalive_timeout_s,
+        config.max_connections,
+        routes.max_body_bytes,
+        on_count,
+    )
     routes.loop = http.loop
     return http

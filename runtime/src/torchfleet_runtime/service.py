@@ -67,7 +67,9 @@ class Slot:
 def configure_threads(config: Config) -> tuple[int, int]:
     """Intra- and inter-op thread counts for torch, set once per process (inter-op can only be
     set before any parallel work; a second runtime in one process keeps the first setting)."""
-    intra = config.torch_threads or usable_cpus()  # auto: the affinity mask and the cgroup CPU quota
+    intra = (
+        config.torch_threads or usable_cpus()
+    )  # auto: the affinity mask and the cgroup CPU quota
     interop = config.torch_interop_threads or 1
     torch.set_num_threads(intra)
     try:
@@ -80,12 +82,16 @@ def configure_threads(config: Config) -> tuple[int, int]:
 class Runtime:
     def __init__(self, config: Config, module: Any = None) -> None:
         self.config = config
-        self._module = module  # an nn.Module built by the caller (tests, embedding) instead of a file
+        self._module = (
+            module  # an nn.Module built by the caller (tests, embedding) instead of a file
+        )
         self.metrics = Metrics()
         self.state = "loading"
         self._slot: Slot | None = None
         self.max_body_bytes = int(config.max_body_mb * 2**20)
-        self._admitted = 0  # predictions admitted to a batcher and not yet answered (the drain waits for them)
+        self._admitted = (
+            0  # predictions admitted to a batcher and not yet answered (the drain waits for them)
+        )
         self._admitted_cond = threading.Condition()
         self.stop_requested = threading.Event()
         self.stop_reason = ""
@@ -121,8 +127,13 @@ class Runtime:
 
     def status(self, detail: bool = False) -> dict[str, Any]:
         alive, why = self._liveness()
-        out: dict[str, Any] = {"state": self.state, "ready": self.state == "ready", "alive": alive, "reason": why,
-                               "retry_after": self._retry_after()}
+        out: dict[str, Any] = {
+            "state": self.state,
+            "ready": self.state == "ready",
+            "alive": alive,
+            "reason": why,
+            "retry_after": self._retry_after(),
+        }
         if detail:
             out["model"] = self._describe()
         return out
@@ -211,18 +222,37 @@ class Runtime:
         t0 = time.perf_counter()
         loaded = load(cfg, self._module)
         load_s = time.perf_counter() - t0
-        log.info("loaded %s model %r version %s on %s in %.2f s", loaded.format, loaded.metadata.name,
-                 loaded.version, loaded.device, load_s)
+        log.info(
+            "loaded %s model %r version %s on %s in %.2f s",
+            loaded.format,
+            loaded.metadata.name,
+            loaded.version,
+            loaded.device,
+            load_s,
+        )
         if self.state == "loading":
             self.state = "warming"
         t1 = time.perf_counter()
         sample = load_sample(cfg.sample_input, loaded.metadata)
         pred = loaded.predictor
-        sizing = size_cap(pred, sample, cfg.max_batch_size, cfg.memory_fraction, cfg.latency_budget_ms / 1000,
-                          held_bytes)
-        warmed = warm_up(pred, sample, buckets_up_to(sizing.cap), cfg.warmup_iterations, sizing.runs)
-        batcher = Batcher(pred, warmed, cfg.max_delay_ms / 1000, cfg.max_queue,
-                          wait_for_arrivals=cfg.batch_wait == "arrivals")
+        sizing = size_cap(
+            pred,
+            sample,
+            cfg.max_batch_size,
+            cfg.memory_fraction,
+            cfg.latency_budget_ms / 1000,
+            held_bytes,
+        )
+        warmed = warm_up(
+            pred, sample, buckets_up_to(sizing.cap), cfg.warmup_iterations, sizing.runs
+        )
+        batcher = Batcher(
+            pred,
+            warmed,
+            cfg.max_delay_ms / 1000,
+            cfg.max_queue,
+            wait_for_arrivals=cfg.batch_wait == "arrivals",
+        )
         self._self_test(loaded, batcher, sample)
         warm_s = time.perf_counter() - t1
         log.info("warmed batch sizes %s in %.2f s", warmed, warm_s)
@@ -235,9 +265,13 @@ class Runtime:
         reload), not the first client, when the model's outputs cannot be answered."""
         meta = loaded.metadata
         body = codec.dumps({"inputs": sample[0].tolist()})
-        tensor, batched = codec.decode(body, "application/json", {}, meta.input_shape, meta.torch_dtype)
+        tensor, batched = codec.decode(
+            body, "application/json", {}, meta.input_shape, meta.torch_dtype
+        )
         outputs = batcher.run_now(tensor)
-        non_finite(outputs)  # the check a JSON answer runs (random inputs may well give NaN: not a failure)
+        non_finite(
+            outputs
+        )  # the check a JSON answer runs (random inputs may well give NaN: not a failure)
         try:
             codec.encode_json(outputs, batched, non_finite_as_null=True)
         except ApiError as exc:
@@ -245,13 +279,21 @@ class Runtime:
 
     def _activate(self, slot: Slot) -> None:
         slot.batcher.attach_metrics(self.metrics)
-        slot.batcher.on_batch.append(lambda info, v=slot.version: self._summary.add(
-            info.size, info.bucket, info.reason, info.model_s, v))
+        slot.batcher.on_batch.append(
+            lambda info, v=slot.version: self._summary.add(
+                info.size, info.bucket, info.reason, info.model_s, v
+            )
+        )
         m = self.metrics
         m.model_load.set(slot.load_s)
         m.warmup.set(slot.warm_s)
-        m.set_model(slot.version, slot.loaded.metadata.name, slot.loaded.format, str(slot.loaded.device),
-                    self.config.precision)
+        m.set_model(
+            slot.version,
+            slot.loaded.metadata.name,
+            slot.loaded.format,
+            str(slot.loaded.device),
+            self.config.precision,
+        )
         self._slot = slot  # the swap: one reference assignment, atomic for every reader
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -282,7 +324,12 @@ class Runtime:
         old = self._slot
         if self.state != "ready" or old is None:
             raise ApiError(503, "not_ready", f"the runtime is {self.state}; nothing to reload yet")
-        log.info("reload (%s): loading %s beside version %s", reason, self.config.model or "the module", old.version)
+        log.info(
+            "reload (%s): loading %s beside version %s",
+            reason,
+            self.config.model or "the module",
+            old.version,
+        )
         started = time.perf_counter()
         held = 0
         if old.loaded.device.type == "cuda":
@@ -290,32 +337,57 @@ class Runtime:
         try:
             new = self._build_slot(held_bytes=held)
         except Exception as exc:  # any failure of the new model: the old one keeps serving
-            why = str(exc) if isinstance(exc, (ModelError, ConfigError)) else f"{type(exc).__name__}: {exc}"
+            why = (
+                str(exc)
+                if isinstance(exc, (ModelError, ConfigError))
+                else f"{type(exc).__name__}: {exc}"
+            )
             self._record_reload("failed", started, old.version, None, why)
-            log.error("reload failed, version %s keeps serving: %s", old.version, why,
-                      exc_info=None if isinstance(exc, (ModelError, ConfigError)) else exc)
+            log.error(
+                "reload failed, version %s keeps serving: %s",
+                old.version,
+                why,
+                exc_info=None if isinstance(exc, (ModelError, ConfigError)) else exc,
+            )
             compat.cuda_empty_cache()
-            raise ApiError(422, "reload_failed", f"the new model was not loaded ({why}); version {old.version} "
-                           "keeps serving") from None
+            raise ApiError(
+                422,
+                "reload_failed",
+                f"the new model was not loaded ({why}); version {old.version} keeps serving",
+            ) from None
         if self.state != "ready":  # a drain began while the new model warmed: keep the old one
             new.batcher.close(0)
-            raise ApiError(503, "not_ready", "the runtime began draining during the reload", close=True)
+            raise ApiError(
+                503, "not_ready", "the runtime began draining during the reload", close=True
+            )
         self._activate(new)
         previous = old.version
         old.batcher.close(timeout=self.config.stuck_timeout_s)  # finishes what it holds
         del old
         compat.cuda_empty_cache()
         result = self._record_reload("ok", started, previous, new.version, None)
-        log.info("reload done: version %s serving (was %s) after %.2f s", new.version, result["previous_version"],
-                 result["seconds"], extra={"fields": result})
+        log.info(
+            "reload done: version %s serving (was %s) after %.2f s",
+            new.version,
+            result["previous_version"],
+            result["seconds"],
+            extra={"fields": result},
+        )
         return result
 
-    def _record_reload(self, result: str, started: float, previous: str, version: str | None,
-                       error: str | None) -> dict[str, Any]:
+    def _record_reload(
+        self, result: str, started: float, previous: str, version: str | None, error: str | None
+    ) -> dict[str, Any]:
         self._reloads[result] += 1
         self.metrics.reloads.labels(result=result).inc()
-        self._last_reload = {"result": result, "at": round(time.time(), 3), "seconds": round(time.perf_counter() - started, 3),
-                             "previous_version": previous, "model_version": version, "error": error}
+        self._last_reload = {
+            "result": result,
+            "at": round(time.time(), 3),
+            "seconds": round(time.perf_counter() - started, 3),
+            "previous_version": previous,
+            "model_version": version,
+            "error": error,
+        }
         return dict(self._last_reload)
 
     def request_stop(self, reason: str) -> None:
@@ -348,9 +420,16 @@ class Runtime:
         slot = self._slot
         if slot is None:
             return 0
-        return slot.batcher.abort(ApiError(
-            503, "not_ready", f"the runtime stopped: the drain ended after {waited_s:.1f} s (drain_timeout_s) "
-            "before this prediction was answered; retry it", 5, close=True))
+        return slot.batcher.abort(
+            ApiError(
+                503,
+                "not_ready",
+                f"the runtime stopped: the drain ended after {waited_s:.1f} s (drain_timeout_s) "
+                "before this prediction was answered; retry it",
+                5,
+                close=True,
+            )
+        )
 
     def close(self, worker_timeout_s: float = 5.0) -> None:
         if self._slot is not None:
@@ -370,8 +449,19 @@ class Runtime:
 class PredictCall:
     """One prediction from arrival to the last byte written (see the module docstring)."""
 
-    __slots__ = ("rt", "request_id", "arrived", "slot", "request", "batched", "timings", "admitted", "_expecting",
-                 "_finished", "_status")
+    __slots__ = (
+        "rt",
+        "request_id",
+        "arrived",
+        "slot",
+        "request",
+        "batched",
+        "timings",
+        "admitted",
+        "_expecting",
+        "_finished",
+        "_status",
+    )
 
     def __init__(self, rt: Runtime, request_id: str) -> None:
         self.rt = rt
@@ -396,7 +486,9 @@ class PredictCall:
         rt = self.rt
         if rt.state != "ready" or self.slot is None:
             draining = rt.state in ("draining", "stopped")
-            raise ApiError(503, "not_ready", f"the runtime is {rt.state}", rt._retry_after(), close=draining)
+            raise ApiError(
+                503, "not_ready", f"the runtime is {rt.state}", rt._retry_after(), close=draining
+            )
 
     def expect(self) -> None:
         """Headers are in and the body is on its way: a forming batch may wait for it."""
@@ -409,7 +501,9 @@ class PredictCall:
             self._expecting = False
             self.slot.batcher.unexpect()
 
-    def submit(self, body: bytes | bytearray, content_type: str, headers: Mapping[str, str]) -> None:
+    def submit(
+        self, body: bytes | bytearray, content_type: str, headers: Mapping[str, str]
+    ) -> None:
         """Decode and admit; raises ApiError for every refusal."""
         rt = self.rt
         try:
@@ -418,8 +512,14 @@ class PredictCall:
             assert slot is not None
             meta = slot.loaded.metadata
             t0 = time.perf_counter()
-            tensor, self.batched = codec.decode(body, content_type, headers, meta.input_shape, meta.torch_dtype,
-                                                not rt.config.allow_non_finite_inputs)
+            tensor, self.batched = codec.decode(
+                body,
+                content_type,
+                headers,
+                meta.input_shape,
+                meta.torch_dtype,
+                not rt.config.allow_non_finite_inputs,
+            )
             self.timings["decode"] = time.perf_counter() - t0
         except BaseException:
             self._unexpect()
@@ -435,7 +535,12 @@ class PredictCall:
                 raise ApiError(413, "too_many_instances", str(exc)) from None
             except Stopped:
                 current = rt._slot
-                if rt.state == "ready" and current is not None and current is not slot and current.meta_key == slot.meta_key:
+                if (
+                    rt.state == "ready"
+                    and current is not None
+                    and current is not slot
+                    and current.meta_key == slot.meta_key
+                ):
                     slot = self.slot = current  # a reload swapped models between decode and submit
                     expected = False
                     continue
@@ -463,15 +568,19 @@ class PredictCall:
             body, headers = codec.encode_raw(outputs, self.batched)
             ctype = "application/octet-stream"
         else:
-            body = codec.encode_json(outputs, self.batched, self.rt.config.non_finite_outputs == "null")
+            body = codec.encode_json(
+                outputs, self.batched, self.rt.config.non_finite_outputs == "null"
+            )
             ctype, headers = "application/json", {}
         t = self.timings
         t["encode"] = time.perf_counter() - t0
         t["queue"] = self.request.queue_s
         t["model"] = self.request.model_s
         if self.rt._stage is not None:
-            headers["Server-Timing"] = (f"decode;dur={t['decode'] * 1000:.3f}, queue;dur={t['queue'] * 1000:.3f}, "
-                                        f"model;dur={t['model'] * 1000:.3f}, encode;dur={t['encode'] * 1000:.3f}")
+            headers["Server-Timing"] = (
+                f"decode;dur={t['decode'] * 1000:.3f}, queue;dur={t['queue'] * 1000:.3f}, "
+                f"model;dur={t['model'] * 1000:.3f}, encode;dur={t['encode'] * 1000:.3f}"
+            )
         return body, ctype, headers
 
     def wrote(self, write_s: float) -> None:
@@ -503,15 +612,37 @@ class PredictCall:
         if self.admitted:
             rt._admit(-1)
         if error is not None and status >= 500:
-            reqlog.error("%s %s: %s", status, error.type, error.message,
-                         extra={"request_id": self.request_id, "fields": {"status": status, "type": error.type}})
+            reqlog.error(
+                "%s %s: %s",
+                status,
+                error.type,
+                error.message,
+                extra={
+                    "request_id": self.request_id,
+                    "fields": {"status": status, "type": error.type},
+                },
+            )
         elif error is not None:
-            reqlog.info("%s %s: %s", status, error.type, error.message,
-                        extra={"request_id": self.request_id, "fields": {"status": status, "type": error.type}})
+            reqlog.info(
+                "%s %s: %s",
+                status,
+                error.type,
+                error.message,
+                extra={
+                    "request_id": self.request_id,
+                    "fields": {"status": status, "type": error.type},
+                },
+            )
         elif reqlog.isEnabledFor(logging.DEBUG):
-            fields = {"status": status, "ms": round(total * 1000, 3), "model_version": self.version,
-                      **{k + "_ms": round(v * 1000, 3) for k, v in self.timings.items()}}
-            reqlog.debug("predict %s", status, extra={"request_id": self.request_id, "fields": fields})
+            fields = {
+                "status": status,
+                "ms": round(total * 1000, 3),
+                "model_version": self.version,
+                **{k + "_ms": round(v * 1000, 3) for k, v in self.timings.items()},
+            }
+            reqlog.debug(
+                "predict %s", status, extra={"request_id": self.request_id, "fields": fields}
+            )
 
 
 __all__ = ["ApiError", "BatchInfo", "PredictCall", "Runtime", "Slot", "configure_threads"]

@@ -42,19 +42,33 @@ def load_sample(path: str | None, metadata: Metadata) -> torch.Tensor:
         return torch.zeros((1, *shape), dtype=dtype)  # ids or masks: 0 is valid for any vocabulary
     p = Path(path)
     try:
-        t = decode_npy(p.read_bytes()) if p.suffix == ".npy" else torch.load(str(p), map_location="cpu")
+        t = (
+            decode_npy(p.read_bytes())
+            if p.suffix == ".npy"
+            else torch.load(str(p), map_location="cpu")
+        )
     except OSError as exc:
-        raise ModelError(f"config key 'sample_input': cannot read {path!r} ({exc.strerror})") from None
+        raise ModelError(
+            f"config key 'sample_input': cannot read {path!r} ({exc.strerror})"
+        ) from None
     except Exception as exc:  # RequestError from the .npy parser, or torch.load's own errors
-        raise ModelError(f"config key 'sample_input': {path!r} is not a .npy or torch tensor file ({exc})") from None
+        raise ModelError(
+            f"config key 'sample_input': {path!r} is not a .npy or torch tensor file ({exc})"
+        ) from None
     if not isinstance(t, torch.Tensor):
-        raise ModelError(f"config key 'sample_input': {path!r} holds {type(t).__name__}, not a tensor")
+        raise ModelError(
+            f"config key 'sample_input': {path!r} holds {type(t).__name__}, not a tensor"
+        )
     if tuple(t.shape) == shape:
         t = t.unsqueeze(0)
     if tuple(t.shape[1:]) != shape or t.shape[0] == 0:
-        raise ModelError(f"config key 'sample_input': shape {list(t.shape)} is not {list(shape)} or [N,{','.join(map(str, shape))}]")
+        raise ModelError(
+            f"config key 'sample_input': shape {list(t.shape)} is not {list(shape)} or [N,{','.join(map(str, shape))}]"
+        )
     if t.dtype != dtype:
-        raise ModelError(f"config key 'sample_input': dtype {DTYPE_NAMES.get(t.dtype, t.dtype)} is not the model's {metadata.dtype}")
+        raise ModelError(
+            f"config key 'sample_input': dtype {DTYPE_NAMES.get(t.dtype, t.dtype)} is not the model's {metadata.dtype}"
+        )
     return t
 
 
@@ -66,8 +80,14 @@ class SizingReport:
     runs: dict[int, int] = field(default_factory=dict)  # bucket -> forward passes made while sizing
 
 
-def size_cap(predictor: Predictor, sample: torch.Tensor, configured: int | None,
-             memory_fraction: float, latency_budget_s: float, held_bytes: int = 0) -> SizingReport:
+def size_cap(
+    predictor: Predictor,
+    sample: torch.Tensor,
+    configured: int | None,
+    memory_fraction: float,
+    latency_budget_s: float,
+    held_bytes: int = 0,
+) -> SizingReport:
     """`held_bytes`: CUDA memory another model of this process holds now (a reload sizes the new
     model beside the old one, which goes away after the swap): not counted against the share."""
     if configured is not None:
@@ -84,7 +104,9 @@ def _device_total_memory(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).total_memory)
 
 
-def _size_by_memory(predictor: Predictor, sample: torch.Tensor, fraction: float, held_bytes: int) -> SizingReport:
+def _size_by_memory(
+    predictor: Predictor, sample: torch.Tensor, fraction: float, held_bytes: int
+) -> SizingReport:
     device = predictor.device
     limit = fraction * _device_total_memory(device)
     report = SizingReport(1, "memory")
@@ -105,8 +127,12 @@ def _size_by_memory(predictor: Predictor, sample: torch.Tensor, fraction: float,
             break
         report.cap = b
     compat.cuda_empty_cache()
-    log.info("batch cap %d: largest bucket within %.0f%% of GPU memory (peaks %s)", report.cap,
-             fraction * 100, {k: f"{v / 2**20:.0f}MiB" for k, v in report.measurements.items()})
+    log.info(
+        "batch cap %d: largest bucket within %.0f%% of GPU memory (peaks %s)",
+        report.cap,
+        fraction * 100,
+        {k: f"{v / 2**20:.0f}MiB" for k, v in report.measurements.items()},
+    )
     return report
 
 
@@ -126,7 +152,9 @@ def _size_by_latency(predictor: Predictor, sample: torch.Tensor, budget_s: float
     report = SizingReport(1, "latency")
     for b in buckets_up_to(AUTO_CEILING_CPU):
         batch = make_batch(sample, b)
-        for _ in range(UNTIMED_RUNS):  # first runs of a shape pay one-off costs (TorchScript profiling)
+        for _ in range(
+            UNTIMED_RUNS
+        ):  # first runs of a shape pay one-off costs (TorchScript profiling)
             predictor(batch)
         runs = []
         for _ in range(3):
@@ -139,13 +167,22 @@ def _size_by_latency(predictor: Predictor, sample: torch.Tensor, budget_s: float
         if seconds > budget_s:
             break  # larger buckets only take longer
     report.cap = choose_cpu_cap(report.measurements, budget_s)
-    log.info("batch cap %d: largest bucket within %.0f ms at >= 90%% of the best throughput (%s)",
-             report.cap, budget_s * 1000, {k: f"{v * 1000:.1f}ms" for k, v in report.measurements.items()})
+    log.info(
+        "batch cap %d: largest bucket within %.0f ms at >= 90%% of the best throughput (%s)",
+        report.cap,
+        budget_s * 1000,
+        {k: f"{v * 1000:.1f}ms" for k, v in report.measurements.items()},
+    )
     return report
 
 
-def warm_up(predictor: Predictor, sample: torch.Tensor, buckets: list[int], iterations: int,
-            done: dict[int, int] | None = None) -> list[int]:
+def warm_up(
+    predictor: Predictor,
+    sample: torch.Tensor,
+    buckets: list[int],
+    iterations: int,
+    done: dict[int, int] | None = None,
+) -> list[int]:
     """Run every bucket `iterations` times, less the runs `done` already made of it (sizing);
     returns the buckets that ran (OOM truncates the list)."""
     if predictor.device.type == "cuda":
