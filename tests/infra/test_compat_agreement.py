@@ -13,7 +13,8 @@ For every (GPU, profile, distro, Python) cell, the verdict of each rule (distro,
 must be the same in every layer that can see the cell, and equal to the rule computed here
 straight from the YAML (so a shared bug in the module fails too). infra sees only the cells
 whose Python is the distro's own (a stack picks the image, hence its Python) and the GPUs of
-its catalog; the runtime needs Python 3.8+, so older Pythons are out of the table.
+its catalog. A Python below the runtime's own floor (3.7: cu116's torch has it, the runtime
+does not) is refused by every layer.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -66,7 +68,6 @@ PYTHONS = sorted(
     | {"3.14"},  # a Python no profile has
     key=_minor,
 )
-PYTHONS = [p for p in PYTHONS if _minor(p) >= (3, 8)]
 GPUS = [*RAW["gpus"], NO_GPU]
 DISTROS = [*RAW["distros"], UNLISTED_DISTRO]
 
@@ -74,7 +75,14 @@ DISTROS = [*RAW["distros"], UNLISTED_DISTRO]
 def expected(gpu: str, profile: str, distro: str, python: str) -> dict[str, bool]:
     """The rules, written out from the YAML (not through the module)."""
     prof = RAW["profiles"][profile]
-    out = {"distro": distro in RAW["distros"], "python": python in prof["pythons"]}
+    runtime = tomllib.loads((ROOT / "runtime/pyproject.toml").read_text())["project"][
+        "requires-python"
+    ]
+    floor = _minor(runtime.removeprefix(">="))
+    out = {
+        "distro": distro in RAW["distros"],
+        "python": python in prof["pythons"] and _minor(python) >= floor,
+    }
     if gpu != NO_GPU:
         cc = _minor(RAW["gpus"][gpu]["compute_capability"])
         out["gpu"] = bool(prof["cuda"]) and min(

@@ -20,6 +20,7 @@ What it holds:
 - the rules, each returning a `Verdict` (rule, ok, reason and the profiles/distros that would
   fit): `distro_verdict`, `python_verdict`, `gpu_verdict`, `driver_verdict`, `disk_verdict`,
   and `node_verdicts` (distro + Python + GPU: the set every entry point judges a node by).
+  The Python rule includes the runtime's own floor, MIN_PYTHON (its requires-python).
   A verdict's `reason` is the same sentence everywhere; each entry point adds the fix in its
   own words (a stack key, a role variable, a CLI flag) from `profiles` / `distros`.
 - `arch_coverage(capability, arch_list)`: does an installed wheel's arch list run on a GPU
@@ -34,6 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 OK, WARN, FAIL = "ok", "warn", "fail"
+
+# torchfleet-runtime's own floor (runtime/pyproject.toml requires-python): a Python a profile's
+# torch supports but the runtime does not (cu116 lists 3.7) cannot serve either.
+MIN_PYTHON = "3.8"
 
 # Rule names, as entry points report them.
 DISTRO, PYTHON, GPU, DRIVER, DISK = "distro", "python", "gpu", "driver", "disk"
@@ -618,16 +623,28 @@ def distro_verdict(matrix: Matrix, distro: str) -> Verdict:
     )
 
 
+def below_runtime_floor(python: str) -> bool:
+    """Is this Python older than torchfleet-runtime itself supports (MIN_PYTHON)?"""
+    return parse_version(python)[:2] < parse_version(MIN_PYTHON)[:2]
+
+
 def python_verdict(matrix: Matrix, profile: Profile, python: str) -> Verdict:
-    if python_in(python, profile.pythons):
+    """Does the profile's torch support this Python, and does the runtime (MIN_PYTHON)?"""
+    if python_in(python, profile.pythons) and not below_runtime_floor(python):
         return Verdict(PYTHON, True, f"torch {profile.torch} supports Python {minor(python)}")
+    distros = tuple(
+        d for d in matrix.distros_for(profile) if not below_runtime_floor(matrix.distros[d].python)
+    )
+    if below_runtime_floor(python):
+        reason = f"torchfleet-runtime needs Python {MIN_PYTHON} or newer, not {minor(python)}"
+        return Verdict(PYTHON, False, reason, distros=distros)
     return Verdict(
         PYTHON,
         False,
         f"torch {profile.torch} ({profile.name}) supports Python "
         f"{profile.pythons[0]}-{profile.pythons[-1]}, not {minor(python)}",
         profiles=tuple(matrix.profiles_for_python(python)),
-        distros=tuple(matrix.distros_for(profile)),
+        distros=distros,
     )
 
 

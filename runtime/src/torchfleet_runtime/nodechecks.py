@@ -21,7 +21,6 @@ SKIP = "skip"
 STATUSES = (OK, WARN, FAIL, SKIP)
 
 # torchfleet_runtime itself needs these; below them the runtime cannot run at all.
-MIN_PYTHON = (3, 8)
 MIN_TORCH = "1.12"
 # Below this much available memory a node swaps while loading even a small model
 # (torch itself takes about 0.5 GiB resident).
@@ -88,11 +87,12 @@ def _check_distro(facts: HostFacts, matrix: Matrix) -> Check:
 
 def _check_python(facts: HostFacts, matrix: Matrix, prof: Profile) -> Check:
     expected = "one of " + ", ".join(prof.pythons)
-    if compat.parse_version(facts.python_version)[:2] < MIN_PYTHON:
-        return Check(
-            "python", FAIL, facts.python_version, ">= 3.8", "torchfleet-runtime needs Python 3.8+"
-        )
     verdict = compat.python_verdict(matrix, prof, facts.python_version)
+    if compat.below_runtime_floor(facts.python_version):
+        # below the runtime's own floor nothing serves: a failure, not a warning
+        return Check(
+            "python", FAIL, facts.python_version, f">= {compat.MIN_PYTHON}", verdict.reason
+        )
     if not verdict.ok:
         # a warning here: the torch that imports (checked next) is the better witness
         return Check(
