@@ -65,6 +65,61 @@ def test_waiting_requests_form_one_padded_batch(start_runtime, client_for):
     assert metric_value(text, "torchfleet_batch_size_sum") == 8
 
 
+class _Doubler:
+    """A model that records the batch sizes it is given."""
+
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+        self.sizes.append(int(batch.shape[0]))
+        return batch * 2
+
+
+LINEAR = {b: b * 0.001 for b in (1, 2, 4, 8, 16, 32)}  # CPU-like: a row costs the same in any batch
+FLAT = {1: 0.008, 2: 0.008, 4: 0.008, 8: 0.009, 16: 0.009, 32: 0.010}  # GPU-like: padding is free
+
+
+@pytest.mark.parametrize(
+    "seconds, arriving, runs",
+    [
+        # nothing else coming: 16 + 4 (20 ms) ends sooner for all than 32 (32 ms)
+        (LINEAR, False, [16, 4]),
+        # more arriving: 16 rows at 1/ms beats 20 served by a 32-row run; the 4 wait
+        (LINEAR, True, [16, 4]),
+        # padding costs little: one run of 32
+        (FLAT, False, [32]),
+        (FLAT, True, [32]),
+        # no measured times (e.g. a batcher built by hand): pad, as always
+        (None, False, [32]),
+    ],
+)
+def test_a_batch_between_buckets_is_padded_or_trimmed_by_measured_cost(seconds, arriving, runs):
+    model = _Doubler()
+    batcher = Batcher(
+        model, buckets_up_to(32), 0.0, 64, wait_for_arrivals=True, bucket_seconds=seconds
+    )
+    xs = [torch.full((1, 3), float(i)) for i in range(20)]
+    requests = [batcher.submit(x) for x in xs]
+    if arriving:
+        batcher.expect()  # a request still being read: the leftover gets company
+    batches: list[BatchInfo] = []
+    batcher.on_batch.append(batches.append)
+    batcher.start()
+    try:
+        if arriving:
+            wait_until(lambda: len(batches) >= 1, "the first batch")
+            batcher.unexpect()
+        for x, r in zip(xs, requests, strict=True):
+            assert torch.equal(r.result(20), x * 2)  # every request its own rows, in order
+    finally:
+        batcher.close()
+    assert model.sizes == runs
+    assert sum(b.size for b in batches) == 20
+
+
 def test_a_full_batch_goes_at_once_without_waiting_for_the_delay(start_runtime, client_for):
     m = rt_models.Instrumented()
     # A 10-minute delay: if filling the batch did not close it, these requests would time out.

@@ -243,8 +243,10 @@ class Runtime:
             cfg.latency_budget_ms / 1000,
             held_bytes,
         )
+        # the fastest run of each bucket, sizing's (CPU) or warm-up's: the batcher's costs
+        seconds = dict(sizing.measurements) if sizing.method == "latency" else {}
         warmed = warm_up(
-            pred, sample, buckets_up_to(sizing.cap), cfg.warmup_iterations, sizing.runs
+            pred, sample, buckets_up_to(sizing.cap), cfg.warmup_iterations, sizing.runs, seconds
         )
         batcher = Batcher(
             pred,
@@ -252,6 +254,7 @@ class Runtime:
             cfg.max_delay_ms / 1000,
             cfg.max_queue,
             wait_for_arrivals=cfg.batch_wait == "arrivals",
+            bucket_seconds={b: seconds[b] for b in warmed if b in seconds},
         )
         self._self_test(loaded, batcher, sample)
         warm_s = time.perf_counter() - t1

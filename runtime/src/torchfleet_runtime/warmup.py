@@ -182,10 +182,13 @@ def warm_up(
     buckets: list[int],
     iterations: int,
     done: dict[int, int] | None = None,
+    seconds: dict[int, float] | None = None,
 ) -> list[int]:
     """Run every bucket `iterations` times, less the runs `done` already made of it (sizing);
-    returns the buckets that ran (OOM truncates the list)."""
-    if predictor.device.type == "cuda":
+    returns the buckets that ran (OOM truncates the list). `seconds`, when given, gets each
+    bucket's fastest run (kept if a sizing run was faster): the batcher's cost of a bucket."""
+    cuda = predictor.device.type == "cuda"
+    if cuda:
         # Fixed shapes per bucket: let cuDNN pick the fastest kernels once, during warm-up.
         torch.backends.cudnn.benchmark = True
     warmed: list[int] = []
@@ -193,7 +196,13 @@ def warm_up(
         batch = make_batch(sample, b)
         try:
             for _ in range(max(0, iterations - (done or {}).get(b, 0))):
+                t0 = time.perf_counter()
                 predictor(batch)
+                if seconds is not None:
+                    if cuda:
+                        torch.cuda.synchronize(predictor.device)
+                    took = time.perf_counter() - t0
+                    seconds[b] = min(seconds.get(b, took), took)
         except RuntimeError as exc:
             if not compat.is_oom(exc) or not warmed:
                 raise
