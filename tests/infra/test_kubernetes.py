@@ -327,7 +327,9 @@ def test_hpa_follows_queue_depth_within_gpu_capacity(k):
         (metric,) = spec["metrics"]
         assert metric["pods"]["metric"]["name"] == "torchfleet_queue_depth"
         assert metric["pods"]["target"]["averageValue"] == str(cfg["kubernetes"]["queue_target"])
-        assert 1 <= spec["minReplicas"] <= spec["maxReplicas"] <= cfg["nodes"]["max"] * gpus
+        replicas = cfg["kubernetes"]["replicas"]  # the stack's own bounds, passed through
+        assert (spec["minReplicas"], spec["maxReplicas"]) == (replicas["min"], replicas["max"])
+        assert spec["maxReplicas"] <= cfg["nodes"]["max"] * gpus  # never more pods than GPUs
         assert spec["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 120
         checked += 1
     assert checked == 1
