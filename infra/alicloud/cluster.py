@@ -34,7 +34,6 @@ import pulumi_alicloud as alicloud
 
 from infra.alicloud.network import AlicloudNetwork
 from infra.config import StackConfig
-from infra.constants import PROJECT
 from infra.interface import NODE_ROLE_TAG, Deployment
 from infra.k8s import addons
 from infra.k8s.cost import cluster_cost
@@ -44,6 +43,7 @@ from infra.k8s.workload import (
     MODEL_CLAIM,
     Placement,
     gpu_node_labels,
+    model_volume,
     termination_grace_s,
 )
 
@@ -344,31 +344,23 @@ class AckCluster(pulumi.ComponentResource):
         )
         pv_name = f"{cfg.name}-model"
         return pv_name, [
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolume",
-                "metadata": {"name": pv_name, "labels": {"app.kubernetes.io/part-of": PROJECT}},
-                "spec": {
-                    "capacity": {"storage": "10Gi"},  # required by the API, ignored by the driver
-                    "accessModes": ["ReadOnlyMany"],
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "storageClassName": "",
-                    "claimRef": {"namespace": cfg.kubernetes.namespace, "name": MODEL_CLAIM},
-                    "csi": {
-                        "driver": "ossplugin.csi.alibabacloud.com",
-                        "volumeHandle": pv_name,
-                        "readOnly": True,
-                        "volumeAttributes": {
-                            "bucket": cfg.model_bucket,
-                            "path": f"/{prefix}",
-                            "url": f"oss-{cfg.region}-internal.aliyuncs.com",
-                            "otherOpts": "-o ro -o allow_other -o uid=10001 -o gid=10001",
-                            "authType": "rrsa",
-                            "roleName": role.role_name,
-                        },
+            model_volume(
+                cfg,
+                pv_name,
+                {
+                    "driver": "ossplugin.csi.alibabacloud.com",
+                    "volumeHandle": pv_name,
+                    "readOnly": True,
+                    "volumeAttributes": {
+                        "bucket": cfg.model_bucket,
+                        "path": f"/{prefix}",
+                        "url": f"oss-{cfg.region}-internal.aliyuncs.com",
+                        "otherOpts": "-o ro -o allow_other -o uid=10001 -o gid=10001",
+                        "authType": "rrsa",
+                        "roleName": role.role_name,
                     },
                 },
-            }
+            )
         ]
 
     def placement(self, model_claim: str | None) -> Placement:

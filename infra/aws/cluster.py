@@ -32,12 +32,11 @@ import pulumi_aws as aws
 from infra.addressing import split_cidrs
 from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
-from infra.constants import PROJECT
 from infra.interface import NODE_ROLE_TAG, Deployment
 from infra.k8s import addons, pools
 from infra.k8s.cost import cluster_cost
 from infra.k8s.pools import ScaledPool
-from infra.k8s.workload import GPU_TAINT, MODEL_CLAIM, Placement, gpu_node_labels
+from infra.k8s.workload import GPU_TAINT, MODEL_CLAIM, Placement, gpu_node_labels, model_volume
 from infra.tags import with_name
 
 GPU_AMI = "AL2023_x86_64_NVIDIA"  # EKS API Nodegroup amiType: AL2 GPU AMIs end with 1.32
@@ -475,32 +474,24 @@ class EksCluster(pulumi.ComponentResource):
         )
         pv_name = f"{cfg.name}-model"
         return pv_name, [
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolume",
-                "metadata": {"name": pv_name, "labels": {"app.kubernetes.io/part-of": PROJECT}},
-                "spec": {
-                    "capacity": {"storage": "10Gi"},  # required by the API, ignored by the driver
-                    "accessModes": ["ReadOnlyMany"],
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "storageClassName": "",
-                    "claimRef": {"namespace": cfg.kubernetes.namespace, "name": MODEL_CLAIM},
-                    "mountOptions": [
-                        "read-only",
-                        f"region {cfg.region}",
-                        f"prefix {prefix}",
-                        "allow-other",
-                        "uid=10001",
-                        "gid=10001",
-                    ],
-                    "csi": {
-                        "driver": "s3.csi.aws.com",
-                        "volumeHandle": pv_name,
-                        "readOnly": True,
-                        "volumeAttributes": {"bucketName": cfg.model_bucket},
-                    },
+            model_volume(
+                cfg,
+                pv_name,
+                {
+                    "driver": "s3.csi.aws.com",
+                    "volumeHandle": pv_name,
+                    "readOnly": True,
+                    "volumeAttributes": {"bucketName": cfg.model_bucket},
                 },
-            }
+                mount_options=[
+                    "read-only",
+                    f"region {cfg.region}",
+                    f"prefix {prefix}",
+                    "allow-other",
+                    "uid=10001",
+                    "gid=10001",
+                ],
+            )
         ]
 
     def placement(self, model_claim: str | None) -> Placement:

@@ -343,6 +343,30 @@ def autoscaler(cfg: StackConfig) -> dict[str, Any]:
     }
 
 
+def model_volume(
+    cfg: StackConfig, name: str, csi: dict[str, Any], mount_options: list[str] | None = None
+) -> dict[str, Any]:
+    """The pre-provisioned, read-only volume `model_claim` binds; each cloud gives its CSI block
+    (the bucket driver) and mount options."""
+    assert cfg.kubernetes
+    spec: dict[str, Any] = {
+        "capacity": {"storage": "10Gi"},  # required by the API, ignored by the driver
+        "accessModes": ["ReadOnlyMany"],
+        "persistentVolumeReclaimPolicy": "Retain",
+        "storageClassName": "",
+        "claimRef": {"namespace": cfg.kubernetes.namespace, "name": MODEL_CLAIM},
+    }
+    if mount_options:
+        spec["mountOptions"] = mount_options
+    spec["csi"] = csi
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": PROJECT}},
+        "spec": spec,
+    }
+
+
 def model_claim(cfg: StackConfig, volume_name: str) -> dict[str, Any]:
     """A claim bound to the pre-provisioned, read-only volume holding the model."""
     assert cfg.kubernetes
