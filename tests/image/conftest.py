@@ -5,7 +5,8 @@ No registry is reachable here, so every build starts from the debootstrapped ima
 scenarios use (scripts/build_image.sh) and installs torch from a host wheelhouse
 (tests/roles/prepare_wheelhouse.sh). Every image and container made here is named
 `torchfleet-image-test-<random>` and removed afterwards; podman's layer cache (untagged
-intermediate images) is kept on purpose, so a second run rebuilds only what changed.
+intermediate images) is kept on purpose, so a second run rebuilds only what changed, for a day:
+untagged images older than that are pruned at the end, so runs do not pile up layers forever.
 """
 
 from __future__ import annotations
@@ -101,3 +102,5 @@ def build_image(
     for tag in made:
         # --no-prune: the untagged intermediate images stay, as the layer cache of the next run.
         podman("rmi", "--no-prune", tag, timeout=300)
+    # ...but not forever: every run's labels (created, revision) leave one more untagged chain.
+    podman("image", "prune", "--force", "--filter", "until=24h", timeout=600)

@@ -149,7 +149,14 @@ def via_probe(probe, gpu: str, profile: str, distro: str, python: str) -> dict[s
             "headers_present": True,
             "headers_offered": None,
         },
-        "disk": {"path": "/opt", "checked_path": "/opt", "free_bytes": 10**12, "free_gb": 1000.0},
+        "disk": {
+            "path": "/opt",
+            "checked_path": "/opt",
+            "free_bytes": 10**12,
+            "free_gb": 1000.0,
+            "reused_bytes": 0,
+            "reused_gb": 0.0,
+        },
         "apt_mirror": None,
         "apt_lists_present": True,
         "gpu": {

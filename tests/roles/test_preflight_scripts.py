@@ -199,6 +199,38 @@ def test_probe_prefers_nvidia_smi_and_falls_back_without_compute_cap(tmp_path: P
     ]
 
 
+def test_a_converged_node_counts_its_own_install_as_room(tmp_path: Path) -> None:
+    # A re-run on a node that already holds torchfleet's tree: what that tree occupies counts,
+    # so a node with its install in place is not refused for the space the install took.
+    tree = tmp_path / "opt/torchfleet/venv"
+    tree.mkdir(parents=True)
+    with open(tree / "torch.so", "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, 1 << 30)  # 1 GiB allocated, instantly
+    (tmp_path / "elsewhere").mkdir()
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    # a floor between free and free + the tree (0.5 GB of margin either side)
+    floor_gb = (free + (1 << 29)) / 1e9
+    common = {"profile": "cpu", "install_root": str(tmp_path / "opt"), "min_free_disk_gb": floor_gb}
+    counted = run_probe(tmp_path, reused_paths=[str(tmp_path / "opt/torchfleet")], **common)
+    assert counted["problems"] == []
+    assert counted["probe"]["disk"]["reused_bytes"] >= 1 << 30
+    # the same node without the credit (a tree that is not the install) is refused, by name
+    refused = run_probe(tmp_path, reused_paths=[str(tmp_path / "elsewhere")], **common)
+    assert refused["probe"]["disk"]["reused_bytes"] == 0
+    (problem,) = refused["problems"]
+    assert problem.startswith("only ") and f"needs {floor_gb:g} GB" in problem
+    assert "lower preflight_min_free_disk_gb" in problem
+
+
+def test_the_disk_floor_of_a_node_without_a_gpu_is_the_wheels_and_model(tmp_path: Path) -> None:
+    # no GPU: the driver and toolkit are skipped, so the matrix's smaller floor applies; a
+    # forced driver/toolkit (an image bake on a CPU builder) brings back the GPU node's floor
+    bare = run_probe(tmp_path, profile="cpu", min_free_disk_gb=None)
+    assert bare["min_free_disk_gb"] == MATRIX["min_free_disk_gb_without_gpu"] == 5
+    forced = run_probe(tmp_path, profile="cpu", min_free_disk_gb=None, gpu_stack_forced=True)
+    assert forced["min_free_disk_gb"] == MATRIX["min_free_disk_gb"] == 20
+
+
 def test_probe_reports_every_bad_input_at_once(tmp_path: Path) -> None:
     result = run_probe(
         tmp_path, profile="cu999", gpu_model="K80", compute_capability="eight", min_free_disk_gb=-1

@@ -41,6 +41,7 @@ NO_TOOLKIT = {
 MATRIX_DATA = {
     "default_profile": "cu116",
     "min_free_disk_gb": 20,
+    "min_free_disk_gb_without_gpu": 5,
     "profiles": {
         "cu116": {
             **NO_TOOLKIT,

@@ -171,3 +171,43 @@ def test_the_module_needs_only_the_standard_library():
         check=True,
     )
     assert done.stdout.strip() == "L4"
+
+
+def test_disk_room_counts_what_an_earlier_install_occupies(tmp_path):
+    matrix = compat.parse(RAW, "compat/matrix.yml")
+    gb = 10**9
+    short = compat.disk_verdict(matrix, 19 * gb)  # the matrix's 20 GB floor for a GPU node
+    assert not short.ok
+    assert short.reason == (
+        "only 19.0 GB free but a node needs 20 GB for driver, toolkit, wheels and model"
+    )
+    # the same node with 4 GB of its own install in place fits (a re-run replaces it)
+    again = compat.disk_verdict(matrix, 19 * gb, None, 4 * gb)
+    assert again.ok and again.reason == (
+        "19.0 GB free + 4.0 GB torchfleet already occupies (>= 20 GB)"
+    )
+    assert not compat.disk_verdict(matrix, 15 * gb, None, 4 * gb).ok
+    assert compat.disk_verdict(matrix, 0, 0).ok  # 0 disables the check
+    # a node that gets no driver or toolkit needs only the wheels' and model's floor
+    assert compat.disk_verdict(matrix, 6 * gb, gpu_stack=False).ok
+    bare = compat.disk_verdict(matrix, 4 * gb, gpu_stack=False)
+    assert bare.reason == (
+        "only 4.0 GB free but a node needs 5 GB for wheels and model (no GPU stack)"
+    )
+    assert compat.min_free_disk(matrix, 7, gpu_stack=False) == 7  # an override is the floor
+    # tree_bytes: allocated bytes of the files under a tree, 0 for a missing one
+    (tmp_path / "a/b").mkdir(parents=True)
+    (tmp_path / "a/b/f").write_bytes(b"x" * 100_000)
+    (tmp_path / "a/link").symlink_to("/usr")  # not followed
+    assert 100_000 <= compat.tree_bytes(str(tmp_path / "a")) < 200_000
+    assert compat.tree_bytes(str(tmp_path / "missing")) == 0
+
+
+def test_the_floor_without_a_gpu_is_a_number_no_larger_than_the_gpu_floor():
+    for bad in (30, -1, "5", True):
+        data = copy.deepcopy(RAW)
+        data["min_free_disk_gb_without_gpu"] = bad
+        assert problems(data) == [
+            f"m.yml: min_free_disk_gb_without_gpu = {bad!r} is invalid; allowed: a number of GB "
+            ">= 0 and <= min_free_disk_gb (20)"
+        ]

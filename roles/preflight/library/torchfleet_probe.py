@@ -46,6 +46,7 @@ from ansible.module_utils.torchfleet_matrix import (
     parse,
     read_os_release,
     resolve_gpu,
+    tree_bytes,
 )
 
 DOCUMENTATION = r"""
@@ -60,6 +61,8 @@ options:
   compute_capability: {type: str, default: "", description: Declared capability of an unlisted GPU.}
   install_root: {type: str, default: /opt, description: Where free disk is measured.}
   min_free_disk_gb: {type: float, description: Override of the matrix's min_free_disk_gb (0 disables).}
+  reused_paths: {type: list, elements: str, default: [], description: An earlier install's trees (count as room).}
+  gpu_stack_forced: {type: bool, default: false, description: Driver/toolkit forced without a GPU (disk floor).}
   check_python: {type: bool, default: true, description: Refuse a Python the profile lacks.}
   check_gpu: {type: bool, default: true, description: Refuse a GPU the profile cannot drive.}
   check_distro: {type: bool, default: true, description: Refuse a distro the matrix lacks.}
@@ -173,18 +176,27 @@ def smi_gpus(nvidia_smi):
     return []
 
 
-def free_disk(path):
-    """Free bytes for unprivileged writers at `path` (or its nearest existing parent)."""
+def free_disk(path, reused_paths=()):
+    """Free bytes for unprivileged writers at `path` (or its nearest existing parent), and the
+    bytes an earlier install occupies in `reused_paths` on that same filesystem."""
     checked = os.path.abspath(path)
     while not os.path.exists(checked) and checked != os.path.dirname(checked):
         checked = os.path.dirname(checked)
     stats = os.statvfs(checked)
     free = stats.f_bavail * stats.f_frsize
+    device = os.stat(checked).st_dev
+    reused = 0
+    for tree in reused_paths:
+        with contextlib.suppress(OSError):
+            if os.lstat(tree).st_dev == device:
+                reused += tree_bytes(tree)
     return {
         "path": path,
         "checked_path": checked,
         "free_bytes": free,
         "free_gb": round(free / 1e9, 1),
+        "reused_bytes": reused,
+        "reused_gb": round(reused / 1e9, 1),
     }
 
 
@@ -213,7 +225,7 @@ def headers_candidate(kernel):
     return bool(re.search(r"Candidate:\s+[0-9]", out))
 
 
-def probe(roots, install_root, models, ask_apt):
+def probe(roots, install_root, models, ask_apt, reused_paths=()):
     """Everything the node shows, as plain data (the role prints it with -v)."""
     gpus = pci_gpus(roots["sysfs"])
     lspci = shutil.which("lspci")
@@ -255,7 +267,7 @@ def probe(roots, install_root, models, ask_apt):
             if ask_apt and present and not headers
             else None,
         },
-        "disk": free_disk(install_root),
+        "disk": free_disk(install_root, reused_paths),
         "apt_mirror": debian_mirror(roots["apt"]),
         "apt_lists_present": bool(glob.glob(os.path.join(roots["apt_lists"], "*_Packages*"))),
         "gpu": {
@@ -393,7 +405,11 @@ def judge(matrix: Matrix, facts, params):
             "inventory (or infra's instance type), or set preflight_check_gpu_model_match=false"
         )
     disk = facts["disk"]
-    verdict = disk_verdict(matrix, disk["free_bytes"], params["min_free_disk_gb"])
+    # the driver and toolkit land where a GPU is, or where a bake forces them
+    gpu_stack = bool(gpu_present or params["gpu_stack_forced"])
+    verdict = disk_verdict(
+        matrix, disk["free_bytes"], params["min_free_disk_gb"], disk["reused_bytes"], gpu_stack
+    )
     if not verdict.ok:
         problems.append(
             "{} at {} (filesystem of {}): grow the disk, or lower preflight_min_free_disk_gb (0 "
@@ -451,13 +467,14 @@ def judge(matrix: Matrix, facts, params):
             f" (declared {who.model})" if who.model else ""
         )
     summary = (
-        "{}, Python {}, profile {} (torch {}), GPU: {}, {} GB free at {}, {} problem(s)".format(
+        "{}, Python {}, profile {} (torch {}), GPU: {}, {} GB free{} at {}, {} problem(s)".format(
             distro,
             python,
             profile.name,
             profile.torch,
             gpu_text,
             disk["free_gb"],
+            " (+{} GB installed)".format(disk["reused_gb"]) if disk["reused_bytes"] else "",
             params["install_root"],
             len(problems),
         )
@@ -478,7 +495,7 @@ def judge(matrix: Matrix, facts, params):
         "summary": summary,
         "packages": packages,
         "probe": facts,
-        "min_free_disk_gb": min_free_disk(matrix, params["min_free_disk_gb"]),
+        "min_free_disk_gb": min_free_disk(matrix, params["min_free_disk_gb"], gpu_stack),
         "rules": {v.rule: v.ok for v in node_verdicts(matrix, profile, distro, python, judged_gpu)},
     }
 
@@ -491,6 +508,8 @@ ARGUMENTS = {
     "compute_capability": {"type": "str", "default": ""},
     "install_root": {"type": "str", "default": "/opt"},
     "min_free_disk_gb": {"type": "float"},
+    "reused_paths": {"type": "list", "elements": "str", "default": []},
+    "gpu_stack_forced": {"type": "bool", "default": False},
     "check_python": {"type": "bool", "default": True},
     "check_gpu": {"type": "bool", "default": True},
     "check_distro": {"type": "bool", "default": True},
@@ -523,7 +542,7 @@ def main():
             msg="roots: unknown keys {}; allowed: {}".format(", ".join(unknown), ", ".join(ROOTS))
         )
     roots = dict(ROOTS, **params["roots"])
-    facts = probe(roots, params["install_root"], list(matrix.gpus), ask_apt=True)
+    facts = probe(roots, params["install_root"], list(matrix.gpus), True, params["reused_paths"])
     module.exit_json(changed=False, **judge(matrix, facts, params))
 
 

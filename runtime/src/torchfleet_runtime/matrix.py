@@ -18,8 +18,9 @@ What it holds:
   `resolve_gpu(...)` (which model and compute capability a node has, from what was probed and
   what the inventory declares);
 - the rules, each returning a `Verdict` (rule, ok, reason and the profiles/distros that would
-  fit): `distro_verdict`, `python_verdict`, `gpu_verdict`, `driver_verdict`, `disk_verdict`,
-  and `node_verdicts` (distro + Python + GPU: the set every entry point judges a node by).
+  fit): `distro_verdict`, `python_verdict`, `gpu_verdict`, `driver_verdict`, `disk_verdict`
+  (with `tree_bytes`: what an earlier install occupies counts as room), and `node_verdicts`
+  (distro + Python + GPU: the set every entry point judges a node by).
   The Python rule includes the runtime's own floor, MIN_PYTHON (its requires-python).
   A verdict's `reason` is the same sentence everywhere; each entry point adds the fix in its
   own words (a stack key, a role variable, a CLI flag) from `profiles` / `distros`.
@@ -30,6 +31,7 @@ What it holds:
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -189,6 +191,7 @@ class Matrix:
     gpus: dict[str, GpuModel]
     distros: dict[str, Distro]
     min_free_disk_gb: float
+    min_free_disk_gb_without_gpu: float
     data: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     def profile(self, name: str | None, knob: str = "profile") -> Profile:
@@ -241,7 +244,14 @@ PROFILE_FIELDS = (
 )
 GPU_FIELDS = ("compute_capability", "arch", "memory_gib")
 DISTRO_FIELDS = ("python", "cuda_repo", "driver_source")
-TOP_FIELDS = ("default_profile", "profiles", "gpus", "distros", "min_free_disk_gb")
+TOP_FIELDS = (
+    "default_profile",
+    "profiles",
+    "gpus",
+    "distros",
+    "min_free_disk_gb",
+    "min_free_disk_gb_without_gpu",
+)
 
 
 class _Schema:
@@ -477,6 +487,21 @@ def parse(data: Any, source: str = "compat/matrix.yml") -> Matrix:
     disk = top.get("min_free_disk_gb")
     if isinstance(disk, bool) or not isinstance(disk, (int, float)) or disk < 0:
         s.fail("min_free_disk_gb", disk, "a number of GB >= 0")
+        disk = None
+    bare = top.get("min_free_disk_gb_without_gpu")
+    if (
+        isinstance(bare, bool)
+        or not isinstance(bare, (int, float))
+        or bare < 0
+        or (disk is not None and bare > disk)
+    ):
+        s.fail(
+            "min_free_disk_gb_without_gpu",
+            bare,
+            "a number of GB >= 0 and <= min_free_disk_gb ({})".format(
+                "?" if disk is None else f"{disk:g}"
+            ),
+        )
     if s.problems:
         raise MatrixError(s.problems)
     return Matrix(
@@ -486,6 +511,7 @@ def parse(data: Any, source: str = "compat/matrix.yml") -> Matrix:
         gpus=sections["gpus"],
         distros=sections["distros"],
         min_free_disk_gb=float(disk),
+        min_free_disk_gb_without_gpu=float(bare),
         data=data,
     )
 
@@ -733,22 +759,64 @@ def driver_verdict(matrix: Matrix, cuda: str, driver: str) -> tuple[str, str, st
     return OK, f"driver {driver} >= {minimum} (CUDA {cuda})", minimum
 
 
-def min_free_disk(matrix: Matrix, override: float | None) -> float:
-    """The free-disk floor in GB: an explicit override (0 disables), else the matrix's."""
-    return float(matrix.min_free_disk_gb if override is None else override)
+def min_free_disk(matrix: Matrix, override: float | None, gpu_stack: bool = True) -> float:
+    """The free-disk floor in GB: an explicit override (0 disables), else the matrix's for a node
+    that gets the driver and toolkit (`gpu_stack`) or for one that gets only wheels and model."""
+    if override is not None:
+        return float(override)
+    return matrix.min_free_disk_gb if gpu_stack else matrix.min_free_disk_gb_without_gpu
 
 
-def disk_verdict(matrix: Matrix, free_bytes: int, override: float | None = None) -> Verdict:
-    minimum = min_free_disk(matrix, override)
+def disk_verdict(
+    matrix: Matrix,
+    free_bytes: int,
+    override: float | None = None,
+    reused_bytes: int = 0,
+    gpu_stack: bool = True,
+) -> Verdict:
+    """Is there room to install? `gpu_stack`: the node gets the NVIDIA driver and toolkit (a
+    GPU node, or one where they are forced). `reused_bytes` is what an earlier install already
+    occupies where a re-run writes (the node's torchfleet tree): a converged node is judged by
+    free + reused, so re-running the playbook never fails for the room its own install takes
+    (a 30 GB volume with 12 GB installed has 18 GB free and still fits)."""
+    minimum = min_free_disk(matrix, override, gpu_stack)
     free_gb = free_bytes / 1e9
-    if minimum > 0 and free_gb < minimum:
-        return Verdict(
-            DISK,
-            False,
-            f"only {free_gb:.1f} GB free but a node needs {minimum:g} GB for driver, toolkit, "
-            "wheels and model",
-        )
-    return Verdict(DISK, True, f"{free_gb:.1f} GB free (>= {minimum:g} GB)")
+    reused_gb = reused_bytes / 1e9
+    have = f"{free_gb:.1f} GB free" + (
+        f" + {reused_gb:.1f} GB torchfleet already occupies" if reused_bytes > 0 else ""
+    )
+    needs = "driver, toolkit, wheels and model" if gpu_stack else "wheels and model (no GPU stack)"
+    if minimum > 0 and free_gb + reused_gb < minimum:
+        return Verdict(DISK, False, f"only {have} but a node needs {minimum:g} GB for {needs}")
+    return Verdict(DISK, True, f"{have} (>= {minimum:g} GB)")
+
+
+def tree_bytes(root: str) -> int:
+    """Bytes allocated to the files under `root` (0 when it is absent); symbolic links and
+    other filesystems are not followed. A node's torchfleet tree (a venv with torch, the
+    wheelhouse, the model) is some 10-30 thousand files: about 0.1 s."""
+    total = 0
+    try:
+        device = os.lstat(root).st_dev
+    except OSError:
+        return 0
+    for top, dirs, files in os.walk(root):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(top, name))
+            except OSError:
+                continue
+            if st.st_dev == device:
+                total += st.st_blocks * 512
+        dirs[:] = [d for d in dirs if _same_device(os.path.join(top, d), device)]
+    return total
+
+
+def _same_device(path: str, device: int) -> bool:
+    try:
+        return os.lstat(path).st_dev == device
+    except OSError:
+        return False
 
 
 _ARCH_RE = re.compile(r"^(sm|compute)_(\d+)(\d)([a-z]?)$")

@@ -285,9 +285,10 @@ def _check_cudnn(facts: HostFacts) -> Check:
 
 
 def _check_disk(facts: HostFacts, matrix: Matrix, override: float | None) -> Check:
-    verdict = compat.disk_verdict(matrix, facts.disk_free_bytes or 0, override)
+    gpu = facts.gpu_present
+    verdict = compat.disk_verdict(matrix, facts.disk_free_bytes or 0, override, gpu_stack=gpu)
     value = f"{(facts.disk_free_bytes or 0) / 1e9:.1f} GB free at {facts.disk_path}"
-    expected = f">= {compat.min_free_disk(matrix, override):g} GB"
+    expected = f">= {compat.min_free_disk(matrix, override, gpu):g} GB"
     if not verdict.ok:
         return Check("disk", FAIL, value, expected, verdict.reason + ": grow the volume")
     return Check("disk", OK, value, expected)
