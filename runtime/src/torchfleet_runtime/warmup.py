@@ -7,7 +7,7 @@ times before /readyz turns 200 (runs made while sizing the cap count: they are t
 
 The cap is measured, not computed: on CUDA the largest bucket whose peak allocated memory stays
 within `memory_fraction` of the device; on CPU the largest bucket whose run fits
-`latency_budget_ms` at 90 % or more of the best throughput (`choose_cpu_cap`).
+`latency_budget_ms` at 75 % or more of the best bare throughput (`choose_cpu_cap`).
 """
 
 from __future__ import annotations
@@ -136,16 +136,26 @@ def _size_by_memory(
     return report
 
 
+# A bucket's bare throughput (items/s of the model alone) may fall this far below the best one
+# and still be chosen: serving adds a cost per batch (queue hand-off, stacking the inputs, one
+# answer per request) that the bare model does not pay, so served throughput keeps growing past
+# the bare model's peak. On the demo model the bare peak is at 4-8 (16 reaches 82-90 % of it),
+# yet the same-minute A/B at 32 clients served 135 req/s with cap 8 and 153-169 with 16-32
+# (benchmarks/README.md). The floor still refuses a bucket that costs much more per item.
+CPU_CAP_MIN_RATE = 0.75
+
+
 def choose_cpu_cap(seconds_per_bucket: dict[int, float], budget_s: float) -> int:
-    """The largest bucket that fits the latency budget and reaches 90 % of the best throughput
-    among those that fit. A dip at one bucket (a neighbour took the core for a moment) does not
-    stop the search: a larger cap costs nothing at low load, since the batcher only forms big
-    batches when requests are queued, and stopping early on CPU noise turns batching off."""
+    """The largest bucket that fits the latency budget and reaches CPU_CAP_MIN_RATE of the best
+    bare throughput among those that fit. A dip at one bucket (a neighbour took the core for a
+    moment) does not stop the search: a larger cap costs nothing at low load, since the batcher
+    only forms big batches when requests are queued, and stopping early on CPU noise turns
+    batching off."""
     fits = {b: b / s for b, s in seconds_per_bucket.items() if s <= budget_s}
     if not fits:
         return 1
     best = max(fits.values())
-    return max(b for b, rate in fits.items() if rate >= 0.9 * best)
+    return max(b for b, rate in fits.items() if rate >= CPU_CAP_MIN_RATE * best)
 
 
 def _size_by_latency(predictor: Predictor, sample: torch.Tensor, budget_s: float) -> SizingReport:
@@ -168,9 +178,10 @@ def _size_by_latency(predictor: Predictor, sample: torch.Tensor, budget_s: float
             break  # larger buckets only take longer
     report.cap = choose_cpu_cap(report.measurements, budget_s)
     log.info(
-        "batch cap %d: largest bucket within %.0f ms at >= 90%% of the best throughput (%s)",
+        "batch cap %d: largest bucket within %.0f ms at >= %.0f%% of the best throughput (%s)",
         report.cap,
         budget_s * 1000,
+        CPU_CAP_MIN_RATE * 100,
         {k: f"{v * 1000:.1f}ms" for k, v in report.measurements.items()},
     )
     return report
