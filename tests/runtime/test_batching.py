@@ -306,8 +306,14 @@ def test_auto_cap_on_cpu_is_measured_and_fully_warmed(start_runtime):
     assert rt.runtime.sizing.method == "latency" and rt.runtime.sizing.cap >= 1
     assert set(rt.runtime.sizing.measurements) >= set(buckets_up_to(rt.runtime.sizing.cap))
     assert rt.runtime.batcher.buckets == buckets_up_to(rt.runtime.sizing.cap)
-    # the sizing runs come first; every bucket then got its full warm-up on top
-    assert all(m.sizes[b] >= 3 for b in rt.runtime.batcher.buckets)
+    # the sizing runs come first and count towards the warm-up: batch 1 two untimed runs (the
+    # first run of a TorchScript model profiles, the second compiles) and 3 timed, every later
+    # bucket one and 3, so warm-up (3 runs each) adds no run to a sized bucket
+    runs = rt.runtime.sizing.runs
+    assert runs[1] == 5 and all(runs[b] == 4 for b in runs if b > 1), runs
+    # (batch 1 runs once more after warm-up: the service's self-test of the batcher)
+    warmed = {b: m.sizes[b] - (b == 1) for b in rt.runtime.batcher.buckets}
+    assert warmed == {b: runs[b] for b in rt.runtime.batcher.buckets}, (m.sizes, runs)
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,13 @@ log = logging.getLogger(__name__)
 
 AUTO_CEILING_CPU = 256
 AUTO_CEILING_CUDA = 1024
-UNTIMED_RUNS = 3
+# Runs of a CPU bucket before it is timed: a new shape's first run pays one-off costs, and the
+# model's very first two (TorchScript's profiling executor profiles, then compiles the optimised
+# graph). Then TIMED_RUNS, the best one kept. Every bucket up to the cap gets warmup_iterations
+# (default 3) runs in all and these count towards them, so fewer runs here is a shorter start.
+FIRST_UNTIMED_RUNS = 2
+UNTIMED_RUNS = 1
+TIMED_RUNS = 3
 
 
 def load_sample(path: str | None, metadata: Metadata) -> torch.Tensor:
@@ -139,9 +145,8 @@ def _size_by_memory(
 # A bucket's bare throughput (items/s of the model alone) may fall this far below the best one
 # and still be chosen: serving adds a cost per batch (queue hand-off, stacking the inputs, one
 # answer per request) that the bare model does not pay, so served throughput keeps growing past
-# the bare model's peak. On the demo model the bare peak is at 4-8 (16 reaches 82-90 % of it),
-# yet the same-minute A/B at 32 clients served 135 req/s with cap 8 and 153-169 with 16-32
-# (benchmarks/README.md). The floor still refuses a bucket that costs much more per item.
+# the bare model's peak. The floor still refuses a bucket that costs much more per item.
+# Measured in benchmarks/peers/README.md ("The CPU cap rule").
 CPU_CAP_MIN_RATE = 0.75
 
 
@@ -160,20 +165,19 @@ def choose_cpu_cap(seconds_per_bucket: dict[int, float], budget_s: float) -> int
 
 def _size_by_latency(predictor: Predictor, sample: torch.Tensor, budget_s: float) -> SizingReport:
     report = SizingReport(1, "latency")
-    for b in buckets_up_to(AUTO_CEILING_CPU):
+    for i, b in enumerate(buckets_up_to(AUTO_CEILING_CPU)):
         batch = make_batch(sample, b)
-        for _ in range(
-            UNTIMED_RUNS
-        ):  # first runs of a shape pay one-off costs (TorchScript profiling)
+        untimed = FIRST_UNTIMED_RUNS if i == 0 else UNTIMED_RUNS
+        for _ in range(untimed):
             predictor(batch)
         runs = []
-        for _ in range(3):
+        for _ in range(TIMED_RUNS):
             t0 = time.perf_counter()
             predictor(batch)
             runs.append(time.perf_counter() - t0)
         seconds = min(runs)  # the best run: what the hardware can do, least disturbed by neighbours
         report.measurements[b] = seconds
-        report.runs[b] = UNTIMED_RUNS + len(runs)
+        report.runs[b] = untimed + len(runs)
         if seconds > budget_s:
             break  # larger buckets only take longer
     report.cap = choose_cpu_cap(report.measurements, budget_s)
