@@ -11,8 +11,9 @@ run_lint() {
   echo "== ruff (lint, and the formatting ruff format writes)"
   ruff check .
   ruff format --check .
-  echo "== runtime/ and the preflight probe (node code) parse as Python 3.8"
-  python scripts/check_py38.py runtime/src roles/preflight/library
+  echo "== runtime/ and the scripts roles run on nodes parse as Python 3.8"
+  python scripts/check_py38.py runtime/src roles/preflight/library roles/autostop/files \
+    roles/gpu_monitoring/files roles/pytorch/files
   if [ -d roles ] && compgen -G "roles/*/tasks" >/dev/null; then
     echo "== ansible-lint (production profile)"
     ansible-lint --profile production playbooks roles
