@@ -185,11 +185,7 @@ def free_disk(path, reused_paths=()):
     stats = os.statvfs(checked)
     free = stats.f_bavail * stats.f_frsize
     device = os.stat(checked).st_dev
-    reused = 0
-    for tree in reused_paths:
-        with contextlib.suppress(OSError):
-            if os.lstat(tree).st_dev == device:
-                reused += tree_bytes(tree)
+    reused = sum(tree_bytes(tree, device) for tree in reused_paths)
     return {
         "path": path,
         "checked_path": checked,

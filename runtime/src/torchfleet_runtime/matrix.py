@@ -791,32 +791,36 @@ def disk_verdict(
     return Verdict(DISK, True, f"{have} (>= {minimum:g} GB)")
 
 
-def tree_bytes(root: str) -> int:
-    """Bytes allocated to the files under `root` (0 when it is absent); symbolic links and
-    other filesystems are not followed. A node's torchfleet tree (a venv with torch, the
-    wheelhouse, the model) is some 10-30 thousand files: about 0.1 s."""
-    total = 0
+def tree_bytes(root: str, device: int | None = None) -> int:
+    """Bytes allocated to the files under `root` on filesystem `device` (default: root's own),
+    0 when it is absent or elsewhere; symbolic links and other filesystems are not followed. A
+    node's torchfleet tree (a venv with torch, the wheelhouse, the model) is some 10-30 thousand
+    files: about 0.1 s."""
     try:
-        device = os.lstat(root).st_dev
+        top = os.lstat(root)
     except OSError:
         return 0
-    for top, dirs, files in os.walk(root):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(top, name))
-            except OSError:
-                continue
-            if st.st_dev == device:
-                total += st.st_blocks * 512
-        dirs[:] = [d for d in dirs if _same_device(os.path.join(top, d), device)]
+    if device is not None and top.st_dev != device:
+        return 0
+    device, total, dirs = top.st_dev, 0, [root]
+    while dirs:
+        try:
+            entries = os.scandir(dirs.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if st.st_dev != device:
+                    continue  # a mount point inside the tree
+                if entry.is_dir(follow_symlinks=False):
+                    dirs.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    total += st.st_blocks * 512
     return total
-
-
-def _same_device(path: str, device: int) -> bool:
-    try:
-        return os.lstat(path).st_dev == device
-    except OSError:
-        return False
 
 
 _ARCH_RE = re.compile(r"^(sm|compute)_(\d+)(\d)([a-z]?)$")
