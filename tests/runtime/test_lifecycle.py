@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -389,3 +390,50 @@ def test_during_a_drain_503s_close_the_connection_are_not_in_flight_and_the_drai
     assert answers and all(a == (503, "close") for a in answers)
     text = rt.metrics_text().decode()
     assert metric_value(text, "torchfleet_inflight_requests") == 0
+
+
+def test_a_request_whose_body_is_still_arriving_at_the_drain_is_answered_in_full(start_runtime):
+    """Headers accepted before SIGTERM, last body bytes after it: the drain waits for the body
+    and the model and answers 200, instead of ending at once (nothing admitted yet) and
+    resetting the upload, or answering 503 work the node had already accepted."""
+    svc = start_runtime(rt_models.Tiny(), max_batch_size=4, drain_timeout_s=30)
+    rt = svc.runtime
+    x = [[0.5, -1.0, 2.0, 3.0]]
+    body = json.dumps({"inputs": x}).encode()
+    sock = socket.create_connection(("127.0.0.1", svc.port), timeout=10)
+    try:
+        head = (
+            f"POST /v1/predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        sock.sendall(head + body[:5])
+        wait_until(
+            lambda: metric_value(rt.metrics_text().decode(), "torchfleet_inflight_requests") == 1,
+            "the request's headers to be in",
+        )
+        rt.request_stop("test")
+        svc.http.begin_closing()
+        drained: list[bool] = []
+        waiter, _ = in_thread(lambda: drained.append(rt.drain(30)))
+        time.sleep(0.3)
+        assert not drained, "the drain ended while an accepted request's body was arriving"
+        # A new request during the drain is still refused.
+        status, _, doc = Client(svc.port).predict(x[0])
+        assert status == 503 and doc["error"]["type"] == "not_ready"
+        sock.sendall(body[5:])
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    finally:
+        sock.close()
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert b"connection: close" in head.lower()
+    with torch.inference_mode():
+        expected = rt_models.Tiny()(torch.tensor(x))
+    assert torch.allclose(torch.tensor(json.loads(payload)["outputs"]), expected, atol=1e-5)
+    waiter.join(10)
+    assert drained == [True]

@@ -15,7 +15,8 @@ States: loading -> warming -> ready -> draining -> stopped (or failed). /readyz 
   it holds and stops. A model that fails leaves the old one serving: `ApiError` 422 naming why,
   an error log line, `torchfleet_reloads_total{result="failed"}`. One reload at a time (409).
 - Drain (SIGTERM, SIGINT, a spot notice): /readyz and new predictions 503 with Connection:
-  close at once; those 503s are not in-flight work. `drain()` returns as soon as every admitted
+  close at once; those 503s are not in-flight work. A prediction is admitted once its headers
+  are accepted (its body may still be arriving). `drain()` returns as soon as every admitted
   prediction has been answered, or after `drain_timeout_s`; then `cut_off()` answers what is
   left 503 and drops the queue (the batch running then may go on inside torch: see app).
 Threads: torch gets `torch_threads` intra-op threads (auto: one per CPU this process may use:
@@ -494,10 +495,18 @@ class PredictCall:
             )
 
     def expect(self) -> None:
-        """Headers are in and the body is on its way: a forming batch may wait for it."""
+        """Headers are in (`check_ready` passed) and the body is on its way: a forming batch may
+        wait for it, and from now on the drain does too: a request accepted before SIGTERM is
+        answered in full even when its last bytes arrive during the drain."""
         if self.slot is not None and not self._expecting:
             self.slot.batcher.expect()
             self._expecting = True
+        self._admit()
+
+    def _admit(self) -> None:
+        if not self.admitted:
+            self.admitted = True
+            self.rt._admit(1)
 
     def _unexpect(self) -> None:
         if self._expecting and self.slot is not None:
@@ -510,7 +519,8 @@ class PredictCall:
         """Decode and admit; raises ApiError for every refusal."""
         rt = self.rt
         try:
-            self.check_ready()
+            if not (self.admitted and rt.state == "draining"):  # accepted before the drain
+                self.check_ready()
             slot = self.slot
             assert slot is not None
             meta = slot.loaded.metadata
@@ -539,7 +549,7 @@ class PredictCall:
             except Stopped:
                 current = rt._slot
                 if (
-                    rt.state == "ready"
+                    (rt.state == "ready" or (self.admitted and rt.state == "draining"))
                     and current is not None
                     and current is not slot
                     and current.meta_key == slot.meta_key
@@ -548,8 +558,7 @@ class PredictCall:
                     expected = False
                     continue
                 raise ApiError(503, "not_ready", "the runtime is draining", 5, close=True) from None
-        self.admitted = True
-        rt._admit(1)
+        self._admit()
 
     def add_done_callback(self, fn: Callable[[], None]) -> None:
         assert self.request is not None
