@@ -345,3 +345,40 @@ def test_the_admin_api_is_off_without_a_token(edge):
     svc, _ = edge
     status, _, data = Client(svc.port).call("POST", "/admin/reload")
     assert status == 403 and b"admin_token" in data
+
+
+def test_a_handler_that_raises_is_a_json_500_and_the_server_keeps_serving(edge, monkeypatch):
+    """A bug behind the edge (here: the model card and a prediction's submit raising) is a 500
+    with a JSON body and Connection: close, the in-flight prediction is released (a drain does
+    not wait for it), and the next request is served; before, the connection hung unanswered."""
+    from torchfleet_runtime import service
+
+    svc, _ = edge
+    rt = svc.runtime
+    real_status = rt.status
+
+    def broken_card(detail: bool = False):
+        if detail:
+            raise TypeError("the card cannot be built")
+        return real_status(detail)
+
+    monkeypatch.setattr(rt, "status", broken_card)
+    (resp,), closed = raw_exchange(svc.port, b"GET /v1/model HTTP/1.1\r\nHost: t\r\n\r\n", 5)
+    assert resp.status == 500 and closed
+    assert resp.json()["error"]["type"] == "internal_error"
+    assert "TypeError" in resp.json()["error"]["message"]
+
+    def broken_submit(self, *args, **kwargs):
+        raise KeyError("decode bug")
+
+    monkeypatch.setattr(service.PredictCall, "submit", broken_submit)
+    (resp,), closed = raw_exchange(svc.port, predict_bytes(), 5)
+    assert resp.status == 500 and closed and resp.json()["error"]["type"] == "internal_error"
+    text = rt.metrics_text().decode()
+    assert metric_value(text, "torchfleet_inflight_requests") == 0
+    assert metric_value(text, "torchfleet_requests_total", 'code="500"') == 1
+    assert rt._admitted == 0
+
+    monkeypatch.undo()
+    status, _, doc = Client(svc.port).predict([1.0, 2.0, 3.0, 4.0])
+    assert status == 200 and len(doc["outputs"]) == 3

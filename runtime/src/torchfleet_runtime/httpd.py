@@ -121,6 +121,18 @@ def error_response(
     )
 
 
+def _internal_error(exc: Exception) -> Response:
+    """A bug in the application (a handler raised, or its future failed): logged with the
+    traceback, answered 500 with a JSON body and Connection: close, never a silent connection."""
+    log.error("request handler failed", exc_info=exc)
+    return error_response(
+        ApiError(500, "internal_error", f"{type(exc).__name__}: {exc}", close=True)
+    )
+
+
+_BUG = ApiError(500, "internal_error", "the request handler failed", close=True)
+
+
 class App(Protocol):
     def on_headers(self, req: Request) -> Response | None:
         """Decide from the headers alone: an early answer, or None to read the body."""
@@ -130,7 +142,8 @@ class App(Protocol):
 
     def aborted(self, req: Request, exc: ApiError | None) -> None:
         """A request `on_headers` accepted ended without `handle` (timeout, framing error, the
-        client left); exc is what the client was told, None when it could not be told."""
+        client left) or `handle` raised; exc is what the client was told, None when it could not
+        be told."""
 
 
 class _Abort(Exception):
@@ -510,7 +523,12 @@ class Connection(asyncio.Protocol):
                 if started:
                     return  # in progress
                 item[2] = True
-                result = self._app.handle(req)
+                try:
+                    result = self._app.handle(req)
+                except Exception as exc:  # a bug in the application: answer it, keep serving
+                    result = _internal_error(exc)
+                    if req.context is not None:
+                        self._app.aborted(req, _BUG)
                 if isinstance(result, Response):
                     item[1] = resp = result
                 else:
@@ -534,10 +552,7 @@ class Connection(asyncio.Protocol):
         try:
             item[1] = fut.result()
         except Exception as exc:  # a bug in the application: say so, keep serving others
-            log.error("request handler failed", exc_info=exc)
-            item[1] = error_response(
-                ApiError(500, "internal_error", f"{type(exc).__name__}: {exc}", close=True)
-            )
+            item[1] = _internal_error(exc)
         if self._transport is None:
             if item[1].on_sent is not None:
                 item[1].on_sent("dropped", 0.0)
