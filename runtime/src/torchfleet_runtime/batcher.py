@@ -20,6 +20,8 @@ Contract (the shape of LitServe's loop and BentoML's dispatcher, kept self-conta
   for every request (nothing else is coming); the rest stays at the head of the queue for the
   next batch. Closed-loop clients at c=32 with a cap of 32 left batches of 17-31 padded to 32:
   up to half of every run was zeros. Without times (none measured) it always pads.
+- Torch threads: with a `ThreadTuner` (threadtune.py) the worker runs each batch with the
+  intra-op thread count it asks for, set in the worker's own thread, and reports the batch back.
 - CUDA out of memory: free the cache, lower the cap below the failing bucket, split the batch in
   halves and retry; only a single instance that does not fit alone fails (`OutOfMemory`).
 """
@@ -40,6 +42,7 @@ from . import compat
 from .metrics import Metrics
 from .model import Predictor
 from .tensors import Outputs, bucket_for, concat_outputs, split_outputs
+from .threadtune import ThreadTuner
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +170,11 @@ class Batcher:
         clock: Callable[[], float] = time.monotonic,
         wait_for_arrivals: bool = False,
         bucket_seconds: dict[int, float] | None = None,
+        thread_tuner: ThreadTuner | None = None,
     ) -> None:
         self._predictor = predictor
+        self.thread_tuner = thread_tuner
+        self._threads = 0  # the intra-op count this worker last set (0: as it found it)
         self.buckets = list(buckets)
         self._bucket_s = dict(bucket_seconds or {})  # bucket -> seconds of one run (warm-up)
         self.max_delay_s = max_delay_s
@@ -195,6 +201,11 @@ class Batcher:
     @property
     def cap(self) -> int:
         return self.buckets[-1]
+
+    @property
+    def threads(self) -> int:
+        """The intra-op thread count this worker set last (0: never set one)."""
+        return self._threads
 
     @property
     def queued(self) -> int:
@@ -228,6 +239,7 @@ class Batcher:
     def attach_metrics(self, metrics: Metrics) -> None:
         self._metrics = metrics
         metrics.batch_cap.set(self.cap)
+        metrics.torch_threads.set(self._threads or torch.get_num_threads())
 
     def expect(self) -> None:
         """A request has started to arrive (its body is being read and decoded). Pair it with
@@ -385,11 +397,16 @@ class Batcher:
         model_s = 0.0
         failure: BaseException | None = None
         outputs = None
+        tuner = self.thread_tuner
+        if tuner is not None:
+            self._set_threads(tuner.threads(start))
         try:
             inputs = chunks[0].tensor if len(chunks) == 1 else torch.cat([c.tensor for c in chunks])
             t0 = time.perf_counter()
             outputs = self._run_split(inputs)
             model_s = time.perf_counter() - t0
+            if tuner is not None:
+                self._tuned(tuner, size, start)
         except (
             BaseException
         ) as exc:  # the model's failure is every caller's failure, never the worker's
@@ -431,6 +448,23 @@ class Batcher:
                 c.index, split_outputs(outputs, offset, offset + c.n), model_s if first else 0.0
             )
             offset += c.n
+
+    def _set_threads(self, n: int) -> None:
+        if n != self._threads:
+            torch.set_num_threads(n)  # OpenMP keeps it per thread: this worker's runs only
+            self._threads = n
+            if self._metrics is not None:
+                self._metrics.torch_threads.set(n)
+
+    def _tuned(self, tuner: ThreadTuner, size: int, start: float) -> None:
+        if tuner.record(size, start, self._clock()):
+            v = tuner.last
+            log.log(
+                logging.INFO if v["changed"] else logging.DEBUG,
+                "torch threads under this load: %d (instances/s served by thread count: %s)",
+                v["threads"],
+                v["items_per_s"],
+            )
 
     def _run_split(self, inputs: torch.Tensor) -> Outputs:
         n = int(inputs.shape[0])

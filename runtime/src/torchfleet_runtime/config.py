@@ -266,7 +266,8 @@ FIELDS: dict[str, _Field] = {
         _as_optional_int,
         "auto or an integer >= 1",
         lambda v: v is None or v >= 1,
-        help="torch intra-op threads (default auto: one per CPU this process may use)",
+        help="torch intra-op threads (default auto: one per CPU this process may use, one "
+        "fewer while that serves more under the load)",
     ),
     "torch_interop_threads": _Field(
         _as_optional_int,

@@ -138,6 +138,11 @@ class Metrics:
             registry=r,
         )
         self.batch_cap = Gauge("torchfleet_max_batch_size", "The batch cap in force.", registry=r)
+        self.torch_threads = Gauge(
+            "torchfleet_torch_threads",
+            "Torch intra-op threads the model runs with now (auto: chosen under load).",
+            registry=r,
+        )
         self.oom = Counter(
             "torchfleet_oom_recoveries",
             "Out-of-memory errors recovered from by splitting a batch.",

@@ -20,7 +20,8 @@ States: loading -> warming -> ready -> draining -> stopped (or failed). /readyz 
   prediction has been answered, or after `drain_timeout_s`; then `cut_off()` answers what is
   left 503 and drops the queue (the batch running then may go on inside torch: see app).
 Threads: torch gets `torch_threads` intra-op threads (auto: one per CPU this process may use:
-the affinity mask and the cgroup CPU quota, see cpus.py) and `torch_interop_threads` (auto: 1),
+the affinity mask and the cgroup CPU quota, see cpus.py; under load the batcher may run one fewer
+when that serves more, see threadtune.py) and `torch_interop_threads` (auto: 1),
 set once before the first model loads.
 """
 
@@ -43,6 +44,7 @@ from .logs import BatchSummary
 from .metrics import Metrics
 from .model import LoadedModel, ModelError, load
 from .tensors import buckets_up_to, non_finite
+from .threadtune import ThreadTuner
 from .warmup import SizingReport, load_sample, size_cap, warm_up
 
 log = logging.getLogger(__name__)
@@ -186,7 +188,10 @@ class Runtime:
             warmed_batch_sizes=list(slot.batcher.buckets),
             max_delay_ms=self.config.max_delay_ms,
             max_queue=slot.batcher.max_queue,
-            torch_threads=self.threads[0],
+            torch_threads=slot.batcher.threads or self.threads[0],
+            torch_threads_auto=(
+                None if slot.batcher.thread_tuner is None else slot.batcher.thread_tuner.last
+            ),
             torch_interop_threads=self.threads[1],
             torch_version=torch.__version__,
             runtime_version=__version__,
@@ -256,12 +261,20 @@ class Runtime:
             cfg.max_queue,
             wait_for_arrivals=cfg.batch_wait == "arrivals",
             bucket_seconds={b: seconds[b] for b in warmed if b in seconds},
+            thread_tuner=self._thread_tuner(loaded),
         )
         self._self_test(loaded, batcher, sample)
         warm_s = time.perf_counter() - t1
         log.info("warmed batch sizes %s in %.2f s", warmed, warm_s)
         meta = loaded.metadata
         return Slot(loaded, batcher, sizing, load_s, warm_s, (meta.input_shape, meta.dtype))
+
+    def _thread_tuner(self, loaded: LoadedModel) -> ThreadTuner | None:
+        """torch_threads auto on a CPU model with 2+ CPUs: one per CPU or one fewer, as measured
+        under the load (threadtune.py); a set count, or a GPU model, runs as configured."""
+        if self.config.torch_threads is not None or loaded.device.type != "cpu":
+            return None
+        return ThreadTuner(self.threads[0]) if self.threads[0] >= 2 else None
 
     def _self_test(self, loaded: LoadedModel, batcher: Batcher, sample: torch.Tensor) -> None:
         """One request through the real path (JSON decode, pad/run/split, encode) before the slot
