@@ -382,3 +382,26 @@ def test_a_handler_that_raises_is_a_json_500_and_the_server_keeps_serving(edge, 
     monkeypatch.undo()
     status, _, doc = Client(svc.port).predict([1.0, 2.0, 3.0, 4.0])
     assert status == 200 and len(doc["outputs"]) == 3
+
+
+def test_an_answer_that_fails_to_encode_is_a_json_500_and_counted(edge, monkeypatch):
+    """The model ran but building its answer raised (a bug, not the client's or the model's
+    fault): 500 internal_error with Connection: close, the prediction counted and released, the
+    next one served. Before, the answer's future never resolved and the client waited forever."""
+    from torchfleet_runtime import service
+
+    svc, _ = edge
+
+    def broken_answer(self, accept):
+        raise ValueError("encoder bug")
+
+    monkeypatch.setattr(service.PredictCall, "answer", broken_answer)
+    (resp,), closed = raw_exchange(svc.port, predict_bytes(), 10)
+    assert resp.status == 500 and closed
+    error = resp.json()["error"]
+    assert error["type"] == "internal_error" and "ValueError: encoder bug" in error["message"]
+    text = svc.runtime.metrics_text().decode()
+    assert metric_value(text, "torchfleet_inflight_requests") == 0
+    assert metric_value(text, "torchfleet_requests_total", 'code="500"') == 1
+    monkeypatch.undo()
+    assert Client(svc.port).predict([1.0, 2.0, 3.0, 4.0])[0] == 200

@@ -235,6 +235,11 @@ class Routes:
         except ApiError as exc:
             fut.set_result(self._error(call, exc))
             return
+        except Exception as exc:  # a bug in encoding: the answer must still come, and count
+            log.error("answering a prediction failed", exc_info=exc)
+            bug = ApiError(500, "internal_error", f"{type(exc).__name__}: {exc}", close=True)
+            fut.set_result(self._error(call, bug))
+            return
         headers.update(self._ids(call))
         fut.set_result(Response(200, body, ctype, headers, on_sent=self._sent(call, 200)))
 
