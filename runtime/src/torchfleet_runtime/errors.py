@@ -34,6 +34,11 @@ def bad_input(message: str, type_: str = "invalid_input") -> ApiError:
     return ApiError(400, type_, message)
 
 
+def internal_error(exc: BaseException, close: bool = True) -> ApiError:
+    """A bug behind the HTTP layer (not the client's, not the model's): 500 naming the exception."""
+    return ApiError(500, "internal_error", f"{type(exc).__name__}: {exc}", close=close)
+
+
 def error_body(type_: str, message: str) -> bytes:
     """The JSON body of every error answer."""
     return orjson.dumps({"error": {"type": type_, "message": message}})

@@ -39,7 +39,7 @@ from typing import Any, Callable, Protocol
 
 import httptools
 
-from .errors import ApiError, error_body
+from .errors import ApiError, error_body, internal_error
 
 log = logging.getLogger(__name__)
 
@@ -121,16 +121,12 @@ def error_response(
     )
 
 
-def _internal_error(exc: Exception) -> Response:
+def _internal_error(exc: Exception) -> tuple[ApiError, Response]:
     """A bug in the application (a handler raised, or its future failed): logged with the
     traceback, answered 500 with a JSON body and Connection: close, never a silent connection."""
     log.error("request handler failed", exc_info=exc)
-    return error_response(
-        ApiError(500, "internal_error", f"{type(exc).__name__}: {exc}", close=True)
-    )
-
-
-_BUG = ApiError(500, "internal_error", "the request handler failed", close=True)
+    bug = internal_error(exc)
+    return bug, error_response(bug)
 
 
 class App(Protocol):
@@ -526,9 +522,9 @@ class Connection(asyncio.Protocol):
                 try:
                     result = self._app.handle(req)
                 except Exception as exc:  # a bug in the application: answer it, keep serving
-                    result = _internal_error(exc)
+                    bug, result = _internal_error(exc)
                     if req.context is not None:
-                        self._app.aborted(req, _BUG)
+                        self._app.aborted(req, bug)
                 if isinstance(result, Response):
                     item[1] = resp = result
                 else:
@@ -552,7 +548,7 @@ class Connection(asyncio.Protocol):
         try:
             item[1] = fut.result()
         except Exception as exc:  # a bug in the application: say so, keep serving others
-            item[1] = _internal_error(exc)
+            item[1] = _internal_error(exc)[1]
         if self._transport is None:
             if item[1].on_sent is not None:
                 item[1].on_sent("dropped", 0.0)

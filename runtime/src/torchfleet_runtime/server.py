@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from .codec import JSON_TYPES, MEDIA_TYPES, dumps, media_type
 from .config import Config
-from .errors import ApiError
+from .errors import ApiError, internal_error
 from .httpd import HttpServer, Request, Response, error_response
 
 log = logging.getLogger(__name__)
@@ -237,8 +237,7 @@ class Routes:
             return
         except Exception as exc:  # a bug in encoding: the answer must still come, and count
             log.error("answering a prediction failed", exc_info=exc)
-            bug = ApiError(500, "internal_error", f"{type(exc).__name__}: {exc}", close=True)
-            fut.set_result(self._error(call, bug))
+            fut.set_result(self._error(call, internal_error(exc)))
             return
         headers.update(self._ids(call))
         fut.set_result(Response(200, body, ctype, headers, on_sent=self._sent(call, 200)))
@@ -259,9 +258,7 @@ class Routes:
                 out.set_result(error_response(exc))
             else:
                 log.error("reload failed", exc_info=exc)
-                out.set_result(
-                    error_response(ApiError(500, "internal_error", f"{type(exc).__name__}: {exc}"))
-                )
+                out.set_result(error_response(internal_error(exc, close=False)))
 
         job.add_done_callback(done)
         return out

@@ -516,6 +516,11 @@ class PredictCall:
             self._expecting = True
         self._admit()
 
+    @property
+    def _accepted_before_drain(self) -> bool:
+        """Admitted (headers accepted) before a drain that is now running: still served."""
+        return self.admitted and self.rt.state == "draining"
+
     def _admit(self) -> None:
         if not self.admitted:
             self.admitted = True
@@ -532,7 +537,7 @@ class PredictCall:
         """Decode and admit; raises ApiError for every refusal."""
         rt = self.rt
         try:
-            if not (self.admitted and rt.state == "draining"):  # accepted before the drain
+            if not self._accepted_before_drain:
                 self.check_ready()
             slot = self.slot
             assert slot is not None
@@ -562,7 +567,7 @@ class PredictCall:
             except Stopped:
                 current = rt._slot
                 if (
-                    (rt.state == "ready" or (self.admitted and rt.state == "draining"))
+                    (rt.state == "ready" or self._accepted_before_drain)
                     and current is not None
                     and current is not slot
                     and current.meta_key == slot.meta_key
