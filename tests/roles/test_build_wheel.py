@@ -69,3 +69,24 @@ def test_rejects_a_directory_without_pyproject(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "pyproject.toml" in result.stderr and "inference_runtime_source_dir" in result.stderr
+
+
+def test_describe_names_a_prebuilt_wheel_and_its_sha256(tmp_path: Path) -> None:
+    """inference_runtime_wheel set: the same JSON line, so the role compares the same checksum
+    with the node's marker either way; a path that is not a wheel is refused by name."""
+    built = build(make_project(tmp_path / "proj"), tmp_path / "cache")
+    described = subprocess.run(
+        [sys.executable, str(SCRIPT), "--describe", built["wheel"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert json.loads(described.stdout) == {**built, "built": False}
+    missing = subprocess.run(
+        [sys.executable, str(SCRIPT), "--describe", str(tmp_path / "nope.whl")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode != 0
+    assert "nope.whl: not a wheel file (inference_runtime_wheel)" in missing.stderr

@@ -2,6 +2,7 @@
 """Build the torchfleet-runtime wheel on the controller, once per source content.
 
 usage: build_wheel.py SOURCE_DIR CACHE_DIR
+       build_wheel.py --describe WHEEL      (a prebuilt wheel: its path and sha256 only)
 
 The wheel lands in CACHE_DIR/<hash of the sources>/, so an unchanged checkout reuses the
 previous build (idempotent deploys) and any edit produces a new wheel. Sources are copied to a
@@ -70,7 +71,15 @@ def build(source: Path, out: Path) -> None:
             raise SystemExit(f"building the runtime wheel from {source} failed")
 
 
+def describe(wheel: Path) -> None:
+    if not wheel.is_file() or wheel.suffix != ".whl":
+        raise SystemExit(f"{wheel}: not a wheel file (inference_runtime_wheel)")
+    print(json.dumps({"wheel": str(wheel), "sha256": file_sha256(wheel), "built": False}))
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--describe":
+        return describe(Path(sys.argv[2]).resolve())
     if len(sys.argv) != 3:
         raise SystemExit(__doc__)
     source, cache = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()

@@ -1,0 +1,1 @@
+../../../playbooks/library/torchfleet_install.py
