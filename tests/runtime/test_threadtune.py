@@ -50,6 +50,34 @@ def test_one_thread_fewer_is_kept_only_when_it_serves_more_and_the_choice_is_hel
     assert tuner.chosen == 2 and tuner.last["changed"] is True
 
 
+def test_a_different_load_ends_the_hold_early_and_a_steady_one_does_not():
+    """Measured under one client (batches of 1), then 32 clients arrive (batches of 8): the
+    choice made for single requests must not hold for two minutes of full batches."""
+    tuner = ThreadTuner(2, stretch=3, rounds=2, hold_s=120, regime=1.5)
+    now = 0.0
+    while True:
+        now, ended = feed(tuner, now, {2: 0.010, 1: 0.012}, items=1)
+        if ended:
+            break
+    assert tuner.chosen == 2 and tuner.last["mean_batch"] == 1.0
+    # the same load for longer than the window, one burst included: held
+    for items in [1] * 8 + [8] + [1] * 4:
+        now, _ = feed(tuner, now, {2: 0.010, 1: 0.012}, items=items)
+    assert tuner.threads(now) == 2 and not tuner._measuring and "ended_early" not in tuner.last
+    # full batches: once they are most of the window (2 * stretch batches) a measurement starts
+    fed = 0
+    while not tuner._measuring:
+        now, _ = feed(tuner, now, {2: 0.010, 1: 0.008}, items=8)
+        fed += 1
+        tuner.threads(now)
+        assert fed <= 6
+    assert fed >= 3
+    assert tuner.last["ended_early"] == "batch size 1.0 -> 4.5"
+    now, counts = run_measurement(tuner, now, {2: 0.010, 1: 0.008})
+    assert counts == [2, 2, 2, 1, 1, 1] * 2
+    assert tuner.chosen == 1 and tuner.last["mean_batch"] == 8.0
+
+
 def test_within_the_margin_one_thread_per_cpu_stays():
     tuner = ThreadTuner(4, stretch=2, rounds=3, margin=0.04)
     run_measurement(tuner, 0.0, {4: 0.010, 3: 0.0098})  # 2 % more with three: noise
