@@ -163,7 +163,10 @@ FIELDS: dict[str, Key] = {
     ),
     "service_port": Key("integer", "the runtime's port on the nodes", "1024..65535", SERVICE_PORT),
     "ssh_public_key": Key(
-        "string", "the operator's OpenSSH public key", "an OpenSSH public key line", REQUIRED
+        "string",
+        "the operator's OpenSSH public key",
+        "an OpenSSH public key line (" + ", ".join(p.strip() for p in SSH_KEY_PREFIXES) + ")",
+        REQUIRED,
     ),
     "image": Key("string", "the node image", "auto | an image id (ami-... on AWS)", "auto"),
     "image_distro": Key(
@@ -205,7 +208,11 @@ FIELDS: dict[str, Key] = {
         "monthly_usd (auto | >= 1), alert_emails, threshold_percent 1..1000",
         subkeys=("monthly_usd", "alert_emails", "threshold_percent"),
     ),
-    "model_bucket": Key("string", "the bucket nodes fetch models from", "an S3 / OSS bucket name"),
+    "model_bucket": Key(
+        "string",
+        "the bucket nodes fetch models from",
+        "an S3 / OSS bucket name (lowercase, 3..63 chars)",
+    ),
     "scaling": Key(
         "mapping",
         "the group's scaling targets",
@@ -396,8 +403,24 @@ class _Reader:
         self.raw = raw
         self.problems: list[str] = []
 
-    def fail(self, key: str, value: Any, allowed: str) -> None:
+    def fail(self, key: str, value: Any, allowed: str | None = None) -> None:
+        """One problem: the key, the value and what is allowed (by default the key's declared
+        `allowed`, FIELDS; a check passes its own words only where it knows more, e.g. the
+        zones of this region)."""
+        if allowed is None:
+            allowed = FIELDS[key].allowed
         self.problems.append(f"{NAMESPACE}:{key} = {value!r} is invalid; allowed: {allowed}")
+
+    def kinds(self) -> bool:
+        """Every key that is set against its declared YAML kind, before any check reads it (a
+        mapping where a string belongs must not reach a lookup). True when all match."""
+        ok = True
+        for key, value in self.raw.items():
+            decl = FIELDS.get(key)
+            if decl is not None and value is not None and not _has_kind(decl.kind, value):
+                self.fail(key, value, f"a YAML {decl.kind}: {decl.allowed}")
+                ok = False
+        return ok
 
     def get(self, key: str, default: Any = None) -> Any:
         """The raw value; unset, `default`, else the key's declared default (FIELDS)."""
@@ -440,7 +463,7 @@ class _Reader:
         kind: Callable[[Any], Any],
         lo: float | None,
         hi: float | None,
-        what: str,
+        what: str | None = None,
     ) -> Any:
         try:
             if isinstance(value, bool):
@@ -492,6 +515,29 @@ class _Reader:
         return tuple(out)
 
 
+def _has_kind(kind: str, value: Any) -> bool:
+    """Whether a raw value is of a declared kind. Pulumi hands structured values over as JSON
+    text and numbers as text too; the checks in load() parse them and judge the range."""
+    if kind in ("list", "mapping"):
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                return False
+        return isinstance(value, list if kind == "list" else dict)
+    if kind in ("integer", "number"):
+        if isinstance(value, str):
+            try:
+                float(value)
+            except ValueError:
+                return False
+            return True
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "boolean":
+        return isinstance(value, bool) or str(value).lower() in ("true", "false")
+    return isinstance(value, str)
+
+
 def _stack_parts(stack: str) -> tuple[str | None, str | None]:
     cloud, _, env = stack.partition("-")
     return (cloud if cloud in CLOUDS else None, env if env in ENVS else None)
@@ -504,6 +550,8 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
     for key in raw:
         if key not in KEYS:
             r.fail(key, raw[key], f"the keys {', '.join(KEYS)}")
+    if not r.kinds():
+        raise ConfigError(r.problems)  # the checks below read values of the declared kinds
 
     stack_cloud, stack_env = _stack_parts(stack)
     cloud = r.choice("cloud", r.get("cloud", stack_cloud), CLOUDS)
@@ -520,7 +568,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
         r.fail(
             "region",
             region,
-            f"a {cloud} region id such as {'us-east-1' if cloud == 'aws' else 'cn-hangzhou'}",
+            f"a region id of {cloud} such as {'us-east-1' if cloud == 'aws' else 'cn-hangzhou'}",
         )
         region = None
     zones = _zones(r, cloud, region)
@@ -540,20 +588,17 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
     if not admin and "admin_cidrs" not in raw:
         r.fail("admin_cidrs", None, "at least one CIDR that may reach SSH (port 22)")
     client = r.cidrs("client_cidrs", r.structured("client_cidrs", list))
-    port = r.number(
-        "service_port", r.get("service_port"), int, 1024, 65535, "an integer port in 1024..65535"
-    )
+    port = r.number("service_port", r.get("service_port"), int, 1024, 65535)
     key = r.get("ssh_public_key")
     if not isinstance(key, str) or not key.startswith(SSH_KEY_PREFIXES):
         r.fail(
             "ssh_public_key",
             key if not isinstance(key, str) else key[:24] + "...",
-            "an OpenSSH public key line (" + ", ".join(p.strip() for p in SSH_KEY_PREFIXES) + ")",
         )
 
     image = r.get("image")
     if image != "auto" and (not isinstance(image, str) or not _IMAGE_RE[cloud].match(image)):
-        r.fail("image", image, "auto | an image id" + (" (ami-...)" if cloud == "aws" else ""))
+        r.fail("image", image)
     distro = r.choice("image_distro", r.get("image_distro"), tuple(matrix.distros))
 
     profile = _cuda_profile(r, matrix, itype, distro if mode != "kubernetes" else None)
@@ -570,16 +615,14 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
     vpc_cidr = _vpc_cidr(r, len(zones))
     owner = r.get("owner")
     if not isinstance(owner, str) or not re.match(r"^[A-Za-z0-9._@+-]{1,64}$", owner):
-        r.fail(
-            "owner", owner, "who pays for and answers for this stack (letters, digits, . _ @ + -)"
-        )
+        r.fail("owner", owner)
     tags = _tags(r)
     budget = _budget(r, cloud)
     bucket = r.get("model_bucket")
     if bucket is not None and (
         not isinstance(bucket, str) or not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket)
     ):
-        r.fail("model_bucket", bucket, "an S3 / OSS bucket name (lowercase, 3-63 chars)")
+        r.fail("model_bucket", bucket)
         bucket = None
 
     _cross_checks(r, cloud, env, mode, zones, nodes, spot, schedule, client)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from infra.config import ConfigError, load
@@ -348,3 +350,56 @@ def test_declared_defaults_are_the_ones_load_applies(settings):
         "vpc_cidr": cfg.vpc_cidr,
     }
     assert got == {k: FIELDS[k].default for k in got}
+
+
+# A value of the wrong YAML kind for each declared kind (a mapping where text belongs reached a
+# catalog lookup and crashed with TypeError before the declaration-driven first pass).
+WRONG_KIND = {
+    "string": {"a": 1},
+    "list": 7,
+    "mapping": "not a mapping",
+    "integer": "many",
+    "number": ["1"],
+}
+
+
+@pytest.mark.parametrize("stack", ["aws-prod", "alicloud-dev"])
+def test_every_key_of_the_wrong_kind_is_one_error_in_the_declarations_words(settings, stack):
+    """Table-driven over FIELDS: each key set to a value of the wrong kind is refused with one
+    problem naming the key and quoting its declared kind and `allowed` (the README's words), and
+    nothing else is reported for it; no key crashes the loader."""
+    from infra.config import FIELDS
+
+    assert set(WRONG_KIND) >= {decl.kind for decl in FIELDS.values()}
+    for key, decl in FIELDS.items():
+        bad = WRONG_KIND[decl.kind]
+        with pytest.raises(ConfigError) as err:
+            load(base(settings, stack, **{key: bad}), stack)
+        mine = [p for p in err.value.problems if p.startswith(f"torchfleet:{key} ")]
+        assert mine == [
+            f"torchfleet:{key} = {bad!r} is invalid; allowed: a YAML {decl.kind}: {decl.allowed}"
+        ], (key, err.value.problems)
+
+
+def test_pulumi_text_forms_of_structured_and_numeric_keys_pass_the_kind_check(settings):
+    """Pulumi hands structured values over as JSON text and numbers as text: of the right kind."""
+    raw = base(settings, "aws-prod")
+    raw["zones"] = json.dumps(raw["zones"])
+    raw["nodes"] = json.dumps(raw["nodes"])
+    raw["service_port"] = "8080"
+    cfg = load(raw, "aws-prod")
+    assert cfg.service_port == 8080
+    assert list(cfg.zones) == json.loads(raw["zones"])
+
+
+def test_checks_without_words_of_their_own_quote_the_declaration(settings):
+    from infra.config import FIELDS
+
+    for key, value in (
+        ("owner", "has spaces"),
+        ("model_bucket", "Upper_Case"),
+        ("image", "not-an-ami"),
+        ("service_port", 80),
+    ):
+        err = problems(base(settings, "aws-prod", **{key: value}), "aws-prod")
+        assert f"torchfleet:{key} = {value!r} is invalid; allowed: {FIELDS[key].allowed}" in err
