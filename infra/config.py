@@ -533,8 +533,6 @@ def _has_kind(kind: str, value: Any) -> bool:
                 return False
             return True
         return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == "boolean":
-        return isinstance(value, bool) or str(value).lower() in ("true", "false")
     return isinstance(value, str)
 
 

@@ -14,13 +14,12 @@ items/s), p50/p90/p99 latency of successful requests, and errors by status code.
 
 Why threads with one keep-alive `http.client` connection each: a request costs the client one
 send and one blocking recv, both of which release the GIL, plus some Python. Every result
-reports that cost as `client_cpu_us_per_request` (process CPU time / requests): measured at
-270-830 us against the runtime serving the demo model on this project's 2-core machine with
-other jobs running (48-232 KiB bodies), so one core drives 1200-3700 req/s, over 15x the 75 req/s
-the CPU-served model reached there. A new TCP connection per request (urllib) would add a
-connect and a server-side accept to every request and measure the client, not the server;
-processes would only pay off well above 1000 req/s (a GPU node with a small model: compare
-`client_cpu_us_per_request` with 1e6 / req/s to see when the client nears a core).
+reports that cost as `client_cpu_us_per_request` (process CPU time / requests), so one core's
+ceiling is 1e6 / that figure, far above what a CPU-served model reaches (measured:
+benchmarks/README.md, "The load generator's own cost"). A new TCP connection per request
+(urllib) would add a connect and a server-side accept to every request and measure the client,
+not the server; processes would only pay off where a GPU node with a small model brings the
+server's rate near the client's ceiling.
 
 Inputs are built from the server's GET /v1/model (input_shape, dtype) with a fixed seed, sent as
 JSON `{"inputs": ...}` or, with --binary, as raw little-endian bytes with X-Shape/X-Dtype.
