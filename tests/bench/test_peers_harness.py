@@ -165,6 +165,7 @@ def fake_run(key: str, rep: int, rps: dict[int, float], **extra):
         "levels": levels,
         "start_to_ready_s": 1.0 + rep,
         "first_request_ms": 300.0,
+        "fresh_ms": [100.0, 200.0 + 50 * rep, 1000.0, 200.0 + 50 * rep, 200.0 + 50 * rep],
         "peak_rss_mb": 100.0 * rep,
         "peak_pss_mb": 80.0 * rep,
         "processes": 1,
@@ -201,6 +202,9 @@ def test_summary_is_the_median_of_the_repetitions_and_lists_failures():
     assert s["repetitions"] == 3 and s["failures"] == ["not ready after 180 s"]
     # first request / the same run's steady p50 at c=1 (the sample's p50: 251.429 ms)
     assert s["first_over_steady_p50"]["median"] == pytest.approx(300.0 / 251.429, abs=1e-3)
+    # and over the median of the same client's next fresh-connection requests (250, 300, 350 ms
+    # by repetition, the outliers 100 and 1000 ms left out by the median)
+    assert s["first_over_fresh"] == {"median": 1.0, "min": 0.857, "max": 1.2, "n": 3}
 
 
 def three_servers(rps_ours: float, rps_mosec: float, rps_ls: float, key_suffix: str = ""):

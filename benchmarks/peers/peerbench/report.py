@@ -47,7 +47,8 @@ def split_key(key: str) -> tuple[str, str]:
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """{key: {levels: {c: {req_per_s, p50_ms, p99_ms, cpu_ms_per_req: stats, errors: total}},
-    start_to_ready_s, first_request_ms, first_over_steady_p50, peak_rss_mb, peak_pss_mb: stats,
+    start_to_ready_s, first_request_ms, first_over_steady_p50, first_over_fresh, peak_rss_mb,
+    peak_pss_mb: stats,
     repetitions, failures}}"""
     grouped: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
@@ -73,6 +74,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "start_to_ready_s": stats(r.get("start_to_ready_s") for r in ok),
             "first_request_ms": stats(r.get("first_request_ms") for r in ok),
             "first_over_steady_p50": stats(first_over_p50(r) for r in ok),
+            "first_over_fresh": stats(first_over_fresh(r) for r in ok),
             "peak_rss_mb": stats(r.get("peak_rss_mb") for r in ok),
             "peak_pss_mb": stats(r.get("peak_pss_mb") for r in ok),
             "processes": max((r.get("processes", 0) for r in ok), default=0),
@@ -90,6 +92,13 @@ def first_over_p50(run: dict[str, Any]) -> float | None:
         (lv["latency_ms"]["p50"] for lv in run.get("levels", []) if lv["concurrency"] == 1), None
     )
     return round(first / p50, 3) if first and p50 else None
+
+
+def first_over_fresh(run: dict[str, Any]) -> float | None:
+    """The first request after ready over the median of the same client's next requests, each
+    on a fresh connection too (`fresh_ms`): what the server's first answer costs extra."""
+    first, fresh = run.get("first_request_ms"), run.get("fresh_ms")
+    return round(first / statistics.median(fresh), 3) if first and fresh else None
 
 
 def _median(summary: dict[str, Any], key: str, c: str, figure: str = "req_per_s") -> float | None:
@@ -227,7 +236,7 @@ def render(
     lines.append("")
     lines.append(
         f"{'':<{width}}{'peak RSS MB':>16}{'peak PSS MB':>16}{'procs':>7}{'start->ready s':>18}"
-        f"{'first req ms':>16}{'first/p50':>12}{'SIGTERM->exit s':>17}"
+        f"{'first req ms':>16}{'first/p50':>12}{'first/next':>12}{'SIGTERM->exit s':>17}"
     )
     for k in keys:
         s = summary[k]
@@ -235,6 +244,7 @@ def render(
             f"  {k:<{width - 2}}{_fmt(s['peak_rss_mb']['max'], '.0f'):>16}{_fmt(s['peak_pss_mb']['max'], '.0f'):>16}"
             f"{s['processes']:>7}{_fmt(s['start_to_ready_s']['median'], '.2f'):>18}"
             f"{_fmt(s['first_request_ms']['median'], '.1f'):>16}{_fmt(s['first_over_steady_p50']['median'], '.2f'):>12}"
+            f"{_fmt(s['first_over_fresh']['median'], '.2f'):>12}"
             f"{_fmt(s['sigterm_to_exit_s']['median'], '.2f'):>17}"
         )
         for failure in s["failures"]:

@@ -30,11 +30,20 @@ AUTO_CEILING_CPU = 256
 AUTO_CEILING_CUDA = 1024
 # Runs of a CPU bucket before it is timed: a new shape's first run pays one-off costs, and the
 # model's very first two (TorchScript's profiling executor profiles, then compiles the optimised
-# graph). Then TIMED_RUNS, the best one kept. Every bucket up to the cap gets warmup_iterations
-# (default 3) runs in all and these count towards them, so fewer runs here is a shorter start.
+# graph). Then up to TIMED_RUNS, the best one kept. Every bucket up to the cap gets
+# warmup_iterations (default 3) runs in all and these count towards them, so fewer runs here is
+# a shorter start.
 FIRST_UNTIMED_RUNS = 2
 UNTIMED_RUNS = 1
 TIMED_RUNS = 3
+# Sizing stops timing a bucket once its verdict is clear: after two timed runs within
+# STABLE_SPREAD of each other (they agree on what the hardware does), or, past the
+# first bucket, when its untimed run and its first timed run both take CLEARLY_OVER times the
+# latency budget (it would need two disturbed runs and a quiet third to fit). The bucket past
+# the cap is the longest one sized: the demo model's 64 at twice the budget cost 4 runs of
+# 210 ms, a quarter of its start -> ready (benchmarks/peers/README.md, "Start-up").
+STABLE_SPREAD = 0.05
+CLEARLY_OVER = 1.5
 
 
 def load_sample(path: str | None, metadata: Metadata) -> torch.Tensor:
@@ -163,19 +172,55 @@ def choose_cpu_cap(seconds_per_bucket: dict[int, float], budget_s: float) -> int
     return max(b for b, rate in fits.items() if rate >= CPU_CAP_MIN_RATE * best)
 
 
+# A bucket that misses the budget or the rate floor by less than this factor is timed once more
+# (the best of all its runs kept): a neighbour that took the core during those runs moved the
+# demo model's cap between 8 and 16 from one start to the next, and its c=32 rate with it
+# (125-129 against 149-168 req/s, benchmarks/peers/README.md). A clear miss costs no extra run.
+CPU_CAP_RETRY_MARGIN = 1.3
+
+
+def _near_miss(b: int, seconds: float, smaller: dict[int, float], budget_s: float) -> bool:
+    """Whether bucket `b`, measured at `seconds`, fails the cap rule by a margin noise explains."""
+    if seconds > budget_s:
+        return seconds <= budget_s * CPU_CAP_RETRY_MARGIN
+    best = max((k / s for k, s in smaller.items() if s <= budget_s), default=0.0)
+    floor = CPU_CAP_MIN_RATE * best
+    return floor / CPU_CAP_RETRY_MARGIN <= b / seconds < floor
+
+
+def _run(predictor: Predictor, batch: torch.Tensor) -> float:
+    t0 = time.perf_counter()
+    predictor(batch)
+    return time.perf_counter() - t0
+
+
+def _timed_runs(predictor: Predictor, batch: torch.Tensor, over_s: float | None) -> list[float]:
+    """Up to TIMED_RUNS timed runs of one bucket, fewer once the verdict is clear: the first
+    over `over_s` (given when the untimed run was too), or two within STABLE_SPREAD."""
+    runs = [_run(predictor, batch)]
+    if over_s is not None and runs[0] > over_s:
+        return runs
+    while len(runs) < TIMED_RUNS:
+        runs.append(_run(predictor, batch))
+        fastest, second = sorted(runs)[:2]
+        if second <= fastest * (1 + STABLE_SPREAD):
+            break
+    return runs
+
+
 def _size_by_latency(predictor: Predictor, sample: torch.Tensor, budget_s: float) -> SizingReport:
     report = SizingReport(1, "latency")
     for i, b in enumerate(buckets_up_to(AUTO_CEILING_CPU)):
         batch = make_batch(sample, b)
         untimed = FIRST_UNTIMED_RUNS if i == 0 else UNTIMED_RUNS
-        for _ in range(untimed):
-            predictor(batch)
-        runs = []
-        for _ in range(TIMED_RUNS):
-            t0 = time.perf_counter()
-            predictor(batch)
-            runs.append(time.perf_counter() - t0)
+        untimed_s = [_run(predictor, batch) for _ in range(untimed)][-1]
+        # past the first bucket, an untimed run clearly over the budget lets one timed run decide
+        over_s = CLEARLY_OVER * budget_s
+        runs = _timed_runs(predictor, batch, over_s if i > 0 and untimed_s > over_s else None)
         seconds = min(runs)  # the best run: what the hardware can do, least disturbed by neighbours
+        if _near_miss(b, seconds, report.measurements, budget_s):
+            runs += _timed_runs(predictor, batch, None)  # a disturbed run must not set the cap
+            seconds = min(runs)
         report.measurements[b] = seconds
         report.runs[b] = untimed + len(runs)
         if seconds > budget_s:
