@@ -171,27 +171,30 @@ def first_request(
     """One POST on a fresh connection right after ready. A server that is "ready" but cannot
     answer yet is retried every 50 ms (its figure then shows the gap); its answer must match.
     Then FRESH_REPEATS more the same way (`fresh_ms`)."""
+
+    def post() -> tuple[int | None, bytes, float]:
+        t = time.perf_counter()
+        status, data = http_call(srv.port, "POST", srv.predict_path, body, timeout=timeout)
+        return status, data, round((time.perf_counter() - t) * 1000, 2)
+
     t0 = time.perf_counter()
-    status, data = http_call(srv.port, "POST", srv.predict_path, body, timeout=timeout)
-    first_ms = (time.perf_counter() - t0) * 1000
-    out: dict[str, Any] = {"first_request_ms": round(first_ms, 2), "first_status": status}
+    status, data, first_ms = post()
+    out: dict[str, Any] = {"first_request_ms": first_ms, "first_status": status}
     while status != 200 and time.perf_counter() - t0 < timeout:
         time.sleep(0.05)
-        status, data = http_call(srv.port, "POST", srv.predict_path, body, timeout=timeout)
+        status, data, _ = post()
     out["first_ok_after_ms"] = round((time.perf_counter() - t0) * 1000, 2)
     if status != 200:
         raise RuntimeError(
             f"{srv.name}: no 200 within {timeout:g} s of ready (last {status}: {data[:300]!r})"
         )
     out.update(check_answer(srv.name, data, expected))
-    fresh = []
+    out["fresh_ms"] = []
     for _ in range(FRESH_REPEATS):
-        t1 = time.perf_counter()
-        status, data = http_call(srv.port, "POST", srv.predict_path, body, timeout=timeout)
+        status, data, ms = post()
         if status != 200:
             raise RuntimeError(f"{srv.name}: {status} after its first answer: {data[:300]!r}")
-        fresh.append(round((time.perf_counter() - t1) * 1000, 2))
-    out["fresh_ms"] = fresh
+        out["fresh_ms"].append(ms)
     return out
 
 

@@ -48,8 +48,7 @@ def split_key(key: str) -> tuple[str, str]:
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """{key: {levels: {c: {req_per_s, p50_ms, p99_ms, cpu_ms_per_req: stats, errors: total}},
     start_to_ready_s, first_request_ms, first_over_steady_p50, first_over_fresh, peak_rss_mb,
-    peak_pss_mb: stats,
-    repetitions, failures}}"""
+    peak_pss_mb: stats, repetitions, failures}}"""
     grouped: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         grouped.setdefault(run["key"], []).append(run)

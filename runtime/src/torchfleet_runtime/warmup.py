@@ -40,8 +40,8 @@ TIMED_RUNS = 3
 # STABLE_SPREAD of each other (they agree on what the hardware does), or, past the
 # first bucket, when its untimed run and its first timed run both take CLEARLY_OVER times the
 # latency budget (it would need two disturbed runs and a quiet third to fit). The bucket past
-# the cap is the longest one sized: the demo model's 64 at twice the budget cost 4 runs of
-# 210 ms, a quarter of its start -> ready (benchmarks/peers/README.md, "Start-up").
+# the cap is the longest one sized, so it was a large share of start -> ready (measured in
+# benchmarks/peers/README.md, "Start-up").
 STABLE_SPREAD = 0.05
 CLEARLY_OVER = 1.5
 
@@ -165,17 +165,23 @@ def choose_cpu_cap(seconds_per_bucket: dict[int, float], budget_s: float) -> int
     moment) does not stop the search: a larger cap costs nothing at low load, since the batcher
     only forms big batches when requests are queued, and stopping early on CPU noise turns
     batching off."""
-    fits = {b: b / s for b, s in seconds_per_bucket.items() if s <= budget_s}
+    fits = _rates_within(seconds_per_bucket, budget_s)
     if not fits:
         return 1
-    best = max(fits.values())
-    return max(b for b, rate in fits.items() if rate >= CPU_CAP_MIN_RATE * best)
+    floor = CPU_CAP_MIN_RATE * max(fits.values())
+    return max(b for b, rate in fits.items() if rate >= floor)
+
+
+def _rates_within(seconds_per_bucket: dict[int, float], budget_s: float) -> dict[int, float]:
+    """Items/s of each bucket that fits the latency budget."""
+    return {b: b / s for b, s in seconds_per_bucket.items() if s <= budget_s}
 
 
 # A bucket that misses the budget or the rate floor by less than this factor is timed once more
 # (the best of all its runs kept): a neighbour that took the core during those runs moved the
 # demo model's cap between 8 and 16 from one start to the next, and its c=32 rate with it
-# (125-129 against 149-168 req/s, benchmarks/peers/README.md). A clear miss costs no extra run.
+# (benchmarks/peers/README.md, "All four, with the thread tuner"). A clear miss costs no extra
+# run.
 CPU_CAP_RETRY_MARGIN = 1.3
 
 
@@ -183,8 +189,7 @@ def _near_miss(b: int, seconds: float, smaller: dict[int, float], budget_s: floa
     """Whether bucket `b`, measured at `seconds`, fails the cap rule by a margin noise explains."""
     if seconds > budget_s:
         return seconds <= budget_s * CPU_CAP_RETRY_MARGIN
-    best = max((k / s for k, s in smaller.items() if s <= budget_s), default=0.0)
-    floor = CPU_CAP_MIN_RATE * best
+    floor = CPU_CAP_MIN_RATE * max(_rates_within(smaller, budget_s).values(), default=0.0)
     return floor / CPU_CAP_RETRY_MARGIN <= b / seconds < floor
 
 
@@ -210,12 +215,12 @@ def _timed_runs(predictor: Predictor, batch: torch.Tensor, over_s: float | None)
 
 def _size_by_latency(predictor: Predictor, sample: torch.Tensor, budget_s: float) -> SizingReport:
     report = SizingReport(1, "latency")
+    over_s = CLEARLY_OVER * budget_s
     for i, b in enumerate(buckets_up_to(AUTO_CEILING_CPU)):
         batch = make_batch(sample, b)
         untimed = FIRST_UNTIMED_RUNS if i == 0 else UNTIMED_RUNS
         untimed_s = [_run(predictor, batch) for _ in range(untimed)][-1]
         # past the first bucket, an untimed run clearly over the budget lets one timed run decide
-        over_s = CLEARLY_OVER * budget_s
         runs = _timed_runs(predictor, batch, over_s if i > 0 and untimed_s > over_s else None)
         seconds = min(runs)  # the best run: what the hardware can do, least disturbed by neighbours
         if _near_miss(b, seconds, report.measurements, budget_s):
