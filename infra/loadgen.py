@@ -457,6 +457,30 @@ def load_offline_model(path: str, device: str) -> Any:
     return model.eval()
 
 
+def served_graph(
+    path: str, shape: Sequence[int], dtype: str, device: str, precision: str
+) -> tuple[Any, dict[str, Any]]:
+    """The module torchfleet-runtime serves for this file, and what its optimiser did: the
+    runtime's own loader and `optimize` (runtime/src/torchfleet_runtime/optimize.py) with its
+    defaults, so served / offline compares the server with the graph it really runs."""
+    try:
+        from torchfleet_runtime.config import Config
+        from torchfleet_runtime.model import load
+        from torchfleet_runtime.optimize import optimize
+        from torchfleet_runtime.warmup import load_sample
+    except ImportError as exc:
+        raise BenchError(
+            f"--optimize auto needs the torchfleet-runtime package ({exc}); install it, or give "
+            "--optimize off to time the file as loaded"
+        ) from None
+    cfg = Config(
+        model=path, input_shape=tuple(shape), dtype=dtype, device=device, precision=precision
+    )
+    loaded = load(cfg)
+    loaded = optimize(loaded, load_sample(None, loaded.metadata), cfg.optimize)
+    return loaded.module, loaded.optimization
+
+
 def offline_benchmark(
     model_path: str,
     shape: Sequence[int],
@@ -466,8 +490,10 @@ def offline_benchmark(
     min_seconds: float = 1.0,
     precision: str = "fp32",
     log: Callable[[str], None] = lambda _m: None,
+    optimize: str = "auto",
 ) -> dict[str, Any]:
     """In-process items/s of the model at each batch size; the best is the served ceiling.
+    `optimize`: auto times the graph torchfleet-runtime serves (`served_graph`), off the file.
 
     Per size: 3 warm-up passes (the runtime's rule; on CUDA they also let cudnn.benchmark pick
     kernels), then passes until `min_seconds` and at least 3 passes have run.
@@ -478,7 +504,12 @@ def offline_benchmark(
         raise BenchError(f"--device {device}: torch.cuda.is_available() is False")
     if device.startswith("cuda"):
         torch.backends.cudnn.benchmark = True
-    model = load_offline_model(model_path, device)
+    optimization: dict[str, Any] = {"method": None, "reason": "--optimize off"}
+    if optimize == "auto":
+        model, optimization = served_graph(model_path, shape, dtype, device, precision)
+    else:
+        model = load_offline_model(model_path, device)
+    log(f"  graph: {optimization.get('method') or 'as loaded'} ({optimization})")
     inference = getattr(torch, "inference_mode", torch.no_grad)  # inference_mode: torch 1.9+
     amp = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     device_type = "cuda" if device.startswith("cuda") else "cpu"
@@ -526,6 +557,7 @@ def offline_benchmark(
         "model": str(model_path),
         "device": device,
         "precision": precision,
+        "optimization": optimization,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "results": rows,
@@ -715,6 +747,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default="cpu", help="device for --offline (default: cpu)")
     parser.add_argument(
+        "--optimize",
+        choices=("auto", "off"),
+        default="auto",
+        help="--offline times the graph torchfleet-runtime serves (auto: its optimiser, as "
+        "`serve` runs it by default) or the file as loaded (off)",
+    )
+    parser.add_argument(
         "--precision",
         choices=("fp32", "fp16", "bf16"),
         default="fp32",
@@ -861,6 +900,7 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
             args.offline_seconds,
             args.precision,
             log,
+            args.optimize,
         )
         best = report["offline"]["best"]
         log(f"offline best: {best['items_per_s']:.1f} items/s at batch {best['batch']}")

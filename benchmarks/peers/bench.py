@@ -316,7 +316,8 @@ def quiesce(pid: int, limit_s: float, window_s: float = 0.25, idle_cores: float 
 
 def offline(model: models.ModelFiles, threads: str, seconds: float) -> dict[str, Any]:
     env = base_env(Settings(threads=threads))
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent)
+    here = Path(__file__).resolve().parent
+    env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parents[1])])  # peerbench, infra
     p = subprocess.run(
         [
             sys.executable,
@@ -382,9 +383,12 @@ def bench_model(name: str, args: argparse.Namespace, t_begin: float) -> dict[str
     for s in settings_list:
         log(f"offline best-batch throughput (threads: {s.threads}) ...")
         result["offline"][s.threads] = off = offline(model, s.threads, args.offline_seconds)
+        sg = off["served_graph"]
         log(
             f"  best {off['best']['items_per_s']:.1f} items/s at batch {off['best']['batch']} "
-            f"({off['threads']} torch threads); batch 1: {off['results'][0]['items_per_s']:.1f}"
+            f"({off['threads']} torch threads); batch 1: {off['results'][0]['items_per_s']:.1f}; "
+            f"torchfleet's graph ({sg['optimization'].get('method') or 'as loaded'}): best "
+            f"{sg['best']['items_per_s']:.1f} at batch {sg['best']['batch']}"
         )
     for rep in range(1, args.repetitions + 1):
         for s in settings_list:
@@ -408,7 +412,10 @@ def bench_model(name: str, args: argparse.Namespace, t_begin: float) -> dict[str
     result["load_average"]["end"] = loadavg()
     result["summary"] = summary = report.summarize(result["runs"])
     offline_best = {t: o["best"]["items_per_s"] for t, o in result["offline"].items()}
-    result["ratios"] = rat = report.ratios(summary, offline_best)
+    served_best = {
+        t: o["served_graph"]["best"]["items_per_s"] for t, o in result["offline"].items()
+    }
+    result["ratios"] = rat = report.ratios(summary, offline_best, served_best)
     if args.omp1_levels:
         result["ratios"]["omp1_changes_ranking"] = report.ranking_changes(rat)
     return result
@@ -517,8 +524,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         log("\n" + report.render(result["summary"], result["ratios"], title))
         for t, o in result["offline"].items():
+            sg = o["served_graph"]
             log(
-                f"offline best ({t} threads): {o['best']['items_per_s']:.1f} items/s at batch {o['best']['batch']}"
+                f"offline best ({t} threads): {o['best']['items_per_s']:.1f} items/s at batch "
+                f"{o['best']['batch']}; torchfleet's graph {sg['best']['items_per_s']:.1f} at "
+                f"batch {sg['best']['batch']}"
             )
         if "omp1_changes_ranking" in result["ratios"]:
             log(

@@ -220,7 +220,8 @@ def three_servers(rps_ours: float, rps_mosec: float, rps_ls: float, key_suffix: 
 
 def test_ratio_to_the_best_peer_and_served_over_offline():
     summary = report.summarize(three_servers(99.0, 49.0, 29.0))
-    rat = report.ratios(summary, {"default": 200.0})
+    # the peers are held to the file's offline limit, torchfleet to that of the graph it serves
+    rat = report.ratios(summary, {"default": 200.0}, {"default": 300.0})
     at32, at1 = (
         rat["ours_over_best_peer"]["default"]["32"],
         rat["ours_over_best_peer"]["default"]["1"],
@@ -228,7 +229,8 @@ def test_ratio_to_the_best_peer_and_served_over_offline():
     assert at32["best_peer"] == "mosec" and at32["ratio"] == pytest.approx(101.0 / 51.0, abs=1e-3)
     assert at32["ranking"] == ["torchfleet", "mosec", "litserve"]
     assert at1["best_peer"] == "litserve" and at1["ratio"] == pytest.approx(50.0 / 60.0, abs=1e-3)
-    assert rat["served_over_offline"]["torchfleet"]["32"] == pytest.approx(101.0 / 200.0, abs=1e-3)
+    assert rat["served_over_offline"]["torchfleet"]["32"] == pytest.approx(101.0 / 300.0, abs=1e-3)
+    assert rat["served_over_offline"]["mosec"]["32"] == pytest.approx(51.0 / 200.0, abs=1e-3)
 
 
 def test_omp1_rows_are_compared_among_themselves_and_ranking_changes_are_found():

@@ -3,7 +3,11 @@
 Run in a child process with the servers' thread environment (OMP_NUM_THREADS set or not), so
 served / offline compares like with like and the harness process never holds torch threads:
     python -m peerbench.offline MODEL.pt --shape 3,64,64 [--batches 1,2,4,8,16,32] [--seconds 1]
-prints one JSON object: {"results": [{batch, items_per_s, batch_ms}], "best": {...}, "threads"}.
+prints one JSON object: {"results": [{batch, items_per_s, batch_ms}], "best": {...}, "threads",
+"served_graph": {...}}. `results`/`best` time the file as `torch.jit.load` gives it (what the peers
+run); `served_graph` the same rows for the graph torchfleet-runtime serves (`infra.loadgen.served_graph`:
+the runtime's loader and optimiser with their defaults), so torchfleet's
+served / offline measures what is lost between the socket and the model it really runs.
 """
 
 from __future__ import annotations
@@ -17,6 +21,26 @@ def measure(model_path: str, shape: tuple[int, ...], batches: list[int], seconds
     import torch
 
     model = torch.jit.load(model_path, map_location="cpu").eval()
+    out = rows_of(model, shape, batches, seconds)
+    out["served_graph"] = served_graph(model_path, shape, batches, seconds)
+    return out
+
+
+def served_graph(
+    model_path: str, shape: tuple[int, ...], batches: list[int], seconds: float
+) -> dict:
+    """The rows for the module torchfleet-runtime serves (its loader, then its optimiser)."""
+    from infra.loadgen import served_graph as runtime_graph
+
+    module, optimization = runtime_graph(model_path, shape, "float32", "cpu", "fp32")
+    out = rows_of(module, shape, batches, seconds)
+    out["optimization"] = optimization
+    return out
+
+
+def rows_of(model, shape: tuple[int, ...], batches: list[int], seconds: float) -> dict:
+    import torch
+
     gen = torch.Generator().manual_seed(0)
     rows = []
     with torch.inference_mode():

@@ -105,10 +105,14 @@ def _median(summary: dict[str, Any], key: str, c: str, figure: str = "req_per_s"
 
 
 def ratios(
-    summary: dict[str, dict[str, Any]], offline: dict[str, float], ours: str = OURS
+    summary: dict[str, dict[str, Any]],
+    offline: dict[str, float],
+    ours_offline: dict[str, float] | None = None,
+    ours: str = OURS,
 ) -> dict[str, Any]:
     """torchfleet / best peer (by median req/s) per thread setting and level, and served /
-    offline per key and level. `offline` maps a thread setting to its best items/s."""
+    offline per key and level. `offline` maps a thread setting to the file's best items/s (what
+    the peers run), `ours_offline` to that of the graph torchfleet serves (its optimiser's)."""
     out: dict[str, Any] = {"ours_over_best_peer": {}, "served_over_offline": {}}
     settings = sorted({split_key(k)[1] for k in summary}, key=lambda t: (t != "default", t))
     for threads in settings:
@@ -135,7 +139,8 @@ def ratios(
             }
         out["ours_over_best_peer"][threads] = per_c
     for key, s in summary.items():
-        best = offline.get(split_key(key)[1])
+        server, threads = split_key(key)
+        best = ((ours_offline or {}) if server == ours else offline).get(threads)
         out["served_over_offline"][key] = {
             c: (
                 round(lv["req_per_s"]["median"] / best, 3)

@@ -35,6 +35,7 @@ class Config:
     port: int = 8080
     device: str = "auto"
     precision: str = "fp32"
+    optimize: str = "auto"
     max_batch_size: int | None = None
     max_delay_ms: float = 5.0
     batch_wait: str = "arrivals"
@@ -150,8 +151,8 @@ class _Field:
     help: str = ""
 
 
-def _choice(*names: str) -> _Field:
-    return _Field(_as_str, "one of " + ", ".join(names), lambda v: v in names)
+def _choice(*names: str, help: str = "") -> _Field:
+    return _Field(_as_str, "one of " + ", ".join(names), lambda v: v in names, help)
 
 
 _DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?$")
@@ -185,6 +186,12 @@ FIELDS: dict[str, _Field] = {
         _as_str, "auto, cpu, cuda or cuda:N", lambda v: _DEVICE_RE.match(v) is not None
     ),
     "precision": _choice("fp32", "fp16", "bf16"),
+    "optimize": _choice(
+        "auto",
+        "off",
+        help="auto: a CPU TorchScript fp32 model runs optimize_for_inference where checked "
+        "right and faster; off: as loaded",
+    ),
     "max_batch_size": _Field(
         _as_optional_int,
         "auto or an integer >= 1",

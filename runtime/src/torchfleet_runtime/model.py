@@ -209,6 +209,7 @@ class LoadedModel:
     device: torch.device
     module: Any = None  # the torch module (None for ONNX), for tests and introspection
     version: str = ""  # metadata's version, else "sha256:<12 hex>" of the model file, else "module"
+    optimization: dict[str, Any] = field(default_factory=dict)  # what optimize.py did, and why
 
 
 def file_version(path: str) -> str:

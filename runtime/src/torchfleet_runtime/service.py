@@ -43,6 +43,7 @@ from .errors import ApiError
 from .logs import BatchSummary
 from .metrics import Metrics
 from .model import LoadedModel, ModelError, load
+from .optimize import optimize
 from .tensors import buckets_up_to, non_finite
 from .threadtune import ThreadTuner
 from .warmup import SizingReport, load_sample, size_cap, warm_up
@@ -182,6 +183,7 @@ class Runtime:
             format=slot.loaded.format,
             device=str(slot.loaded.device),
             precision=self.config.precision,
+            optimization=slot.loaded.optimization,
             state=self.state,
             max_batch_size=slot.batcher.cap,
             batch_cap_method=slot.sizing.method,
@@ -240,6 +242,7 @@ class Runtime:
             self.state = "warming"
         t1 = time.perf_counter()
         sample = load_sample(cfg.sample_input, loaded.metadata)
+        loaded = optimize(loaded, sample, cfg.optimize)
         pred = loaded.predictor
         sizing = size_cap(
             pred,
