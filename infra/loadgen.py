@@ -464,8 +464,8 @@ def served_graph(
     runtime's own loader and `optimize` (runtime/src/torchfleet_runtime/optimize.py) with its
     defaults, so served / offline compares the server with the graph it really runs."""
     try:
-        from torchfleet_runtime.config import Config
-        from torchfleet_runtime.model import load
+        from torchfleet_runtime.config import Config, ConfigError
+        from torchfleet_runtime.model import ModelError, load
         from torchfleet_runtime.optimize import optimize
         from torchfleet_runtime.warmup import load_sample
     except ImportError as exc:
@@ -476,7 +476,10 @@ def served_graph(
     cfg = Config(
         model=path, input_shape=tuple(shape), dtype=dtype, device=device, precision=precision
     )
-    loaded = load(cfg)
+    try:
+        loaded = load(cfg)
+    except (ModelError, ConfigError) as exc:
+        raise BenchError(f"--offline {path}: the runtime cannot load it ({exc})") from None
     loaded = optimize(loaded, load_sample(None, loaded.metadata), cfg.optimize)
     return loaded.module, loaded.optimization
 

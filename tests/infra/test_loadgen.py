@@ -411,11 +411,19 @@ def test_served_over_offline_ratio(stub, tiny_model, tmp_path):
     assert report["served_over_offline"]["2"] == pytest.approx(served / best, abs=1e-3)
 
 
-def test_offline_rejects_a_non_torchscript_file(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "optimize, message",
+    [
+        ("auto", "the runtime cannot load it (config key 'model'"),  # its loader's own words
+        ("off", "not a loadable TorchScript file"),
+    ],
+)
+def test_offline_rejects_a_non_torchscript_file(tmp_path, capsys, optimize, message):
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a model")
-    assert cli("--offline", junk, "--shape", "4") == 2
-    assert "not a loadable TorchScript file" in capsys.readouterr().err
+    assert cli("--offline", junk, "--shape", "4", "--optimize", optimize) == 2
+    err = capsys.readouterr().err
+    assert f"--offline {junk}" in err and message in err and "Traceback" not in err
 
 
 def test_offline_needs_a_shape_without_sidecar(tmp_path, capsys):
