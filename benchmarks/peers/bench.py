@@ -339,6 +339,16 @@ def offline(model: models.ModelFiles, threads: str, seconds: float) -> dict[str,
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def offline_text(o: dict[str, Any]) -> str:
+    """The file's best batch (what the peers run) and that of the graph torchfleet serves."""
+    sg = o["served_graph"]
+    return (
+        f"best {o['best']['items_per_s']:.1f} items/s at batch {o['best']['batch']}; "
+        f"torchfleet's graph ({sg['optimization'].get('method') or 'as loaded'}) "
+        f"{sg['best']['items_per_s']:.1f} at batch {sg['best']['batch']}"
+    )
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -383,13 +393,7 @@ def bench_model(name: str, args: argparse.Namespace, t_begin: float) -> dict[str
     for s in settings_list:
         log(f"offline best-batch throughput (threads: {s.threads}) ...")
         result["offline"][s.threads] = off = offline(model, s.threads, args.offline_seconds)
-        sg = off["served_graph"]
-        log(
-            f"  best {off['best']['items_per_s']:.1f} items/s at batch {off['best']['batch']} "
-            f"({off['threads']} torch threads); batch 1: {off['results'][0]['items_per_s']:.1f}; "
-            f"torchfleet's graph ({sg['optimization'].get('method') or 'as loaded'}): best "
-            f"{sg['best']['items_per_s']:.1f} at batch {sg['best']['batch']}"
-        )
+        log(f"  {offline_text(off)} ({off['threads']} torch threads)")
     for rep in range(1, args.repetitions + 1):
         for s in settings_list:
             order = args.servers[rep - 1 :] + args.servers[: rep - 1]  # rotate: no fixed position
@@ -524,12 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         log("\n" + report.render(result["summary"], result["ratios"], title))
         for t, o in result["offline"].items():
-            sg = o["served_graph"]
-            log(
-                f"offline best ({t} threads): {o['best']['items_per_s']:.1f} items/s at batch "
-                f"{o['best']['batch']}; torchfleet's graph {sg['best']['items_per_s']:.1f} at "
-                f"batch {sg['best']['batch']}"
-            )
+            log(f"offline ({t} threads): {offline_text(o)}")
         if "omp1_changes_ranking" in result["ratios"]:
             log(
                 f"OMP_NUM_THREADS=1 changes the ranking at: {result['ratios']['omp1_changes_ranking']}"

@@ -52,9 +52,7 @@ def optimize(loaded: LoadedModel, sample: torch.Tensor, mode: str) -> LoadedMode
     if why_not:
         loaded.optimization = {"method": None, "reason": why_not}
         return loaded
-    rows = sample[:COMPARE_BATCH]
-    batch = rows.repeat(-(-COMPARE_BATCH // rows.shape[0]), *[1] * (rows.dim() - 1))
-    batch = batch[:COMPARE_BATCH]
+    batch = sample[torch.arange(COMPARE_BATCH) % sample.shape[0]]  # rows repeated if too few
     t0 = time.perf_counter()
     try:
         with warnings.catch_warnings():  # torch 2.x: "deprecated, use torch.compile" (see above)
@@ -137,19 +135,18 @@ def _differs(a: Any, b: Any, where: str) -> str:
     if isinstance(a, (tuple, list)):
         if not isinstance(b, (tuple, list)) or len(a) != len(b):
             return f"{where}: {_kind(a)} became {_kind(b)}"
-        return next(
-            (
-                d
-                for d in (_differs(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
-                if d
-            ),
-            "",
-        )
-    if isinstance(a, dict):
+        pairs = [(f"{where}[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b))]
+    elif isinstance(a, dict):
         if not isinstance(b, dict) or set(a) != set(b):
             return f"{where}: {_kind(a)} became {_kind(b)}"
-        return next((d for d in (_differs(a[k], b[k], f"{where}[{k!r}]") for k in a) if d), "")
-    return "" if a == b else f"{where}: {a!r} became {b!r}"
+        pairs = [(f"{where}[{k!r}]", a[k], b[k]) for k in a]
+    else:
+        return "" if a == b else f"{where}: {a!r} became {b!r}"
+    for at, x, y in pairs:
+        found = _differs(x, y, at)
+        if found:
+            return found
+    return ""
 
 
 def _kind(x: Any) -> str:
