@@ -51,12 +51,16 @@ def loaded_from(path: Path, **kw):
     return loaded, load_sample(None, loaded.metadata), cfg
 
 
-def test_the_optimised_graph_answers_as_the_file_does(convbn_file):
+def test_the_optimised_graph_answers_as_the_file_does(convbn_file, monkeypatch):
+    # What this test is about is the answer, not the speed: on a busy machine the start-up
+    # timing can see the graph below the refusal threshold (0.89x was seen under four parallel
+    # test runs), which the slower-candidate case below covers with a graph that really is slower.
+    monkeypatch.setattr(optimize, "SLOWER", 0.0)
     loaded, sample, cfg = loaded_from(convbn_file)
     original = loaded.predictor
     out = optimize.optimize(loaded, sample, cfg.optimize)
     assert out.optimization["method"] == "optimize_for_inference", out.optimization
-    assert out.predictor is not original and out.optimization["speedup"] >= optimize.SLOWER
+    assert out.predictor is not original and out.optimization["speedup"] > 0
     x = torch.randn(6, *SHAPE)
     with torch.no_grad():
         want = torch.jit.load(str(convbn_file))(x)
