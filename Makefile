@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STACK ?= aws-dev
 
-.PHONY: setup demo demo-clean up down status test lint pytest molecule e2e bench bench-peers plan bundle bake image lock clean
+.PHONY: setup demo demo-clean up down status test check lint pytest molecule e2e bench bench-peers plan bundle bake image lock clean
 
 setup:
 	@scripts/setup.sh
@@ -30,6 +30,10 @@ status: setup
 
 test: setup
 	@scripts/test.sh
+
+# The fast tier: lint and every test that needs no container (both cores), in minutes.
+check: setup
+	@scripts/test.sh check
 
 lint: setup
 	@scripts/test.sh lint

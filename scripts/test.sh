@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Every test suite, in order of speed: lint first (seconds), then pytest, which includes the
-# Molecule scenarios (tests/roles/) and the demo's end-to-end node path (tests/e2e/).
-# `scripts/test.sh lint|pytest|molecule|e2e` runs one part.
+# Every test suite, in order of speed: lint first (seconds), then the tests that need no
+# container on both cores (pytest-xdist), then the ones that converge or run containers, one at a
+# time (Molecule scenarios, the node bootstrap, the demo's node path, the runtime image).
+# `scripts/test.sh check` is the fast tier (lint + every test without a container: `make check`);
+# `scripts/test.sh lint|pytest|molecule|e2e|containers` runs one part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -20,17 +22,25 @@ run_lint() {
   fi
 }
 
+# Tests that start podman containers (or build their images): these run one at a time.
+CONTAINERS="molecule or e2e or image"
+
 run_pytest() {
   echo "== pytest"
   # pytest exits 5 when it collects nothing: that fails this script, as it should.
   python -m pytest "$@"
 }
 
+# --dist loadfile keeps a file's tests (and its module fixtures) on one worker.
+run_fast() { run_pytest -n 2 --dist loadfile -m "not ($CONTAINERS)"; }
+
 case "$part" in
   lint) run_lint ;;
+  check) run_lint; run_fast ;;
   pytest) run_pytest -m "not molecule and not e2e" ;;
   molecule) run_pytest -m molecule ;;
   e2e) run_pytest -m e2e ;;
-  all) run_lint; run_pytest ;;
-  *) echo "usage: $0 [lint|pytest|molecule|e2e|all]" >&2; exit 2 ;;
+  containers) run_pytest -m "$CONTAINERS" ;;
+  all) run_lint; run_fast; run_pytest -m "$CONTAINERS" ;;
+  *) echo "usage: $0 [lint|check|pytest|molecule|e2e|containers|all]" >&2; exit 2 ;;
 esac
