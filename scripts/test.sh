@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Every test suite, in order of speed: lint first (seconds), then pytest, which includes the
-# Molecule scenarios (tests/roles/) and the demo's end-to-end node path (tests/e2e/).
-# `scripts/test.sh lint|pytest|molecule|e2e` runs one part.
+# Every test suite, in order of speed: lint first (seconds), the docs site, then pytest, which
+# includes the Molecule scenarios (tests/roles/) and the demo's end-to-end node path (tests/e2e/).
+# `scripts/test.sh lint|docs|pytest|molecule|e2e` runs one part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -20,6 +20,12 @@ run_lint() {
   fi
 }
 
+run_docs() {
+  echo "== the docs site (mkdocs build --strict into .cache/site/)"
+  # NO_MKDOCS_2_WARNING: Material prints a banner about its successor on every build
+  NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir .cache/site
+}
+
 run_pytest() {
   echo "== pytest"
   # pytest exits 5 when it collects nothing: that fails this script, as it should.
@@ -28,9 +34,10 @@ run_pytest() {
 
 case "$part" in
   lint) run_lint ;;
+  docs) run_docs ;;
   pytest) run_pytest -m "not molecule and not e2e" ;;
   molecule) run_pytest -m molecule ;;
   e2e) run_pytest -m e2e ;;
-  all) run_lint; run_pytest ;;
-  *) echo "usage: $0 [lint|pytest|molecule|e2e|all]" >&2; exit 2 ;;
+  all) run_lint; run_docs; run_pytest ;;
+  *) echo "usage: $0 [lint|docs|pytest|molecule|e2e|all]" >&2; exit 2 ;;
 esac
