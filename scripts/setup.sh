@@ -17,6 +17,9 @@ APT_PACKAGES=(podman runc debootstrap uidmap slirp4netns fuse-overlayfs catatoni
 # every interface, so the ones this run installs are stopped and disabled again.
 BINARY_ONLY_PACKAGES=(prometheus prometheus-alertmanager prometheus-node-exporter)
 APT_PACKAGES+=("${BINARY_ONLY_PACKAGES[@]}")
+# Debian's Chromium: tests/docs/ loads the docs site in it, headless, through Playwright (which
+# downloads no browser of its own).
+APT_PACKAGES+=(chromium)
 
 log() { printf '[setup] %s\n' "$*"; }
 

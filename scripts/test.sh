@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Every test suite, in order of speed: lint first (seconds), then the tests that need no
-# container on both cores (pytest-xdist), then the ones that converge or run containers, one at a
-# time (Molecule scenarios, the node bootstrap, the demo's node path, the runtime image).
+# Every test suite, in order of speed: lint first (seconds), the docs site, then the tests that
+# need no container on both cores (pytest-xdist), then the ones that converge or run containers,
+# one at a time (Molecule scenarios, the node bootstrap, the demo's node path, the runtime image).
 # `scripts/test.sh check` is the fast tier (lint + every test without a container: `make check`);
-# `scripts/test.sh lint|pytest|molecule|e2e|containers` runs one part.
+# `scripts/test.sh lint|docs|pytest|molecule|e2e|containers` runs one part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -22,6 +22,12 @@ run_lint() {
   fi
 }
 
+run_docs() {
+  echo "== the docs site (mkdocs build --strict into .cache/site/)"
+  # NO_MKDOCS_2_WARNING: Material prints a banner about its successor on every build
+  NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir .cache/site
+}
+
 # Tests that start podman containers (or build their images): these run one at a time.
 CONTAINERS="molecule or e2e or image"
 
@@ -37,10 +43,11 @@ run_fast() { run_pytest -n 2 --dist loadfile -m "not ($CONTAINERS)"; }
 case "$part" in
   lint) run_lint ;;
   check) run_lint; run_fast ;;
+  docs) run_docs ;;
   pytest) run_pytest -m "not molecule and not e2e" ;;
   molecule) run_pytest -m molecule ;;
   e2e) run_pytest -m e2e ;;
   containers) run_pytest -m "$CONTAINERS" ;;
-  all) run_lint; run_fast; run_pytest -m "$CONTAINERS" ;;
-  *) echo "usage: $0 [lint|check|pytest|molecule|e2e|containers|all]" >&2; exit 2 ;;
+  all) run_lint; run_docs; run_fast; run_pytest -m "$CONTAINERS" ;;
+  *) echo "usage: $0 [lint|check|docs|pytest|molecule|e2e|containers|all]" >&2; exit 2 ;;
 esac

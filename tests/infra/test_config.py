@@ -317,17 +317,17 @@ def test_new_keys_join_the_one_pass_report(settings):
         assert f"torchfleet:{key}" in err, key
 
 
-def test_the_readme_table_is_generated_from_the_declaration():
+def test_the_docs_table_is_generated_from_the_declaration():
     from pathlib import Path
 
     from infra.config import FIELDS, KEYS, SUBKEYS, readme_table
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     start, end = "<!-- config-table:start -->\n", "\n<!-- config-table:end -->"
-    assert start in readme and end in readme
-    current = readme.split(start, 1)[1].split(end, 1)[0]
+    assert start in page and end in page
+    current = page.split(start, 1)[1].split(end, 1)[0]
     assert current == readme_table(), (
-        "README's config table is stale: python -m infra.config --table"
+        "docs/configuration.md's table is stale: python -m infra.config --table"
     )
     # one row per declared key, and the unknown-key checks use the same declaration
     assert len(current.splitlines()) == len(FIELDS) + 2 and tuple(FIELDS) == KEYS

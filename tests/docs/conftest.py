@@ -1,0 +1,10 @@
+"""The docs tests import their shared helpers (docs_support.py) from this folder."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
