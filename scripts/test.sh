@@ -42,7 +42,7 @@ run_fast() { run_pytest -n 2 --dist loadfile -m "not ($CONTAINERS)"; }
 
 case "$part" in
   lint) run_lint ;;
-  check) run_lint; run_fast ;;
+  check) run_lint; run_docs; run_fast ;;
   docs) run_docs ;;
   pytest) run_pytest -m "not molecule and not e2e" ;;
   molecule) run_pytest -m molecule ;;
