@@ -50,7 +50,8 @@ AGENT = "torchfleet_agent"  # the package, under agent/ in the bundle
 
 # The bootstrap venv's pins, by cloud, for every node Python (3.8: Ubuntu 20.04; 3.9: Debian 11;
 # 3.10-3.13): one universal resolution with environment markers (pip installs the lines whose
-# markers hold), each Python getting the newest release that supports it. alibabacloud-oss-v2,
+# markers hold), each Python getting the newest release that supports it with a manylinux wheel
+# (nodes build no sdist, and an offline wheelhouse needs no build tools). alibabacloud-oss-v2,
 # not oss2: maintained (oss2 has had no release since 2024), a wheel (oss2 is an sdist built on
 # the node) and light (oss2 pulls the legacy aliyun-python-sdk-core and -kms).
 SDK_PINS: dict[str, tuple[str, ...]] = {
@@ -78,7 +79,7 @@ SDK_PINS: dict[str, tuple[str, ...]] = {
         "alibabacloud-ess20220222==1.13.3",
         "alibabacloud-gateway-spi==0.0.4",
         "alibabacloud-oss-v2==1.4.1",
-        "alibabacloud-tea==0.4.3",
+        "alibabacloud-tea==0.4.0",  # the newest with a wheel: nodes build no sdist
         "alibabacloud-tea-openapi==0.4.6",
         "alibabacloud-tea-util==0.3.15",
         "darabonba-core==1.0.9",
@@ -101,7 +102,7 @@ SDK_PINS: dict[str, tuple[str, ...]] = {
         "cffi==2.0.0 ; python_full_version == '3.9.*'",
         "cffi==2.1.1 ; python_full_version >= '3.10'",
         "charset-normalizer==3.5.3",
-        "crcmod-plus==2.2.0 ; python_full_version < '3.9'",
+        "crcmod-plus==2.1.0 ; python_full_version < '3.9'",  # 2.2.0 has no cp38 wheel
         "crcmod-plus==2.3.6 ; python_full_version >= '3.9'",
         "cryptography==47.0.0 ; python_full_version <= '3.9'",
         "cryptography==50.0.2 ; python_full_version > '3.9'",
