@@ -4,7 +4,8 @@
 
 `build(stack)` packs playbooks/, roles/, compat/matrix.yml, inventories/<stack>/group_vars/, the
 runtime wheel (built by the inference_runtime role's own builder, roles/inference_runtime/files/
-build_wheel.py), the node agent's Ansible callback (bootstrap/callback_plugins/), node.json (the
+build_wheel.py), the node agent (agent/torchfleet_agent/, which the user-data stub runs) and its
+Ansible callback (bootstrap/callback_plugins/), node.json (the
 stack facts every node of the stack shares, the same variables the operator's inventory
 carries, and the instance-type -> GPU table a node looks its own type up in) and manifest.json
 (format, stack, content version, the model reference, every file with its sha256).
@@ -44,6 +45,7 @@ CACHE = REPO_ROOT / ".cache" / "bundles"
 WHEEL_BUILDER = REPO_ROOT / "roles" / "inference_runtime" / "files" / "build_wheel.py"
 WHEEL_CACHE = REPO_ROOT / ".cache" / "runtime-wheels"  # the role's default cache directory
 CALLBACKS = REPO_ROOT / "infra" / "bootstrap" / "callback_plugins"
+AGENT = REPO_ROOT / "infra" / "bootstrap" / "torchfleet_agent"
 SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", "molecule"}
 SKIP_SUFFIXES = (".pyc", ".pyo", ".retry", ".swp", "~")
 MODEL_KEYS = (
@@ -140,6 +142,8 @@ def _members(
         )
     for path in _files(CALLBACKS):
         members[f"bootstrap/callback_plugins/{path.name}"] = path.read_bytes()
+    for path in _files(AGENT):
+        members[f"agent/{AGENT.name}/{path.relative_to(AGENT).as_posix()}"] = path.read_bytes()
     members[f"wheels/{wheel.name}"] = wheel.read_bytes()
     members["node.json"] = (json.dumps(facts, indent=2, sort_keys=True) + "\n").encode()
     files = {name: _sha256(data) for name, data in sorted(members.items())}

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from infra.bootstrap import agent
+from infra.bootstrap.torchfleet_agent import lifecycle as agent_lifecycle
 from infra.matrix import REPO_ROOT
 
 # -- the load balancer's view of a node (AWS target group; one place for the fleet to read) ----
@@ -55,23 +55,25 @@ SCALE_OUT_PERIODS = 3
 SCALE_IN_PERIODS = 15
 
 # -- the launching hook's heartbeat timeout, from the measured bootstrap --------------------------
-# The node agent (infra/bootstrap/agent.py, `heartbeats`) records a lifecycle heartbeat every
-# HEARTBEAT_INTERVAL_S (120 s), starting one interval after its identity + bootstrap-venv stage, on
+# The node agent (infra/bootstrap/torchfleet_agent/lifecycle.py, `heartbeats`) records a lifecycle
+# heartbeat every HEARTBEAT_INTERVAL_S (120 s), starting one interval after its identity stage, on
 # every boot of the bootstrap (a reboot for the driver stops and restarts it). The timeout must
 # outlast the longest silence, which is the one around a reboot:
 #   up to one interval since the last heartbeat before the reboot
 #   + the reboot itself (EC2, not measurable in a container: CONTRACT-fleet.md 11 budgets
 #     1-2 min; the upper figure is taken)
-#   + identity + venv stage of the resumed boot (measured, tests/bootstrap/, CPU container,
-#     2026-12-01: 15-31 s on a quiet machine, 204 s at most under load 8-12; the worst is taken,
-#     although a resumed boot finds its venv in place)
+#   + the stub (bootstrap venv, bundle) and the identity stage of the resumed boot (measured as
+#     identity + the one venv the agent made before the stub existed, tests/bootstrap/, CPU
+#     container, 2026-12-01: 15-31 s on a quiet machine, 204 s at most under load 8-12; the
+#     worst is taken, although a resumed boot finds its venvs and bundle in place)
 #   + one interval to the first heartbeat of that boot
 #   = 120 + 120 + 204 + 120 = 564 s, rounded up to whole minutes: 600 s.
 # The first boot's silence (launch -> first heartbeat: boot + identity/venv + one interval,
-# 120 + 204 + 120 = 444 s) is shorter. A node that fails reports ABANDON itself (a corrupt
-# bundle: 23-25 s after boot, measured), so this timeout only removes a node that died. AWS ends
+# 120 + 204 + 120 = 444 s) is shorter. A node whose agent fails reports ABANDON itself, so this
+# timeout removes a node that died, or whose stub failed before the agent could run (no venv,
+# no bundle, a bundle that does not verify: the state file names the stage). AWS ends
 # any launch action after 48 h or 100 x this timeout (60000 s here), whatever the heartbeats.
-HEARTBEAT_INTERVAL_S = agent.HEARTBEAT_S
+HEARTBEAT_INTERVAL_S = agent_lifecycle.HEARTBEAT_S
 EC2_REBOOT_MAX_S = 120
 PRE_HEARTBEAT_STAGE_MAX_S = 204
 
@@ -100,7 +102,7 @@ COLD_BOOTSTRAP_BUDGET_S = 3600
 # torchfleet-runtime.service.j2, TimeoutStopSec), then completes CONTINUE with one API call,
 # which the second margin covers.
 SYSTEMD_STOP_MARGIN_S = 15
-AGENT_MARGIN_S = max(agent.WATCH_POLL_S.values())
+AGENT_MARGIN_S = max(agent_lifecycle.WATCH_POLL_S.values())
 
 
 def node_setting(stack: str, variable: str) -> Any:

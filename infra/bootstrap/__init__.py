@@ -1,34 +1,37 @@
-"""User-data that makes every node the cloud starts configure itself (contract: CONTRACT-fleet.md).
+"""User-data that makes every node the cloud starts configure itself.
 
 `render_user_data(spec)` fills the ONE cloud-init template (user-data.yaml.tmpl) with the node's
-settings (/etc/torchfleet/node.json), the node agent (agent.py, gzip+base64) and its systemd
-units. The result is deterministic (same spec -> same bytes, so an unchanged stack does not
-roll its group) and within the cloud's user-data limit (AWS 16 KB, Alibaba ECS 32 KB). A spec that
-cannot work raises `BootstrapError` naming the field, the value and what is allowed, before any
-resource is registered with it.
+settings (/etc/torchfleet/node.json), the stub that fetches, verifies and runs the node agent
+(torchfleet_agent/boot.py, gzip+base64) and the agent's systemd units. The agent itself travels in
+the node bundle (infra.bundle), so its size is no concern of the user-data. The result is
+deterministic (same spec -> same bytes, so an unchanged stack does not roll its group) and within
+the cloud's user-data limit (AWS 16 KB, Alibaba ECS 32 KB). A spec that cannot work raises
+`BootstrapError` naming the field, the value and what is allowed, before any resource is
+registered with it.
 """
 
 from __future__ import annotations
 
-import ast
 import base64
 import gzip
-import io
 import json
 import re
 import string
 import textwrap
-import tokenize
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from infra.bootstrap.torchfleet_agent import boot
 from infra.constants import PROJECT, SERVICE_PORT
 
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "user-data.yaml.tmpl"
-AGENT = HERE / "agent.py"
+AGENT = HERE / "torchfleet_agent"  # the package the bundle ships (agent/torchfleet_agent/)
+STUB = AGENT / "boot.py"
 UNITS = HERE / "units"
+# Node paths the template and the units name: boot.py's, so the stub and they agree.
+NODE_PATHS = {"config": boot.CONFIG, "stub": boot.STUB, "command": boot.COMMAND}
 MAX_USER_DATA = {"aws": 16 * 1024, "alicloud": 32 * 1024}
 CLOUDS = ("aws", "alicloud")
 MODES = ("cold", "baked", "bake")
@@ -67,8 +70,9 @@ class BootstrapSpec:
     # mode "bake": power off when done (the image is captured from the stopped machine); False
     # when an image builder captures a running machine: the bake then ends with state "ready".
     poweroff: bool = True
-    # Extra pip options for the bootstrap venv (ansible-core, boto3): a mirror in China regions
-    # (("--index-url", URL),), an offline wheelhouse in tests. Empty: pip's default index.
+    # Extra pip options for the node's venvs (the bootstrap venv's cloud SDKs, the Ansible venv's
+    # ansible-core): a mirror in China regions (("--index-url", URL),), an offline wheelhouse in
+    # tests. Empty: pip's default index.
     pip_args: tuple[str, ...] = ()
 
 
@@ -105,54 +109,17 @@ def _problems(spec: BootstrapSpec) -> list[str]:
     return out
 
 
-def node_agent(cloud: str) -> str:
-    """agent.py as the node gets it: only `cloud`'s section, no comments, no docstrings (the
-    commented source is this repository's). Pure text edits by line, so the same source gives
-    the same bytes on any Python."""
-    src = AGENT.read_text()
-    for other in CLOUDS:
-        if other != cloud:
-            src = re.sub(rf"(?ms)^# >>> cloud {other}\n.*?^# <<< cloud {other}\n", "", src)
-    lines = src.splitlines()
-    drop: set[int] = set()  # 0-based line numbers
-    keep_blank: set[int] = set()
-    for node in ast.walk(ast.parse(src)):
-        body = getattr(node, "body", None)
-        if (
-            isinstance(body, list)
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        ):
-            doc = body[0]
-            assert doc.end_lineno is not None
-            if len(body) == 1:  # the docstring was the whole body
-                lines[doc.lineno - 1] = " " * doc.col_offset + "..."
-                drop.update(range(doc.lineno, doc.end_lineno))
-            else:
-                drop.update(range(doc.lineno - 1, doc.end_lineno))
-    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
-        if tok.type == tokenize.COMMENT:
-            row, col = tok.start
-            lines[row - 1] = lines[row - 1][:col].rstrip()
-        elif tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
-            keep_blank.update(range(tok.start[0], tok.end[0]))  # inside a multi-line string
-    out = [
-        line for i, line in enumerate(lines) if i not in drop and (line.strip() or i in keep_blank)
-    ]
-    return "\n".join(out) + "\n"
-
-
 def _block(text: str) -> str:
     """A file's text as the body of a YAML literal block under `content: |`."""
     return textwrap.indent(text.rstrip("\n") + "\n", " " * 6).rstrip("\n")
 
 
 def unit(name: str) -> str:
-    """A systemd unit as the node gets it: without its comment lines (they explain it here)."""
+    """A systemd unit as the node gets it: its node paths filled in, without its comment lines
+    (they explain it here)."""
     lines = (UNITS / name).read_text().splitlines()
-    return "\n".join(line for line in lines if not line.startswith("#")) + "\n"
+    text = "\n".join(line for line in lines if not line.startswith("#")) + "\n"
+    return string.Template(text).substitute(NODE_PATHS)
 
 
 def render_user_data(spec: BootstrapSpec) -> str:
@@ -165,10 +132,8 @@ def render_user_data(spec: BootstrapSpec) -> str:
         "endpoints": dict(sorted(spec.endpoints.items())),
         "pip_args": list(spec.pip_args),
     }
-    # mtime=0: the compressed agent, and so the user-data, depends on the agent's text only.
-    agent = base64.b64encode(
-        gzip.compress(node_agent(spec.cloud).encode(), compresslevel=9, mtime=0)
-    ).decode()
+    # mtime=0: the compressed stub, and so the user-data, depends on the stub's text only.
+    stub = base64.b64encode(gzip.compress(STUB.read_bytes(), compresslevel=9, mtime=0)).decode()
     template = "".join(
         line for line in TEMPLATE.read_text().splitlines(keepends=True) if not line.startswith("##")
     )
@@ -178,7 +143,8 @@ def render_user_data(spec: BootstrapSpec) -> str:
         mode=spec.mode,
         bundle_key=spec.bundle_key,
         node_json=_block(json.dumps(settings, indent=2, sort_keys=True)),
-        agent=agent,
+        stub_b64=stub,
+        **NODE_PATHS,
         unit_bootstrap=_block(unit("torchfleet-bootstrap.service")),
         unit_lifecycle=_block(unit("torchfleet-lifecycle.service")),
         unit_metrics=_block(unit("torchfleet-metrics.service")),

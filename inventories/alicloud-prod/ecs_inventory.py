@@ -9,23 +9,24 @@ Hosts go to gpu_nodes with the per-host variables an instances-mode host has: an
 torchfleet_spot; the shared ones come from stack.yml's gpu_nodes vars.
 
 Credentials: ALICLOUD_ACCESS_KEY, ALICLOUD_SECRET_KEY (and ALICLOUD_SECURITY_TOKEN for STS), as
-for `pulumi up`. ALICLOUD_ECS_ENDPOINT overrides https://ecs.<region>.aliyuncs.com. Requests
-are signed by the node agent's signer (infra/bootstrap/agent.py, RPC signature v1).
+for `pulumi up`. ALICLOUD_ECS_ENDPOINT (a URL) overrides the region's ECS endpoint. ECS is called
+through Alibaba's SDK (alibabacloud-ecs20140526, requirements/ansible.txt).
     ecs_inventory.py --list | --host NAME"""
 
 import json
 import os
 import sys
+import urllib.parse
 from pathlib import Path
 
 import yaml
+from alibabacloud_ecs20140526 import models as ecs_models
+from alibabacloud_ecs20140526.client import Client as EcsClient
+from alibabacloud_tea_openapi.models import Config
 
 HERE = Path(__file__).absolute().parent  # the inventory directory it runs from (stack.yml)
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository (infra/)
-
-from infra.bootstrap.agent import rpc_call  # noqa: E402
-
 GROUP = "gpu_nodes"
+PAGE = 100
 
 
 def discovery() -> dict | None:
@@ -58,36 +59,38 @@ def hostvars(instance: dict) -> dict:
 
 def running_nodes(found: dict) -> dict:
     try:
-        creds = {
-            "AccessKeyId": os.environ["ALICLOUD_ACCESS_KEY"],
-            "AccessKeySecret": os.environ["ALICLOUD_SECRET_KEY"],
-            "SecurityToken": os.environ.get("ALICLOUD_SECURITY_TOKEN", ""),
-        }
+        config = Config(
+            access_key_id=os.environ["ALICLOUD_ACCESS_KEY"],
+            access_key_secret=os.environ["ALICLOUD_SECRET_KEY"],
+            security_token=os.environ.get("ALICLOUD_SECURITY_TOKEN") or None,
+            region_id=found["region"],
+        )
     except KeyError as err:
         raise SystemExit(
             f"ecs_inventory: set {err.args[0]} (and ALICLOUD_SECRET_KEY) to list the nodes"
         ) from None
-    region = found["region"]
-    endpoint = os.environ.get("ALICLOUD_ECS_ENDPOINT", f"https://ecs.{region}.aliyuncs.com")
-    tags = {}
-    for i, (key, value) in enumerate(sorted(found["tags"].items()), 1):
-        tags.update({f"Tag.{i}.Key": key, f"Tag.{i}.Value": value})
+    if os.environ.get("ALICLOUD_ECS_ENDPOINT"):
+        url = urllib.parse.urlsplit(os.environ["ALICLOUD_ECS_ENDPOINT"])
+        config.endpoint, config.protocol = url.netloc, url.scheme
+    ecs = EcsClient(config)
+    tags = [
+        ecs_models.DescribeInstancesRequestTag(key=key, value=value)
+        for key, value in sorted(found["tags"].items())
+    ]
     hosts, page = {}, 1
     while True:
-        reply = rpc_call(
-            endpoint,
-            "2014-05-26",
-            "DescribeInstances",
-            creds,
-            region,
-            Status="Running",
-            PageSize="100",
-            PageNumber=str(page),
-            **tags,
-        )
+        reply = ecs.describe_instances(
+            ecs_models.DescribeInstancesRequest(
+                region_id=found["region"],
+                status="Running",
+                page_size=PAGE,
+                page_number=page,
+                tag=tags,
+            )
+        ).body.to_map()
         for instance in reply.get("Instances", {}).get("Instance", []):
             hosts[instance["InstanceId"]] = hostvars(instance)
-        if page * 100 >= int(reply.get("TotalCount", 0)):
+        if page * PAGE >= int(reply.get("TotalCount", 0)):
             return hosts
         page += 1
 

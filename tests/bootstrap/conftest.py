@@ -2,8 +2,9 @@
 
   .cache/bootstrap/moto-cp311/    moto[server] (the pin in requirements/dev.txt) for the node
                                   image's CPython 3.11, run by the image's python3 in the pod
-  .cache/bootstrap/wheels-cp311/  the node agent's bootstrap pins (infra/bootstrap/agent.py
-                                  PINS) for 3.11: the node's pip installs offline from it
+  .cache/bootstrap/wheels-aws-cp311/  the node's venv pins for 3.11 (the stub's SDK_PINS and
+                                  the agent's Ansible pins): the node's pip installs offline
+                                  from it
   .cache/bootstrap/model/         a demo model the node fetches from moto's S3
 torch comes from .cache/wheelhouse-cp311 (tests/roles/prepare_wheelhouse.sh), as in Molecule."""
 

@@ -113,17 +113,38 @@ def node_image_for(suite: str) -> str:
     return f"localhost/torchfleet-{suite}-cloudinit:latest"
 
 
-def bootstrap_wheels_for(python: str) -> Path:
-    """The node agent's bootstrap pins (AWS) for CPython `python` ("3.11", "3.9.2"), once."""
-    from infra.bootstrap import agent
+def sdk_pins_for(cloud: str, python: str) -> list[str]:
+    """The stub's bootstrap-venv pins (boot.SDK_PINS) that pip installs on CPython `python`
+    ("3.11", "3.9.2"): the lines whose environment markers hold there, without the markers.
+    (pip download evaluates markers for the Python it runs on, not the one it downloads for.)"""
+    from packaging.requirements import Requirement
+
+    from infra.bootstrap.torchfleet_agent import boot
+
+    full = python if python.count(".") == 2 else python + ".0"
+    env = {"python_version": ".".join(full.split(".")[:2]), "python_full_version": full}
+    chosen = []
+    for line in boot.SDK_PINS[cloud]:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate(env):
+            chosen.append(f"{req.name}{req.specifier}")
+    return chosen
+
+
+def bootstrap_wheels_for(python: str, cloud: str = "aws") -> Path:
+    """The node's venv pins for CPython `python` ("3.11", "3.9.2"), once: the stub's bootstrap
+    venv (the cloud's SDKs) and the agent's Ansible venv."""
+    from infra.bootstrap.torchfleet_agent import playbook
 
     major, minor = (int(p) for p in python.split(".")[:2])
-    reqs = agent.pins((major, minor), "aws")
-    return _stamped(
-        CACHE / f"wheels-cp{major}{minor}",
-        " ".join(reqs),
-        lambda d: _pip("download", *_cross("-d", str(d), python=python), *reqs),
-    )
+    sdks, ansible = sdk_pins_for(cloud, python), playbook.pins((major, minor))
+
+    def download(d: Path) -> None:
+        # the SDK pins are a whole resolution already; ansible-core's are resolved here
+        _pip("download", *_cross("--no-deps", "-d", str(d), python=python), *sdks)
+        _pip("download", *_cross("-d", str(d), python=python), *ansible)
+
+    return _stamped(CACHE / f"wheels-{cloud}-cp{major}{minor}", " ".join(sdks + ansible), download)
 
 
 def torch_wheelhouse_for(abi: str) -> Path:

@@ -1,95 +1,86 @@
-"""The node agent's parts that need no node: its pins, the Alibaba request signing (checked
-against the vendors' published vectors), the metrics it publishes, and its Alibaba path end to
-end against a fake ECS metadata service + ESS + CloudMonitor + OSS on loopback that checks every
-signature with the fake account's secret (no Alibaba fake exists to run a node against; the
-AWS path runs for real in test_node_bootstrap.py)."""
+"""The node agent's parts that need no node: its pins, the metrics it publishes, the stub's bundle
+handling, and its Alibaba path end to end through Alibaba's official SDKs against a fake ECS
+metadata service + ESS + CloudMonitor + OSS on loopback (fake_alibaba.py) that recomputes every
+signature with the SDKs' own signers (no Alibaba fake exists to run a node against; the AWS path
+runs for real in test_node_bootstrap.py)."""
 
 from __future__ import annotations
 
-import datetime
+import hashlib
+import io
 import json
-import threading
-import urllib.parse
+import tarfile
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from nodekit import REPO
+from fake_alibaba import FakeAlibaba, role_credentials
+from nodekit import REPO, sdk_pins_for
+from packaging.requirements import Requirement
 
-from infra.bootstrap import agent
+from infra.bootstrap.torchfleet_agent import boot, metrics, playbook
+from infra.bootstrap.torchfleet_agent.cloud import cloud_of
+
+NODE_PYTHONS = ["3.8.10", "3.9.2", "3.10.12", "3.11.2", "3.12.3", "3.13.5"]
 
 
-def test_pins_cover_the_node_pythons_and_match_the_repo_lock() -> None:
-    for version in [(3, 9), (3, 10), (3, 11), (3, 12), (3, 13)]:
-        aws = agent.pins(version, "aws")
-        assert any(p.startswith("ansible-core==") for p in aws) and any(
-            p.startswith("boto3==") for p in aws
-        )
-        assert not any(p.startswith("boto3") for p in agent.pins(version, "alicloud"))
-    assert "ansible-core==2.15.13" in agent.pins((3, 9), "aws")  # 2.17+ needs Python >= 3.10
-    for version in [(3, 8), (3, 14)]:
-        with pytest.raises(
-            agent.Failure, match=r"cannot run the pinned ansible-core \(supported: 3\.9, "
-        ):
-            agent.pins(version, "aws")
-    # On 3.11 the node runs the same ansible-core and boto3 as this repository's lock.
-    lock = dict(
-        line.lower().split("==")
+def selected(cloud: str, python: str) -> dict[str, str]:
+    """The bootstrap venv's pins that pip installs on CPython `python` (name -> version)."""
+    chosen: dict[str, str] = {}
+    for pin in sdk_pins_for(cloud, python):
+        name, version = pin.split("==")
+        assert name not in chosen, f"{name} pinned twice for Python {python}"
+        chosen[name] = version
+    return chosen
+
+
+def lock() -> dict[str, str]:
+    return dict(
+        line.lower().replace("_", "-").split("==")
         for line in (REPO / "requirements" / "constraints.txt").read_text().splitlines()
         if "==" in line
     )
-    for pin in agent.pins((3, 11), "aws"):
-        name, version = pin.lower().split("==")
-        if name in lock:
-            assert lock[name] == version, (
-                f"{pin} differs from requirements/constraints.txt {lock[name]}"
-            )
 
 
-def test_rpc_signature_matches_the_documented_example() -> None:
-    # Alibaba Cloud's RPC signature v1 example (ECS "Request signatures", secret testsecret).
-    params = {
-        "Timestamp": "2016-02-23T12:46:24Z",
-        "Format": "XML",
-        "AccessKeyId": "testid",
-        "Action": "DescribeRegions",
-        "SignatureMethod": "HMAC-SHA1",
-        "SignatureNonce": "3ee8c1b8-83d3-44af-a94f-4e0ad82fd6cf",
-        "Version": "2014-05-26",
-        "SignatureVersion": "1.0",
-    }
-    assert agent.rpc_signature("testsecret", "GET", params) == "OLeaidS1JvxuMvnyHOwuJ+uX5qY="
+def test_ansible_pins_cover_the_controller_pythons() -> None:
+    for version in [(3, 9), (3, 10), (3, 11), (3, 12), (3, 13)]:
+        assert any(p.startswith("ansible-core==") for p in playbook.pins(version))
+    assert "ansible-core==2.15.13" in playbook.pins((3, 9))  # 2.17+ needs Python >= 3.10
+    for version in [(3, 8), (3, 14)]:
+        with pytest.raises(
+            boot.Failure, match=r"cannot run the pinned ansible-core \(supported: 3\.9, "
+        ):
+            playbook.pins(version)
+    # On 3.11 the node runs the same ansible-core as this repository's lock.
+    pinned = dict(p.lower().split("==") for p in playbook.pins((3, 11)))
+    assert pinned["ansible-core"] == lock()["ansible-core"]
 
 
-def test_oss_v4_signature_matches_the_sdk_vector() -> None:
-    # The header-signature vector of alibabacloud-oss-python-sdk-v2's signer tests.
-    when = datetime.datetime.fromtimestamp(1702743657, datetime.UTC)
-    headers = {
-        "x-oss-head1": "value",
-        "abc": "value",
-        "ZAbc": "value",
-        "XYZ": "value",
-        "content-type": "text/plain",
-        "x-oss-content-sha256": "UNSIGNED-PAYLOAD",
-        "x-oss-date": when.strftime("%Y%m%dT%H%M%SZ"),
-    }
-    query = {
-        "param1": "value1",
-        "+param1": "value3",
-        "|param1": "value4",
-        "+param2": "",
-        "|param2": "",
-        "param2": "",
-    }
-    auth = agent.oss_v4_authorization(
-        "ak", "sk", "cn-hangzhou", "PUT", "bucket", "1234+-/123/1.txt", query, headers, when
-    )
-    assert auth == (
-        "OSS4-HMAC-SHA256 Credential=ak/20231216/cn-hangzhou/oss/aliyun_v4_request,"
-        "Signature=e21d18daa82167720f9b1047ae7e7f1ce7cb77a31e8203a7d5f4624fa0284afe"
-    )
+@pytest.mark.parametrize("cloud", ["aws", "alicloud"])
+def test_sdk_pins_give_every_node_python_one_release_of_each_and_match_the_lock(cloud: str) -> None:
+    sdks = {
+        "aws": {"boto3", "botocore"},
+        "alicloud": {
+            "alibabacloud-credentials",
+            "alibabacloud-tea-openapi",
+            "alibabacloud-ess20220222",
+            "alibabacloud-cms20190101",
+            "alibabacloud-oss-v2",
+        },
+    }[cloud]
+    every = {Requirement(line).name for line in boot.SDK_PINS[cloud]}
+    for python in NODE_PYTHONS:
+        chosen = selected(cloud, python)
+        assert sdks <= set(chosen), (python, sdks - set(chosen))
+        # only the backports of what newer Pythons have built in are left out
+        missing = every - set(chosen)
+        assert missing <= {"backports-zoneinfo", "async-timeout"}, f"{python} lacks {missing}"
+    # On Debian 12's 3.11 the node runs what this repository's tests run against.
+    pinned, locked = selected(cloud, "3.11.2"), lock()
+    differ = {n: (v, locked[n]) for n, v in pinned.items() if n in locked and locked[n] != v}
+    assert not differ, f"node pins differ from requirements/constraints.txt: {differ}"
+    assert sdks <= set(locked)
 
 
 METRICS = """# HELP torchfleet_queue_depth Instances waiting in the batch queue.
@@ -102,157 +93,80 @@ torchfleet_gpu_utilization_ratio{gpu="1"} 0.7
 
 
 def test_scrape_reads_queue_gpu_and_request_rate() -> None:
-    values, sample = agent.scrape(METRICS, None, now_s=100.0)
+    values, sample = metrics.scrape(METRICS, None, now_s=100.0)
     assert values["QueueDepth"] == (7.0, "Count")
     assert values["GpuUtilization"][0] == pytest.approx(60.0)
     assert "RequestRate" not in values and sample == {"t": 100.0, "requests": 100.0}
-    later, _ = agent.scrape(METRICS.replace("90.0", "120.0"), sample, now_s=115.0)
+    later, _ = metrics.scrape(METRICS.replace("90.0", "120.0"), sample, now_s=115.0)
     assert later["RequestRate"] == (pytest.approx(2.0), "Count/Second")
-    restarted, _ = agent.scrape("torchfleet_queue_depth 0\n", sample, now_s=130.0)
-    assert (
-        "RequestRate" not in restarted and "GpuUtilization" not in restarted
-    )  # no GPU, counter reset
+    restarted, _ = metrics.scrape("torchfleet_queue_depth 0\n", sample, now_s=130.0)
+    # no GPU, and a counter that went back: the runtime restarted
+    assert "RequestRate" not in restarted and "GpuUtilization" not in restarted
 
 
-SECRET, TOKEN = "node-secret", "sts-token"
+class Ess:
+    """ESS (API 2022-02-22) as the node sees it: its scaling instance, the group's hooks, and
+    pending lifecycle actions in its own activity (launch) and another in progress (terminate)."""
 
+    def __init__(self) -> None:
+        self.lifecycle_state = "Pending:Wait"
 
-class FakeAlibaba(BaseHTTPRequestHandler):
-    """ECS metadata (hardened mode), ESS, CloudMonitor and OSS in one loopback server."""
-
-    calls: list[dict[str, str]] = []
-    lifecycle_state = "Pending:Wait"
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _send(self, status: int, body: str | bytes) -> None:
-        data = body.encode() if isinstance(body, str) else body
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_PUT(self) -> None:
-        assert (
-            self.path == "/latest/api/token"
-            and self.headers["X-aliyun-ecs-metadata-token-ttl-seconds"]
-        )
-        self._send(200, "imds-token")
-
-    def do_GET(self) -> None:
-        if self.path.startswith("/latest/meta-data/"):
-            if self.headers.get("X-aliyun-ecs-metadata-token") != "imds-token":
-                return self._send(401, "token required")
-            meta = {
-                "instance-id": "i-node1",
-                "region-id": "cn-shanghai",
-                "instance/instance-type": "ecs.gn6i-c4g1.xlarge",
-                "ram/security-credentials/": "torchfleet-node\n",
-                "ram/security-credentials/torchfleet-node": json.dumps(
-                    {
-                        "AccessKeyId": "STS.node",
-                        "AccessKeySecret": SECRET,
-                        "SecurityToken": TOKEN,
-                        "Expiration": "2099-01-01T00:00:00Z",
-                        "Code": "Success",
-                    }
-                ),
-            }
-            key = self.path[len("/latest/meta-data/") :]
-            return self._send(200, meta[key]) if key in meta else self._send(404, "")
-        if self.path.startswith("/models/"):  # OSS
-            auth = self.headers.get("Authorization", "")
-            assert auth.startswith("OSS4-HMAC-SHA256 Credential=STS.node/"), auth
-            assert self.headers["x-oss-security-token"] == TOKEN
-            when = datetime.datetime.strptime(self.headers["x-oss-date"], "%Y%m%dT%H%M%SZ").replace(
-                tzinfo=datetime.UTC
-            )
-            signed = {
-                k.lower(): v for k, v in self.headers.items() if k.lower().startswith("x-oss-")
-            }
-            want = agent.oss_v4_authorization(
-                "STS.node",
-                SECRET,
-                "cn-shanghai",
-                "GET",
-                "models-bucket",
-                urllib.parse.unquote(self.path.lstrip("/")),
-                {},
-                signed,
-                when,
-            )
-            return self._send(
-                200 if auth == want else 403, b"model-bytes" if auth == want else b"bad signature"
-            )
-        params = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
-        signature = params.pop("Signature")
-        if (
-            signature != agent.rpc_signature(SECRET, "GET", params)
-            or params.get("SecurityToken") != TOKEN
-        ):
-            return self._send(400, json.dumps({"Code": "SignatureDoesNotMatch"}))
-        FakeAlibaba.calls.append(params)
-        self._send(200, json.dumps(self.answer(params)))
-
-    def answer(self, p: dict[str, str]) -> dict[str, Any]:
-        action = p["Action"]
+    def __call__(self, action: str, p: dict[str, str]) -> dict[str, Any]:
         if action == "DescribeScalingInstances":
-            assert p["ScalingGroupId"] == "asg-1" and p["InstanceId.1"] == "i-node1"
+            assert p["ScalingGroupId"] == "asg-1" and p["InstanceIds.1"] == "i-node1", p
             return {
-                "ScalingInstances": {
-                    "ScalingInstance": [
-                        {
-                            "InstanceId": "i-node1",
-                            "LifecycleState": FakeAlibaba.lifecycle_state,
-                            "ScalingActivityId": "asa-own",
-                            "SpotStrategy": "SpotWithPriceLimit",
-                        }
-                    ]
-                }
+                "ScalingInstances": [
+                    {
+                        "InstanceId": "i-node1",
+                        "LifecycleState": self.lifecycle_state,
+                        "ScalingActivityId": "asa-own",
+                        "SpotStrategy": "SpotWithPriceLimit",
+                    }
+                ]
             }
         if action == "DescribeLifecycleHooks":
-            return {
-                "LifecycleHooks": {
-                    "LifecycleHook": [{"LifecycleHookId": "ash-" + p["LifecycleHookName"]}]
-                }
-            }
+            return {"LifecycleHooks": [{"LifecycleHookId": "ash-" + p["LifecycleHookName"]}]}
         if action == "DescribeScalingActivities":
-            return {"ScalingActivities": {"ScalingActivity": [{"ScalingActivityId": "asa-other"}]}}
+            assert p["StatusCode"] == "InProgress", p
+            return {"ScalingActivities": [{"ScalingActivityId": "asa-other"}]}
         if action == "DescribeLifecycleActions":
             actions = {
                 "asa-own": [
                     {
                         "LifecycleHookId": "ash-torchfleet-launch",
                         "LifecycleActionToken": "tok-launch",
-                        "InstanceIds": {"InstanceId": ["i-node1", "i-node2"]},
+                        "InstanceIds": ["i-node1", "i-node2"],
                     }
                 ],
                 "asa-other": [
                     {
                         "LifecycleHookId": "ash-torchfleet-terminate",
                         "LifecycleActionToken": "tok-term",
-                        "InstanceIds": {"InstanceId": ["i-node1"]},
+                        "InstanceIds": ["i-node1"],
                     }
                 ],
             }
-            return {
-                "LifecycleActions": {"LifecycleAction": actions.get(p["ScalingActivityId"], [])}
-            }
-        return {"RequestId": "ok"}
+            return {"LifecycleActions": actions.get(p["ScalingActivityId"], [])}
+        return {}
+
+
+METADATA = {
+    "instance-id": "i-node1",
+    "region-id": "cn-shanghai",
+    "instance/instance-type": "ecs.gn6i-c4g1.xlarge",
+    "ram/security-credentials/": "torchfleet-node",
+    "ram/security-credentials/torchfleet-node": role_credentials(),
+}
 
 
 @pytest.fixture
-def alibaba() -> Iterator[str]:
-    FakeAlibaba.calls = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeAlibaba)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+def alibaba() -> Iterator[FakeAlibaba]:
+    with FakeAlibaba(Ess(), METADATA) as fake:
+        yield fake
 
 
-def test_alibaba_node_identity_lifecycle_metrics_and_oss(alibaba: str, tmp_path: Path) -> None:
-    cfg = {
+def node_config(fake: FakeAlibaba, **extra: Any) -> boot.NodeConfig:
+    cfg: dict[str, Any] = {
         "cloud": "alicloud",
         "region": "cn-shanghai",
         "group_name": "torchfleet-alicloud-prod-ess",
@@ -260,55 +174,196 @@ def test_alibaba_node_identity_lifecycle_metrics_and_oss(alibaba: str, tmp_path:
         "metrics_group_id": "4242",
         "launch_hook": "torchfleet-launch",
         "terminate_hook": "torchfleet-terminate",
-        "endpoints": {k: alibaba for k in ("imds", "ess", "cms", "oss")},
+        "endpoints": {k: fake.url for k in ("imds", "ess", "cms", "oss")},
+        **extra,
     }
-    cloud = agent.cloud_of(cfg)
-    ident = cloud.identity()
-    assert ident == {
+    return cfg  # type: ignore[return-value]
+
+
+def test_alibaba_node_identity_lifecycle_and_metrics_through_the_sdks(alibaba: FakeAlibaba) -> None:
+    cloud = cloud_of(node_config(alibaba))
+    assert cloud.identity() == {
         "instance_id": "i-node1",
         "region": "cn-shanghai",
         "instance_type": "ecs.gn6i-c4g1.xlarge",
         "spot": True,
         "target": "InService",
     }
-
     cloud.lifecycle("torchfleet-launch", "CONTINUE", "i-node1")  # its own activity's action
-    cloud.lifecycle(
-        "torchfleet-terminate", "CONTINUE", "i-node1"
-    )  # found in the group's activities
-    done = [c for c in FakeAlibaba.calls if c["Action"] == "CompleteLifecycleAction"]
+    cloud.lifecycle("torchfleet-terminate", "CONTINUE", "i-node1")  # in the group's activities
+    cloud.heartbeat("torchfleet-launch", "i-node1")
+    done = [c["params"] for c in alibaba.calls if c["action"] == "CompleteLifecycleAction"]
     assert [
         (c["LifecycleHookId"], c["LifecycleActionToken"], c["LifecycleActionResult"]) for c in done
     ] == [
         ("ash-torchfleet-launch", "tok-launch", "CONTINUE"),
         ("ash-torchfleet-terminate", "tok-term", "CONTINUE"),
     ]
-    assert all(c["Version"] == "2014-08-28" and c["RegionId"] == "cn-shanghai" for c in done)
-    assert not [c for c in FakeAlibaba.calls if c["Action"] == "DescribeScalingGroups"], (
-        "group_id given"
-    )
-
-    FakeAlibaba.lifecycle_state = "Removing:Wait"
-    try:
-        assert cloud.target_state() == "Terminated"
-    finally:
-        FakeAlibaba.lifecycle_state = "Pending:Wait"
-
-    values, _ = agent.scrape(METRICS, {"t": 0.0, "requests": 70.0}, now_s=15.0)
-    cloud.put_metrics(values)
-    put = [c for c in FakeAlibaba.calls if c["Action"] == "PutCustomMetric"][0]
-    assert put["Version"] == "2019-01-01"
-    metrics = {
-        put[f"MetricList.{i}.MetricName"]: json.loads(put[f"MetricList.{i}.Values"])["value"]
-        for i in (1, 2, 3)
+    assert all(c["RegionId"] == "cn-shanghai" and c["ClientToken"] for c in done)
+    (beat,) = [
+        c["params"] for c in alibaba.calls if c["action"] == "RecordLifecycleActionHeartbeat"
+    ]
+    # this action's parameters start lower-case in ESS's API (the SDK sends what the API names)
+    assert beat == {
+        "RegionId": "cn-shanghai",
+        "lifecycleHookId": "ash-torchfleet-launch",
+        "lifecycleActionToken": "tok-launch",
+        "heartbeatTimeout": "600",
     }
-    assert metrics == {"GpuUtilization": pytest.approx(60.0), "QueueDepth": 7.0, "RequestRate": 2.0}
+    ess = [c for c in alibaba.calls if c["action"] != "PutCustomMetric"]
+    assert {c["version"] for c in ess} == {"2022-02-22"}
+    assert "DescribeScalingGroups" not in alibaba.actions(), "group_id given: no lookup by name"
+
+    alibaba.answer.lifecycle_state = "Removing:Wait"  # type: ignore[attr-defined]
+    assert cloud.target_state() == "Terminated"
+
+    values, _ = metrics.scrape(METRICS, {"t": 0.0, "requests": 70.0}, now_s=15.0)
+    cloud.put_metrics(values)
+    (put,) = [c for c in alibaba.calls if c["action"] == "PutCustomMetric"]
+    p = put["params"]
+    assert put["version"] == "2019-01-01"
+    sent = {
+        p[f"MetricList.{i}.MetricName"]: json.loads(p[f"MetricList.{i}.Values"]) for i in (1, 2, 3)
+    }
+    assert sent == {
+        "GpuUtilization": {"value": pytest.approx(60.0)},
+        "QueueDepth": {"value": 7.0},
+        "RequestRate": {"value": 2.0},
+    }
     assert all(
-        json.loads(put[f"MetricList.{i}.Dimensions"]) == {"scaling_group": "asg-1"}
-        and put[f"MetricList.{i}.GroupId"] == "4242"
+        json.loads(p[f"MetricList.{i}.Dimensions"]) == {"scaling_group": "asg-1"}
+        and p[f"MetricList.{i}.GroupId"] == "4242"
+        and p[f"MetricList.{i}.Type"] == "0"
         for i in (1, 2, 3)
     )
+    assert alibaba.refused == []
+    # The RAM role's credentials came from the metadata service through the SDK (as the proxy of
+    # 100.100.100.200), with a token; the agent's own lookups went to the endpoint directly.
+    assert ("GET", "/latest/meta-data/ram/security-credentials/torchfleet-node", True) in (
+        alibaba.metadata_log
+    )
+    assert ("GET", "/latest/meta-data/instance-id", False) in alibaba.metadata_log
 
+
+def test_requests_signed_with_another_secret_are_refused(
+    alibaba: FakeAlibaba, tmp_path: Path
+) -> None:
+    alibaba.secret = "not-the-role-secret"  # what the fake now expects: the SDK's signature fails
+    cloud = cloud_of(node_config(alibaba))
+    with pytest.raises(Exception, match="SignatureDoesNotMatch"):
+        cloud.lifecycle("torchfleet-launch", "CONTINUE", "i-node1")
+    alibaba.objects["models-bucket", "models/model.pt"] = b"model-bytes"
+    with pytest.raises(Exception, match="SignatureDoesNotMatch|403"):
+        boot.fetch_object(
+            node_config(alibaba), "models-bucket", "models/model.pt", str(tmp_path / "m")
+        )
+    assert alibaba.calls == [] and len(alibaba.refused) == 2, alibaba.refused
+
+
+def test_oss_fetch_with_the_role_credentials(alibaba: FakeAlibaba, tmp_path: Path) -> None:
+    alibaba.objects["models-bucket", "models/model.pt"] = b"model-bytes"
     dest = tmp_path / "model.pt"
-    cloud.fetch("models-bucket", "models/model.pt", str(dest))
-    assert dest.read_bytes() == b"model-bytes"  # 403 unless the V4 signature verifies
+    boot.fetch_object(node_config(alibaba), "models-bucket", "models/model.pt", str(dest))
+    assert dest.read_bytes() == b"model-bytes" and alibaba.refused == []
+    assert alibaba.calls == [
+        {
+            "action": "GetObject",
+            "version": "oss",
+            "params": {"bucket": "models-bucket", "key": "models/model.pt"},
+        }
+    ]
+
+
+def bundle_bytes(files: dict[str, bytes]) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return raw.getvalue()
+
+
+@pytest.fixture
+def node_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in ("CONFIG", "STATE", "WORK", "VENV"):
+        monkeypatch.setattr(boot, name, str(tmp_path / getattr(boot, name).lstrip("/")))
+    return tmp_path
+
+
+def test_the_stub_fetches_verifies_and_unpacks_the_bundle(
+    alibaba: FakeAlibaba, node_files: Path
+) -> None:
+    good = bundle_bytes({"manifest.json": b"{}", "agent/torchfleet_agent/__init__.py": b""})
+    digest = hashlib.sha256(good).hexdigest()
+    alibaba.objects["bundles", "bundles/s/good.tar.gz"] = good
+    cfg = node_config(
+        alibaba, bundle_bucket="bundles", bundle_key="bundles/s/good.tar.gz", bundle_sha256=digest
+    )
+    tree = Path(boot.fetch_bundle(cfg))
+    assert tree == Path(boot.bundle_tree(digest)) and (tree / "agent/torchfleet_agent").is_dir()
+    boot.fetch_bundle(cfg)  # verified copy on disk: not fetched again
+    assert alibaba.actions() == ["GetObject"]
+
+    tampered = bytearray(good)
+    tampered[len(tampered) // 2] ^= 0xFF
+    alibaba.objects["bundles", "bundles/s/bad.tar.gz"] = bytes(tampered)
+    bad = node_config(
+        alibaba, bundle_bucket="bundles", bundle_key="bundles/s/bad.tar.gz", bundle_sha256="0" * 64
+    )
+    with pytest.raises(boot.Failure) as err:
+        boot.fetch_bundle(bad)
+    got = hashlib.sha256(bytes(tampered)).hexdigest()
+    assert (
+        err.value.stage == "verify"
+        and got in err.value.message
+        and "expected " + "0" * 64 in err.value.message
+    )
+    assert not Path(boot.bundle_tree("0" * 64)).exists()
+
+    escape = bundle_bytes({"../etc/cron.d/x": b"boom"})
+    alibaba.objects["bundles", "bundles/s/escape.tar.gz"] = escape
+    sha = hashlib.sha256(escape).hexdigest()
+    with pytest.raises(boot.Failure, match="not a plain relative path"):
+        boot.fetch_bundle(
+            node_config(
+                alibaba,
+                bundle_bucket="bundles",
+                bundle_key="bundles/s/escape.tar.gz",
+                bundle_sha256=sha,
+            )
+        )
+
+
+def test_a_stub_failure_is_recorded_and_nothing_runs(
+    alibaba: FakeAlibaba, node_files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = node_config(
+        alibaba,
+        bundle_bucket="bundles",
+        bundle_key="bundles/s/missing.tar.gz",
+        bundle_sha256="1" * 64,
+        pip_args=[],
+    )
+    Path(boot.CONFIG).parent.mkdir(parents=True)
+    Path(boot.CONFIG).write_text(json.dumps(cfg))
+    execs: list[Any] = []
+    monkeypatch.setattr(boot.os, "execve", lambda *args: execs.append(args))
+    venvs: list[Any] = []
+    monkeypatch.setattr(boot, "ensure_venv", lambda *args: venvs.append(args))
+    # The node's python3: the bootstrap venv with the cloud's pins, then this file in it.
+    monkeypatch.setattr(boot, "in_venv", lambda: False)
+    boot.main(["bootstrap"])
+    ((python, _version, venv, pins, pip_args),) = venvs
+    assert (venv, pins, pip_args) == (boot.VENV, boot.SDK_PINS["alicloud"], [])
+    ((exe, argv, env),) = execs
+    assert exe == argv[0] == f"{boot.VENV}/bin/python" and argv[1:] == [boot.__file__, "bootstrap"]
+    assert float(env["TORCHFLEET_BOOT_STARTED"]) > 0
+    execs.clear()
+    monkeypatch.setattr(boot, "in_venv", lambda: True)  # continued there: the bundle
+    assert boot.main(["bootstrap"]) == 1
+    state = json.loads(Path(boot.STATE).read_text())
+    assert (
+        state["state"] == "failed" and state["stage"] == "fetch" and "NoSuchKey" in state["error"]
+    ), state
+    assert execs == [] and alibaba.actions() == []

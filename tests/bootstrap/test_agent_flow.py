@@ -2,17 +2,28 @@
 and the cloud, Ansible and systemd replaced by recorders: the paths a container cannot cheaply
 take (a warm pool, a failing task, a baked image whose bundle moved on, a bake for an image
 builder, a state file left by an image's builder). The real thing runs in
-test_node_bootstrap.py."""
+test_node_bootstrap.py; the stub's part in test_agent.py."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
-from infra.bootstrap import agent
+from infra.bootstrap.torchfleet_agent import (
+    boot,
+    bootstrap,
+    image,
+    inventory,
+    lifecycle,
+    playbook,
+    state,
+)
+
+MODULES: list[ModuleType] = [boot, bootstrap, image, inventory, lifecycle, playbook, state]
 
 SHA = "ab" * 32
 
@@ -39,8 +50,8 @@ class FakeCloud:
 
 @pytest.fixture
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """A group node whose agent runs in one process (as on Alibaba; on AWS the same steps
-    continue in the venv's interpreter), plays, cloud calls and systemctl recorded."""
+    """A group node whose stub has made the bootstrap venv and unpacked the bundle: the agent's
+    plays, cloud calls and systemctl recorded."""
     cfg = {
         "cloud": "alicloud",
         "region": "us-east-1",
@@ -55,21 +66,22 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         "service_port": 8080,
     }
     # Every path the agent knows moves under tmp_path: this process is root on a real machine.
-    for name, value in vars(agent).items():
-        if isinstance(value, str) and value.startswith("/"):
-            monkeypatch.setattr(agent, name, str(tmp_path / value.lstrip("/")))
-        elif (
-            isinstance(value, tuple)
-            and value
-            and all(isinstance(v, str) and v.startswith("/") for v in value)
-        ):
-            monkeypatch.setattr(agent, name, tuple(str(tmp_path / v.lstrip("/")) for v in value))
-    paths = {
-        name: Path(getattr(agent, name)) for name in ("CONFIG", "STATE", "WORK", "IMAGE_RECORD")
-    }
-    for path in [*agent.MACHINE_IDS, agent.CLOUD_INSTANCE_ID]:
+    for module in MODULES:
+        for name, value in vars(module).items():
+            if isinstance(value, str) and value.startswith("/"):
+                monkeypatch.setattr(module, name, str(tmp_path / value.lstrip("/")))
+            elif (
+                isinstance(value, tuple)
+                and value
+                and all(isinstance(v, str) and v.startswith("/") for v in value)
+            ):
+                moved = tuple(str(tmp_path / v.lstrip("/")) for v in value)
+                monkeypatch.setattr(module, name, moved)
+    paths = {name: Path(getattr(boot, name)) for name in ("CONFIG", "STATE", "WORK")}
+    paths["IMAGE_RECORD"] = Path(image.IMAGE_RECORD)
+    for path in [*image.MACHINE_IDS, bootstrap.CLOUD_INSTANCE_ID]:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    for path in agent.MACHINE_IDS:
+    for path in image.MACHINE_IDS:
         Path(path).write_text("0123456789abcdef0123456789abcdef\n")
     paths["CONFIG"].parent.mkdir(parents=True)
     paths["CONFIG"].write_text(json.dumps(cfg))
@@ -82,45 +94,45 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         "paths": paths,
         "reboot": None,
     }
-    monkeypatch.setattr(agent, "cloud_of", lambda _cfg: world["cloud"])
-    monkeypatch.setattr(agent, "ensure_venv", lambda cfg: None)
-    monkeypatch.setattr(agent, "fetch_bundle", lambda cfg, cloud, state: "/bundle")
-    monkeypatch.setattr(agent, "write_inventory", lambda cfg, ident, tree: "/inventory")
-    monkeypatch.setattr(agent, "wait_ready", lambda cfg, timeout=900: None)
-    monkeypatch.setattr(agent, "reboot_pending", lambda: world["reboot"])
+    monkeypatch.setattr(bootstrap, "cloud_of", lambda _cfg: world["cloud"])
+    monkeypatch.setattr(playbook, "ensure_venv", lambda cfg: None)
+    monkeypatch.setattr(inventory, "write_inventory", lambda cfg, ident, tree: "/inventory")
+    monkeypatch.setattr(lifecycle, "wait_ready", lambda cfg, timeout=900: None)
+    monkeypatch.setattr(playbook, "reboot_pending", lambda: world["reboot"])
 
-    def play(tree: str, inventory: str, playbook: str, state: agent.State) -> None:
-        world["plays"].append(playbook)
-        if playbook in world["fail"]:
-            raise agent.Failure(
+    def play(tree: str, hosts: str, name: str, _state: state.State) -> None:
+        assert tree == boot.bundle_tree(SHA)  # the bundle the stub verified and unpacked
+        world["plays"].append(name)
+        if name in world["fail"]:
+            raise boot.Failure(
                 "site",
-                f"{playbook} failed at task '{world['fail'][playbook]}': boom",
-                task=world["fail"][playbook],
+                f"{name} failed at task '{world['fail'][name]}': boom",
+                task=world["fail"][name],
             )
 
-    monkeypatch.setattr(agent, "ansible", play)
-    monkeypatch.setattr(agent, "run", lambda argv, **kw: world["systemctl"].append(argv))
+    monkeypatch.setattr(playbook, "run", play)
+    monkeypatch.setattr(boot, "run", lambda argv, **kw: world["systemctl"].append(argv))
     return world
 
 
-def boot(world: dict[str, Any]) -> dict[str, Any]:
+def one_boot(world: dict[str, Any]) -> dict[str, Any]:
     """One boot's run of the bootstrap unit."""
-    rc = agent.bootstrap(["bootstrap"])
+    rc = bootstrap.bootstrap([])
     return {"rc": rc, **json.loads(world["paths"]["STATE"].read_text())}
 
 
 def test_cold_node_joins_and_a_ready_node_stays_ready(node: dict[str, Any]) -> None:
-    done = boot(node)
+    done = one_boot(node)
     assert done["rc"] == 0 and done["state"] == "ready" and node["plays"] == ["site.yml"]
     assert node["cloud"].calls == [("torchfleet-launch", "CONTINUE", "i-1")]
-    assert ["systemctl", "start", *agent.WATCHERS] in node["systemctl"]
-    again = boot(node)  # the unit runs on every boot: a ready node changes nothing
+    assert ["systemctl", "start", *image.WATCHERS] in node["systemctl"]
+    again = one_boot(node)  # the unit runs on every boot: a ready node changes nothing
     assert again["rc"] == 0 and node["plays"] == ["site.yml"] and len(node["cloud"].calls) == 1
 
 
 def test_a_failed_task_is_named_and_the_launch_abandoned(node: dict[str, Any]) -> None:
     node["fail"] = {"site.yml": "pytorch : Install torch==2.13.0"}
-    done = boot(node)
+    done = one_boot(node)
     assert done["rc"] == 1 and done["state"] == "failed" and done["stage"] == "site"
     assert done["failed_task"] == "pytorch : Install torch==2.13.0" and "boom" in done["error"]
     assert node["cloud"].calls == [("torchfleet-launch", "ABANDON", "i-1")]
@@ -130,10 +142,10 @@ def test_a_failed_task_is_named_and_the_launch_abandoned(node: dict[str, Any]) -
 def test_a_reboot_request_reboots_before_joining_and_is_bounded(node: dict[str, Any]) -> None:
     node["reboot"] = "the NVIDIA driver is installed but not loaded"
     for n in (1, 2):
-        done = boot(node)
+        done = one_boot(node)
         assert done["state"] == "running" and done["stage"] == "reboot" and done["reboots"] == n
         assert ["systemctl", "reboot"] in node["systemctl"] and node["cloud"].calls == []
-    done = boot(node)  # a third request: no endless reboots, join (or fail) on what it has
+    done = one_boot(node)  # a third request: no endless reboots, join (or fail) on what it has
     assert done["state"] == "ready" and done["boots"] == 3 and node["plays"] == ["site.yml"] * 3
 
 
@@ -141,7 +153,7 @@ def test_a_new_driver_that_stops_the_play_reboots_and_resumes(node: dict[str, An
     # The nvidia_driver role fails a local play once the driver is in but not loaded.
     node["fail"] = {"site.yml": "nvidia_driver : refuse a local reboot"}
     node["reboot"] = "the NVIDIA driver is installed but not loaded"
-    rebooted = boot(node)
+    rebooted = one_boot(node)
     assert (
         rebooted["state"] == "running"
         and rebooted["stage"] == "reboot"
@@ -149,7 +161,7 @@ def test_a_new_driver_that_stops_the_play_reboots_and_resumes(node: dict[str, An
     )
     assert node["cloud"].calls == [] and ["systemctl", "reboot"] in node["systemctl"]
     node["fail"], node["reboot"] = {}, None  # after the reboot the driver is loaded
-    done = boot(node)
+    done = one_boot(node)
     assert (
         done["state"] == "ready"
         and done["boots"] == 2
@@ -161,9 +173,9 @@ def test_a_new_driver_that_stops_the_play_reboots_and_resumes(node: dict[str, An
 def test_a_failing_play_with_no_reboot_left_fails(node: dict[str, Any]) -> None:
     node["fail"] = {"site.yml": "nvidia_driver : refuse a local reboot"}
     node["reboot"] = "the NVIDIA driver is installed but not loaded"
-    for _ in range(agent.MAX_REBOOTS):
-        assert boot(node)["stage"] == "reboot"
-    done = boot(node)
+    for _ in range(bootstrap.MAX_REBOOTS):
+        assert one_boot(node)["stage"] == "reboot"
+    done = one_boot(node)
     assert (
         done["state"] == "failed" and done["failed_task"] == "nvidia_driver : refuse a local reboot"
     )
@@ -172,13 +184,13 @@ def test_a_failing_play_with_no_reboot_left_fails(node: dict[str, Any]) -> None:
 
 def test_warm_pool_node_waits_warmed_then_joins_from_the_baked_path(node: dict[str, Any]) -> None:
     node["cloud"].target = "Warmed:Stopped"
-    warmed = boot(node)
+    warmed = one_boot(node)
     assert warmed["state"] == "warmed" and node["plays"] == ["site.yml"]
     assert node["cloud"].calls == [
         ("torchfleet-launch", "CONTINUE", "i-1")
     ]  # the group may stop it
     node["cloud"].target = "InService"  # started from the pool
-    ready = boot(node)
+    ready = one_boot(node)
     assert (
         ready["state"] == "ready"
         and ready["mode"] == "baked"
@@ -191,7 +203,7 @@ def test_a_baked_image_older_than_its_bundle_falls_back_to_site(node: dict[str, 
     node["cfg"]["mode"] = "baked"
     node["paths"]["CONFIG"].write_text(json.dumps(node["cfg"]))
     node["fail"] = {"baked.yml": "pytorch : Verify torch's CUDA build, GPU access and numpy bridge"}
-    done = boot(node)
+    done = one_boot(node)
     assert done["state"] == "ready" and node["plays"] == ["baked.yml", "site.yml"]
     assert done["baked_fallback"] == node["fail"]["baked.yml"]
 
@@ -199,19 +211,19 @@ def test_a_baked_image_older_than_its_bundle_falls_back_to_site(node: dict[str, 
 def test_bake_for_an_image_builder_ends_ready_without_identity(node: dict[str, Any]) -> None:
     node["cfg"].update(mode="bake", poweroff=False)
     node["paths"]["CONFIG"].write_text(json.dumps(node["cfg"]))
-    done = boot(node)
+    done = one_boot(node)
     assert done["rc"] == 0 and done["state"] == "ready" and done["stage"] == "baked"
     assert "identity" not in done and node["cloud"].calls == []  # a builder joins no group
     assert json.loads(node["paths"]["IMAGE_RECORD"].read_text())["bundle_sha256"] == SHA
     assert ["systemctl", "poweroff"] not in node["systemctl"]
     assert not node["paths"]["CONFIG"].exists()
-    assert all(Path(p).read_text() == "" for p in agent.MACHINE_IDS)  # a new one per instance
+    assert all(Path(p).read_text() == "" for p in image.MACHINE_IDS)  # a new one per instance
 
 
 def test_a_state_file_from_another_machine_is_not_this_nodes(node: dict[str, Any]) -> None:
-    boot(node)
-    assert agent.this_machine(agent.State())  # no cloud-init record: trusted
-    Path(agent.CLOUD_INSTANCE_ID).write_text("i-1\n")
-    assert agent.this_machine(agent.State())
-    Path(agent.CLOUD_INSTANCE_ID).write_text("i-other\n")  # an image's builder wrote this state
-    assert not agent.this_machine(agent.State())
+    one_boot(node)
+    assert bootstrap.this_machine(state.State())  # no cloud-init record: trusted
+    Path(bootstrap.CLOUD_INSTANCE_ID).write_text("i-1\n")
+    assert bootstrap.this_machine(state.State())
+    Path(bootstrap.CLOUD_INSTANCE_ID).write_text("i-other\n")  # an image's builder wrote this state
+    assert not bootstrap.this_machine(state.State())

@@ -82,6 +82,8 @@ def test_archive_contents_metadata_and_manifest() -> None:
         "roles/pytorch/tasks/main.yml",
         "inventories/alicloud-prod/group_vars/all.yml",
         "bootstrap/callback_plugins/torchfleet_status.py",
+        "agent/torchfleet_agent/boot.py",
+        "agent/torchfleet_agent/__main__.py",
         "node.json",
         manifest["runtime_wheel"],
     ):

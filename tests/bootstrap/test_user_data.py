@@ -1,6 +1,7 @@
 """render_user_data: the one cloud-init template, deterministic, within 16 KB (the EC2 limit),
-carrying the spec (so the bundle checksum) and a node agent that runs on Python 3.8; a spec
-that cannot work fails naming every bad field. cloud-init's own schema check runs on the
+carrying the spec (so the bundle checksum) and the stub that fetches and runs the bundle's agent
+(the package's boot.py, byte for byte, Python 3.8 clean); a spec that cannot work fails naming
+every bad field. cloud-init's own schema check runs on the
 rendered documents in the node image (marked molecule: it needs podman)."""
 
 from __future__ import annotations
@@ -8,16 +9,25 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import string
 import subprocess
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import pytest
 import yaml
 from nodekit import REPO, podman
 
-from infra.bootstrap import MAX_USER_DATA, BootstrapError, BootstrapSpec, render_user_data
+from infra.bootstrap import (
+    MAX_USER_DATA,
+    NODE_PATHS,
+    STUB,
+    BootstrapError,
+    BootstrapSpec,
+    render_user_data,
+)
+from infra.bootstrap.torchfleet_agent import boot
 
 SHA = "9f" * 32
 
@@ -46,10 +56,10 @@ def files(text: str) -> dict[str, dict]:
     return {f["path"]: f for f in doc["write_files"]}
 
 
-def agent_of(text: str) -> str:
-    entry = files(text)["/usr/local/lib/torchfleet/agent.py"]
-    assert entry["encoding"] == "gz+b64"
-    return gzip.decompress(base64.b64decode(entry["content"])).decode()
+def stub_of(text: str) -> bytes:
+    entry = files(text)[NODE_PATHS["stub"]]
+    assert entry["encoding"] == "gz+b64" and entry["permissions"] == "0755"
+    return gzip.decompress(base64.b64decode(entry["content"]))
 
 
 @pytest.mark.parametrize("cloud", ["aws", "alicloud"])
@@ -73,11 +83,23 @@ def test_rendered_document_is_deterministic_small_and_complete(cloud: str, mode:
     ):
         source = (REPO / "infra" / "bootstrap" / "units" / unit).read_text().splitlines()
         shipped = written[f"/etc/systemd/system/{unit}"]["content"].splitlines()
-        assert shipped == [line for line in source if not line.startswith("#")], unit
+        want = [line for line in source if not line.startswith("#")]
+        assert shipped == [string.Template(line).substitute(NODE_PATHS) for line in want], unit
+        assert "$" not in "".join(shipped), unit
+    assert written[NODE_PATHS["command"]]["content"] == (
+        f'#!/bin/sh\nexec /usr/bin/python3 {NODE_PATHS["stub"]} "$@"\n'
+    )
+    assert stub_of(text) == STUB.read_bytes()
     assert "##" not in text
     runcmd = yaml.safe_load(text)["runcmd"]
     assert ["systemctl", "enable", "torchfleet-bootstrap.service"] in runcmd
     assert ["systemctl", "start", "--no-block", "torchfleet-bootstrap.service"] in runcmd
+
+
+def test_the_node_reads_the_settings_the_spec_writes() -> None:
+    """node.json is a BootstrapSpec as JSON; the agent, which cannot import infra/, types it as
+    NodeConfig: the two name the same fields."""
+    assert set(boot.NodeConfig.__annotations__) == {f.name for f in fields(BootstrapSpec)}
 
 
 def test_a_new_bundle_changes_the_user_data() -> None:
@@ -85,25 +107,24 @@ def test_a_new_bundle_changes_the_user_data() -> None:
     assert a != b and "0e" * 32 in b
 
 
-@pytest.mark.parametrize("cloud,absent", [("aws", "class Alicloud"), ("alicloud", "class Aws")])
-def test_the_node_gets_its_own_cloud_agent_stripped_and_python38_clean(
-    tmp_path: Path, cloud: str, absent: str
-) -> None:
-    agent = agent_of(render_user_data(spec(cloud)))
-    assert absent not in agent and '"""' not in agent and "\n#" not in agent
-    compile(agent, "agent.py", "exec")
-    path = tmp_path / "agent.py"
-    path.write_text(agent)
+def test_the_stub_is_python38_clean_and_runs_alone(tmp_path: Path) -> None:
+    """The stub runs on the node's python3 before any venv exists: standard library only at
+    import, Python 3.8 syntax and APIs (like the whole agent package the bundle ships)."""
+    stub = tmp_path / "boot.py"
+    stub.write_bytes(stub_of(render_user_data(spec("alicloud"))))
     check = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "check_py38.py"), str(path)],
+        [sys.executable, str(REPO / "scripts" / "check_py38.py"), str(STUB.parent)],
         capture_output=True,
         text=True,
         check=False,
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    # The stripped agent still knows every command.
-    usage = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, check=False)
-    assert usage.returncode == 2 and "bootstrap|abandon|lifecycle-watch" in usage.stderr
+    # Alone, outside its package, with -I (no site-packages: no SDK to lean on) and no node.json.
+    alone = subprocess.run(
+        [sys.executable, "-I", str(stub), "status"], capture_output=True, text=True, check=False
+    )
+    assert alone.returncode == 1, alone.stdout + alone.stderr
+    assert "no /etc/torchfleet/node.json: nothing to do" in alone.stdout
 
 
 def test_a_bad_spec_names_every_field_and_what_is_allowed() -> None:

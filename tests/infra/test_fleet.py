@@ -461,7 +461,7 @@ def test_warm_pool_and_baked_image(with_overrides):
 
 def test_hook_timeouts_come_from_the_measured_stages():
     from infra import lifecycle
-    from infra.bootstrap import agent
+    from infra.bootstrap.torchfleet_agent import lifecycle as agent
     from infra.config import LAUNCH_TIMEOUT_RANGE
 
     # the longest silence between two heartbeats: around a reboot (infra/lifecycle.py)

@@ -5,8 +5,9 @@ AWS: scripts/inventory_from_stack.py turns a group-mode stack output into stack.
 facts) and aws_ec2.yml (the amazon.aws.aws_ec2 plugin with the stack's discovery filters); real
 `ansible-inventory --list` runs it against moto's EC2 (server mode, on loopback) holding this
 stack's running nodes and decoys the filters must drop: a stopped node, another stack's, an
-untagged instance. Alibaba: inventories/alicloud-prod/ecs_inventory.py against a fake ECS
-DescribeInstances on loopback that checks the request's signature and tag filters."""
+untagged instance. Alibaba: inventories/alicloud-prod/ecs_inventory.py, through Alibaba's ECS
+SDK, against a fake ECS DescribeInstances on loopback (tests/bootstrap/fake_alibaba.py) that
+recomputes the request's signature with the SDK's own signer and checks its tag filters."""
 
 from __future__ import annotations
 
@@ -15,10 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
-import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +24,10 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from infra.bootstrap.agent import rpc_signature
-
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "bootstrap"))  # the Alibaba fake, importable by name
+from fake_alibaba import FakeAlibaba  # noqa: E402
+
 VENV_BIN = Path(sys.executable).parent
 TAGS = {"torchfleet-role": "gpu-node", "stack": "aws-prod"}
 
@@ -202,44 +201,28 @@ def test_aws_group_inventory_lists_the_running_nodes_of_the_stack(
         assert hv["ansible_user"] == "ubuntu"
 
 
-class FakeEcs(BaseHTTPRequestHandler):
-    seen: list[dict[str, str]] = []
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        params = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
-        good = params.pop("Signature") == rpc_signature("operator-secret", "GET", params)
-        FakeEcs.seen.append(params)
-        page = int(params["PageNumber"])
-        instances = [
-            {
-                "InstanceId": f"i-node{n}",
-                "InstanceType": "ecs.gn6i-c4g1.xlarge",
-                "PublicIpAddress": {"IpAddress": []},
-                "EipAddress": {"IpAddress": "47.0.0.9" if n == 1 else ""},
-                "VpcAttributes": {"PrivateIpAddress": {"IpAddress": [f"192.168.0.{n}"]}},
-                "SpotStrategy": "SpotWithPriceLimit" if n > 1 else "NoSpot",
-            }
-            for n in range(1 + 100 * (page - 1), min(101 + 100 * (page - 1), 103))
-        ]
-        body = json.dumps(
-            {"TotalCount": 102, "Instances": {"Instance": instances}}
-            if good
-            else {"Code": "SignatureDoesNotMatch"}
-        ).encode()
-        self.send_response(200 if good else 400)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+def describe_instances(action: str, params: dict[str, str]) -> dict[str, Any]:
+    """ECS DescribeInstances over 102 running nodes, 100 a page (2014-05-26 reply shape)."""
+    assert action == "DescribeInstances", action
+    page = int(params["PageNumber"])
+    instances = [
+        {
+            "InstanceId": f"i-node{n}",
+            "InstanceType": "ecs.gn6i-c4g1.xlarge",
+            "PublicIpAddress": {"IpAddress": []},
+            "EipAddress": {"IpAddress": "47.0.0.9" if n == 1 else ""},
+            "VpcAttributes": {"PrivateIpAddress": {"IpAddress": [f"192.168.0.{n}"]}},
+            "SpotStrategy": "SpotWithPriceLimit" if n > 1 else "NoSpot",
+        }
+        for n in range(1 + 100 * (page - 1), min(101 + 100 * (page - 1), 103))
+    ]
+    return {"TotalCount": 102, "Instances": {"Instance": instances}}
 
 
 def test_alicloud_group_inventory_lists_the_running_nodes(tmp_path: Path) -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeEcs)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    FakeEcs.seen = []
-    try:
+    with FakeAlibaba(
+        describe_instances, access_key="operator", secret="operator-secret", token=None
+    ) as ecs:
         path = inventory_dir(
             tmp_path,
             "alicloud-prod",
@@ -259,11 +242,9 @@ def test_alicloud_group_inventory_lists_the_running_nodes(tmp_path: Path) -> Non
             {
                 "ALICLOUD_ACCESS_KEY": "operator",
                 "ALICLOUD_SECRET_KEY": "operator-secret",
-                "ALICLOUD_ECS_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+                "ALICLOUD_ECS_ENDPOINT": ecs.url,
             },
         )
-    finally:
-        server.shutdown()
     assert len(inv["gpu_nodes"]["hosts"]) == 102  # both pages
     first, second = inv["_meta"]["hostvars"]["i-node1"], inv["_meta"]["hostvars"]["i-node2"]
     assert first["ansible_host"] == "47.0.0.9" and first["torchfleet_spot"] is False
@@ -272,11 +253,13 @@ def test_alicloud_group_inventory_lists_the_running_nodes(tmp_path: Path) -> Non
         and second["torchfleet_spot"] is True
     )
     assert first["torchfleet_cuda_profile"] == "cu116"  # the shared facts from stack.yml
+    assert ecs.refused == [] and [c["params"]["PageNumber"] for c in ecs.calls] == ["1", "2"]
     assert all(
-        p["Action"] == "DescribeInstances"
+        c["version"] == "2014-05-26"
         and p["Status"] == "Running"
         and p["RegionId"] == "cn-shanghai"
         and {p["Tag.1.Key"]: p["Tag.1.Value"], p["Tag.2.Key"]: p["Tag.2.Value"]}
         == {"stack": "alicloud-prod", "torchfleet-role": "gpu-node"}
-        for p in FakeEcs.seen
-    ), FakeEcs.seen
+        for c in ecs.calls
+        for p in [c["params"]]
+    ), ecs.calls

@@ -14,7 +14,7 @@ DOCUMENTATION = """
     name: torchfleet_status
     type: notification
     short_description: write the current and failed task of a play to a JSON file
-    description: Used by the torchfleet node agent (infra/bootstrap/agent.py).
+    description: Used by the torchfleet node agent (infra/bootstrap/torchfleet_agent/playbook.py).
 """
 
 

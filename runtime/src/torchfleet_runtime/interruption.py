@@ -9,8 +9,8 @@ at once when the service rejects it (401/403: expired, or the service restarted)
   carries {"action": "terminate"|"stop"|"hibernate", "time": ...}.
 - Alibaba Cloud (about 5 minutes): GET /latest/meta-data/instance/spot/termination-time; 404
   means no notice, 200 carries the UTC time of release.
-The header names and the TTL are the node agent's too (infra/bootstrap/agent.py, `Imds`): the two
-packages cannot share a module, so tests/runtime/test_spot.py holds them equal.
+The header names and the TTL are the node agent's too (infra/bootstrap/torchfleet_agent/imds.py):
+the two packages cannot share a module, so tests/runtime/test_spot.py holds them equal.
 Base URLs are configurable so tests (and odd networks) can point at another server. `auto`
 probes both services once at start, briefly (a token, then the instance id), and turns the
 watcher off when neither answers.

@@ -1,0 +1,60 @@
+"""This node as an Ansible inventory: the operator's shape, written for the local play."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import boot
+from .boot import NodeConfig
+from .cloud import Identity
+
+
+def write_inventory(cfg: NodeConfig, ident: Identity, tree: str) -> str:
+    """gpu_nodes with the stack facts as group vars, this node's facts (from its metadata) as
+    host vars, the stack's group_vars/ beside it; node-vars.json with what must win over the
+    stack's settings: the bundle's wheel, model downloads through this agent, the port the load
+    balancer checks. Returns the inventory's path."""
+    node = boot.read_json(os.path.join(tree, "node.json"))
+    manifest = boot.read_json(os.path.join(tree, "manifest.json"))
+    host: dict[str, Any] = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "torchfleet_instance_type": ident["instance_type"],
+    }
+    itype = node["instance_types"].get(ident["instance_type"] or "")
+    # Not a catalog type: preflight detects the GPU and its capability itself.
+    host.update(
+        {"torchfleet_gpu_model": itype["gpu_model"]}
+        if itype
+        else {"torchfleet_gpu_model": "", "torchfleet_compute_capability": ""}
+    )
+    if ident.get("spot") is not None:
+        host["torchfleet_spot"] = ident["spot"]
+    inv = os.path.join(boot.WORK, "inventory")
+    os.makedirs(inv, exist_ok=True)
+    link = os.path.join(inv, "group_vars")
+    if os.path.lexists(link):
+        os.remove(link)
+    os.symlink(os.path.join(tree, "inventories", manifest["stack"], "group_vars"), link)
+    boot.write_json(
+        os.path.join(inv, "hosts.json"),
+        {
+            "all": {
+                "children": {
+                    "gpu_nodes": {"vars": node["group_vars"], "hosts": {ident["instance_id"]: host}}
+                }
+            }
+        },
+    )
+    fetch = [boot.COMMAND, "fetch"]
+    boot.write_json(
+        os.path.join(boot.WORK, "node-vars.json"),
+        {
+            "inference_runtime_wheel": os.path.join(tree, manifest["runtime_wheel"]),
+            "inference_runtime_s3_command": fetch,
+            "inference_runtime_oss_command": fetch,
+            "inference_runtime_port": cfg.get("service_port", 8080),
+        },
+    )
+    return os.path.join(inv, "hosts.json")
