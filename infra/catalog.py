@@ -1,41 +1,87 @@
-"""GPU instance types of both clouds: what each one holds and what it costs.
+"""GPU instance types of both clouds, what each one holds and what it costs: the typed loader of
+compat/catalog.yml and the lookups on it.
 
-This module and compat/matrix.yml are the only places that know such facts. GPU memory and
-compute capability are not repeated here: they belong to the GPU model and come from the
-matrix (see `InstanceType.gpu`).
+Contract: compat/catalog.yml is the data (with compat/matrix.yml, the only place that states
+such facts); this module reads it once per process, checks the whole file in one pass and
+refuses it with `CatalogError`, one line per problem, each naming the file, the key, the value
+and what is allowed. GPU memory and compute capability are not repeated: they belong to the GPU
+model and come from the matrix (`InstanceType.gpu`).
 
-Prices are REFERENCE FIGURES for estimates and spot caps, not quotes:
-- AWS: on-demand Linux USD/hour in us-east-1, public price list as of 2024-06. AWS cut P4d/P5
-  on-demand prices in mid-2025; check current pricing before relying on p4d/p5 figures.
-- Alibaba Cloud: pay-as-you-go USD/hour on the international site in ap-southeast-1
-  (Singapore), approximate list prices as of 2024-06 (about +/-20%). Accounts on the China site
-  are billed in CNY: set `torchfleet:spot.on_demand_prices` so spot caps use your real prices.
-- `typical_spot_ratio`: a rough long-run spot/on-demand price ratio per family (AWS Spot
-  Instance Advisor and Alibaba's spot price history, 2024), used only for the "typical" column
-  of the cost estimate. The cap the stacks enforce never depends on it.
+Every price is a `Price`: amount, currency, region, source and date, so an estimate can say where
+its figures come from (`PRICE_SOURCES`) and a later source (a cloud's price API) can stand
+beside these reference figures with its own region and date. Amounts are USD per hour (per
+GB-month for disks): the estimates and spot caps add them up, so the loader refuses another
+currency rather than mixing them.
+
+The module-level names (CATALOG, HOST_TYPES, DEFAULT_HOST_TYPE, PRICE_SOURCES, NAT_USD_PER_HOUR,
+DISK_USD_PER_GB_MONTH, EBS_GP3_USD_PER_GB_MONTH) are views of `load()`.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
 
-from infra.matrix import GpuModel, load_matrix
+import yaml
 
-PRICE_SOURCES = {
-    "aws": "AWS EC2 on-demand Linux price list, us-east-1, 2024-06 (reference figures)",
-    "alicloud": "Alibaba Cloud ECS pay-as-you-go list, ap-southeast-1, USD, 2024-06 "
-    "(approximate reference figures)",
+from infra.matrix import REPO_ROOT, GpuModel, load_matrix
+
+FORMAT = 1
+CATALOG_FILE = REPO_ROOT / "compat" / "catalog.yml"
+# The estimates and caps add amounts up: one currency until a conversion exists.
+CURRENCIES = ("USD",)
+FEES = ("nat_gateway_per_hour", "disk_per_gb_month")
+
+_PRICE_FIELDS = ("currency", "region", "source", "date")
+_FIELDS = {
+    "file": ("format", "sources", "clouds"),
+    "source": ("title", "note"),
+    "cloud": ("default_host_type", "families", "instance_types", "host_types", "fees"),
+    "family": ("typical_spot_ratio", "source", "date"),
+    "instance_type": (
+        *("type", "family", "gpu", "gpus", "vcpu", "ram_gib", "on_demand"),
+        *_PRICE_FIELDS,
+    ),
+    "host_type": ("type", "vcpu", "ram_gib", "on_demand", *_PRICE_FIELDS),
+    "fees": FEES,
+    "fee": ("price", *_PRICE_FIELDS),
 }
-REFERENCE_REGION = {"aws": "us-east-1", "alicloud": "ap-southeast-1"}
-# A stopped instance costs its volumes only: gp3 USD per GiB-month, us-east-1 price list,
-# 2024-06 (reference figure), for the warm pool's share of the estimate.
-EBS_GP3_USD_PER_GB_MONTH = 0.08
-# The monitoring host's disk (AWS gp3; Alibaba ESSD PL1, approximate), same sources and dates.
-DISK_USD_PER_GB_MONTH = {"aws": EBS_GP3_USD_PER_GB_MONTH, "alicloud": 0.07}
-# The NAT gateway its private subnet reaches the package archive and the cloud APIs through,
-# with its public address, per hour before traffic (AWS NAT gateway 0.045 + public IPv4 0.005;
-# Alibaba enhanced Internet NAT gateway instance fee + EIP, approximate), same sources and dates.
-NAT_USD_PER_HOUR = {"aws": 0.05, "alicloud": 0.05}
+_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]*$")  # cloud, family, source and type names
+_REGION = re.compile(r"^[a-z]{2,}(-[a-z0-9]+)+$")  # us-east-1, ap-southeast-1, cn-hangzhou
+_DATE = re.compile(r"^\d{4}(-(0[1-9]|1[0-2])(-(0[1-9]|[12]\d|3[01]))?)?$")
+
+
+class CatalogError(ValueError):
+    """The catalog file breaks the schema: every problem, one line each."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+@dataclass(frozen=True)
+class Source:
+    key: str
+    title: str
+    note: str
+
+
+@dataclass(frozen=True)
+class Price:
+    amount: float  # in `currency`, per hour (per GB-month for a disk)
+    currency: str
+    region: str
+    source: Source
+    date: str  # when it was read: YYYY, YYYY-MM or YYYY-MM-DD
+
+    def describe(self) -> str:
+        return (
+            f"{self.source.title}, {self.region}, {self.currency}, {self.date} ({self.source.note})"
+        )
 
 
 @dataclass(frozen=True)
@@ -46,28 +92,11 @@ class HostType:
     name: str
     vcpu: int
     ram_gib: float
-    usd_per_hour: float
+    price: Price
 
-
-# roles/monitoring/README.md sizes the host: 2 vCPU and 4 GiB hold tens of nodes at 15 s
-# scrapes; the larger ones are for bigger fleets or Grafana beside Prometheus. Prices as above.
-HOST_TYPES: dict[str, dict[str, HostType]] = {
-    cloud: {name: HostType(cloud, name, vcpu, ram, price) for name, vcpu, ram, price in rows}
-    for cloud, rows in {
-        "aws": [
-            ("t3.medium", 2, 4, 0.0416),
-            ("t3.large", 2, 8, 0.0832),
-            ("m6i.large", 2, 8, 0.096),
-            ("m6i.xlarge", 4, 16, 0.192),
-        ],
-        "alicloud": [
-            ("ecs.c7.large", 2, 4, 0.088),
-            ("ecs.g7.large", 2, 8, 0.109),
-            ("ecs.g7.xlarge", 4, 16, 0.218),
-        ],
-    }.items()
-}
-DEFAULT_HOST_TYPE = {"aws": "t3.medium", "alicloud": "ecs.g7.large"}
+    @property
+    def usd_per_hour(self) -> float:
+        return self.price.amount
 
 
 @dataclass(frozen=True)
@@ -79,8 +108,12 @@ class InstanceType:
     gpu_count: int
     vcpu: int
     ram_gib: float
-    usd_per_hour: float
+    price: Price
     typical_spot_ratio: float
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.price.amount
 
     @property
     def gpu(self) -> GpuModel:
@@ -95,147 +128,260 @@ class InstanceType:
         return self.gpu.memory_gib * self.gpu_count
 
 
-def _family(
-    cloud: str, family: str, gpu: str, spot: float, rows: list[tuple]
-) -> list[InstanceType]:
-    return [
-        InstanceType(cloud, name, family, gpu, count, vcpu, ram, price, spot)
-        for name, count, vcpu, ram, price in rows
-    ]
+@dataclass(frozen=True)
+class Catalog:
+    source: str  # the file it was read from
+    sources: dict[str, Source]
+    instance_types: dict[str, dict[str, InstanceType]]  # cloud -> type name -> type
+    host_types: dict[str, dict[str, HostType]]
+    default_host_type: dict[str, str]
+    fees: dict[str, dict[str, Price]]  # cloud -> FEES key -> price
+
+    def prices(self, cloud: str) -> list[Price]:
+        return [
+            *(t.price for t in self.instance_types[cloud].values()),
+            *(t.price for t in self.host_types[cloud].values()),
+            *self.fees[cloud].values(),
+        ]
 
 
-# (name, GPUs, vCPU, RAM GiB, on-demand USD/hour)
-_AWS = [
-    *_family(
-        "aws",
-        "g4dn",
-        "T4",
-        0.35,
-        [
-            ("g4dn.xlarge", 1, 4, 16, 0.526),
-            ("g4dn.2xlarge", 1, 8, 32, 0.752),
-            ("g4dn.4xlarge", 1, 16, 64, 1.204),
-            ("g4dn.8xlarge", 1, 32, 128, 2.176),
-            ("g4dn.12xlarge", 4, 48, 192, 3.912),
-            ("g4dn.16xlarge", 1, 64, 256, 4.352),
-        ],
-    ),
-    *_family(
-        "aws",
-        "g5",
-        "A10G",
-        0.40,
-        [
-            ("g5.xlarge", 1, 4, 16, 1.006),
-            ("g5.2xlarge", 1, 8, 32, 1.212),
-            ("g5.4xlarge", 1, 16, 64, 1.624),
-            ("g5.8xlarge", 1, 32, 128, 2.448),
-            ("g5.12xlarge", 4, 48, 192, 5.672),
-            ("g5.16xlarge", 1, 64, 256, 4.096),
-            ("g5.24xlarge", 4, 96, 384, 8.144),
-            ("g5.48xlarge", 8, 192, 768, 16.288),
-        ],
-    ),
-    *_family(
-        "aws",
-        "g6",
-        "L4",
-        0.45,
-        [
-            ("g6.xlarge", 1, 4, 16, 0.8048),
-            ("g6.2xlarge", 1, 8, 32, 0.9776),
-            ("g6.4xlarge", 1, 16, 64, 1.3232),
-            ("g6.8xlarge", 1, 32, 128, 2.0144),
-            ("g6.12xlarge", 4, 48, 192, 4.6016),
-            ("g6.48xlarge", 8, 192, 768, 13.3504),
-        ],
-    ),
-    *_family(
-        "aws",
-        "p3",
-        "V100",
-        0.35,
-        [
-            ("p3.2xlarge", 1, 8, 61, 3.06),
-            ("p3.8xlarge", 4, 32, 244, 12.24),
-            ("p3.16xlarge", 8, 64, 488, 24.48),
-        ],
-    ),
-    *_family(
-        "aws",
-        "p4d",
-        "A100",
-        0.45,
-        [
-            ("p4d.24xlarge", 8, 96, 1152, 32.7726),
-        ],
-    ),
-    *_family(
-        "aws",
-        "p5",
-        "H100",
-        0.55,
-        [
-            ("p5.48xlarge", 8, 192, 2048, 98.32),
-        ],
-    ),
-]
+# -- reading ------------------------------------------------------------------------------------
 
-_ALICLOUD = [
-    *_family(
-        "alicloud",
-        "gn6i",
-        "T4",
-        0.30,
-        [
-            ("ecs.gn6i-c4g1.xlarge", 1, 4, 15, 1.25),
-            ("ecs.gn6i-c8g1.2xlarge", 1, 8, 31, 1.45),
-            ("ecs.gn6i-c16g1.4xlarge", 1, 16, 62, 1.85),
-            ("ecs.gn6i-c24g1.12xlarge", 2, 48, 186, 3.70),
-            ("ecs.gn6i-c24g1.24xlarge", 4, 96, 372, 7.40),
-        ],
-    ),
-    *_family(
-        "alicloud",
-        "gn7i",
-        "A10",
-        0.35,
-        [
-            ("ecs.gn7i-c8g1.2xlarge", 1, 8, 30, 1.95),
-            ("ecs.gn7i-c16g1.4xlarge", 1, 16, 60, 2.25),
-            ("ecs.gn7i-c32g1.8xlarge", 1, 32, 188, 3.30),
-            ("ecs.gn7i-c32g1.16xlarge", 2, 64, 376, 6.60),
-            ("ecs.gn7i-c32g1.32xlarge", 4, 128, 752, 13.20),
-        ],
-    ),
-    *_family(
-        "alicloud",
-        "gn6v",
-        "V100",
-        0.30,
-        [
-            ("ecs.gn6v-c8g1.2xlarge", 1, 8, 32, 2.90),
-            ("ecs.gn6v-c8g1.8xlarge", 4, 32, 128, 11.60),
-            ("ecs.gn6v-c8g1.16xlarge", 8, 64, 256, 23.20),
-        ],
-    ),
-    *_family(
-        "alicloud",
-        "gn7",
-        "A100",
-        0.40,
-        [
-            ("ecs.gn7-c12g1.3xlarge", 1, 12, 94, 4.30),
-            ("ecs.gn7-c13g1.13xlarge", 4, 52, 378, 17.20),
-            ("ecs.gn7-c13g1.26xlarge", 8, 104, 756, 34.40),
-        ],
-    ),
-]
 
-CATALOG: dict[str, dict[str, InstanceType]] = {
-    "aws": {t.name: t for t in _AWS},
-    "alicloud": {t.name: t for t in _ALICLOUD},
+class _Check:
+    """Collects every problem of one file instead of stopping at the first."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.problems: list[str] = []
+
+    def fail(self, key: str, value: Any, allowed: str) -> None:
+        self.problems.append(f"{self.source}: {key} = {value!r} is invalid; allowed: {allowed}")
+
+    def fields(self, key: str, raw: Any, kind: str) -> Mapping[str, Any] | None:
+        """`raw` when it is a mapping with exactly the fields of `kind` (else None)."""
+        names = _FIELDS[kind]
+        if not isinstance(raw, dict):
+            self.fail(key or "(the file)", raw, "a mapping with the keys " + ", ".join(names))
+            return None
+        where = f"{key}." if key else ""
+        for k in raw:
+            if k not in names:
+                self.fail(where + str(k), raw[k], "the keys " + ", ".join(names))
+        missing = [k for k in names if k not in raw]
+        for k in missing:
+            self.fail(where + k, "(missing)", "a value: each entry has " + ", ".join(names))
+        return None if missing else raw
+
+    def value(
+        self, key: str, raw: Any, ok: Callable[[Any], bool], allowed: str, hint: str = ""
+    ) -> Any:
+        if isinstance(raw, bool) or not ok(raw):
+            self.fail(key, raw, allowed + hint)
+            return None
+        return raw
+
+    def name(self, key: str, raw: Any, what: str) -> str | None:
+        return self.value(key, raw, lambda v: isinstance(v, str) and bool(_NAME.match(v)), what)
+
+    def count(self, key: str, raw: Any) -> int | None:
+        return self.value(key, raw, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
+
+    def amount(self, key: str, raw: Any) -> float | None:
+        got = self.value(key, raw, lambda v: isinstance(v, (int, float)) and v > 0, "a number > 0")
+        return None if got is None else float(got)
+
+    def choice(self, key: str, raw: Any, allowed: Mapping[str, Any] | tuple[str, ...]) -> Any:
+        return self.value(
+            key,
+            raw,
+            lambda v: isinstance(v, str) and v in allowed,
+            " | ".join(allowed) or "(none is defined)",
+        )
+
+    def date(self, key: str, raw: Any) -> str | None:
+        return self.value(
+            key,
+            raw,
+            lambda v: isinstance(v, str) and bool(_DATE.match(v)),
+            'a date "YYYY", "YYYY-MM" or "YYYY-MM-DD"',
+            " in quotes (YAML reads an unquoted date as a date or a number)"
+            if not isinstance(raw, str)
+            else "",
+        )
+
+
+def _price(
+    c: _Check, key: str, raw: Mapping[str, Any], amount_key: str, sources: Mapping[str, Source]
+) -> Price | None:
+    amount = c.amount(f"{key}.{amount_key}", raw[amount_key])
+    currency = c.choice(f"{key}.currency", raw["currency"], CURRENCIES)
+    region = c.value(
+        f"{key}.region",
+        raw["region"],
+        lambda v: isinstance(v, str) and bool(_REGION.match(v)),
+        "a region name such as us-east-1 or ap-southeast-1",
+    )
+    source = c.choice(f"{key}.source", raw["source"], tuple(sources))
+    date = c.date(f"{key}.date", raw["date"])
+    if amount is None or None in (currency, region, source, date):
+        return None
+    return Price(amount, currency, region, sources[source], date)
+
+
+def _rows(c: _Check, key: str, raw: Any, kind: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(key of the row, the row) of a list section, each row named by its type where it has
+    one; rows without exactly the fields of `kind` are reported and left out."""
+    if not isinstance(raw, list) or not raw:
+        c.fail(key, raw, "a non-empty list of mappings")
+        return
+    for i, row in enumerate(raw):
+        name = row.get("type") if isinstance(row, dict) else None
+        rkey = f"{key}[{i}]" + (f" ({name})" if isinstance(name, str) else "")
+        checked = c.fields(rkey, row, kind)
+        if checked is not None:
+            yield rkey, checked
+
+
+def _families(c: _Check, key: str, raw: Any, sources: Mapping[str, Source]) -> dict[str, float]:
+    """family -> typical spot / on-demand ratio."""
+    if not isinstance(raw, dict) or not raw:
+        c.fail(key, raw, "a mapping of family name -> typical_spot_ratio, source, date")
+        return {}
+    ratios = {}
+    for fam, fraw in raw.items():
+        fkey = f"{key}.{fam}"
+        c.name(fkey, fam, "a family name such as g5 or gn7i")
+        fraw = c.fields(fkey, fraw, "family")
+        if fraw is None:
+            continue
+        ratio = c.value(
+            f"{fkey}.typical_spot_ratio",
+            fraw["typical_spot_ratio"],
+            lambda v: isinstance(v, (int, float)) and 0 < v <= 1,
+            "a number in (0, 1]: spot price / on-demand price",
+        )
+        c.choice(f"{fkey}.source", fraw["source"], tuple(sources))
+        c.date(f"{fkey}.date", fraw["date"])
+        ratios[fam] = float(ratio or 0)
+    return ratios
+
+
+def _cloud(c: _Check, cloud: str, raw: Mapping[str, Any], cat: Catalog) -> None:
+    """One cloud's section into `cat` (what is sound of it; the caller refuses a file with
+    problems)."""
+    key, sources = f"clouds.{cloud}", cat.sources
+    ratios = _families(c, f"{key}.families", raw["families"], sources)
+    gpus = load_matrix().gpus
+    gpu_types: dict[str, InstanceType] = {}
+    host_types: dict[str, HostType] = {}
+    seen: set[str | None] = set()
+    host_names: list[str] = []  # every host type named, for default_host_type's allowed list
+    for section, kind in (("instance_types", "instance_type"), ("host_types", "host_type")):
+        for rkey, row in _rows(c, f"{key}.{section}", raw[section], kind):
+            name = c.name(f"{rkey}.type", row["type"], "an instance type name such as g5.xlarge")
+            if name in seen:
+                c.fail(f"{rkey}.type", name, f"a type not listed before in {key}")
+            seen.add(name)
+            vcpu = c.count(f"{rkey}.vcpu", row["vcpu"])
+            ram = c.amount(f"{rkey}.ram_gib", row["ram_gib"])
+            price = _price(c, rkey, row, "on_demand", sources)
+            if kind == "host_type":
+                host_names += [name] if name else []
+                if name and vcpu and ram and price:
+                    host_types[name] = HostType(cloud, name, vcpu, ram, price)
+                continue
+            family = c.choice(f"{rkey}.family", row["family"], tuple(ratios))
+            gpu = c.choice(f"{rkey}.gpu", row["gpu"], tuple(gpus))
+            count = c.count(f"{rkey}.gpus", row["gpus"])
+            if name and vcpu and ram and price and family and gpu and count:
+                gpu_types[name] = InstanceType(
+                    cloud, name, family, gpu, count, vcpu, ram, price, ratios[family]
+                )
+    c.choice(f"{key}.default_host_type", raw["default_host_type"], tuple(host_names))
+    fees: dict[str, Price] = {}
+    for fee, fraw in (c.fields(f"{key}.fees", raw["fees"], "fees") or {}).items():
+        fraw = c.fields(f"{key}.fees.{fee}", fraw, "fee")
+        price = _price(c, f"{key}.fees.{fee}", fraw, "price", sources) if fraw else None
+        if price:
+            fees[fee] = price
+    cat.instance_types[cloud] = gpu_types
+    cat.host_types[cloud] = host_types
+    cat.default_host_type[cloud] = raw["default_host_type"]
+    cat.fees[cloud] = fees
+
+
+def parse(data: Any, source: str = "compat/catalog.yml") -> Catalog:
+    """The catalog of an already-parsed YAML document, or CatalogError with every problem."""
+    c = _Check(source)
+    top = c.fields("", data, "file")
+    if top is None:
+        raise CatalogError(c.problems)
+    if top["format"] != FORMAT:
+        c.fail("format", top["format"], f"{FORMAT} (what this loader reads)")
+    cat = Catalog(source, {}, {}, {}, {}, {})
+    if not isinstance(top["sources"], dict) or not top["sources"]:
+        c.fail("sources", top["sources"], "a mapping of source name -> title, note")
+    else:
+        for name, raw in top["sources"].items():
+            c.name(f"sources.{name}", name, "a source name such as aws-price-list")
+            raw = c.fields(f"sources.{name}", raw, "source")
+            if raw is None:
+                continue
+            title, note = (
+                c.value(f"sources.{name}.{k}", raw[k], lambda v: isinstance(v, str) and v, "text")
+                for k in ("title", "note")
+            )
+            cat.sources[name] = Source(name, title or "", note or "")
+    clouds = top["clouds"]
+    if not isinstance(clouds, dict) or not clouds:
+        c.fail("clouds", clouds, "a mapping of cloud name -> its section")
+        clouds = {}
+    for cloud, raw in clouds.items():
+        c.name(f"clouds.{cloud}", cloud, "a cloud name such as aws")
+        raw = c.fields(f"clouds.{cloud}", raw, "cloud")
+        if raw is not None:
+            _cloud(c, cloud, raw, cat)
+    if c.problems:
+        raise CatalogError(c.problems)
+    return cat
+
+
+def read(path: str | Path) -> Catalog:
+    """Parses and checks a catalog file (CatalogError names the file on every problem)."""
+    try:
+        # libyaml's loader where PyYAML has it: the pure-Python one takes ten times as long
+        data = yaml.load(
+            Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        )
+    except (OSError, yaml.YAMLError) as exc:
+        raise CatalogError([f"{path}: cannot be read as YAML ({exc})"]) from None
+    return parse(data, str(path))
+
+
+@lru_cache(maxsize=1)
+def load() -> Catalog:
+    """The repository's catalog, read and checked once per process."""
+    return read(CATALOG_FILE)
+
+
+# -- the views and lookups the stacks, the cost estimate and the monitoring rules use -------------
+
+CATALOG: dict[str, dict[str, InstanceType]] = load().instance_types
+HOST_TYPES: dict[str, dict[str, HostType]] = load().host_types
+DEFAULT_HOST_TYPE: dict[str, str] = load().default_host_type
+# Per cloud, where its prices come from (one line per distinct source, region and date).
+PRICE_SOURCES: dict[str, str] = {
+    cloud: "; ".join(sorted({p.describe() for p in load().prices(cloud)})) for cloud in CATALOG
 }
+NAT_USD_PER_HOUR: dict[str, float] = {
+    cloud: fees["nat_gateway_per_hour"].amount for cloud, fees in load().fees.items()
+}
+DISK_USD_PER_GB_MONTH: dict[str, float] = {
+    cloud: fees["disk_per_gb_month"].amount for cloud, fees in load().fees.items()
+}
+# A stopped instance costs its volumes only (a warm pool's share of the estimate): AWS gp3.
+EBS_GP3_USD_PER_GB_MONTH = DISK_USD_PER_GB_MONTH["aws"]
 
 
 def instance_types(cloud: str) -> dict[str, InstanceType]:

@@ -89,7 +89,7 @@ CHARTS_BY_CLOUD = {
 # The cluster's system nodes (CoreDNS, Prometheus, the adapter, the autoscaler): small,
 # on-demand, untainted, so cluster services never sit on (or wait for) a GPU node.
 # Reference on-demand prices: AWS m6i.large, us-east-1 Linux price list (2024-06, the same list
-# as infra/catalog.py). Alibaba ecs.g7.large: an APPROXIMATE figure (no price list was at hand;
+# as compat/catalog.yml). Alibaba ecs.g7.large: an APPROXIMATE figure (no price list was at hand;
 # same +/-20% caveat as the catalog's Alibaba prices): set `kubernetes.system.usd_per_hour`.
 SYSTEM_DEFAULTS = {"aws": ("m6i.large", 0.096), "alicloud": ("ecs.g7.large", 0.10)}
 

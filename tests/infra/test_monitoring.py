@@ -319,7 +319,7 @@ ADDED = {
         HOST["alicloud"]: 1,
     },
 }
-# reference prices (infra/catalog.py, spelled out): instance + NAT gateway per hour, disk per GB
+# reference prices (compat/catalog.yml, spelled out): instance + NAT gateway per hour, disk per GB
 HOURLY = {"aws": 0.0416 + 0.05, "alicloud": 0.109 + 0.05}
 DISK_GB_MONTH = {"aws": 0.08, "alicloud": 0.07}
 

@@ -97,7 +97,7 @@ ROWS: tuple[RowSpec, ...] = (
                 width=4,
                 height=4,
                 description="USD per hour: each discovered node at its instance type's "
-                "reference price (infra/catalog.py); spot at the family's typical "
+                "reference price (compat/catalog.yml); spot at the family's typical "
                 "spot ratio. An estimate, not a bill.",
             ),
             PanelSpec(
