@@ -47,8 +47,9 @@ molecule: setup
 e2e: setup
 	@scripts/test.sh e2e
 
+# The runtime's numbers on this machine (torchfleet-bench --help lists the other benchmarks).
 bench: setup
-	@$(PY) benchmarks/runtime_bench.py
+	@$(PY) -m torchfleet_bench runtime
 
 # Side by side with Mosec, LitServe and TorchServe: optional peers, each pinned into its own venv
 # under .cache/peers/ (setup and test never install them). Options: PEERS_ARGS="--models demo".

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# benchmarks/http_stack_bench.py with the servers on the legacy stack's Python 3.9 (the Debian 11
+# `torchfleet-bench http-stack` with the servers on the legacy stack's Python 3.9 (the Debian 11
 # image of the Molecule scenarios), the client (wrk) on the host: the container shares the host's
 # network, so every candidate is measured by the same client as on the host.
 #   benchmarks/http_stack_py39.sh [--duration 5 --rounds 2 ...]   (extra flags go to the bench)
@@ -24,5 +24,5 @@ trap 'podman rm -f "$name" >/dev/null 2>&1 || true' EXIT
 podman run -d --rm --name "$name" --network host -v "$PWD:$PWD:ro" --entrypoint sleep \
   localhost/torchfleet-bullseye:latest 3600 >/dev/null
 podman exec "$name" sh -c "mkdir -p /opt/site && for w in $PWD/$wheels/*.whl; do python3 -m zipfile -e \"\$w\" /opt/site; done"
-.venv/bin/python benchmarks/http_stack_bench.py \
+.venv/bin/python -m torchfleet_bench http-stack \
   --python "podman exec -i -e PYTHONPATH=$PWD/runtime/src:/opt/site $name python3" --label py39 "$@"

@@ -2,7 +2,7 @@
 # The runtime's GPU checks on a GPU machine, in one go and well under 8 minutes:
 #   1. the GPU-marked tests (precision, memory-sized batch cap, OOM split): pytest -m gpu tests/runtime
 #   2. torchfleet-runtime check --require-gpu (driver vs torch's CUDA, arch list, cuDNN, disk, memory)
-#   3. benchmarks/runtime_bench.py --device cuda (served vs offline, batching on/off, JSON vs binary,
+#   3. torchfleet-bench runtime --device cuda (served vs offline, batching on/off, JSON vs binary,
 #      start to ready, first request vs steady p50), whose figures it prints.
 #
 # It expects a fresh machine with only this repository copied and a Python 3 with a CUDA build of
@@ -88,8 +88,10 @@ say "2/3 torchfleet-runtime check --require-gpu"
 runtime check --require-gpu --path "$PWD" || { echo "check: a check failed (see above)"; failed=$((failed + 1)); }
 
 say "3/3 benchmark on cuda"
-# --no-wrk: the wrk levels and the instrumentation rounds would not fit the step (run them by hand)
-timeout "$STEP_TIMEOUT_BENCH" "$PY" benchmarks/runtime_bench.py --device cuda --duration 3 --budget-s 220 --no-wrk ||
+# --no-wrk: the wrk levels and the instrumentation rounds would not fit the step (run them by hand).
+# The tool and infra's client (standard library) run from the source tree: nothing to install.
+PYTHONPATH="$PWD/benchmarks:$PWD${PYTHONPATH:+:$PYTHONPATH}" \
+  timeout "$STEP_TIMEOUT_BENCH" "$PY" -m torchfleet_bench runtime --device cuda --duration 3 --budget-s 220 --no-wrk ||
   { echo "benchmark: failed"; failed=$((failed + 1)); }
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
   cp benchmarks/results/runtime_bench_cuda.* "$OUT"/ 2>/dev/null || true

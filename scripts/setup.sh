@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-command set-up: system packages the tests need (as root on Debian), then .venv with every
-# pinned Python dependency, the runtime and the `torchfleet` command installed editable.
+# pinned Python dependency, the runtime, the `torchfleet` and `torchfleet-bench` commands installed
+# editable.
 # Re-running it changes nothing and returns in about a second: each step checks before it acts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,7 +56,7 @@ install_python_packages() {
   local stamp="$VENV/.torchfleet-setup"
   local want
   local inputs=("${reqs[@]}")
-  for f in requirements/constraints.txt runtime/pyproject.toml pyproject.toml; do [ -f "$f" ] && inputs+=("$f"); done
+  for f in requirements/constraints.txt runtime/pyproject.toml benchmarks/pyproject.toml pyproject.toml; do [ -f "$f" ] && inputs+=("$f"); done
   want=$(cat "${inputs[@]}" | sha256sum | cut -d' ' -f1)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     log "$VENV up to date"
@@ -69,6 +70,8 @@ install_python_packages() {
   if [ -f runtime/pyproject.toml ]; then args+=(-e ./runtime); fi
   # the repository root: infra/ and the `torchfleet` command (up | down | status | plan | demo)
   args+=(-e .)
+  # benchmarks/: the `torchfleet-bench` command (load generator and benchmarks; never on a node)
+  if [ -f benchmarks/pyproject.toml ]; then args+=(-e ./benchmarks); fi
   log "installing pinned Python dependencies into $VENV"
   "$VENV/bin/python" -m pip install -q "${args[@]}"
   echo "$want" >"$stamp"

@@ -4,15 +4,12 @@ An instances-mode node serves on its private address and the stack opens only SS
 admin CIDRs (infra/), so the readiness wait, the smoke prediction and `status` reach the
 runtime through `ssh -L 127.0.0.1:<free port>:127.0.0.1:<service port>` with the host's own
 connection variables from the inventory (ansible_host, ansible_port, ansible_user, the key,
-ansible_ssh_common_args). The demo's container nodes are reached the same way.
-
-`http_request` is the one small HTTP client of the stages: (status, body, seconds) and never an
-exception for a refused or reset connection (status None)."""
+ansible_ssh_common_args). The demo's container nodes are reached the same way. What goes through
+a tunnel is infra.client's (the one client of a node's runtime)."""
 
 from __future__ import annotations
 
 import contextlib
-import http.client
 import shlex
 import socket
 import subprocess
@@ -20,7 +17,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from infra.deploy.stage import StageError
 
@@ -125,32 +121,3 @@ def tunnel(target: SshTarget, remote_port: int, stage: str) -> Iterator[str]:
             proc.wait()
         if proc.stderr:
             proc.stderr.close()
-
-
-def http_request(
-    method: str,
-    url: str,
-    body: bytes | None = None,
-    headers: dict[str, str] | None = None,
-    timeout: float = 30.0,
-) -> tuple[int | None, bytes, float]:
-    parts = urlsplit(url)
-    conn_type = (
-        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    )
-    conn = conn_type(parts.hostname or "127.0.0.1", parts.port, timeout=timeout)
-    started = time.monotonic()
-    try:
-        conn.request(
-            method,
-            (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
-            body=body,
-            headers=headers or {},
-        )
-        resp = conn.getresponse()
-        data = resp.read()
-        return resp.status, data, time.monotonic() - started
-    except (OSError, http.client.HTTPException):
-        return None, b"", time.monotonic() - started
-    finally:
-        conn.close()

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import copy
 import fcntl
+import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,11 +31,10 @@ from typing import Any
 
 import yaml
 
+from infra import client
 from infra import config as stack_config
-from infra import loadgen
 from infra.constants import SERVICE_PORT
 from infra.deploy import containers
-from infra.deploy.access import http_request
 from infra.deploy.pipeline import NodeOptions, Steps, node_stages, run_dir
 from infra.deploy.progress import Console, shown
 from infra.deploy.stage import StageError
@@ -141,44 +143,57 @@ def write_group_vars(inventory_dir: Path, state: Path, key: Path) -> None:
 def predictions(node: containers.ContainerNode, console: Console) -> list[int | None]:
     """JSON, binary and a malformed request to the node's published runtime port."""
     base = node.url
-    code, body, _ = http_request("GET", base + "/v1/model")
-    shape, dtype = loadgen.input_spec(json.loads(body))
-    assert shape, "the demo model names its input shape"
+    code, body, _ = client.request("GET", base + "/v1/model")
+    card = json.loads(body)
     codes = []
-    payload, headers = loadgen.build_payload(shape, dtype or "float32", batch=2, binary=False)
-    code, body, took = http_request("POST", base + "/v1/predict", payload, headers)
+    payload, headers = client.card_payload(card, batch=2, binary=False)
+    code, body, took = client.request("POST", base + "/v1/predict", payload, headers)
     out = json.loads(body)["outputs"] if code == 200 else []
     console.line(
         f"  JSON    POST {base}/v1/predict (2 instances, {len(payload) // 1024} KiB) -> "
         f"{code} in {took * 1000:.0f} ms: argmax {[r.index(max(r)) for r in out]}"
     )
     codes.append(code)
-    payload, headers = loadgen.build_payload(shape, dtype or "float32", batch=4, binary=True)
-    code, body, took = http_request("POST", base + "/v1/predict", payload, headers)
+    payload, headers = client.card_payload(card, batch=4, binary=True)
+    code, body, took = client.request("POST", base + "/v1/predict", payload, headers)
     n = len(json.loads(body)["outputs"]) if code == 200 else 0
     console.line(
-        f"  binary  POST {base}/v1/predict (4 instances, raw {dtype}, X-Shape "
+        f"  binary  POST {base}/v1/predict (4 instances, raw {headers['X-Dtype']}, X-Shape "
         f"{headers['X-Shape']}) -> {code} in {took * 1000:.0f} ms: {n} outputs"
     )
     codes.append(code)
-    code, body, _ = http_request(
+    code, body, _ = client.request(
         "POST", base + "/v1/predict", b'{"inputs": [1, 2', {"Content-Type": "application/json"}
     )
     console.line(f"  malformed JSON -> {code} {body.decode(errors='replace')[:120]}")
-    live, _, _ = http_request("GET", base + "/livez")
+    live, _, _ = client.request("GET", base + "/livez")
     console.line(f"  and the node keeps serving: /livez -> {live}")
     return codes
 
 
 def benchmark(node: containers.ContainerNode, console: Console) -> None:
-    target = loadgen.Target.parse(node.url)
-    shape, dtype = loadgen.input_spec(loadgen.http_get_json(target, "/v1/model", 30))
-    body, headers = loadgen.build_payload(shape, dtype or "float32", batch=1, binary=True)
-    levels = [
-        loadgen.run_level(target, body, headers, c, 1, duration_s=BENCH_SECONDS)
-        for c in BENCH_LEVELS
+    """The load generator's closed-loop levels against one node, run as the command a user
+    would run (`torchfleet-bench load`, benchmarks/torchfleet_bench): the levels live in that
+    tool only, and infra keeps just the client of a node's runtime."""
+    args = [
+        node.url,
+        "--concurrency",
+        ",".join(map(str, BENCH_LEVELS)),
+        "--duration",
+        f"{BENCH_SECONDS:g}",
+        "--binary",
     ]
-    for line in loadgen.render_levels(levels).splitlines():
+    if importlib.util.find_spec("torchfleet_bench") is None:
+        console.line("  skipped: torchfleet-bench is not installed here (`make setup` installs it)")
+        return
+    console.line(f"  $ torchfleet-bench load {' '.join(args)}")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchfleet_bench", "load", *args],
+        capture_output=True,
+        text=True,
+        timeout=BENCH_SECONDS * len(BENCH_LEVELS) + 120,
+    )
+    for line in (proc.stdout + proc.stderr).splitlines():
         console.line(f"  {line}")
     load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     console.line(

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from infra import client
 from infra.constants import HEALTH_PATH
-from infra.deploy.access import SshTarget, http_request, tunnel
+from infra.deploy.access import SshTarget, tunnel
 from infra.deploy.progress import Console
 from infra.deploy.stage import StageError
 
@@ -58,8 +59,8 @@ class NodeState:
 
 
 def look(base: str, node: NodeState) -> None:
-    node.readyz, _, _ = http_request("GET", base + HEALTH_PATH, timeout=10)
-    code, body, _ = http_request("GET", base + "/v1/model", timeout=10)
+    node.readyz, _, _ = client.request("GET", base + HEALTH_PATH, timeout=10)
+    code, body, _ = client.request("GET", base + "/v1/model", timeout=10)
     if code == 200:
         try:
             node.model = json.loads(body)

@@ -1,7 +1,7 @@
 """The smoke stage: one real prediction through the stack's endpoint.
 
 The body is built from what the node itself says it serves (GET /v1/model: input shape and
-dtype) by the load generator's payload builder, so the check needs no knowledge of the model.
+dtype) by infra.client, so the check needs no knowledge of the model.
 Instances mode: the endpoint is a node's private address; the request goes through the SSH
 tunnel of the node that owns that address. Group mode: straight to the load balancer."""
 
@@ -11,8 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from infra import loadgen
-from infra.deploy.access import http_request
+from infra import client
 from infra.deploy.stage import StageError
 
 
@@ -41,22 +40,23 @@ def _size(row: Any) -> int:
 
 def predict(base: str, endpoint: str, via: str) -> Prediction:
     """POST one instance to `base` (the endpoint itself, or a tunnel to it)."""
-    code, body, _ = http_request("GET", base.rstrip("/") + "/v1/model", timeout=30)
+    code, body, _ = client.request("GET", base.rstrip("/") + "/v1/model", timeout=30)
     if code != 200:
         raise StageError(
             "smoke",
             f"GET {endpoint.rstrip('/')}/v1/model ({via}) answered {code or 'nothing'}",
             fix=_fix(via),
         )
-    shape, dtype = loadgen.input_spec(json.loads(body))
-    if not shape:
+    try:
+        payload, headers = client.card_payload(json.loads(body), batch=1, binary=False)
+    except client.ClientError as err:
         raise StageError(
             "smoke",
-            f"{endpoint} /v1/model names no input shape",
-            fix="give the model an input_shape (model.json or the runtime config)",
-        )
-    payload, headers = loadgen.build_payload(shape, dtype or "float32", batch=1, binary=False)
-    code, body, took = http_request(
+            f"{endpoint}: {err}",
+            fix="give the model an input_shape and a dtype the client knows (model.json or the "
+            "runtime config)",
+        ) from None
+    code, body, took = client.request(
         "POST", base.rstrip("/") + "/v1/predict", payload, headers, timeout=60
     )
     if code != 200:

@@ -18,12 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
-
-import bench  # noqa: E402  (benchmarks/peers/bench.py)
-from peerbench import models, proctree, report, wrk  # noqa: E402
+from torchfleet_bench.peers import bench, models, proctree, report, wrk
 
 DATA = Path(__file__).with_name("data")
 SERVER_SAMPLES = sorted(DATA.glob("wrk_*_c*.txt"))

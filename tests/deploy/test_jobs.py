@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from pulumi.automation import EngineEvent
 
-from infra import cli
+from infra import cli, client
 from infra import config as stack_config
-from infra.deploy import automation, inventory, pipeline, readiness, smoke
+from infra.deploy import automation, inventory, pipeline, readiness
 from infra.deploy.progress import Console
 from infra.deploy.readiness import NodeState
 from infra.deploy.stage import StageError
@@ -108,7 +108,7 @@ def test_group_mode_waits_for_the_healthy_count_then_predicts_through_the_load_b
         asked.append(f"{method} {url}")
         return None, b"", 0.0
 
-    monkeypatch.setattr(smoke, "http_request", unreachable)
+    monkeypatch.setattr(client, "request", unreachable)
     monkeypatch.setattr(pipeline, "GROUP_READY_TIMEOUT_S", 5.0)
     console = Console(io.StringIO(), live=False)
     cfg = stack_config.load(

@@ -4,8 +4,6 @@ benchmark's larger model from the same code."""
 from __future__ import annotations
 
 import hashlib
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -35,11 +33,8 @@ def test_the_demo_model_keeps_its_weights():
 
 
 def test_the_peer_benchmarks_wide_model_is_the_demo_family_with_a_wider_resnet_stem():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "peers"))
-    try:
-        from peerbench import models
-    finally:
-        sys.path.pop(0)
+    from torchfleet_bench.peers import models
+
     wide = demo.build_demo_model(width=models.WIDE_FACTOR, stem="resnet")
     assert fingerprint(wide) == WIDE_WEIGHTS
     assert sum(p.numel() for p in wide.parameters()) == 11_034_346

@@ -2,7 +2,7 @@
 
 `check` lives in its own module (envcheck), imported only when chosen so `serve` starts without
 it; it exposes configure_parser(parser) and run(args) -> int. The load generator is not part of
-the node package: it runs on the controller (`python -m infra.loadgen URL`).
+the node package: it runs on the controller (`torchfleet-bench load URL`, benchmarks/).
 """
 
 from __future__ import annotations

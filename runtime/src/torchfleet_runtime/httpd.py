@@ -1,6 +1,6 @@
 """HTTP/1.1 on asyncio with llhttp (the `httptools` binding) as the parser: the connection layer.
 
-Why this and not a framework: measured side by side (benchmarks/http_stack_bench.py and
+Why this and not a framework: measured side by side (benchmarks/torchfleet_bench/http_stack.py and
 benchmarks/README.md) it costs the least server CPU per request of the candidates, and every
 property below had to be added around aiohttp and uvicorn anyway (neither has a header read
 timeout, a JSON answer to a framing error, or a connection cap that answers). The parser, where

@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
-"""Per-request CPU of the runtime's codec and instrumentation, in-process, best of N.
+"""`torchfleet-bench codec`: per-request CPU of the runtime's codec and instrumentation,
+in-process, best of N.
 
-    python benchmarks/codec_bench.py     (numpy is used only to build the .npy body)
+    torchfleet-bench codec     (numpy is used only to build the .npy body)
 
 - request decode for one demo instance (3x64x64 float32): JSON with full-precision floats and
   with pixels rounded to 4 decimals (the body the side-by-side benchmarks send), the runtime's
@@ -13,6 +13,7 @@
   aggregation; and the cost of one JSON log line when it is written.
 """
 
+import argparse
 import io
 import json
 import logging
@@ -37,7 +38,10 @@ def best_us(fn, n=30):
     return best * 1e6
 
 
-def main():
+def main(argv=None):
+    argparse.ArgumentParser(
+        prog="torchfleet-bench codec", description=__doc__.split("\n\n")[0]
+    ).parse_args(argv)
     x = torch.randn(1, *SHAPE, generator=torch.Generator().manual_seed(0))
     full = json.dumps({"inputs": x.tolist()}).encode()
     rounded = json.dumps(
@@ -100,7 +104,3 @@ def main():
     rec.request_id, rec.fields = "a1b2c3d4e5f60718", {"status": 400, "type": "wrong_shape"}
     fmt = JsonFormatter()
     print(f"one JSON log line formatted: {best_us(lambda: fmt.format(rec), 2000):.1f} us")
-
-
-if __name__ == "__main__":
-    main()

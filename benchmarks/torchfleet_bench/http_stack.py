@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""Which HTTP stack for the runtime's edge: server CPU per request and p50/p99 under wrk.
+"""`torchfleet-bench http-stack`: which HTTP stack for the runtime's edge: server CPU per request and p50/p99 under wrk.
 
 Every candidate serves the same application: POST /v1/predict reads the whole body, parses it
 with json.loads, and answers a small JSON object (10 floats), keep-alive, TCP_NODELAY, no access
@@ -13,9 +12,12 @@ Candidates (those not installed are skipped and listed):
   uvicorn-httptools / uvicorn-h11   uvicorn with a bare ASGI app (no framework on top)
   torchfleet  torchfleet_runtime.httpd (asyncio + httptools), what the runtime serves on now
 
-    python benchmarks/http_stack_bench.py [--duration 5] [--rounds 2] [--body-kb 2] [--concurrency 8,32,64]
+    torchfleet-bench http-stack [--duration 5] [--rounds 2] [--body-kb 2] [--concurrency 8,32,64]
     # another interpreter (e.g. Python 3.9 in a container sharing the host network):
-    python benchmarks/http_stack_bench.py --python "podman exec CTR python3" --label py39
+    torchfleet-bench http-stack --python "podman exec CTR python3" --label py39
+
+The servers run this file as a script (`PYTHON http_stack.py --serve NAME`) in the interpreter
+under test: it imports nothing of the project at the top, and parses as Python 3.9.
 
 Rounds rotate the order of the candidates, and each figure is the median over rounds: the
 machine is shared, so compare candidates measured in the same minute and note the load average.
@@ -215,7 +217,7 @@ wrk.headers["Content-Type"] = "application/json"
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    src = str(HERE.parents[1] / "runtime" / "src")
+    src = str(HERE.parents[2] / "runtime" / "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -356,7 +358,9 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="torchfleet-bench http-stack", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--candidates", default=",".join(CANDIDATES))
@@ -422,5 +426,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the servers' entry (--serve), in the interpreter under test
     sys.exit(main())

@@ -1,7 +1,7 @@
-"""`make bench` in miniature (benchmarks/runtime_bench.py): real `torchfleet-runtime serve`
-processes on the demo model, driven by the controller's load generator, every ratio computed and
-every server stopped by SIGTERM with exit code 0. The load generator's own tests are
-tests/infra/test_loadgen.py."""
+"""`make bench` in miniature (`torchfleet-bench runtime`): real `torchfleet-runtime serve`
+processes on the demo model, driven by the tool's closed loop, every ratio computed and every
+server stopped by SIGTERM with exit code 0. The load generator's own tests are
+tests/bench/test_load.py."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 
 def test_runtime_benchmark_end_to_end(tmp_path):
     """`make bench` in miniature: real serve processes, the demo model, every ratio computed."""
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "runtime_bench.py"
     proc = subprocess.run(
         [
             sys.executable,
-            str(script),
+            "-m",
+            "torchfleet_bench",
+            "runtime",
             "--concurrency",
             "1,2",
             "--duration",

@@ -16,7 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-LUA = Path(__file__).resolve().parents[1] / "post.lua"
+from torchfleet_bench.peers import PEERS_DIR
+
+LUA = PEERS_DIR / "post.lua"
 ERROR_KINDS = ("connect", "read", "write", "timeout")
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
 

@@ -2,10 +2,10 @@
 
 Run in a child process with the servers' thread environment (OMP_NUM_THREADS set or not), so
 served / offline compares like with like and the harness process never holds torch threads:
-    python -m peerbench.offline MODEL.pt --shape 3,64,64 [--batches 1,2,4,8,16,32] [--seconds 1]
+    python -m torchfleet_bench.peers.offline MODEL.pt --shape 3,64,64 [--batches 1,2,4,8,16,32] [--seconds 1]
 prints one JSON object: {"results": [{batch, items_per_s, batch_ms}], "best": {...}, "threads",
 "served_graph": {...}}. `results`/`best` time the file as `torch.jit.load` gives it (what the peers
-run); `served_graph` the same rows for the graph torchfleet-runtime serves (`infra.loadgen.served_graph`:
+run); `served_graph` the same rows for the graph torchfleet-runtime serves (`torchfleet_bench.offline.served_graph`:
 the runtime's loader and optimiser with their defaults), so torchfleet's
 served / offline measures what is lost between the socket and the model it really runs.
 """
@@ -30,7 +30,7 @@ def served_graph(
     model_path: str, shape: tuple[int, ...], batches: list[int], seconds: float
 ) -> dict:
     """The rows for the module torchfleet-runtime serves (its loader, then its optimiser)."""
-    from infra.loadgen import served_graph as runtime_graph
+    from torchfleet_bench.offline import served_graph as runtime_graph
 
     module, optimization = runtime_graph(model_path, shape, "float32", "cpu", "fp32")
     out = rows_of(module, shape, batches, seconds)

@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""`make bench-peers`: torchfleet-runtime side by side with Mosec, LitServe and TorchServe.
+"""`torchfleet-bench peers` (`make bench-peers`): torchfleet-runtime side by side with Mosec, LitServe and TorchServe.
 
 Same TorchScript files, same JSON body of one instance, same closed-loop wrk load (post.lua) at
 each concurrency level for every server; each peer from its own pinned virtualenv
@@ -16,7 +15,7 @@ process tree; start -> ready; first request / steady p50; served / offline; torc
 peer. Results: benchmarks/results/peers_<model>.json (with the machine, load average at start
 and end, and every version).
 
-Usage: python benchmarks/peers/bench.py [--models demo,wide] [--repetitions 3] [--duration 4]
+Usage: torchfleet-bench peers [--models demo,wide] [--repetitions 3] [--duration 4]
        [--warmup 2] [--concurrency 1,8,32,64] [--servers torchfleet,mosec,litserve,torchserve]
        [--omp1-levels 32] [--label baseline]
 """
@@ -36,10 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from peerbench import models, proctree, report, wrk
-from peerbench.servers import (
+from torchfleet_bench.local import loopback
+from torchfleet_bench.peers import models, proctree, report, wrk
+from torchfleet_bench.peers.servers import (
     PEERS,
     PEERS_HOME,
     ROOT,
@@ -47,7 +45,6 @@ from peerbench.servers import (
     Server,
     Settings,
     base_env,
-    http_call,
     prepare_torchserve,
     venv_python,
 )
@@ -174,7 +171,7 @@ def first_request(
 
     def post() -> tuple[int | None, bytes, float]:
         t = time.perf_counter()
-        status, data = http_call(srv.port, "POST", srv.predict_path, body, timeout=timeout)
+        status, data = loopback(srv.port, "POST", srv.predict_path, body, timeout=timeout)
         return status, data, round((time.perf_counter() - t) * 1000, 2)
 
     t0 = time.perf_counter()
@@ -240,7 +237,7 @@ def run_server(
             run.update(first_request(srv, body, model.expected_outputs(), args.request_timeout))
             run["idle_rss_mb"] = round(mem.sample()[0], 1)
             if name == "torchfleet":
-                info = http_call(srv.port, "GET", "/v1/model")[1]
+                info = loopback(srv.port, "GET", "/v1/model")[1]
                 run["model_info"] = {
                     k: v
                     for k, v in json.loads(info or b"{}").items()
@@ -316,13 +313,11 @@ def quiesce(pid: int, limit_s: float, window_s: float = 0.25, idle_cores: float 
 
 def offline(model: models.ModelFiles, threads: str, seconds: float) -> dict[str, Any]:
     env = base_env(Settings(threads=threads))
-    here = Path(__file__).resolve().parent
-    env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parents[1])])  # peerbench, infra
     p = subprocess.run(
         [
             sys.executable,
             "-m",
-            "peerbench.offline",
+            "torchfleet_bench.peers.offline",
             str(model.model),
             "--shape",
             ",".join(map(str, model.input_shape)),
@@ -361,13 +356,13 @@ def bench_model(name: str, args: argparse.Namespace, t_begin: float) -> dict[str
         settings_list.append(Settings("1", args.peer_batch, args.peer_wait_ms))
     result: dict[str, Any] = {
         "label": args.label,
-        "tool": "benchmarks/peers/bench.py",
+        "tool": "torchfleet-bench peers",
         "model": {
             "name": name,
             "parameters": model.parameters,
             "input_shape": list(model.input_shape),
             "body_bytes": model.body.stat().st_size,
-            "file": "see benchmarks/peers/peerbench/models.py",
+            "file": "see benchmarks/torchfleet_bench/peers/models.py",
         },
         "machine": machine(),
         "load_average": {"start": loadavg()},
@@ -426,7 +421,9 @@ def bench_model(name: str, args: argparse.Namespace, t_begin: float) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="torchfleet-bench peers", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--models", type=csv_choice(models.MODELS), default=list(models.MODELS))
     ap.add_argument("--servers", type=csv_choice(SERVERS), default=list(SERVERS))
     ap.add_argument(
@@ -538,7 +535,3 @@ def main(argv: list[str] | None = None) -> int:
         log(f"wrote {out}")
     log(f"total {time.monotonic() - t_begin:.0f} s")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

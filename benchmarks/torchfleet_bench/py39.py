@@ -1,6 +1,5 @@
-#!/usr/bin/env python3
-"""The runtime on the legacy stack (Debian 11, Python 3.9, torch 1.12.1, numpy<2): a functional
-check and its CPU per request under wrk, from the host.
+"""`torchfleet-bench py39`: the runtime on the legacy stack (Debian 11, Python 3.9, torch 1.12.1,
+numpy<2): a functional check and its CPU per request under wrk, from the host.
 
 The Molecule image of the legacy scenario runs `torchfleet-runtime serve` on the demo model with
 the cp39 wheelhouse unpacked (no pip inside), sharing the host's network; the host checks a JSON
@@ -8,7 +7,7 @@ and a binary prediction, a client mistake (400), a reload by SIGHUP (new version
 process), then drives wrk at c=8/32/64 with the 91 KB JSON body and reads the server's CPU per
 request from its own process_cpu_seconds_total. The container is removed at the end.
 
-    python benchmarks/runtime_py39.py [--seconds 5]
+    torchfleet-bench py39 [--seconds 5]
 """
 
 from __future__ import annotations
@@ -28,10 +27,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from infra import loadgen  # noqa: E402
+from infra.client import build_payload
 
+ROOT = Path(__file__).resolve().parents[2]
 WHEELHOUSE = ROOT / ".cache" / "wheelhouse-cp39"
 
 
@@ -58,7 +56,7 @@ def metric(text: str, name: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="torchfleet-bench py39", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=int, default=5)
     args = ap.parse_args(argv)
     if shutil.which("wrk") is None or not WHEELHOUSE.is_dir():
@@ -153,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = json.loads((tmp / "demo" / "model.json").read_text())
         ok = True
         for binary in (False, True):
-            body, headers = loadgen.build_payload(meta["input_shape"], "float32", 2, binary)
+            body, headers = build_payload(meta["input_shape"], "float32", 2, binary)
             status, hdrs, data = http("POST", base + "/v1/predict", body, headers)
             good = (
                 status == 200
@@ -190,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             f"/readyz {http('GET', base + '/readyz')[0]}"
         )
         ok &= same
-        body, headers = loadgen.build_payload(meta["input_shape"], "float32", 1, False, decimals=4)
+        body, headers = build_payload(meta["input_shape"], "float32", 1, False, decimals=4)
         (tmp / "body").write_bytes(body)
         lua = tmp / "post.lua"
         lua.write_text(
@@ -241,7 +239,3 @@ def _ready(base: str) -> bool:
         return http("GET", base + "/readyz")[0] == 200
     except OSError:  # not listening yet
         return False
-
-
-if __name__ == "__main__":
-    sys.exit(main())

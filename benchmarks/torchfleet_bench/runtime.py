@@ -1,8 +1,8 @@
-#!/usr/bin/env python3
-"""`make bench`: the runtime's numbers on this machine, with the demo model.
+"""`torchfleet-bench runtime` (`make bench`): the runtime's numbers on this machine, with the demo
+model.
 
 What it measures (issue 3, "Measure and report"), each with real `torchfleet-runtime serve`
-processes over HTTP on loopback and the closed-loop client of `infra/loadgen.py`:
+processes over HTTP on loopback and the closed loop of `levels.py`:
   1. offline ceiling: in-process best-batch items/s of the same TorchScript model;
   2. served items/s at concurrency 1, 8, 32, 64 — with dynamic batching (max_batch_size auto)
      and without (max_batch_size 1), each with a JSON and a binary request body;
@@ -17,20 +17,18 @@ are a floor, and each run records the load average it started under.
 
 Results go to benchmarks/results/runtime_bench_<device>.json (+ .png with matplotlib).
 Total time is bounded by --budget-s (default 300 s): levels that would not fit are skipped
-and marked so. Usage: python benchmarks/runtime_bench.py [--device cuda] [--duration 4]
+and marked so. Usage: torchfleet-bench runtime [--device cuda] [--duration 4]
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import math
 import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,10 +39,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # infra.loadgen: the controller-side load generator
-from infra import loadgen as bench  # noqa: E402
+from infra.client import Target, build_payload, post_once
+from torchfleet_bench.levels import run_level
+from torchfleet_bench.load import parse_concurrency
+from torchfleet_bench.local import cpu_s, free_port, loopback
+from torchfleet_bench.report import host_info
 
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = (  # name, extra serve flags
     ("batching", []),  # max_batch_size auto: the runtime's default
@@ -88,27 +89,9 @@ def thread_flags() -> list[str]:
     return ["--torch-threads", str(TORCH_THREADS)] if TORCH_THREADS else []
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int | None, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    except (OSError, http.client.HTTPException):
-        return None, b""
-    finally:
-        conn.close()
-
-
 def batch_counters(port: int) -> tuple[float, float]:
     """(sum, count) of torchfleet_batch_size: their deltas give the mean batch of a level."""
-    _, body = http_get(port, "/metrics")
+    _, body = loopback(port, "GET", "/metrics")
     total = count = 0.0
     for line in body.decode(errors="replace").splitlines():
         if line.startswith("torchfleet_batch_size_sum"):
@@ -149,7 +132,7 @@ class Server:
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve exited with {self.proc.returncode}:\n{self.tail()}")
-            status, _ = http_get(self.port, "/readyz", timeout=1.0)
+            status, _ = loopback(self.port, "GET", "/readyz", timeout=1.0)
             if status == 200:
                 return time.monotonic() - self.started
             if time.monotonic() - self.started > timeout:
@@ -169,9 +152,7 @@ class Server:
 
     def cpu_s(self) -> float:
         """The server process's user + system CPU seconds so far."""
-        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
-        fields = stat[stat.rfind(")") + 2 :].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_s(self.proc.pid)
 
     def tail(self, n: int = 3000) -> str:
         self._log.flush()
@@ -180,11 +161,11 @@ class Server:
 
 def first_request_ms(port: int, body: bytes, headers: dict[str, str]) -> float:
     """One request on a fresh connection, right after /readyz turned 200."""
-    target = bench.Target("http", "127.0.0.1", port, "")
+    target = Target("http", "127.0.0.1", port, "")
     conn = target.connection(60.0)
     try:
         t0 = time.perf_counter()
-        status, data, _ = bench.post_once(conn, "/v1/predict", body, headers)
+        status, data, _ = post_once(conn, "/v1/predict", body, headers)
         elapsed = (time.perf_counter() - t0) * 1000
     finally:
         conn.close()
@@ -309,7 +290,8 @@ def offline(model: Path, device: str, seconds: float, workdir: Path) -> dict[str
     cmd = [
         sys.executable,
         "-m",
-        "infra.loadgen",
+        "torchfleet_bench",
+        "load",
         "--offline",
         str(model),
         "--device",
@@ -524,9 +506,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="torchfleet-bench runtime", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
-    ap.add_argument("--concurrency", type=bench.parse_concurrency, default=[1, 8, 32, 64])
+    ap.add_argument("--concurrency", type=parse_concurrency, default=[1, 8, 32, 64])
     ap.add_argument("--duration", type=float, default=4.0, help="seconds per level (default: 4)")
     ap.add_argument(
         "--offline-seconds", type=float, default=1.0, help="seconds per offline batch size"
@@ -582,8 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     tag = "cuda" if args.device.startswith("cuda") else args.device
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
-        "tool": "benchmarks/runtime_bench.py",
-        "host": bench.host_info(),
+        "tool": "torchfleet-bench runtime",
+        "host": host_info(),
         "config": {
             "device": args.device,
             "concurrency": args.concurrency,
@@ -618,11 +602,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{report['offline']['best']['batch']}"
         )
 
-        payloads = {body: bench.build_payload(shape, dtype, 1, body == "binary") for body in BODIES}
+        payloads = {body: build_payload(shape, dtype, 1, body == "binary") for body in BODIES}
         # wrk sends what clients of image models send: pixels rounded to 4 decimals in JSON
         wrk_payloads = {
-            body: bench.build_payload(shape, dtype, 1, body == "binary", decimals=4)
-            for body in BODIES
+            body: build_payload(shape, dtype, 1, body == "binary", decimals=4) for body in BODIES
         }
         report["config"]["wrk_json_body_bytes"] = len(wrk_payloads["json"][0])
         configs = [
@@ -642,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 run["start_to_ready_s"] = round(server.wait_ready(args.ready_timeout), 3)
                 run["first_request_ms"] = first_request_ms(server.port, *payloads["json"])
-                _, info = http_get(server.port, "/v1/model")
+                _, info = loopback(server.port, "GET", "/v1/model")
                 run["model"] = json.loads(info or b"{}")
                 log(
                     f"  ready after {run['start_to_ready_s']:.2f} s; first request {run['first_request_ms']:.1f} ms; "
@@ -654,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
                         "  NOTE: the auto batch cap came out as 1 (the warm-up measured batch 2 over the "
                         "latency budget: a loaded machine?), so batching on == off here; --batching-cap N forces one"
                     )
-                target = bench.Target("http", "127.0.0.1", server.port, "")
+                target = Target("http", "127.0.0.1", server.port, "")
                 for body in BODIES:
                     levels = run["levels"].setdefault(body, [])
                     for conc in args.concurrency:
@@ -665,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
                             continue
                         before = batch_counters(server.port)
                         level = asdict(
-                            bench.run_level(
+                            run_level(
                                 target,
                                 *payloads[body],
                                 concurrency=conc,
@@ -754,8 +737,3 @@ def _torch_version() -> str:
     import torch
 
     return torch.__version__
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())

@@ -1,5 +1,5 @@
-#!/usr/bin/env python3
-"""A/B of runtime variants under wrk, alternated in the same minutes (a shared machine is noisy).
+"""`torchfleet-bench ab`: A/B of runtime variants under wrk, alternated in the same minutes (a
+shared machine is noisy).
 
 Each variant is NAME=[SRC][::FLAGS]: SRC a runtime source tree to put first on PYTHONPATH (empty:
 the installed runtime), FLAGS extra `serve` flags, and ENV:KEY=VALUE items for its environment.
@@ -8,7 +8,7 @@ measured wrk run; it prints req/s, p50/p99, the server's CPU per request, the ba
 load average, then the medians and, for two variants, B / A.
 
     git archive OLD runtime/src | tar -x -C /tmp/old
-    python benchmarks/ab_bench.py --rounds 3 --seconds 8 --concurrency 32 \\
+    torchfleet-bench ab --rounds 3 --seconds 8 --concurrency 32 \\
         old=/tmp/old/runtime/src new=  "passive=::ENV:OMP_WAIT_POLICY=PASSIVE --torch-threads 1"
 """
 
@@ -18,18 +18,15 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from infra import loadgen  # noqa: E402
+from infra.client import build_payload
+from torchfleet_bench.local import cpu_s, free_port, loopback
 
 LUA = """
 local f = io.open(os.getenv("AB_BODY"), "rb")
@@ -38,18 +35,6 @@ f:close()
 wrk.method = "POST"
 for k, v in string.gmatch(os.getenv("AB_HEADERS"), "([^=;]+)=([^;]*)") do wrk.headers[k] = v end
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_s(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    f = stat[stat.rfind(")") + 2 :].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wrk(port: int, conc: int, seconds: int, env: dict[str, str], lua: Path) -> str:
@@ -113,19 +98,13 @@ def run_variant(
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"{spec}: serve exited with {proc.returncode}")
-            try:
-                if (
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1).status
-                    == 200
-                ):
-                    break
-            except OSError:
-                pass
+            if loopback(port, "GET", "/readyz", timeout=1)[0] == 200:
+                break
             if time.monotonic() - t0 > 300:
                 raise RuntimeError(f"{spec}: not ready after 300 s")
             time.sleep(0.02)
         ready = time.monotonic() - t0
-        info = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/model").read())
+        info = json.loads(loopback(port, "GET", "/v1/model", timeout=30)[1])
         wrk(port, conc, 2, env_wrk, lua)
         load = os.getloadavg()[0]
         c0 = cpu_s(proc.pid)
@@ -148,7 +127,7 @@ def run_variant(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="torchfleet-bench ab", description=__doc__.split("\n\n")[0])
     ap.add_argument("variants", nargs="+", metavar="NAME=[SRC][::FLAGS]")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=8)
@@ -167,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
             model, _ = write_demo_model(work / "demo")
         meta = json.loads(model.with_suffix(".json").read_text())
-        body, headers = loadgen.build_payload(
+        body, headers = build_payload(
             meta["input_shape"], meta.get("dtype", "float32"), 1, args.binary, decimals=4
         )
         (work / "body").write_bytes(body)
@@ -193,7 +172,3 @@ def main(argv: list[str] | None = None) -> int:
         (a, _), (b, _) = variants
         print(f"{b} / {a} = {statistics.median(results[b]) / statistics.median(results[a]):.2f}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

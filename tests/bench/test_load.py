@@ -1,8 +1,8 @@
-"""The controller-side load generator (`python -m infra.loadgen`) against a real loopback HTTP
-server written here: a stub that
-honours the runtime's HTTP contract (GET /v1/model, POST /v1/predict in JSON or binary) with a
-controllable latency, 503 injection and dropped connections. Plus the offline mode on a tiny
-TorchScript model, and the percentile math against numpy."""
+"""The load generator (`torchfleet-bench load`, benchmarks/torchfleet_bench) against a real
+loopback HTTP server written here: a stub that honours the runtime's HTTP contract (GET
+/v1/model, POST /v1/predict in JSON or binary) with a controllable latency, 503 injection and
+dropped connections. Plus the offline mode on a tiny TorchScript model, and the percentile math
+against numpy."""
 
 from __future__ import annotations
 
@@ -17,16 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torchfleet_bench import load as bench
+from torchfleet_bench.levels import latency_summary, percentile, run_level
+from torchfleet_bench.load import parse_concurrency
 
-from infra import loadgen as bench
-from infra.loadgen import (
-    Target,
-    build_payload,
-    latency_summary,
-    parse_concurrency,
-    percentile,
-    run_level,
-)
+from infra.client import Target, build_payload
 
 SHAPE = (3, 8, 8)
 
@@ -446,12 +441,13 @@ def test_offline_needs_a_shape_without_sidecar(tmp_path, capsys):
     )
 
 
-def test_module_runs_as_a_script(tiny_model):
+def test_the_command_runs_through_the_tools_cli(tiny_model):
     proc = subprocess.run(
         [
             sys.executable,
             "-m",
-            "infra.loadgen",
+            "torchfleet_bench",
+            "load",
             "--offline",
             str(tiny_model),
             "--offline-max-batch",

@@ -13,13 +13,11 @@ whole tree and stop all of it; each peer runs from its own virtualenv under .cac
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,37 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .models import ModelFiles
+from torchfleet_bench.local import free_port, loopback
+from torchfleet_bench.peers import PEERS_DIR
+from torchfleet_bench.peers.models import ModelFiles
 
-HERE = Path(__file__).resolve().parents[1]
-APPS = HERE / "apps"
-ROOT = HERE.parents[1]
+APPS = PEERS_DIR / "apps"
+ROOT = PEERS_DIR.parents[1]
 PEERS_HOME = ROOT / ".cache" / "peers"
 PEERS = ("mosec", "litserve", "torchserve")
 SERVERS = ("torchfleet", *PEERS)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_call(
-    port: int, method: str, path: str, body: bytes | None = None, timeout: float = 5.0
-) -> tuple[int | None, bytes]:
-    """(status, body) on a fresh connection; (None, b"") when nothing answers."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        headers = {"Content-Type": "application/json"} if body is not None else {}
-        conn.request(method, path, body=body, headers=headers)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    except (OSError, http.client.HTTPException):
-        return None, b""
-    finally:
-        conn.close()
 
 
 @dataclass
@@ -182,15 +159,15 @@ class Server:
 
     def ready(self) -> bool:
         if self.name == "torchfleet":
-            return http_call(self.port, "GET", "/readyz", timeout=1.0)[0] == 200
+            return loopback(self.port, "GET", "/readyz", timeout=1.0)[0] == 200
         if self.name == "litserve":
-            return http_call(self.port, "GET", "/health", timeout=1.0)[0] == 200
+            return loopback(self.port, "GET", "/health", timeout=1.0)[0] == 200
         if self.name == "mosec":
-            return http_call(self.port, "GET", "/", timeout=1.0)[0] == 200
-        status, body = http_call(self.port, "GET", "/ping", timeout=1.0)
+            return loopback(self.port, "GET", "/", timeout=1.0)[0] == 200
+        status, body = loopback(self.port, "GET", "/ping", timeout=1.0)
         if status != 200 or b'"Healthy"' not in body:
             return False
-        status, body = http_call(self.info["management_port"], "GET", "/models/peer", timeout=1.0)
+        status, body = loopback(self.info["management_port"], "GET", "/models/peer", timeout=1.0)
         if status != 200:
             return False
         desc = json.loads(body)[0]

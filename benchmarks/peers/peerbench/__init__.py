@@ -1,1 +1,0 @@
-"""The peer benchmark harness (benchmarks/peers/bench.py): models, servers, wrk, report."""
