@@ -20,7 +20,7 @@ DISK_USD_PER_GB_MONTH, EBS_GP3_USD_PER_GB_MONTH) are views of `load()`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -37,6 +37,7 @@ CURRENCIES = ("USD",)
 FEES = ("nat_gateway_per_hour", "disk_per_gb_month")
 
 _PRICE_FIELDS = ("currency", "region", "source", "date")
+# The keys of each kind of entry, in the order problems are reported.
 _FIELDS = {
     "file": ("format", "sources", "clouds"),
     "source": ("title", "note"),
@@ -50,9 +51,43 @@ _FIELDS = {
     "fees": FEES,
     "fee": ("price", *_PRICE_FIELDS),
 }
-_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]*$")  # cloud, family, source and type names
-_REGION = re.compile(r"^[a-z]{2,}(-[a-z0-9]+)+$")  # us-east-1, ap-southeast-1, cn-hangzhou
-_DATE = re.compile(r"^\d{4}(-(0[1-9]|1[0-2])(-(0[1-9]|[12]\d|3[01]))?)?$")
+
+
+def _matches(pattern: str) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, str) and re.fullmatch(pattern, v) is not None
+
+
+def _number(low: float, high: float = float("inf")) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, (int, float)) and low < v <= high
+
+
+_COUNT = (lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
+_AMOUNT = (_number(0), "a number > 0")
+_TEXT = (lambda v: isinstance(v, str) and v.strip() != "", "text")
+# field -> (check, what is allowed); the fields that name another entry (family, gpu, source)
+# are checked against the names the file or the matrix defines instead.
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "type": (_matches(r"[a-z0-9][a-z0-9.-]*"), "an instance type name such as g5.xlarge"),
+    "gpus": _COUNT,
+    "vcpu": _COUNT,
+    "ram_gib": _AMOUNT,
+    "on_demand": _AMOUNT,
+    "price": _AMOUNT,
+    "typical_spot_ratio": (_number(0, 1), "a number in (0, 1]: spot price / on-demand price"),
+    "currency": (lambda v: v in CURRENCIES, " | ".join(CURRENCIES)),
+    "region": (
+        _matches(r"[a-z]{2,}(-[a-z0-9]+)+"),
+        "a region name such as us-east-1 or ap-southeast-1",
+    ),
+    "date": (
+        _matches(r"\d{4}(-(0[1-9]|1[0-2])(-(0[1-9]|[12]\d|3[01]))?)?"),
+        'a date "YYYY", "YYYY-MM" or "YYYY-MM-DD" in quotes (YAML reads an unquoted date as '
+        "a date or a number)",
+    ),
+    "title": _TEXT,
+    "note": _TEXT,
+}
+_NAME = _matches(r"[a-z0-9][a-z0-9.-]*")  # cloud, family and source names
 
 
 class CatalogError(ValueError):
@@ -159,7 +194,8 @@ class _Check:
         self.problems.append(f"{self.source}: {key} = {value!r} is invalid; allowed: {allowed}")
 
     def fields(self, key: str, raw: Any, kind: str) -> Mapping[str, Any] | None:
-        """`raw` when it is a mapping with exactly the fields of `kind` (else None)."""
+        """`raw` when it is a mapping with every field of `kind` (else None); unknown keys are
+        problems too."""
         names = _FIELDS[kind]
         if not isinstance(raw, dict):
             self.fail(key or "(the file)", raw, "a mapping with the keys " + ", ".join(names))
@@ -173,138 +209,89 @@ class _Check:
             self.fail(where + k, "(missing)", "a value: each entry has " + ", ".join(names))
         return None if missing else raw
 
-    def value(
-        self, key: str, raw: Any, ok: Callable[[Any], bool], allowed: str, hint: str = ""
-    ) -> Any:
-        if isinstance(raw, bool) or not ok(raw):
-            self.fail(key, raw, allowed + hint)
+    def entry(
+        self, key: str, raw: Any, kind: str, names: Mapping[str, Sequence[str]] | None = None
+    ) -> Mapping[str, Any] | None:
+        """`raw` when it has the fields of `kind` and each passes its rule (`names`: the names
+        a field that refers to another entry may take); else None, every problem recorded."""
+        raw = self.fields(key, raw, kind)
+        if raw is None:
             return None
+        before = len(self.problems)
+        for field in _FIELDS[kind]:
+            value = raw[field]
+            if names and field in names:
+                valid, what = value in names[field], " | ".join(names[field]) or "(none)"
+            else:
+                check, what = _RULES[field]
+                valid = not isinstance(value, bool) and check(value)
+            if not valid:
+                self.fail(f"{key}.{field}", value, what)
+        return raw if len(self.problems) == before else None
+
+    def names(self, key: str, raw: Any, what: str) -> dict[str, Any]:
+        """A mapping of names (cloud, family, source) -> entries; bad names are problems."""
+        if not isinstance(raw, dict) or not raw:
+            self.fail(key, raw, f"a mapping of {what} name -> its entry")
+            return {}
+        for name in raw:
+            if not _NAME(name):
+                self.fail(f"{key}.{name}", name, f"a {what} name: lower case, digits, '.', '-'")
         return raw
 
-    def name(self, key: str, raw: Any, what: str) -> str | None:
-        return self.value(key, raw, lambda v: isinstance(v, str) and bool(_NAME.match(v)), what)
 
-    def count(self, key: str, raw: Any) -> int | None:
-        return self.value(key, raw, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
-
-    def amount(self, key: str, raw: Any) -> float | None:
-        got = self.value(key, raw, lambda v: isinstance(v, (int, float)) and v > 0, "a number > 0")
-        return None if got is None else float(got)
-
-    def choice(self, key: str, raw: Any, allowed: Mapping[str, Any] | tuple[str, ...]) -> Any:
-        return self.value(
-            key,
-            raw,
-            lambda v: isinstance(v, str) and v in allowed,
-            " | ".join(allowed) or "(none is defined)",
-        )
-
-    def date(self, key: str, raw: Any) -> str | None:
-        return self.value(
-            key,
-            raw,
-            lambda v: isinstance(v, str) and bool(_DATE.match(v)),
-            'a date "YYYY", "YYYY-MM" or "YYYY-MM-DD"',
-            " in quotes (YAML reads an unquoted date as a date or a number)"
-            if not isinstance(raw, str)
-            else "",
-        )
-
-
-def _price(
-    c: _Check, key: str, raw: Mapping[str, Any], amount_key: str, sources: Mapping[str, Source]
-) -> Price | None:
-    amount = c.amount(f"{key}.{amount_key}", raw[amount_key])
-    currency = c.choice(f"{key}.currency", raw["currency"], CURRENCIES)
-    region = c.value(
-        f"{key}.region",
-        raw["region"],
-        lambda v: isinstance(v, str) and bool(_REGION.match(v)),
-        "a region name such as us-east-1 or ap-southeast-1",
+def _price(row: Mapping[str, Any], amount: str, sources: Mapping[str, Source]) -> Price:
+    return Price(
+        float(row[amount]), row["currency"], row["region"], sources[row["source"]], row["date"]
     )
-    source = c.choice(f"{key}.source", raw["source"], tuple(sources))
-    date = c.date(f"{key}.date", raw["date"])
-    if amount is None or None in (currency, region, source, date):
-        return None
-    return Price(amount, currency, region, sources[source], date)
-
-
-def _rows(c: _Check, key: str, raw: Any, kind: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """(key of the row, the row) of a list section, each row named by its type where it has
-    one; rows without exactly the fields of `kind` are reported and left out."""
-    if not isinstance(raw, list) or not raw:
-        c.fail(key, raw, "a non-empty list of mappings")
-        return
-    for i, row in enumerate(raw):
-        name = row.get("type") if isinstance(row, dict) else None
-        rkey = f"{key}[{i}]" + (f" ({name})" if isinstance(name, str) else "")
-        checked = c.fields(rkey, row, kind)
-        if checked is not None:
-            yield rkey, checked
-
-
-def _families(c: _Check, key: str, raw: Any, sources: Mapping[str, Source]) -> dict[str, float]:
-    """family -> typical spot / on-demand ratio."""
-    if not isinstance(raw, dict) or not raw:
-        c.fail(key, raw, "a mapping of family name -> typical_spot_ratio, source, date")
-        return {}
-    ratios = {}
-    for fam, fraw in raw.items():
-        fkey = f"{key}.{fam}"
-        c.name(fkey, fam, "a family name such as g5 or gn7i")
-        fraw = c.fields(fkey, fraw, "family")
-        if fraw is None:
-            continue
-        ratio = c.value(
-            f"{fkey}.typical_spot_ratio",
-            fraw["typical_spot_ratio"],
-            lambda v: isinstance(v, (int, float)) and 0 < v <= 1,
-            "a number in (0, 1]: spot price / on-demand price",
-        )
-        c.choice(f"{fkey}.source", fraw["source"], tuple(sources))
-        c.date(f"{fkey}.date", fraw["date"])
-        ratios[fam] = float(ratio or 0)
-    return ratios
 
 
 def _cloud(c: _Check, cloud: str, raw: Mapping[str, Any], cat: Catalog) -> None:
-    """One cloud's section into `cat` (what is sound of it; the caller refuses a file with
+    """One cloud's section into `cat` (what is sound of it: the caller refuses a file with
     problems)."""
     key, sources = f"clouds.{cloud}", cat.sources
-    ratios = _families(c, f"{key}.families", raw["families"], sources)
-    gpus = load_matrix().gpus
+    families = c.names(f"{key}.families", raw["families"], "family")
+    ratios = {}
+    for fam, fraw in families.items():
+        entry = c.entry(f"{key}.families.{fam}", fraw, "family", {"source": list(sources)})
+        ratios[fam] = float(entry["typical_spot_ratio"]) if entry else 0.0
+    refs = {"source": list(sources), "family": list(families), "gpu": list(load_matrix().gpus)}
     gpu_types: dict[str, InstanceType] = {}
     host_types: dict[str, HostType] = {}
-    seen: set[str | None] = set()
-    host_names: list[str] = []  # every host type named, for default_host_type's allowed list
+    named: dict[str, list[str]] = {}  # section -> every type name it lists, sound or not
     for section, kind in (("instance_types", "instance_type"), ("host_types", "host_type")):
-        for rkey, row in _rows(c, f"{key}.{section}", raw[section], kind):
-            name = c.name(f"{rkey}.type", row["type"], "an instance type name such as g5.xlarge")
-            if name in seen:
+        named[section] = []
+        rows = raw[section]
+        if not isinstance(rows, list) or not rows:
+            c.fail(f"{key}.{section}", rows, "a non-empty list of mappings")
+            rows = []
+        for i, row in enumerate(rows):
+            name = row.get("type") if isinstance(row, dict) else None
+            name = name if isinstance(name, str) else None
+            rkey = f"{key}.{section}[{i}]" + (f" ({name})" if name else "")
+            if any(name in names for names in named.values()):
                 c.fail(f"{rkey}.type", name, f"a type not listed before in {key}")
-            seen.add(name)
-            vcpu = c.count(f"{rkey}.vcpu", row["vcpu"])
-            ram = c.amount(f"{rkey}.ram_gib", row["ram_gib"])
-            price = _price(c, rkey, row, "on_demand", sources)
-            if kind == "host_type":
-                host_names += [name] if name else []
-                if name and vcpu and ram and price:
-                    host_types[name] = HostType(cloud, name, vcpu, ram, price)
+            named[section] += [name] if name else []
+            entry = c.entry(rkey, row, kind, refs)
+            if entry is None:
                 continue
-            family = c.choice(f"{rkey}.family", row["family"], tuple(ratios))
-            gpu = c.choice(f"{rkey}.gpu", row["gpu"], tuple(gpus))
-            count = c.count(f"{rkey}.gpus", row["gpus"])
-            if name and vcpu and ram and price and family and gpu and count:
-                gpu_types[name] = InstanceType(
-                    cloud, name, family, gpu, count, vcpu, ram, price, ratios[family]
-                )
-    c.choice(f"{key}.default_host_type", raw["default_host_type"], tuple(host_names))
+            price = _price(entry, "on_demand", sources)
+            if kind == "host_type":
+                ram = float(entry["ram_gib"])
+                host_types[name] = HostType(cloud, name, entry["vcpu"], ram, price)
+                continue
+            gpu_types[name] = InstanceType(
+                *(cloud, name, entry["family"], entry["gpu"], entry["gpus"], entry["vcpu"]),
+                *(float(entry["ram_gib"]), price, ratios[entry["family"]]),
+            )
+    if raw["default_host_type"] not in named["host_types"]:
+        allowed = " | ".join(named["host_types"]) or "(none)"
+        c.fail(f"{key}.default_host_type", raw["default_host_type"], allowed)
     fees: dict[str, Price] = {}
     for fee, fraw in (c.fields(f"{key}.fees", raw["fees"], "fees") or {}).items():
-        fraw = c.fields(f"{key}.fees.{fee}", fraw, "fee")
-        price = _price(c, f"{key}.fees.{fee}", fraw, "price", sources) if fraw else None
-        if price:
-            fees[fee] = price
+        entry = c.entry(f"{key}.fees.{fee}", fraw, "fee", {"source": list(sources)})
+        if entry:
+            fees[fee] = _price(entry, "price", sources)
     cat.instance_types[cloud] = gpu_types
     cat.host_types[cloud] = host_types
     cat.default_host_type[cloud] = raw["default_host_type"]
@@ -320,25 +307,11 @@ def parse(data: Any, source: str = "compat/catalog.yml") -> Catalog:
     if top["format"] != FORMAT:
         c.fail("format", top["format"], f"{FORMAT} (what this loader reads)")
     cat = Catalog(source, {}, {}, {}, {}, {})
-    if not isinstance(top["sources"], dict) or not top["sources"]:
-        c.fail("sources", top["sources"], "a mapping of source name -> title, note")
-    else:
-        for name, raw in top["sources"].items():
-            c.name(f"sources.{name}", name, "a source name such as aws-price-list")
-            raw = c.fields(f"sources.{name}", raw, "source")
-            if raw is None:
-                continue
-            title, note = (
-                c.value(f"sources.{name}.{k}", raw[k], lambda v: isinstance(v, str) and v, "text")
-                for k in ("title", "note")
-            )
-            cat.sources[name] = Source(name, title or "", note or "")
-    clouds = top["clouds"]
-    if not isinstance(clouds, dict) or not clouds:
-        c.fail("clouds", clouds, "a mapping of cloud name -> its section")
-        clouds = {}
-    for cloud, raw in clouds.items():
-        c.name(f"clouds.{cloud}", cloud, "a cloud name such as aws")
+    for name, raw in c.names("sources", top["sources"], "source").items():
+        entry = c.entry(f"sources.{name}", raw, "source")
+        if entry:
+            cat.sources[name] = Source(name, entry["title"], entry["note"])
+    for cloud, raw in c.names("clouds", top["clouds"], "cloud").items():
         raw = c.fields(f"clouds.{cloud}", raw, "cloud")
         if raw is not None:
             _cloud(c, cloud, raw, cat)

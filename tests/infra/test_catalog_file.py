@@ -57,12 +57,12 @@ def test_a_broken_row_is_refused_naming_the_row_key_value_and_allowed():
     got = problems(data)
     where = "catalog.yml: clouds.aws.instance_types"
     assert got == [
+        f"{where}[0] (g4dn.xlarge).gpu = 'T5' is invalid; allowed: "
+        + " | ".join(catalog.load_matrix().gpus),
         f"{where}[0] (g4dn.xlarge).on_demand = -1 is invalid; allowed: a number > 0",
         f"{where}[0] (g4dn.xlarge).currency = 'CNY' is invalid; allowed: USD",
         f'{where}[0] (g4dn.xlarge).date = 202406 is invalid; allowed: a date "YYYY", "YYYY-MM" '
         'or "YYYY-MM-DD" in quotes (YAML reads an unquoted date as a date or a number)',
-        f"{where}[0] (g4dn.xlarge).gpu = 'T5' is invalid; allowed: "
-        + " | ".join(catalog.load_matrix().gpus),
         f"{where}[1] (g4dn.2xlarge).vcpu = '(missing)' is invalid; allowed: a value: each "
         "entry has type, family, gpu, gpus, vcpu, ram_gib, on_demand, currency, region, "
         "source, date",
@@ -123,6 +123,19 @@ def test_cross_references_are_checked():
         (
             lambda d: d["clouds"]["aws"]["host_types"][0].update(vcpu=True),
             "clouds.aws.host_types[0] (t3.medium).vcpu = True is invalid; allowed: an integer",
+        ),
+        (
+            lambda d: d["clouds"]["aws"].update(host_types=5),
+            "clouds.aws.host_types = 5 is invalid; allowed: a non-empty list of mappings",
+        ),
+        (
+            lambda d: d["clouds"]["aws"]["instance_types"][3].update(type=["g4dn.xlarge"]),
+            "clouds.aws.instance_types[3].type = ['g4dn.xlarge'] is invalid; allowed: an "
+            "instance type name",
+        ),
+        (
+            lambda d: d["clouds"].update(AWS=d["clouds"].pop("aws")),
+            "clouds.AWS = 'AWS' is invalid; allowed: a cloud name",
         ),
     ],
 )
