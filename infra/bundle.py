@@ -3,12 +3,12 @@
     python -m infra.bundle STACK [--dest DIR]        (make bundle STACK=aws-prod)
 
 `build(stack)` packs playbooks/, roles/, compat/matrix.yml, inventories/<stack>/group_vars/, the
-runtime wheel (built by the inference_runtime role's own builder, roles/inference_runtime/files/
-build_wheel.py), the node agent (agent/torchfleet_agent/, which the user-data stub runs) and its
-Ansible callback (bootstrap/callback_plugins/), node.json (the
-stack facts every node of the stack shares, the same variables the operator's inventory
-carries, and the instance-type -> GPU table a node looks its own type up in) and manifest.json
-(format, stack, content version, the model reference, every file with its sha256).
+torchfleet-compat and runtime wheels (built by the inference_runtime role's own builder,
+roles/inference_runtime/files/build_wheel.py), the node agent (agent/torchfleet_agent/, which the
+user-data stub runs) and its Ansible callback (bootstrap/callback_plugins/), node.json (the stack
+facts every node of the stack shares, the same variables the operator's inventory carries, and
+the instance-type -> GPU table a node looks its own type up in) and manifest.json (format, stack,
+content version, the model reference, every file with its sha256).
 
 Reproducible: members sorted, mtimes fixed, owner root, modes 0644/0755, gzip mtime 0, so the
 same tree gives the same bytes and the same sha256 (which is what rolls a group: a new bundle
@@ -115,22 +115,30 @@ def _model_reference(group_vars: Path) -> dict[str, str]:
     return {k.removeprefix("inference_runtime_"): v for k, v in sorted(found.items())}
 
 
-def runtime_wheel() -> Path:
-    """The runtime wheel from the role's builder (cached there by source content)."""
+def node_wheels() -> tuple[Path, Path]:
+    """(torchfleet-compat, runtime) wheels from the role's builder (cached by source content)."""
     out = subprocess.run(
-        [sys.executable, str(WHEEL_BUILDER), str(REPO_ROOT / "runtime"), str(WHEEL_CACHE)],
+        [
+            sys.executable,
+            str(WHEEL_BUILDER),
+            str(WHEEL_CACHE),
+            str(REPO_ROOT / "compat"),
+            str(REPO_ROOT / "runtime"),
+        ],
         capture_output=True,
         text=True,
         check=False,
     )
     if out.returncode != 0:
-        raise BundleError(f"building the runtime wheel failed:\n{out.stderr[-3000:]}")
-    return Path(json.loads(out.stdout)["wheel"])
+        raise BundleError(f"building the node's wheels failed:\n{out.stderr[-3000:]}")
+    compat, runtime = (Path(w["wheel"]) for w in json.loads(out.stdout)["wheels"])
+    return compat, runtime
 
 
 def _members(
-    stack: str, group_vars: Path, facts: Mapping[str, Any], wheel: Path
+    stack: str, group_vars: Path, facts: Mapping[str, Any], wheels: tuple[Path, Path]
 ) -> dict[str, bytes]:
+    compat_wheel, wheel = wheels
     members: dict[str, bytes] = {}
     for top in ("playbooks", "roles"):
         for path in _files(REPO_ROOT / top):
@@ -145,6 +153,7 @@ def _members(
     for path in _files(AGENT):
         members[f"agent/{AGENT.name}/{path.relative_to(AGENT).as_posix()}"] = path.read_bytes()
     members[f"wheels/{wheel.name}"] = wheel.read_bytes()
+    members[f"wheels/{compat_wheel.name}"] = compat_wheel.read_bytes()
     members["node.json"] = (json.dumps(facts, indent=2, sort_keys=True) + "\n").encode()
     files = {name: _sha256(data) for name, data in sorted(members.items())}
     content = _sha256(json.dumps(files, sort_keys=True).encode())
@@ -153,6 +162,7 @@ def _members(
         "stack": stack,
         "version": f"content-{content[:16]}",
         "runtime_wheel": f"wheels/{wheel.name}",
+        "compat_wheel": f"wheels/{compat_wheel.name}",
         "model": _model_reference(group_vars),
         "files": files,
     }
@@ -214,7 +224,7 @@ def build(
     facts: Mapping[str, Any] | None = None,
 ) -> Bundle:
     """Reproducible (same tree -> same bytes), cached by content; contains playbooks/, roles/,
-    compat/matrix.yml, inventories/<stack>/group_vars/, the runtime wheel, node.json and a
+    compat/matrix.yml, inventories/<stack>/group_vars/, the wheels, node.json and a
     manifest.json (version, stack, file list with sha256, the model reference).
 
     `dest`: a directory to put a copy in (default: the cache file itself). `config`: the
@@ -230,7 +240,7 @@ def build(
             f"{', '.join(sorted(p.parent.name for p in (REPO_ROOT / 'inventories').glob('*/group_vars')))})"
         )
     facts = dict(facts) if facts is not None else stack_facts(stack, config)
-    members = _members(stack, group_vars, facts, runtime_wheel())
+    members = _members(stack, group_vars, facts, node_wheels())
     # The manifest's version digests every member: it is the cache key.
     key = json.loads(members["manifest.json"])["version"]
     path = CACHE / stack / f"{key}.tar.gz"

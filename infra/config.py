@@ -18,7 +18,7 @@ from datetime import time
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from torchfleet_runtime import matrix as compat
+from torchfleet_compat import matrix as compat
 
 from infra import catalog
 from infra.addressing import BLOCKS, MAX_ZONES
@@ -1091,7 +1091,7 @@ def _ttl(r: _Reader, env: str | None, mode: str | None) -> float | None:
 def _cuda_profile(
     r: _Reader, matrix: Matrix, itype: InstanceType | None, distro: str | None
 ) -> str | None:
-    """The profile, judged by the matrix's own rules (torchfleet_runtime.matrix, as preflight and
+    """The profile, judged by the matrix's own rules (torchfleet_compat.matrix, as preflight and
     `check` judge a node): it must drive the instance type's GPU and, where the stack names the
     node's distro (not in mode: kubernetes, whose nodes run the runtime image), support that
     distro's Python."""

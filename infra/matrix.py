@@ -1,9 +1,9 @@
 """Where infra finds the version matrix, loaded once per process.
 
-The schema and every compatibility rule live in `torchfleet_runtime.matrix` (one stdlib-only
-module that the preflight probe and `torchfleet-runtime check` import too; the runtime is
-installed editable in the controller's virtualenv by `make setup`). This module only says which
-file infra reads: $TORCHFLEET_MATRIX, else the repository's compat/matrix.yml.
+The schema and every compatibility rule live in `torchfleet_compat.matrix` (the stdlib-only
+package the preflight module and `torchfleet-runtime check` judge nodes with; `make setup`
+installs it editable in the controller's virtualenv). This module only says which file infra
+reads: $TORCHFLEET_MATRIX, else the repository's compat/matrix.yml.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from torchfleet_runtime.matrix import GpuModel, Matrix, MatrixError, Profile, read
+from torchfleet_compat.matrix import GpuModel, Matrix, MatrixError, Profile, read
 
 __all__ = [
     "DEFAULT_MATRIX",

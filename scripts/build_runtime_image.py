@@ -12,9 +12,10 @@ What it does, in order:
    of the matrix that has the profile's toolkit packages and a Python the profile's torch has
    wheels for (cu116: nvidia/cuda:11.6.2-cudnn8-runtime-ubuntu20.04, Python 3.8); CPU profiles
    get debian:<major>-slim.
-2. The runtime wheel from roles/inference_runtime/files/build_wheel.py, the builder and cache
-   the Ansible role uses, so a node and an image of one checkout run the same wheel.
-3. A build context in .cache/image-build/ (wheel, matrix, container/ files, and the optional
+2. The torchfleet-compat and runtime wheels from roles/inference_runtime/files/build_wheel.py,
+   the builder and cache the Ansible role uses (through infra/bundle.py, which ships the same
+   pair to nodes), so a node and an image of one checkout run the same wheels.
+3. A build context in .cache/image-build/ (wheels, matrix, container/ files, and the optional
    wheelhouse, extra CA certificates and model to bake), removed afterwards.
 4. The base image present locally or pulled, else a stop with the base's name and how to pick
    another: no minutes of work before a failure that was certain from the start.
@@ -44,13 +45,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from infra.bundle import BundleError, node_wheels  # noqa: E402
 from infra.matrix import Matrix, MatrixError, load_matrix, matrix_path  # noqa: E402
 
 CONTAINERFILE = REPO / "runtime" / "Containerfile"
 CONTAINER_FILES = REPO / "runtime" / "container"
-WHEEL_BUILDER = REPO / "roles" / "inference_runtime" / "files" / "build_wheel.py"
-# The same cache as the inference_runtime role's default (inference_runtime_wheel_cache_dir).
-WHEEL_CACHE = REPO / ".cache" / "runtime-wheels"
 PYTORCH_DEFAULTS = REPO / "roles" / "pytorch" / "defaults" / "main.yml"
 CONTEXT_PARENT = REPO / ".cache" / "image-build"
 CUDA_IMAGE = "docker.io/nvidia/cuda:{toolkit}-cudnn8-runtime-ubuntu{release}"
@@ -135,16 +134,6 @@ def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, text=True, **kwargs)
 
 
-def runtime_wheel() -> Path:
-    out = run(
-        [sys.executable, str(WHEEL_BUILDER), str(REPO / "runtime"), str(WHEEL_CACHE)],
-        capture_output=True,
-    )
-    if out.returncode != 0:
-        raise BuildError(f"building the runtime wheel failed:\n{out.stderr.strip()}")
-    return Path(json.loads(out.stdout)["wheel"])
-
-
 def link_or_copy_tree(src: Path, dest: Path) -> None:
     """Hard links where the filesystem allows (a multi-GB wheelhouse costs nothing), else copies."""
     for path in sorted(src.rglob("*")):
@@ -159,11 +148,12 @@ def link_or_copy_tree(src: Path, dest: Path) -> None:
             shutil.copy2(path, target)
 
 
-def make_context(opts: argparse.Namespace, wheel: Path) -> Path:
+def make_context(opts: argparse.Namespace, wheels: tuple[Path, ...]) -> Path:
     CONTEXT_PARENT.mkdir(parents=True, exist_ok=True)
     ctx = Path(tempfile.mkdtemp(prefix="context-", dir=CONTEXT_PARENT))
     (ctx / "wheels").mkdir()
-    shutil.copy2(wheel, ctx / "wheels" / wheel.name)
+    for wheel in wheels:
+        shutil.copy2(wheel, ctx / "wheels" / wheel.name)
     shutil.copy2(matrix_path(), ctx / "matrix.yml")
     shutil.copytree(CONTAINER_FILES, ctx / "container")
     if opts.wheelhouse:
@@ -284,14 +274,17 @@ def main(argv: list[str] | None = None) -> int:
         if opts.print_args:
             print(json.dumps({"base": args["BASE"], "target": target, "build_args": args}))
             return 0
-        wheel = runtime_wheel()
-        version = wheel.name.split("-")[1]
+        try:
+            wheels = node_wheels()  # (compat, runtime)
+        except BundleError as err:
+            raise BuildError(str(err)) from err
+        version = wheels[1].name.split("-")[1]
         args["RUNTIME_VERSION"] = version
         tag = opts.tag or f"localhost/torchfleet-runtime:{version}-{args['CUDA_PROFILE']}" + (
             "-baked" if opts.model else ""
         )
         ensure_base(opts.engine, args["BASE"])
-        ctx = make_context(opts, wheel)
+        ctx = make_context(opts, wheels)
         try:
             cmd = [opts.engine, "build", "-f", str(CONTAINERFILE), "--target", target, "-t", tag]
             if opts.engine == "podman":

@@ -70,11 +70,13 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "could not install ${missing[*]} (no package index?): the steps needing them will fail"
 fi
 
-# The runtime itself: no dependencies (torch stays the system's), no build isolation (it would
-# fetch setuptools). If even that fails (old setuptools), run it from the source tree.
-if [ ${#PIP_TARGET_ARGS[@]} -gt 0 ] || ! "$PY" -m pip install -q --no-deps --no-build-isolation -e runtime; then
-  echo "runtime not installed: using PYTHONPATH=runtime/src"
-  export PYTHONPATH="$PWD/runtime/src${PYTHONPATH:+:$PYTHONPATH}"
+# The runtime and torchfleet-compat (its `check`): no dependencies (torch stays the system's), no
+# build isolation (it would fetch setuptools). If even that fails (old setuptools), run them from
+# the source tree.
+if [ ${#PIP_TARGET_ARGS[@]} -gt 0 ] ||
+  ! "$PY" -m pip install -q --no-deps --no-build-isolation -e compat -e runtime; then
+  echo "runtime not installed: using PYTHONPATH=compat/src:runtime/src"
+  export PYTHONPATH="$PWD/compat/src:$PWD/runtime/src${PYTHONPATH:+:$PYTHONPATH}"
 fi
 runtime() { "$PY" -c 'import sys; from torchfleet_runtime.cli import main; sys.exit(main())' "$@"; }
 

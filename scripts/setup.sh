@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command set-up: system packages the tests need (as root on Debian), then .venv with every
-# pinned Python dependency, the runtime, the `torchfleet` and `torchfleet-bench` commands installed
-# editable.
+# pinned Python dependency, torchfleet-compat, the runtime, the `torchfleet` and `torchfleet-bench`
+# commands installed editable.
 # Re-running it changes nothing and returns in about a second: each step checks before it acts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,7 +56,7 @@ install_python_packages() {
   local stamp="$VENV/.torchfleet-setup"
   local want
   local inputs=("${reqs[@]}")
-  for f in requirements/constraints.txt runtime/pyproject.toml benchmarks/pyproject.toml pyproject.toml; do [ -f "$f" ] && inputs+=("$f"); done
+  for f in requirements/constraints.txt compat/pyproject.toml runtime/pyproject.toml benchmarks/pyproject.toml pyproject.toml; do [ -f "$f" ] && inputs+=("$f"); done
   want=$(cat "${inputs[@]}" | sha256sum | cut -d' ' -f1)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     log "$VENV up to date"
@@ -67,6 +67,8 @@ install_python_packages() {
   for r in "${reqs[@]}"; do args+=(-r "$r"); done
   # constraints.txt pins every transitive dependency (regenerate with `make lock`).
   if [ -f requirements/constraints.txt ]; then args+=(-c requirements/constraints.txt); fi
+  # torchfleet-compat (node compatibility): infra imports it, the runtime depends on it
+  if [ -f compat/pyproject.toml ]; then args+=(-e ./compat); fi
   if [ -f runtime/pyproject.toml ]; then args+=(-e ./runtime); fi
   # the repository root: infra/ and the `torchfleet` command (up | down | status | plan | demo)
   args+=(-e .)

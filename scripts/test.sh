@@ -13,9 +13,9 @@ run_lint() {
   echo "== ruff (lint, and the formatting ruff format writes)"
   ruff check .
   ruff format --check .
-  echo "== runtime/, the node agent and the scripts roles run on nodes parse as Python 3.8"
-  python scripts/check_py38.py runtime/src infra/bootstrap/torchfleet_agent roles/preflight/library \
-    roles/autostop/files roles/gpu_monitoring/files roles/pytorch/files
+  echo "== runtime/, compat/, the node agent and the scripts roles run on nodes parse as Python 3.8"
+  python scripts/check_py38.py runtime/src compat/src infra/bootstrap/torchfleet_agent \
+    roles/preflight/library roles/autostop/files roles/gpu_monitoring/files roles/pytorch/files
   if [ -d roles ] && compgen -G "roles/*/tasks" >/dev/null; then
     echo "== ansible-lint (production profile)"
     ansible-lint --profile production playbooks roles

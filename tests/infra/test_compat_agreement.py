@@ -1,6 +1,6 @@
 """Every cell of compat/matrix.yml judged through all three entry points, which must agree.
 
-The compatibility rules live in one module (runtime/src/torchfleet_runtime/matrix.py). Three
+The compatibility rules live in one module (compat/src/torchfleet_compat/matrix.py). Three
 layers judge a node with it, each from what it can see:
 - infra (`infra.config.load`): a stack's instance type (its GPU model), cuda_profile and
   image_distro, before any resource exists;
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from torchfleet_runtime.matrix import FAIL, OK
+from torchfleet_compat.matrix import FAIL, OK
 from torchfleet_runtime.nodechecks import Options, evaluate
 from torchfleet_runtime.nodefacts import Gpu, HostFacts
 

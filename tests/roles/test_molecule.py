@@ -73,15 +73,17 @@ def test_scenario(scenario: str, tool_env: dict[str, str]) -> None:
     env["MOLECULE_EPHEMERAL_DIRECTORY"] = str(REPO / ".cache" / "molecule" / scenario)
     # Molecule uses its own ansible.cfg-less setup; the scenario's molecule.yml sets the rest.
     env.pop("ANSIBLE_CONFIG", None)
-    # A snapshot of runtime/ for the whole scenario (see TORCHFLEET_RUNTIME_SOURCE in molecule.yml).
-    snapshot = REPO / ".cache" / "molecule" / f"{scenario}-runtime-src"
-    shutil.rmtree(snapshot, ignore_errors=True)
-    shutil.copytree(
-        REPO / "runtime",
-        snapshot,
-        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".ruff_cache"),
-    )
-    env["TORCHFLEET_RUNTIME_SOURCE"] = str(snapshot)
+    # Snapshots of runtime/ and compat/ for the whole scenario (see TORCHFLEET_RUNTIME_SOURCE and
+    # TORCHFLEET_COMPAT_SOURCE in molecule.yml).
+    for name in ("runtime", "compat"):
+        snapshot = REPO / ".cache" / "molecule" / f"{scenario}-{name}-src"
+        shutil.rmtree(snapshot, ignore_errors=True)
+        shutil.copytree(
+            REPO / name,
+            snapshot,
+            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".ruff_cache"),
+        )
+        env[f"TORCHFLEET_{name.upper()}_SOURCE"] = str(snapshot)
     ensure_ssh_key(SSH_KEY)  # the throwaway key (shared with the demo's container nodes)
     # podman publishes the node's sshd on a port the kernel picked: nothing collides
     env["TORCHFLEET_MOLECULE_SSH_PORT"] = str(free_loopback_port())

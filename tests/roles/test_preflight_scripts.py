@@ -258,11 +258,11 @@ def test_probe_refuses_a_matrix_that_breaks_the_schema(tmp_path: Path) -> None:
     assert "gpus.T4.arch = '(missing)'" in result["msg"]
 
 
-def test_the_role_ships_the_runtime_matrix_module_itself() -> None:
-    # One source: the module_utils file is a link to the runtime's module, not a copy.
+def test_the_role_ships_the_compat_matrix_module_itself() -> None:
+    # One source: the module_utils file is a link to torchfleet-compat's module, not a copy.
     shipped = ROLE / "module_utils/torchfleet_matrix.py"
     assert shipped.is_symlink()
-    assert shipped.resolve() == (ROOT / "runtime/src/torchfleet_runtime/matrix.py").resolve()
+    assert shipped.resolve() == (ROOT / "compat/src/torchfleet_compat/matrix.py").resolve()
     # the node bundle walks roles/ and stores the link's content (a node gets the file)
     from infra.bundle import _files
 

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from torchfleet_runtime import envcheck, nodefacts
-from torchfleet_runtime import matrix as compat
-from torchfleet_runtime.matrix import (
+from torchfleet_compat import matrix as compat
+from torchfleet_compat.matrix import (
     FAIL,
     OK,
     WARN,
@@ -25,6 +24,7 @@ from torchfleet_runtime.matrix import (
     torch_matches,
     version_at_least,
 )
+from torchfleet_runtime import envcheck, nodefacts
 from torchfleet_runtime.nodechecks import SKIP, CheckError, Options, evaluate
 from torchfleet_runtime.nodefacts import Gpu, HostFacts, format_cudnn
 

@@ -52,6 +52,7 @@ def write_inventory(cfg: NodeConfig, ident: Identity, tree: str) -> str:
         os.path.join(boot.WORK, "node-vars.json"),
         {
             "inference_runtime_wheel": os.path.join(tree, manifest["runtime_wheel"]),
+            "inference_runtime_compat_wheel": os.path.join(tree, manifest["compat_wheel"]),
             "inference_runtime_s3_command": fetch,
             "inference_runtime_oss_command": fetch,
             "inference_runtime_port": cfg.get("service_port", 8080),

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Build the torchfleet-runtime wheel on the controller, once per source content.
+"""Build the node's wheels (torchfleet-compat, torchfleet-runtime) on the controller, once per
+source content.
 
-usage: build_wheel.py SOURCE_DIR CACHE_DIR
-       build_wheel.py --describe WHEEL      (a prebuilt wheel: its path and sha256 only)
+usage: build_wheel.py CACHE_DIR ITEM [ITEM ...]
 
-The wheel lands in CACHE_DIR/<hash of the sources>/, so an unchanged checkout reuses the
-previous build (idempotent deploys) and any edit produces a new wheel. Sources are copied to a
-temporary directory first, so building leaves no build/ or *.egg-info in the checkout.
-SOURCE_DATE_EPOCH makes the archive's timestamps fixed. Prints one JSON line:
-{"wheel": path, "sha256": hex, "built": bool}.
+Each ITEM is a project directory (built into CACHE_DIR/<hash of its sources>/, so an unchanged
+checkout reuses the previous build and any edit produces a new wheel) or a prebuilt .whl
+(described only: its path and sha256). Sources are copied to a temporary directory first, so
+building leaves no build/ or *.egg-info in the checkout; SOURCE_DATE_EPOCH fixes the archive's
+timestamps. Prints one JSON line, the wheels in ITEM order:
+{"wheels": [{"wheel": path, "sha256": hex, "built": bool}, ...], "built": bool,
+ "names": "<file name> ...", "marker": "<sha256> ..."}; `marker` is what the role writes on the
+node once these wheels are installed, so a re-run compares one string.
 """
 
 import hashlib
@@ -68,23 +71,23 @@ def build(source: Path, out: Path) -> None:
         result = subprocess.run(cmd + [str(copy)], capture_output=True, text=True, env=env)
         if result.returncode != 0:
             sys.stderr.write(result.stdout[-4000:] + result.stderr[-4000:])
-            raise SystemExit(f"building the runtime wheel from {source} failed")
+            raise SystemExit(f"building a wheel from {source} failed")
 
 
-def describe(wheel: Path) -> None:
+def describe(wheel: Path) -> dict:
     if not wheel.is_file() or wheel.suffix != ".whl":
-        raise SystemExit(f"{wheel}: not a wheel file (inference_runtime_wheel)")
-    print(json.dumps({"wheel": str(wheel), "sha256": file_sha256(wheel), "built": False}))
+        raise SystemExit(
+            f"{wheel}: not a wheel file (inference_runtime_wheel, inference_runtime_compat_wheel)"
+        )
+    return {"wheel": str(wheel), "sha256": file_sha256(wheel), "built": False}
 
 
-def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--describe":
-        return describe(Path(sys.argv[2]).resolve())
-    if len(sys.argv) != 3:
-        raise SystemExit(__doc__)
-    source, cache = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()
+def build_cached(source: Path, cache: Path) -> dict:
     if not (source / "pyproject.toml").is_file():
-        raise SystemExit(f"{source}: no pyproject.toml (inference_runtime_source_dir)")
+        raise SystemExit(
+            f"{source}: no pyproject.toml "
+            "(inference_runtime_source_dir, inference_runtime_compat_source_dir)"
+        )
     out = cache / source_hash(source)[:16]
     built = False
     if not list(out.glob("*.whl")):
@@ -100,7 +103,27 @@ def main() -> None:
     wheels = sorted(out.glob("*.whl"))
     if len(wheels) != 1:
         raise SystemExit(f"{out}: expected exactly one wheel, found {len(wheels)}")
-    print(json.dumps({"wheel": str(wheels[0]), "sha256": file_sha256(wheels[0]), "built": built}))
+    return {"wheel": str(wheels[0]), "sha256": file_sha256(wheels[0]), "built": built}
+
+
+def main() -> None:
+    if len(sys.argv) < 3:
+        raise SystemExit(__doc__)
+    cache = Path(sys.argv[1]).resolve()
+    wheels = []
+    for item in map(Path, sys.argv[2:]):
+        item = item.resolve()
+        wheels.append(describe(item) if item.suffix == ".whl" else build_cached(item, cache))
+    print(
+        json.dumps(
+            {
+                "wheels": wheels,
+                "built": any(w["built"] for w in wheels),
+                "names": " ".join(Path(w["wheel"]).name for w in wheels),
+                "marker": " ".join(w["sha256"] for w in wheels),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ install root, the node's Debian/Ubuntu mirror, and every NVIDIA GPU visible thro
 /dev/nvidia*, /proc/driver/nvidia, lspci and nvidia-smi. It changes nothing and needs only the
 standard library, so it runs on Python 3.8+ before anything is installed.
 
-What it decides: every verdict comes from `torchfleet_matrix` (the runtime's
-torchfleet_runtime/matrix.py, which Ansible ships with this module as module_utils; infra and
-`torchfleet-runtime check` import the same file). The role's YAML only acts on the result:
+What it decides: every verdict comes from `torchfleet_matrix` (torchfleet-compat's
+compat/src/torchfleet_compat/matrix.py, which Ansible ships with this module as module_utils;
+infra and `torchfleet-runtime check` import the same file). The role's YAML only acts on the result:
   facts     the torchfleet_* facts later roles read (documented in the role's README)
   problems  one sentence per refused check, saying what to change (empty: the node is fine)
   summary   one line describing the node

@@ -1,1 +1,1 @@
-../../../runtime/src/torchfleet_runtime/matrix.py
+../../../compat/src/torchfleet_compat/matrix.py

@@ -7,7 +7,7 @@ torch's CUDA, the GPU against the profile, cuDNN, free disk and memory. Output i
 
 Three modules, so that the logic can be tested without a GPU:
 - nodefacts.py: `gather_facts()`, the only code that probes the host, returning `HostFacts`;
-- nodechecks.py: `evaluate(facts, matrix, options)`, the rules (from torchfleet_runtime.matrix);
+- nodechecks.py: `evaluate(facts, matrix, options)`, the rules (from torchfleet_compat.matrix);
 - this one: which matrix to read, the report (table or JSON) and the CLI (`configure_parser`
   and `run`, the contract cli.py calls).
 """
@@ -22,8 +22,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-from torchfleet_runtime import matrix as compat
-from torchfleet_runtime.matrix import FAIL, WARN, Matrix
+from torchfleet_compat import matrix as compat
+from torchfleet_compat.matrix import FAIL, WARN, Matrix
+
 from torchfleet_runtime.nodechecks import Check, CheckError, Options, evaluate, summarize
 from torchfleet_runtime.nodefacts import gather_facts
 

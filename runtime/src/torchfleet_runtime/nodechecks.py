@@ -2,7 +2,7 @@
 
 Contract: `evaluate(facts, matrix, options)` is pure and returns (profile, [Check]); each Check
 has a status (ok, warn, fail, skip), the value seen, what was expected and a hint that says what
-to change. Every compatibility rule comes from `torchfleet_runtime.matrix`, the module infra
+to change. Every compatibility rule comes from `torchfleet_compat.matrix`, the module infra
 and the preflight role judge with too; this module adds what only an installed node can show
 (which torch imports, the wheel's arch list, the loaded driver, cuDNN, memory) and says, per
 rule, whether a broken rule fails the node or only warns.
@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from torchfleet_runtime import matrix as compat
-from torchfleet_runtime.matrix import FAIL, OK, WARN, Matrix, Profile
+from torchfleet_compat import matrix as compat
+from torchfleet_compat.matrix import FAIL, OK, WARN, Matrix, Profile
+
 from torchfleet_runtime.nodefacts import HostFacts, format_cudnn
 
 SKIP = "skip"

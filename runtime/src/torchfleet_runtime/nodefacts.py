@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchfleet_runtime import matrix as compat
+from torchfleet_compat import matrix as compat
 
 
 @dataclass

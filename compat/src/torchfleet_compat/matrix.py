@@ -1,13 +1,14 @@
 """The version matrix (compat/matrix.yml): its schema and every compatibility rule, once.
 
-Contract. One file, standard library only, Python 3.8+, imported unchanged by every layer that
-judges a node:
+Contract. Part of torchfleet-compat (compat/): standard library only, Python 3.8+, imported
+unchanged by every layer that judges a node:
 - infra on the controller (`infra/matrix.py` locates the file; `infra/config.py` validates a
   stack with the rules below before any resource exists);
 - the preflight role's probe on the node, before anything is installed: Ansible ships this
   file with the probe as module_utils (`roles/preflight/module_utils/torchfleet_matrix.py` is
   a symbolic link to this file, and the node bundle stores its content);
-- `torchfleet-runtime check` (nodechecks.py) on a converged node or in the runtime image.
+- `torchfleet-runtime check` (the runtime's nodechecks.py) on a converged node or in the
+  runtime image.
 
 What it holds:
 - `parse(data, source)` -> `Matrix`: the schema, validated in one pass; `MatrixError` lists

@@ -1,5 +1,5 @@
-"""The compatibility module itself: its schema, GPU names, distro names and that it needs
-nothing but the standard library (it runs on a bare Python 3.8 node as an Ansible module_utils)."""
+"""The matrix module itself: its schema, GPU names, distro names, and that the package needs
+nothing but the standard library (it runs on a bare Python 3.8 node as Ansible module_utils)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from torchfleet_runtime import matrix as compat
+from torchfleet_compat import matrix as compat
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULE = ROOT / "runtime/src/torchfleet_runtime/matrix.py"
+PACKAGE = ROOT / "compat/src/torchfleet_compat"
 RAW = yaml.safe_load((ROOT / "compat/matrix.yml").read_text())
 
 
@@ -100,7 +100,7 @@ def test_a_profile_name_outside_the_matrix_names_the_setting_and_the_choices():
         ("NVIDIA L4", "L4"),
         ("TU104GL [Tesla T4]", "T4"),
         ("GA100 [A100 SXM4 40GB]", "A100"),
-        ("NVIDIA A100-SXM4-80GB", "A100-80G"),  # envcheck's old \b match said A100
+        ("NVIDIA A100-SXM4-80GB", "A100-80G"),  # a \b match would say A100
         ("NVIDIA H200", "H200"),
         ("Device 2330", None),
         ("", None),
@@ -145,16 +145,21 @@ def test_python_versions_compare_as_numbers():
     assert compat.minor("3.11.7") == "3.11"
 
 
-def test_the_module_needs_only_the_standard_library():
-    tree = ast.parse(MODULE.read_text())
-    imported = {
-        (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.Import, ast.ImportFrom))
-        for alias in node.names
-    }
-    # yaml only inside read(), for a .yml path (the probe is handed the parsed matrix)
-    assert imported - set(sys.stdlib_module_names) == {"yaml"}
+def test_the_package_needs_only_the_standard_library_and_imports_its_siblings_relatively():
+    for module in sorted(PACKAGE.glob("*.py")):
+        tree = ast.parse(module.read_text())
+        absolute = {
+            (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            and not (isinstance(node, ast.ImportFrom) and node.level)
+            for alias in node.names
+        }
+        # yaml only inside matrix.read(), for a .yml path (the probe is handed the parsed matrix)
+        lazy = {"matrix.py": {"yaml"}}.get(module.name, set())
+        assert absolute - set(sys.stdlib_module_names) == lazy, module.name
+        # siblings relatively: Ansible ships the package as module_utils
+        assert "torchfleet_compat" not in absolute, module.name
     # and it imports with nothing else on the path (isolated mode, no site-packages)
     done = subprocess.run(
         [
@@ -162,9 +167,8 @@ def test_the_module_needs_only_the_standard_library():
             "-I",
             "-S",
             "-c",
-            f"import importlib.util as u, sys; s = u.spec_from_file_location('m', {str(MODULE)!r}); "
-            "m = sys.modules['m'] = u.module_from_spec(s); s.loader.exec_module(m); "
-            "print(m.match_gpu('NVIDIA L4', ['L4']))",
+            f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); "
+            "from torchfleet_compat.matrix import match_gpu; print(match_gpu('NVIDIA L4', ['L4']))",
         ],
         capture_output=True,
         text=True,
