@@ -6,8 +6,8 @@ layers judge a node with it, each from what it can see:
   image_distro, before any resource exists;
 - the preflight probe (roles/preflight/library/torchfleet_probe.py, with the role's
   module_utils link to the same module): a bare node's lspci name, Python and distro;
-- `torchfleet-runtime check` (nodechecks.evaluate): an installed node's nvidia-smi name (no
-  compute capability, so the name must be matched), torch and arch list.
+- `torchfleet-runtime check` (torchfleet_compat.judge on an installed node): the nvidia-smi name
+  (no compute capability, so the name must be matched), torch and arch list.
 
 For every (GPU, profile, distro, Python) cell, the verdict of each rule (distro, python, gpu)
 must be the same in every layer that can see the cell, and equal to the rule computed here
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from torchfleet_compat.judge import Options, judge
 from torchfleet_compat.matrix import FAIL, OK
-from torchfleet_runtime.nodechecks import Options, evaluate
-from torchfleet_runtime.nodefacts import Gpu, HostFacts
+from torchfleet_compat.probe import Disk, Gpu, NodeFacts
 
 from infra import catalog
 from infra.config import ConfigError, load
@@ -186,7 +186,7 @@ def via_check(gpu: str, profile: str, distro: str, python: str) -> dict[str, boo
     matrix = load_matrix()
     prof = matrix.profiles[profile]
     has_gpu = gpu != NO_GPU
-    facts = HostFacts(
+    facts = NodeFacts(
         python_version=python + ".1",
         torch_version=prof.torch,
         torch_cuda=prof.cuda,
@@ -198,11 +198,11 @@ def via_check(gpu: str, profile: str, distro: str, python: str) -> dict[str, boo
         # nvidia-smi's name only: check must match it to the matrix for the capability
         gpus=[Gpu(0, NAMES[gpu][1], None)] if has_gpu else [],
         distro=distro,
-        disk_free_bytes=10**12,
+        disk=Disk("/", "/", 10**12),
         mem_total_bytes=64 << 30,
         mem_available_bytes=60 << 30,
     )
-    _, checks = evaluate(facts, matrix, Options(profile=profile))
+    _, checks = judge(facts, matrix, Options(profile=profile))
     by_name = {c.name: c for c in checks}
     out = {"distro": by_name["distro"].status == OK, "python": by_name["python"].status == OK}
     if has_gpu:

@@ -7,8 +7,7 @@ unchanged by every layer that judges a node:
 - the preflight role's probe on the node, before anything is installed: Ansible ships this
   file with the probe as module_utils (`roles/preflight/module_utils/torchfleet_matrix.py` is
   a symbolic link to this file, and the node bundle stores its content);
-- `torchfleet-runtime check` (the runtime's nodechecks.py) on a converged node or in the
-  runtime image.
+- `torchfleet-runtime check` (judge.py) on a converged node or in the runtime image.
 
 What it holds:
 - `parse(data, source)` -> `Matrix`: the schema, validated in one pass; `MatrixError` lists

@@ -1,8 +1,9 @@
 """`torchfleet-runtime serve | check | demo-model`.
 
-`check` lives in its own module (envcheck), imported only when chosen so `serve` starts without
-it; it exposes configure_parser(parser) and run(args) -> int. The load generator is not part of
-the node package: it runs on the controller (`torchfleet-bench load URL`, benchmarks/).
+`check` is torchfleet-compat's (torchfleet_compat.check, on that package's one probe and one
+judge), imported only when chosen so `serve` starts without it; it exposes configure_parser(parser)
+and run(args) -> int. The load generator is not part of the node package: it runs on the
+controller (`torchfleet-bench load URL`, benchmarks/).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .config import FIELDS, ConfigError, load_config
 
 PLUGINS = {
     "check": (
-        "torchfleet_runtime.envcheck",
+        "torchfleet_compat.check",
         "check this node: torch, CUDA, driver, GPU, disk, memory",
     ),
 }
@@ -133,7 +134,7 @@ def _demo_model(args: argparse.Namespace) -> int:
 
 def _run_plugin(name: str, argv: Sequence[str]) -> int:
     module_name, help_text = PLUGINS[name]
-    module = importlib.import_module(module_name)  # part of this package: always there
+    module = importlib.import_module(module_name)  # a dependency of this package: always there
     parser = argparse.ArgumentParser(prog=f"torchfleet-runtime {name}", description=help_text)
     module.configure_parser(parser)
     return int(module.run(parser.parse_args(list(argv))))

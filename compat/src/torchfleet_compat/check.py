@@ -5,11 +5,10 @@ torch against the CUDA profile of compat/matrix.yml, the NVIDIA driver against t
 torch's CUDA, the GPU against the profile, cuDNN, free disk and memory. Output is a table (or
 `--json`); the exit status is 1 when any check fails, 2 on a usage problem.
 
-Three modules, so that the logic can be tested without a GPU:
-- nodefacts.py: `gather_facts()`, the only code that probes the host, returning `HostFacts`;
-- nodechecks.py: `evaluate(facts, matrix, options)`, the rules (from torchfleet_compat.matrix);
-- this one: which matrix to read, the report (table or JSON) and the CLI (`configure_parser`
-  and `run`, the contract cli.py calls).
+This module is the report: which matrix to read, the table or JSON, and the CLI
+(`configure_parser` and `run`, the contract the runtime's cli.py calls). What it reports comes
+from the package's one probe (probe.py, `installed=True`) and one judge (judge.py), the same
+two the preflight role's module runs before anything is installed.
 """
 
 from __future__ import annotations
@@ -18,15 +17,18 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-from torchfleet_compat import matrix as compat
-from torchfleet_compat.matrix import FAIL, WARN, Matrix
+from . import matrix as compat
+from .judge import Check, Options, judge, summarize
+from .matrix import FAIL, WARN, Matrix
+from .probe import probe
 
-from torchfleet_runtime.nodechecks import Check, CheckError, Options, evaluate, summarize
-from torchfleet_runtime.nodefacts import gather_facts
+
+class CheckError(Exception):
+    """A usage problem (no matrix, bad profile): reported as one line, exit status 2."""
+
 
 DEFAULT_DISK_PATH = "/var/lib/torchfleet"
 ETC_MATRIX = "/etc/torchfleet/matrix.yml"
@@ -124,14 +126,14 @@ def run(args: argparse.Namespace) -> int:
         matrix = load_matrix(matrix_path)
         if args.min_free_disk_gb is not None and args.min_free_disk_gb < 0:
             raise CheckError(f"--min-free-disk-gb {args.min_free_disk_gb}: must be >= 0")
-        facts = gather_facts(args.path)
+        facts = probe(args.path, matrix.gpus, installed=True)
         options = Options(
             profile=args.profile,
             min_free_disk_gb=args.min_free_disk_gb,
             require_gpu=args.require_gpu,
         )
-        profile, checks = evaluate(facts, matrix, options)
-    except CheckError as exc:
+        profile, checks = judge(facts, matrix, options)
+    except (CheckError, compat.MatrixError) as exc:  # an unknown --profile is a MatrixError
         print(f"torchfleet-runtime check: error: {exc}", file=sys.stderr)
         return 2
     counts = summarize(checks)
@@ -140,10 +142,10 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "matrix": str(matrix_path),
-                    "profile": profile,
+                    "profile": profile.name,
                     "ok": counts[FAIL] == 0,
                     "summary": counts,
-                    "checks": [asdict(c) for c in checks],
+                    "checks": [c.as_dict() for c in checks],
                 },
                 indent=2,
             )

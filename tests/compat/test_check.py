@@ -1,5 +1,6 @@
-"""`torchfleet-runtime check`: the pure comparisons, the evaluation of probed facts against a
-matrix (GPU hosts simulated by facts, since this machine has none), and real runs of the CLI."""
+"""`torchfleet-runtime check`: the pure comparisons, the judge of an installed node's facts
+against a matrix (GPU hosts simulated by facts, since this machine has none), the probe on this
+machine, and real runs of the runtime's CLI, which calls torchfleet_compat.check."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from torchfleet_compat import check as check_cli
 from torchfleet_compat import matrix as compat
+from torchfleet_compat import probe
+from torchfleet_compat.check import CheckError
+from torchfleet_compat.judge import SKIP, Options, judge
 from torchfleet_compat.matrix import (
     FAIL,
     OK,
@@ -24,9 +29,7 @@ from torchfleet_compat.matrix import (
     torch_matches,
     version_at_least,
 )
-from torchfleet_runtime import envcheck, nodefacts
-from torchfleet_runtime.nodechecks import SKIP, CheckError, Options, evaluate
-from torchfleet_runtime.nodefacts import Gpu, HostFacts, format_cudnn
+from torchfleet_compat.probe import Disk, Gpu, NodeFacts, format_cudnn
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,9 +91,9 @@ MATRIX = compat.parse(MATRIX_DATA, "test-matrix.yml")
 CU116_ARCHES = ["sm_37", "sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86"]
 
 
-def gpu_facts(**changes) -> HostFacts:
-    """A healthy cu116 node with one A10G, as the probes would report it."""
-    base = HostFacts(
+def gpu_facts(**changes) -> NodeFacts:
+    """A healthy cu116 node with one A10G, as the probe would report it."""
+    base = NodeFacts(
         python_version="3.9.2",
         torch_version="1.12.1+cu116",
         torch_cuda="11.6",
@@ -101,8 +104,7 @@ def gpu_facts(**changes) -> HostFacts:
         driver_source="nvidia-smi",
         gpus=[Gpu(0, "NVIDIA A10G", "8.6")],
         distro="debian-11",
-        disk_path="/",
-        disk_free_bytes=100 * 10**9,
+        disk=Disk("/", "/", 100 * 10**9),
         mem_total_bytes=32 << 30,
         mem_available_bytes=30 << 30,
     )
@@ -203,14 +205,14 @@ def test_min_driver_exact_and_lower_bound():
 
 
 def test_healthy_gpu_node_passes_every_check():
-    profile, checks = evaluate(gpu_facts(), MATRIX, Options())
-    assert profile == "cu116"
+    profile, checks = judge(gpu_facts(), MATRIX, Options())
+    assert profile.name == "cu116"
     assert {c.name: c.status for c in checks if c.status != OK} == {}
     assert by_name(checks)["cudnn"].value == "8.3.2"
 
 
 def test_driver_too_old_fails_with_hint_naming_min_driver():
-    _, checks = evaluate(gpu_facts(driver_version="470.82.01"), MATRIX, Options())
+    _, checks = judge(gpu_facts(driver_version="470.82.01"), MATRIX, Options())
     driver = by_name(checks)["nvidia driver"]
     assert driver.status == FAIL
     assert "510.47.03" in driver.hint and "510.47.03" in driver.expected
@@ -218,15 +220,15 @@ def test_driver_too_old_fails_with_hint_naming_min_driver():
 
 def test_driver_for_cuda_missing_from_matrix_is_a_warning_unless_certainly_too_old():
     newer = dict(torch_version="2.5.1+cu124", torch_cuda="12.4", arch_list=["sm_80", "sm_90"])
-    _, checks = evaluate(gpu_facts(**newer), MATRIX, Options())
+    _, checks = judge(gpu_facts(**newer), MATRIX, Options())
     assert by_name(checks)["nvidia driver"].status == WARN
-    _, checks = evaluate(gpu_facts(driver_version="520.61.05", **newer), MATRIX, Options())
+    _, checks = judge(gpu_facts(driver_version="520.61.05", **newer), MATRIX, Options())
     assert by_name(checks)["nvidia driver"].status == FAIL  # below cu121's 530.30.02
 
 
 def test_gpu_arch_not_covered_by_wheel_fails_and_names_a_profile_that_fits():
     facts = gpu_facts(gpus=[Gpu(0, "NVIDIA H100 80GB HBM3", "9.0")])
-    _, checks = evaluate(facts, MATRIX, Options())
+    _, checks = judge(facts, MATRIX, Options())
     arch = by_name(checks)["gpu arch (NVIDIA H100 80GB HBM3)"]
     assert arch.status == FAIL
     assert "cu121" in arch.hint
@@ -235,63 +237,63 @@ def test_gpu_arch_not_covered_by_wheel_fails_and_names_a_profile_that_fits():
 def test_capability_above_profile_ceiling_fails_even_when_binary_compatible():
     # an L4 (8.9) on cu116: sm_86 runs by binary compatibility, but the matrix caps cu116 at 8.7
     facts = gpu_facts(gpus=[Gpu(0, "NVIDIA L4", "8.9")])
-    _, checks = evaluate(facts, MATRIX, Options())
+    _, checks = judge(facts, MATRIX, Options())
     assert by_name(checks)["gpu arch (NVIDIA L4)"].status == FAIL
 
 
 def test_unknown_capability_is_taken_from_the_matrix_gpu_table():
     facts = gpu_facts(gpus=[Gpu(0, "NVIDIA A10G", None)], arch_list=[])
-    _, checks = evaluate(facts, MATRIX, Options(profile="cu116"))
+    _, checks = judge(facts, MATRIX, Options(profile="cu116"))
     arch = by_name(checks)["gpu arch (NVIDIA A10G)"]
     assert arch.status == OK and "sm_86" in arch.value
 
 
 def test_cpu_torch_on_a_gpu_node_fails_torch_cuda():
     facts = gpu_facts(torch_version="2.13.0+cpu", torch_cuda=None, arch_list=[], cudnn_version=None)
-    _, checks = evaluate(facts, MATRIX, Options(profile="cu116"))
+    _, checks = judge(facts, MATRIX, Options(profile="cu116"))
     assert by_name(checks)["torch CUDA"].status == FAIL
     assert by_name(checks)["cudnn"].status == SKIP
 
 
 def test_cpu_only_host_skips_gpu_checks_and_require_gpu_fails_them():
-    facts = HostFacts(
+    facts = NodeFacts(
         python_version="3.11.7",
         torch_version="2.13.0+cpu",
-        disk_free_bytes=100 * 10**9,
+        disk=Disk("/", "/", 100 * 10**9),
         mem_total_bytes=8 << 30,
         mem_available_bytes=6 << 30,
     )
-    profile, checks = evaluate(facts, MATRIX, Options())
-    assert profile == "cpu"
+    profile, checks = judge(facts, MATRIX, Options())
+    assert profile.name == "cpu"
     statuses = {c.name: c.status for c in checks}
     assert statuses["nvidia driver"] == statuses["gpu"] == statuses["cudnn"] == SKIP
     assert FAIL not in statuses.values()
-    _, checks = evaluate(facts, MATRIX, Options(require_gpu=True))
+    _, checks = judge(facts, MATRIX, Options(require_gpu=True))
     assert by_name(checks)["gpu"].status == FAIL
 
 
 def test_profile_choice_and_unknown_profile():
-    assert evaluate(gpu_facts(), MATRIX, Options(profile="cu121"))[0] == "cu121"
-    with pytest.raises(CheckError, match=r"'cu999'.*cu116, cu121, cpu"):
-        evaluate(gpu_facts(), MATRIX, Options(profile="cu999"))
+    assert judge(gpu_facts(), MATRIX, Options(profile="cu121"))[0].name == "cu121"
+    with pytest.raises(compat.MatrixError, match=r"--profile = 'cu999'.*cu116, cu121, cpu"):
+        judge(gpu_facts(), MATRIX, Options(profile="cu999"))
 
 
 def test_python_and_torch_outside_profile_warn():
     facts = gpu_facts(python_version="3.11.4", torch_version="1.13.1+cu116")
-    _, checks = evaluate(facts, MATRIX, Options(profile="cu116"))
+    _, checks = judge(facts, MATRIX, Options(profile="cu116"))
     assert by_name(checks)["python"].status == WARN
     assert by_name(checks)["torch"].status == WARN
-    _, checks = evaluate(gpu_facts(torch_version="1.11.0+cu115"), MATRIX, Options())
+    _, checks = judge(gpu_facts(torch_version="1.11.0+cu115"), MATRIX, Options())
     assert by_name(checks)["torch"].status == FAIL  # below what the runtime supports
 
 
 def test_real_statvfs_against_thresholds(tmp_path):
-    facts = nodefacts.gather_facts(str(tmp_path / "models" / "not-yet"))
-    assert facts.disk_path == str(tmp_path)  # the nearest existing ancestor
+    facts = probe.probe(str(tmp_path / "models" / "not-yet"), MATRIX.gpus, installed=True)
+    assert facts.disk.checked_path == str(tmp_path)  # the nearest existing ancestor
     free_gb = shutil.disk_usage(tmp_path).free / 1e9
-    _, checks = evaluate(facts, MATRIX, Options(min_free_disk_gb=free_gb / 1000))
+    _, checks = judge(facts, MATRIX, Options(min_free_disk_gb=free_gb / 1000))
     assert by_name(checks)["disk"].status == OK
-    _, checks = evaluate(facts, MATRIX, Options(min_free_disk_gb=free_gb * 1000 + 1))
+    _, checks = judge(facts, MATRIX, Options(min_free_disk_gb=free_gb * 1000 + 1))
     disk = by_name(checks)["disk"]
     assert disk.status == FAIL and "GB" in disk.hint
 
@@ -299,24 +301,24 @@ def test_real_statvfs_against_thresholds(tmp_path):
 def test_read_meminfo(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       16384 kB\nMemFree: 1 kB\nMemAvailable:    8192 kB\n")
-    assert nodefacts.read_meminfo(str(meminfo)) == (16384 * 1024, 8192 * 1024)
-    assert nodefacts.read_meminfo(str(tmp_path / "missing")) == (None, None)
+    assert probe.read_meminfo(str(meminfo)) == (16384 * 1024, 8192 * 1024)
+    assert probe.read_meminfo(str(tmp_path / "missing")) == (None, None)
 
 
 def test_procfs_driver_version(tmp_path):
-    version = tmp_path / "version"
+    version = tmp_path / "driver/nvidia/version"
+    version.parent.mkdir(parents=True)
     version.write_text(
         "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
         "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
     )
-    facts = HostFacts(python_version="3.11.0")
-    assert nodefacts._probe_procfs(facts, str(version))
-    assert (facts.driver_version, facts.driver_source) == ("535.104.05", "procfs")
+    assert probe.procfs_driver(str(tmp_path)) == "535.104.05"
+    assert probe.procfs_driver(str(tmp_path / "none")) is None
 
 
 def test_render_table_lists_hints_of_failures():
-    _, checks = evaluate(gpu_facts(driver_version="470.82.01"), MATRIX, Options())
-    table = envcheck.render_table(checks)
+    _, checks = judge(gpu_facts(driver_version="470.82.01"), MATRIX, Options())
+    table = check_cli.render_table(checks)
     assert table.splitlines()[0].split() == ["CHECK", "STATUS", "VALUE", "EXPECTED"]
     assert "FAIL: nvidia driver:" in table
 
@@ -329,20 +331,20 @@ def test_matrix_lookup_order(tmp_path, monkeypatch):
     explicit.write_text("x: 1")
     from_env.write_text("x: 1")
     env = {"TORCHFLEET_MATRIX": str(from_env)}
-    assert envcheck.find_matrix(str(explicit), env) == explicit
-    assert envcheck.find_matrix(None, env) == from_env
+    assert check_cli.find_matrix(str(explicit), env) == explicit
+    assert check_cli.find_matrix(None, env) == from_env
     with pytest.raises(CheckError, match="TORCHFLEET_MATRIX .*no such file"):
-        envcheck.find_matrix(None, {"TORCHFLEET_MATRIX": str(tmp_path / "nope.yml")})
+        check_cli.find_matrix(None, {"TORCHFLEET_MATRIX": str(tmp_path / "nope.yml")})
     # nothing given: /etc/torchfleet (absent here) then the checkout's compat/matrix.yml
-    monkeypatch.setattr(envcheck, "ETC_MATRIX", str(tmp_path / "etc-matrix.yml"))
-    assert envcheck.find_matrix(None, {}) == REPO / "compat" / "matrix.yml"
+    monkeypatch.setattr(check_cli, "ETC_MATRIX", str(tmp_path / "etc-matrix.yml"))
+    assert check_cli.find_matrix(None, {}) == REPO / "compat" / "matrix.yml"
 
 
 def test_load_matrix_rejects_a_file_without_profiles(tmp_path):
     bad = tmp_path / "m.yml"
     bad.write_text("default_profile: cu116\n")
     with pytest.raises(CheckError, match="profiles"):
-        envcheck.load_matrix(bad)
+        check_cli.load_matrix(bad)
 
 
 # --------------------------------------------------------------------------- the real CLI
@@ -351,7 +353,7 @@ def test_load_matrix_rejects_a_file_without_profiles(tmp_path):
 def run_cli(*args, env=None):
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run(
-        [sys.executable, "-m", "torchfleet_runtime.envcheck", *args],
+        [sys.executable, "-m", "torchfleet_runtime.cli", "check", *args],
         capture_output=True,
         text=True,
         env=full_env,
@@ -414,3 +416,24 @@ def test_cli_usage_errors_exit_2_with_a_message(tmp_path):
     assert "missing.yml: no such file" in proc.stderr
     proc = run_cli("--profile", "cu999")
     assert proc.returncode == 2 and "'cu999'" in proc.stderr
+
+
+def test_a_gpu_on_the_bus_that_no_driver_lists_fails():
+    """The one probe sees the PCI bus on an installed node too: a GPU there without a driver
+    fails `check` instead of skipping the GPU rows."""
+    facts = NodeFacts(
+        python_version="3.11.7",
+        torch_version="2.13.0",
+        pci=[Gpu(0, "GA102GL [A10G]", None, "A10G", "lspci", device_id="0x2237")],
+        disk=Disk("/", "/", 100 * 10**9),
+        mem_total_bytes=8 << 30,
+        mem_available_bytes=6 << 30,
+    )
+    _, checks = judge(facts, MATRIX, Options(profile="cu121"))
+    statuses = by_name(checks)
+    assert statuses["nvidia driver"].status == FAIL
+    assert statuses["nvidia driver"].value == "not found"
+    assert statuses["gpu"].status == FAIL
+    assert statuses["gpu"].value == "no driver lists the GPU(s) on the PCI bus"
+    assert statuses["gpu arch (GA102GL [A10G])"].status == OK  # the matrix judges the bus's GPU
+    assert statuses["torch CUDA"].status == FAIL  # a CPU torch on a GPU node
