@@ -2,7 +2,8 @@
 
     python -m infra.bundle STACK [--dest DIR]        (make bundle STACK=aws-prod)
 
-`build(stack)` packs playbooks/, roles/, compat/matrix.yml, inventories/<stack>/group_vars/, the
+`build(stack)` packs playbooks/, roles/, compat/matrix.yml, torchfleet-compat's package
+(compat/src/: the preflight module's module_utils), inventories/<stack>/group_vars/, the
 torchfleet-compat and runtime wheels (built by the inference_runtime role's own builder,
 roles/inference_runtime/files/build_wheel.py), the node agent (agent/torchfleet_agent/, which the
 user-data stub runs) and its Ansible callback (bootstrap/callback_plugins/), node.json (the stack
@@ -140,9 +141,10 @@ def _members(
 ) -> dict[str, bytes]:
     compat_wheel, wheel = wheels
     members: dict[str, bytes] = {}
-    for top in ("playbooks", "roles"):
+    for top in ("playbooks", "roles", "compat/src"):
         for path in _files(REPO_ROOT / top):
-            members[path.relative_to(REPO_ROOT).as_posix()] = path.read_bytes()
+            if path.suffix == ".py" or top != "compat/src":  # no build metadata (egg-info)
+                members[path.relative_to(REPO_ROOT).as_posix()] = path.read_bytes()
     members["compat/matrix.yml"] = (REPO_ROOT / "compat" / "matrix.yml").read_bytes()
     for path in _files(group_vars):
         members[f"inventories/{stack}/group_vars/{path.relative_to(group_vars).as_posix()}"] = (
@@ -224,7 +226,7 @@ def build(
     facts: Mapping[str, Any] | None = None,
 ) -> Bundle:
     """Reproducible (same tree -> same bytes), cached by content; contains playbooks/, roles/,
-    compat/matrix.yml, inventories/<stack>/group_vars/, the wheels, node.json and a
+    compat/ (matrix.yml, the package), inventories/<stack>/group_vars/, the wheels, node.json and a
     manifest.json (version, stack, file list with sha256, the model reference).
 
     `dest`: a directory to put a copy in (default: the cache file itself). `config`: the

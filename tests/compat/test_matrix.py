@@ -159,7 +159,7 @@ def test_the_package_needs_only_the_standard_library_and_imports_its_siblings_re
         # matrix); torch and pynvml only inside the probe of an installed node
         lazy = {"matrix.py": {"yaml"}, "probe.py": {"torch", "pynvml"}}.get(module.name, set())
         assert absolute - set(sys.stdlib_module_names) == lazy, module.name
-        # siblings relatively: Ansible ships the package as module_utils
+        # siblings relatively: Ansible ships the package as ansible.module_utils.torchfleet_compat
         assert "torchfleet_compat" not in absolute, module.name
     # and it imports with nothing else on the path (isolated mode, no site-packages)
     done = subprocess.run(
@@ -169,7 +169,7 @@ def test_the_package_needs_only_the_standard_library_and_imports_its_siblings_re
             "-S",
             "-c",
             f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); "
-            "from torchfleet_compat import check, judge; "
+            "from torchfleet_compat import check, judge, preflight; "
             "from torchfleet_compat.matrix import match_gpu; print(match_gpu('NVIDIA L4', ['L4']))",
         ],
         capture_output=True,

@@ -1,5 +1,6 @@
-"""torchfleet-compat reaches every place it runs: the node bundle carries its wheel beside the
-runtime's (the runtime depends on it), and the runtime's distribution declares the dependency."""
+"""torchfleet-compat reaches every place it runs: the node bundle carries the package (the
+preflight module's module_utils) and its wheel (the runtime depends on it), and the runtime's
+distribution declares the dependency."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 from infra import bundle
 
 ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "compat/src/torchfleet_compat"
 
 
-def test_the_bundle_carries_both_wheels(tmp_path):
+def test_the_bundle_carries_the_package_and_both_wheels(tmp_path):
     wheels = []
     for name in ("torchfleet_compat", "torchfleet_runtime"):
         wheel = tmp_path / f"{name}-0.1.0-py3-none-any.whl"
@@ -20,11 +22,20 @@ def test_the_bundle_carries_both_wheels(tmp_path):
         wheels.append(wheel)
     group_vars = ROOT / "inventories/aws-dev/group_vars"
     members = bundle._members("aws-dev", group_vars, {}, (wheels[0], wheels[1]))
+    shipped = {n for n in members if n.startswith("compat/src/")}
+    # every module of the package, byte for byte, and nothing else (no build metadata)
+    assert shipped == {f"compat/src/torchfleet_compat/{p.name}" for p in PACKAGE.glob("*.py")}, (
+        shipped
+    )
+    for name in shipped:
+        assert members[name] == (ROOT / name).read_bytes()
     manifest = json.loads(members["manifest.json"])
     assert manifest["compat_wheel"] == "wheels/torchfleet_compat-0.1.0-py3-none-any.whl"
     assert manifest["runtime_wheel"] == "wheels/torchfleet_runtime-0.1.0-py3-none-any.whl"
     assert members[manifest["compat_wheel"]] == b"torchfleet_compat"
-    assert members[manifest["runtime_wheel"]] == b"torchfleet_runtime"
+    # the library module that imports it is there too, and no module_utils of the role's own
+    assert "roles/preflight/library/torchfleet_probe.py" in members
+    assert not [n for n in members if "/module_utils/" in n]
 
 
 def test_the_runtime_depends_on_compat_and_compat_on_nothing():

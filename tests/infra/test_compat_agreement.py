@@ -1,17 +1,18 @@
 """Every cell of compat/matrix.yml judged through all three entry points, which must agree.
 
-The compatibility rules live in one module (compat/src/torchfleet_compat/matrix.py). Three
-layers judge a node with it, each from what it can see:
+The compatibility rules live in one package (compat/src/torchfleet_compat: matrix.py holds the
+rules, judge.py the one judge of a node). Three layers judge a node with it, each from what it
+can see:
 - infra (`infra.config.load`): a stack's instance type (its GPU model), cuda_profile and
   image_distro, before any resource exists;
-- the preflight probe (roles/preflight/library/torchfleet_probe.py, with the role's
-  module_utils link to the same module): a bare node's lspci name, Python and distro;
-- `torchfleet-runtime check` (torchfleet_compat.judge on an installed node): the nvidia-smi name
-  (no compute capability, so the name must be matched), torch and arch list.
+- the preflight role's module (torchfleet_compat.preflight, the module's whole body): a bare
+  node's lspci name, Python and distro;
+- `torchfleet-runtime check` (the judge on an installed node): the nvidia-smi name (no compute
+  capability, so the name must be matched), torch and arch list.
 
 For every (GPU, profile, distro, Python) cell, the verdict of each rule (distro, python, gpu)
 must be the same in every layer that can see the cell, and equal to the rule computed here
-straight from the YAML (so a shared bug in the module fails too). infra sees only the cells
+straight from the YAML (so a shared bug in the package fails too). infra sees only the cells
 whose Python is the distro's own (a stack picks the image, hence its Python) and the GPUs of
 its catalog. A Python below the runtime's own floor (3.7: cu116's torch has it, the runtime
 does not) is refused by every layer.
@@ -19,17 +20,16 @@ does not) is refused by every layer.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
+from torchfleet_compat import preflight
 from torchfleet_compat.judge import Options, judge
-from torchfleet_compat.matrix import FAIL, OK
-from torchfleet_compat.probe import Disk, Gpu, NodeFacts
+from torchfleet_compat.matrix import FAIL, OK, match_gpu
+from torchfleet_compat.probe import Disk, Gpu, Kernel, NodeFacts
 
 from infra import catalog
 from infra.config import ConfigError, load
@@ -37,7 +37,6 @@ from infra.matrix import load_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = yaml.safe_load((ROOT / "compat/matrix.yml").read_text())
-ROLE = ROOT / "roles/preflight"
 
 # What each GPU calls itself: lspci's pci.ids name (a bare node) and nvidia-smi's name (a node
 # with a driver). Each must resolve to its matrix key.
@@ -91,88 +90,31 @@ def expected(gpu: str, profile: str, distro: str, python: str) -> dict[str, bool
     return out
 
 
-# --------------------------------------------------------------------------- the probe
+# --------------------------------------------------------------------------- the preflight
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def probe():
-    """The role's module as Ansible runs it: `ansible.module_utils.torchfleet_matrix` is the
-    role's module_utils file (the link), not the runtime package."""
-    saved = {
-        k: sys.modules.get(k)
-        for k in ("ansible.module_utils.torchfleet_matrix", "torchfleet_probe_under_test")
-    }
-    shipped = _load(
-        "ansible.module_utils.torchfleet_matrix", ROLE / "module_utils/torchfleet_matrix.py"
-    )
-    module = _load("torchfleet_probe_under_test", ROLE / "library/torchfleet_probe.py")
-    yield module, shipped.parse(RAW, "compat/matrix.yml")
-    for k, v in saved.items():
-        if v is None:
-            sys.modules.pop(k, None)
-        else:
-            sys.modules[k] = v
-
-
-def via_probe(probe, gpu: str, profile: str, distro: str, python: str) -> dict[str, bool]:
-    module, matrix = probe
+def via_probe(gpu: str, profile: str, distro: str, python: str) -> dict[str, bool]:
+    matrix = load_matrix()
     pci = []
     if gpu != NO_GPU:
         name = NAMES[gpu][0]
-        pci = [
-            {
-                "address": "0000:00:1e.0",
-                "device_id": "0x0000",
-                "class": "0x030200",
-                "name": name,
-                "model": module.match_gpu(name, list(matrix.gpus)),
-            }
-        ]
-    facts = {
-        "python": {
-            "version": python,
-            "full_version": python + ".1",
-            "executable": "/usr/bin/python3",
-        },
-        "distro": distro,
-        "kernel": {
-            "release": "6.1.0",
-            "headers_dir": "/x",
-            "headers_present": True,
-            "headers_offered": None,
-        },
-        "disk": {
-            "path": "/opt",
-            "checked_path": "/opt",
-            "free_bytes": 10**12,
-            "free_gb": 1000.0,
-            "reused_bytes": 0,
-            "reused_gb": 0.0,
-        },
-        "apt_mirror": None,
-        "apt_lists_present": True,
-        "gpu": {
-            "present": bool(pci),
-            "pci": pci,
-            "device_files": [],
-            "driver_loaded_version": None,
-            "nvidia_smi": [],
-            "lspci_available": True,
-        },
-    }
-    params = {k: v.get("default") for k, v in module.ARGUMENTS.items()}
-    params.update(profile=profile, min_free_disk_gb=None)
-    result = module.judge(matrix, facts, params)
+        model = match_gpu(name, list(matrix.gpus)) or ""
+        pci = [Gpu(0, name, None, model, "lspci", device_id="0x0000", address="0000:00:1e.0")]
+    facts = NodeFacts(
+        python_version=python + ".1",
+        python_executable="/usr/bin/python3",
+        distro=distro,
+        disk=Disk("/opt", "/opt", 10**12),
+        pci=pci,
+        lspci_available=True,
+        kernel=Kernel("6.1.0", "/x", True),
+        apt_lists_present=True,
+    )
+    params = {k: v.get("default") for k, v in preflight.ARGUMENTS.items()}
+    params.update(profile=profile)
+    result = preflight.result(matrix, facts, params)
     if gpu != NO_GPU:
-        assert result["facts"]["torchfleet_gpu_model"] == gpu
+        assert result["ansible_facts"]["torchfleet_gpu_model"] == gpu
     rules = result["rules"]
     # the role prints the module's reasons; a refused rule is in the problems, a passed one not
     assert len(result["problems"]) == sum(not ok for ok in rules.values())
@@ -259,12 +201,12 @@ def test_the_table_covers_the_whole_matrix():
 
 
 @pytest.mark.parametrize("gpu", GPUS)
-def test_probe_and_check_agree_with_the_matrix(probe, gpu):
+def test_probe_and_check_agree_with_the_matrix(gpu):
     disagreements = []
     for _, profile, distro, python in (c for c in CELLS if c[0] == gpu):
         want = expected(gpu, profile, distro, python)
         got = {
-            "probe": via_probe(probe, gpu, profile, distro, python),
+            "probe": via_probe(gpu, profile, distro, python),
             "check": via_check(gpu, profile, distro, python),
         }
         for layer, rules in got.items():

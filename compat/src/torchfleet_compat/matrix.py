@@ -1,13 +1,11 @@
 """The version matrix (compat/matrix.yml): its schema and every compatibility rule, once.
 
-Contract. Part of torchfleet-compat (compat/): standard library only, Python 3.8+, imported
-unchanged by every layer that judges a node:
+Contract. Standard library only, Python 3.8+, used unchanged by every layer that judges a node:
 - infra on the controller (`infra/matrix.py` locates the file; `infra/config.py` validates a
   stack with the rules below before any resource exists);
-- the preflight role's probe on the node, before anything is installed: Ansible ships this
-  file with the probe as module_utils (`roles/preflight/module_utils/torchfleet_matrix.py` is
-  a symbolic link to this file, and the node bundle stores its content);
-- `torchfleet-runtime check` (judge.py) on a converged node or in the runtime image.
+- the preflight role's module on the node, before anything is installed, and
+  `torchfleet-runtime check` on a converged node or in the runtime image: both through judge.py
+  (Ansible ships this package with the module as module_utils).
 
 What it holds:
 - `parse(data, source)` -> `Matrix`: the schema, validated in one pass; `MatrixError` lists
@@ -19,8 +17,8 @@ What it holds:
   what the inventory declares);
 - the rules, each returning a `Verdict` (rule, ok, reason and the profiles/distros that would
   fit): `distro_verdict`, `python_verdict`, `gpu_verdict`, `driver_verdict`, `disk_verdict`
-  (with `tree_bytes`: what an earlier install occupies counts as room), and `node_verdicts`
-  (distro + Python + GPU: the set every entry point judges a node by).
+  (with `tree_bytes`: what an earlier install occupies counts as room). judge.py applies them
+  to a node; infra applies `python_verdict` and `gpu_verdict` to a stack.
   The Python rule includes the runtime's own floor, MIN_PYTHON (its requires-python).
   A verdict's `reason` is the same sentence everywhere; each entry point adds the fix in its
   own words (a stack key, a role variable, a CLI flag) from `profiles` / `distros`.
@@ -707,21 +705,6 @@ def gpu_verdict(matrix: Matrix, profile: Profile, gpu: GpuIdentity) -> Verdict:
         f"{profile.name} cannot drive {gpu.label} (compute {cc} {why})",
         profiles=fits,
     )
-
-
-def node_verdicts(
-    matrix: Matrix,
-    profile: Profile,
-    distro: str,
-    python: str,
-    gpu: GpuIdentity | None,
-) -> list[Verdict]:
-    """The verdicts every layer judges a node by: its distro, its Python under the profile, and
-    its GPU (None: the node has no NVIDIA GPU, which every profile serves on CPU)."""
-    out = [distro_verdict(matrix, distro), python_verdict(matrix, profile, python)]
-    if gpu is not None:
-        out.append(gpu_verdict(matrix, profile, gpu))
-    return out
 
 
 def min_driver_for(matrix: Matrix, cuda: str) -> tuple[str | None, bool]:

@@ -1,13 +1,15 @@
-"""The preflight probe (an Ansible module) and the GPU textfile exporter, run for real on fake trees.
+"""The preflight role's module, run for real on fake trees.
 
-Both ship to nodes (roles/preflight/library + module_utils, roles/gpu_monitoring/files); these
-tests run them against a fake sysfs/dev/proc/apt tree and a fake nvidia-smi/lspci, the GPU
-states a CI box without a GPU cannot show. The probe runs through `ansible -m torchfleet_probe`
-with the role's library and module_utils, the way the role ships it to a node.
+The module (roles/preflight/library/torchfleet_probe.py) ships to nodes with torchfleet_compat
+as its module_utils; these tests run it through `ansible -m torchfleet_probe` with the role's
+library and compat/src as the module_utils path, the way the role ships it to a node, against a
+fake sysfs/dev/proc/apt tree and a fake nvidia-smi/lspci: the GPU states a CI box without a GPU
+cannot show.
 """
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import stat
@@ -19,7 +21,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles/preflight"
-EXPORTER = ROOT / "roles/gpu_monitoring/files/torchfleet_gpu_textfile.py"
 MATRIX = yaml.safe_load((ROOT / "compat/matrix.yml").read_text())
 KERNEL = "6.1.0-18-cloud-amd64"
 
@@ -53,6 +54,7 @@ def run_probe(root: Path, bindir: Path | None = None, **params) -> dict:
             "apt": str(root / "etc/apt"),
             "apt_lists": str(root / "var/lib/apt/lists"),
             "os_release": str(root / "etc/os-release"),
+            "meminfo": str(root / "proc/meminfo"),
             "kernel": KERNEL,
         },
         **params,
@@ -66,7 +68,7 @@ def run_probe(root: Path, bindir: Path | None = None, **params) -> dict:
         "PATH": f"{path}{Path(sys.executable).parent}:/usr/bin:/bin",
         "HOME": str(root),
         "ANSIBLE_LIBRARY": str(ROLE / "library"),
-        "ANSIBLE_MODULE_UTILS": str(ROLE / "module_utils"),
+        "ANSIBLE_MODULE_UTILS": str(ROOT / "compat/src"),
         "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
         "ANSIBLE_STDOUT_CALLBACK": "json",
         "ANSIBLE_LOCAL_TEMP": str(root / ".ansible-tmp"),
@@ -112,14 +114,14 @@ def test_probe_without_gpu_reports_none_and_reads_mirror(tmp_path: Path) -> None
     )
     result = run_probe(tmp_path, profile="cpu")
     report = result["probe"]
-    assert result["changed"] is False and result["problems"] == []
-    assert report["gpu"]["present"] is False
-    assert report["gpu"]["pci"] == []
+    assert result["changed"] is False and result["problems"] == [] and result["refusal"] == ""
+    assert result["refused"] is False
+    assert report["pci"] == [] and report["device_files"] == []
     assert report["kernel"]["headers_present"] is False
     # /opt/x does not exist: free disk is measured on its nearest existing parent.
     assert report["disk"]["checked_path"] == str(tmp_path / "opt")
     assert report["disk"]["free_bytes"] > 0
-    facts = result["facts"]
+    facts = result["ansible_facts"]
     # the contract facts later roles read (nvidia_driver takes the mirror from here)
     assert facts["torchfleet_apt_mirror"] == "http://mirror.example/debian"
     assert facts["torchfleet_distro"] == "debian-12"
@@ -127,7 +129,12 @@ def test_probe_without_gpu_reports_none_and_reads_mirror(tmp_path: Path) -> None
     assert facts["torchfleet_python_version"] == "{}.{}".format(*sys.version_info[:2])
     assert facts["torchfleet_gpu_present"] is False
     assert facts["torchfleet_profile"] == {k: v for k, v in MATRIX["profiles"]["cpu"].items()}
-    assert result["packages"] == {"pciutils": False, "refresh_lists": False, "cache_valid_time": 0}
+    assert result["packages"] == {
+        "needed": False,
+        "pciutils": False,
+        "refresh_lists": False,
+        "cache_valid_time": 0,
+    }
 
 
 def test_probe_names_gpu_with_lspci_and_refuses_a_profile_that_cannot_drive_it(
@@ -151,20 +158,25 @@ def test_probe_names_gpu_with_lspci_and_refuses_a_profile_that_cannot_drive_it(
     )
     # this interpreter's Python is not the subject here
     result = run_probe(tmp_path, bindir, profile="cu116", check_python=False)
-    gpu = result["probe"]["gpu"]
-    assert gpu["present"] is True
-    assert gpu["device_files"] == ["/dev/nvidia0"]
-    assert gpu["driver_loaded_version"] == "535.104.05"
-    assert [(g["device_id"], g["name"], g["model"]) for g in gpu["pci"]] == [
-        ("0x2330", "GH100 [H100 SXM5 80GB HBM3]", "H100")
+    report = result["probe"]
+    assert report["device_files"] == ["/dev/nvidia0"]
+    assert (report["driver_version"], report["driver_source"]) == ("535.104.05", "procfs")
+    assert [(g["device_id"], g["name"], g["model"], g["via"]) for g in report["pci"]] == [
+        ("0x2330", "GH100 [H100 SXM5 80GB HBM3]", "H100", "lspci")
     ]
-    assert result["probe"]["kernel"]["headers_present"] is True
-    assert result["facts"]["torchfleet_gpu_model"] == "H100"
-    assert result["facts"]["torchfleet_compute_capability"] == "9.0"
+    assert report["kernel"]["headers_present"] is True
+    facts = result["ansible_facts"]
+    assert facts["torchfleet_gpu_present"] is True and facts["torchfleet_gpu_count"] == 1
+    assert facts["torchfleet_gpu_model"] == "H100"
+    assert facts["torchfleet_compute_capability"] == "9.0"
+    assert facts["torchfleet_nvidia_driver_loaded"] == "535.104.05"
     assert result["rules"]["gpu"] is False
     assert result["problems"] == [
         "cu116 cannot drive H100 (compute 9.0 > 8.7): set torchfleet_cuda_profile to cu118 or cu121"
     ]
+    # the fail task's sentence, ready-made
+    assert result["refused"] is True
+    assert result["refusal"] == "(1) " + result["problems"][0] + "."
     # the same node under a profile that drives Hopper passes
     assert run_probe(tmp_path, bindir, profile="cu121", check_python=False)["problems"] == []
 
@@ -187,12 +199,13 @@ def test_probe_prefers_nvidia_smi_and_falls_back_without_compute_cap(tmp_path: P
         check_kernel_headers=False,
         check_python=False,
     )
-    (smi,) = result["probe"]["gpu"]["nvidia_smi"]
-    assert smi["model"] == "A100-80G"
+    (smi,) = result["probe"]["gpus"]
+    assert (smi["model"], smi["via"]) == ("A100-80G", "nvidia-smi")
     assert smi["compute_capability"] is None
     assert smi["driver_version"] == "470.82.01"
+    assert result["ansible_facts"]["torchfleet_nvidia_driver_loaded"] == "470.82.01"
     # no lspci on this node: the role is asked to install pciutils
-    assert result["packages"]["pciutils"] is True
+    assert result["packages"]["pciutils"] is True and result["packages"]["needed"] is True
     assert result["problems"] == [
         "the inventory declares torchfleet_gpu_model=T4 but this node has A100-80G (nvidia-smi): "
         "fix the inventory (or infra's instance type), or set preflight_check_gpu_model_match=false"
@@ -227,8 +240,9 @@ def test_the_disk_floor_of_a_node_without_a_gpu_is_the_wheels_and_model(tmp_path
     # forced driver/toolkit (an image bake on a CPU builder) brings back the GPU node's floor
     bare = run_probe(tmp_path, profile="cpu", min_free_disk_gb=None)
     assert bare["min_free_disk_gb"] == MATRIX["min_free_disk_gb_without_gpu"] == 5
-    forced = run_probe(tmp_path, profile="cpu", min_free_disk_gb=None, gpu_stack_forced=True)
-    assert forced["min_free_disk_gb"] == MATRIX["min_free_disk_gb"] == 20
+    for force in ("nvidia_driver_force", "cuda_force"):
+        forced = run_probe(tmp_path, profile="cpu", min_free_disk_gb=None, **{force: True})
+        assert forced["min_free_disk_gb"] == MATRIX["min_free_disk_gb"] == 20, force
 
 
 def test_probe_reports_every_bad_input_at_once(tmp_path: Path) -> None:
@@ -258,69 +272,16 @@ def test_probe_refuses_a_matrix_that_breaks_the_schema(tmp_path: Path) -> None:
     assert "gpus.T4.arch = '(missing)'" in result["msg"]
 
 
-def test_the_role_ships_the_compat_matrix_module_itself() -> None:
-    # One source: the module_utils file is a link to torchfleet-compat's module, not a copy.
-    shipped = ROLE / "module_utils/torchfleet_matrix.py"
-    assert shipped.is_symlink()
-    assert shipped.resolve() == (ROOT / "compat/src/torchfleet_compat/matrix.py").resolve()
-    # the node bundle walks roles/ and stores the link's content (a node gets the file)
-    from infra.bundle import _files
-
-    assert shipped in set(_files(ROOT / "roles"))
-
-
-def run_exporter(tmp_path: Path, smi_script: str) -> tuple[int, str]:
-    fake_bin(tmp_path / "bin", "nvidia-smi", smi_script)
-    out_dir = tmp_path / "textfile"
-    out_dir.mkdir()
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(EXPORTER),
-            "--output-dir",
-            str(out_dir),
-            "--nvidia-smi",
-            str(tmp_path / "bin/nvidia-smi"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    # Written atomically: no temporary file may be left behind.
-    assert sorted(os.listdir(out_dir)) == ["torchfleet_gpu.prom"]
-    return done.returncode, (out_dir / "torchfleet_gpu.prom").read_text()
-
-
-def test_exporter_writes_gpu_metrics(tmp_path: Path) -> None:
-    rc, text = run_exporter(
-        tmp_path,
-        (
-            'echo "0, GPU-a, NVIDIA H100 80GB HBM3, 535.104.05, 37, 12, 20480, 81559, 41, 98.52, '
-            '700.00, 0, 2, 0x0000000000000044"\n'
-            'echo "1, GPU-b, NVIDIA H100 80GB HBM3, 535.104.05, [N/A], 0, 0, 81559, 35, [N/A], '
-            '700.00, [N/A], [N/A], [Not Supported]"\n'
-        ),
-    )
-    assert rc == 0
-    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
-    p = "torchfleet_node_gpu_"
-    assert samples[p + "scrape_success"] == "1"
-    assert float(samples[p + 'utilization_ratio{gpu="0"}']) == 0.37
-    assert p + 'utilization_ratio{gpu="1"}' not in samples  # [N/A] is left out, not 0
-    assert float(samples[p + 'memory_used_bytes{gpu="0"}']) == 20480 * 1024 * 1024
-    assert float(samples[p + 'ecc_uncorrected_errors{gpu="0"}']) == 2
-    # 0x44 = sw_power_cap (0x4) + hw_thermal_slowdown (0x40)
-    active = sorted(
-        k for k, v in samples.items() if k.startswith(p + "throttle_reason") and v == "1"
-    )
-    assert active == [
-        p + 'throttle_reason{gpu="0",reason="hw_thermal_slowdown"}',
-        p + 'throttle_reason{gpu="0",reason="sw_power_cap"}',
-    ]
-
-
-def test_exporter_reports_a_failed_nvidia_smi(tmp_path: Path) -> None:
-    rc, text = run_exporter(tmp_path, "echo 'NVIDIA-SMI has failed' >&2\nexit 9\n")
-    assert rc == 1
-    assert "torchfleet_node_gpu_scrape_success 0" in text.splitlines()
-    assert "utilization_ratio" not in text
+def test_the_role_ships_the_compat_package_itself_not_a_link_or_a_copy() -> None:
+    # One source: no module_utils of the role's own; Ansible finds the package on the
+    # module_utils path that ansible.cfg (and every run without it) names.
+    assert not (ROLE / "module_utils").exists()
+    assert not [p for p in ROLE.rglob("*") if p.is_symlink()]
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "ansible.cfg")
+    assert (ROOT / cfg["defaults"]["module_utils"]).resolve() == (ROOT / "compat/src").resolve()
+    for scenario in ("site", "legacy"):
+        molecule = yaml.safe_load(
+            (ROOT / f"tests/roles/molecule/{scenario}/molecule.yml").read_text()
+        )
+        assert molecule["provisioner"]["env"]["ANSIBLE_MODULE_UTILS"].endswith("/compat/src")

@@ -1,1 +1,0 @@
-../../../compat/src/torchfleet_compat/matrix.py
