@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from torchfleet_compat import runtime_settings
 
 from infra.bootstrap.torchfleet_agent import lifecycle as agent_lifecycle
 from infra.matrix import REPO_ROOT
@@ -142,9 +143,7 @@ def latency_budget_s(stack: str) -> float:
     overrides = node_setting(stack, "inference_runtime_config") or {}
     if "latency_budget_ms" in overrides:
         return float(overrides["latency_budget_ms"]) / 1000
-    from torchfleet_runtime.config import Config
-
-    return Config().latency_budget_ms / 1000
+    return runtime_settings.defaults()["latency_budget_ms"] / 1000
 
 
 def terminate_timeout_s(stack: str) -> int:

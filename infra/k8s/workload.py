@@ -8,19 +8,19 @@ against the Kubernetes OpenAPI schema of the cluster's version.
 Contract with the runtime (runtime/src/torchfleet_runtime): HTTP on `service_port` with
 GET /readyz (200 only when warmed and not draining), GET /livez, GET /metrics
 (`torchfleet_queue_depth`); SIGTERM drains within `drain_timeout_s`, whose default is read
-from the runtime's own Config (one source). Contract with the image (runtime/Containerfile):
-uid/gid 10001, the model at /models/model.pt (mounted here, or baked in), a writable HOME only
-where this module mounts one.
+from the runtime's settings contract (torchfleet_compat.runtime_settings, one source).
+Contract with the image (runtime/Containerfile): uid/gid 10001, the model at /models/model.pt
+(mounted here, or baked in), a writable HOME only where this module mounts one.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchfleet_runtime.config import ENV_PREFIX, FIELDS, Config
+from torchfleet_compat import runtime_settings
+from torchfleet_compat.runtime_settings import ENV_PREFIX, FIELDS
 
 from infra.config import StackConfig
 from infra.constants import HEALTH_PATH, LB_PORT, PROJECT
@@ -50,9 +50,8 @@ POD_MEMORY_SHARE = 0.7
 
 
 def runtime_default(key: str) -> Any:
-    """A runtime config default, from the runtime's own Config dataclass."""
-    assert key in FIELDS, key
-    return {f.name: f.default for f in dataclasses.fields(Config)}[key]
+    """A runtime config default, from the runtime's settings contract."""
+    return runtime_settings.defaults()[key]
 
 
 def termination_grace_s() -> int:

@@ -169,7 +169,7 @@ def test_the_package_needs_only_the_standard_library_and_imports_its_siblings_re
             "-S",
             "-c",
             f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); "
-            "from torchfleet_compat import check, judge, preflight; "
+            "from torchfleet_compat import check, judge, preflight, runtime_settings; "
             "from torchfleet_compat.matrix import match_gpu; print(match_gpu('NVIDIA L4', ['L4']))",
         ],
         capture_output=True,

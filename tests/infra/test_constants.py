@@ -19,7 +19,7 @@ def test_the_project_name_is_pulumis():
 
 
 def test_the_service_port_is_the_runtimes_and_the_roles_default():
-    assert runtime_config.Config.__dataclass_fields__["port"].default == SERVICE_PORT
+    assert runtime_config.Config().port == SERVICE_PORT
     defaults = yaml.safe_load((ROOT / "roles/inference_runtime/defaults/main.yml").read_text())
     assert defaults["inference_runtime_port"] == SERVICE_PORT
 

@@ -11,7 +11,6 @@ test_policy.py), so a program that stops registering a kind cannot pass by silen
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from typing import Any
@@ -19,7 +18,8 @@ from typing import Any
 import kubernetes_validate
 import kubernetes_validate.utils
 import pytest
-from torchfleet_runtime.config import ENV_PREFIX, FIELDS, Config
+from torchfleet_compat import runtime_settings
+from torchfleet_compat.runtime_settings import ENV_PREFIX, FIELDS
 
 from infra.catalog import lookup
 from infra.config import ConfigError
@@ -44,7 +44,7 @@ KINDS = {
     "PersistentVolume",
     "PersistentVolumeClaim",
 }
-DRAIN_DEFAULT_S = {f.name: f.default for f in dataclasses.fields(Config)}["drain_timeout_s"]
+DRAIN_DEFAULT_S = runtime_settings.defaults()["drain_timeout_s"]
 # kubernetes-validate re-reads its 1.5 MB definitions file on every call; the file does not
 # change within a run, so read it once (the validation itself is untouched).
 kubernetes_validate.utils.schema_contents = functools.cache(
