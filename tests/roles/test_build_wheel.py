@@ -63,6 +63,19 @@ def test_builds_once_per_source_content(tmp_path: Path) -> None:
         assert whl.read("tinypkg/__init__.py") == b"VALUE = 2\n"
 
 
+def test_files_beside_the_sources_do_not_rebuild(tmp_path: Path) -> None:
+    """compat/ keeps matrix.yml and catalog.yml beside its package: editing them must not make a
+    new wheel (a node would reinstall it and restart the runtime for a price change)."""
+    source = make_project(tmp_path / "proj")
+    (source / "catalog.yml").write_text("a: 1\n")
+    first = build(source, tmp_path / "cache")
+    (source / "catalog.yml").write_text("a: 2\n")
+    (source / "Containerfile").write_text("FROM x\n")
+    assert build(source, tmp_path / "cache") == {**first, "built": False}
+    (source / "README.md").write_text("# tinypkg\n")  # part of the wheel's metadata: rebuilds
+    assert build(source, tmp_path / "cache")["built"] is True
+
+
 def test_leaves_the_checkout_clean(tmp_path: Path) -> None:
     source = make_project(tmp_path / "proj")
     before = sorted(p.relative_to(source) for p in source.rglob("*"))

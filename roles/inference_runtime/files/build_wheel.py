@@ -6,9 +6,11 @@ usage: build_wheel.py CACHE_DIR ITEM [ITEM ...]
 
 Each ITEM is a project directory (built into CACHE_DIR/<hash of its sources>/, so an unchanged
 checkout reuses the previous build and any edit produces a new wheel) or a prebuilt .whl
-(described only: its path and sha256). Sources are copied to a temporary directory first, so
-building leaves no build/ or *.egg-info in the checkout; SOURCE_DATE_EPOCH fixes the archive's
-timestamps. Prints one JSON line, the wheels in ITEM order:
+(described only: its path and sha256). A project's sources are what its wheel is made of
+(WHEEL_SOURCES and src/), so files that live beside them (compat/'s
+matrix.yml and catalog.yml, runtime/'s Containerfile) neither rebuild nor reinstall it. They are
+copied to a temporary directory first, so building leaves no build/ or *.egg-info in the
+checkout; SOURCE_DATE_EPOCH fixes the archive's timestamps. Prints one JSON line, the wheels in ITEM order:
 {"wheels": [{"wheel": path, "sha256": hex, "built": bool}, ...], "built": bool,
  "names": "<file name> ...", "marker": "<sha256> ..."}; `marker` is what the role writes on the
 node once these wheels are installed, so a re-run compares one string.
@@ -24,10 +26,15 @@ import tempfile
 from pathlib import Path
 
 SKIP_DIRS = {"__pycache__", "build", "dist", ".ruff_cache", ".pytest_cache"}
+# What a project's wheel is made of: these files at its root and the package tree under src/.
+WHEEL_SOURCES = ("pyproject.toml", "README.md")
 
 
 def source_files(root: Path):
-    for dirpath, dirnames, filenames in os.walk(root):
+    for name in WHEEL_SOURCES:
+        if (root / name).is_file():
+            yield root / name
+    for dirpath, dirnames, filenames in os.walk(root / "src"):
         dirnames[:] = sorted(
             d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")
         )
@@ -54,12 +61,11 @@ def file_sha256(path: Path) -> str:
 
 def build(source: Path, out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="torchfleet-wheel-") as tmp:
-        copy = Path(tmp, "src")
-        shutil.copytree(
-            source,
-            copy,
-            ignore=shutil.ignore_patterns(*SKIP_DIRS, "*.egg-info", "*.pyc"),
-        )
+        copy = Path(tmp, "project")
+        for path in source_files(source):
+            target = copy / path.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
         cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out)]
         try:  # the controller's setuptools avoids fetching one into an isolated build env
             import setuptools  # noqa: F401
