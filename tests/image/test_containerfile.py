@@ -102,7 +102,8 @@ def test_a_torch_override_keeps_the_numpy_rule_and_a_bad_profile_names_the_allow
     assert derived(torch="1.12.1", torchvision="")["TORCHVISION"] == ""
     with pytest.raises(
         script.BuildError,
-        match=r"--profile = 'cu999' is not a profile of .*allowed: cu116, cu118, cu121, cpu",
+        match=r"--profile = 'cu999' is invalid; allowed: a profile of .*matrix.yml: "
+        r"cu116, cu118, cu121, cpu",
     ):
         derived(profile="cu999")
 

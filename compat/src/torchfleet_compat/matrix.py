@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from .problems import MISSING, InvalidInput, Problems, sentence
+
 OK, WARN, FAIL = "ok", "warn", "fail"
 
 # torchfleet-runtime's own floor (runtime/pyproject.toml requires-python): a Python a profile's
@@ -44,13 +46,9 @@ MIN_PYTHON = "3.8"
 DISTRO, PYTHON, GPU, DRIVER, DISK = "distro", "python", "gpu", "driver", "disk"
 
 
-class MatrixError(ValueError):
+class MatrixError(InvalidInput):
     """A matrix that does not follow the schema, or a name it does not know: every problem, one
     line each, naming the file, the key, the value and what is allowed."""
-
-    def __init__(self, problems: Sequence[str]):
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
 
 
 # --------------------------------------------------------------------------- versions
@@ -197,13 +195,8 @@ class Matrix:
         (the entry point's own name for the setting) and the allowed values."""
         name = name or self.default_profile
         if name not in self.profiles:
-            raise MatrixError(
-                [
-                    "{} = {!r} is not a profile of {}; allowed: {}".format(
-                        knob, name, self.source, ", ".join(self.profiles)
-                    )
-                ]
-            )
+            allowed = "a profile of {}: {}".format(self.source, ", ".join(self.profiles))
+            raise MatrixError(sentence(knob, name, allowed))
         return self.profiles[name]
 
     def gpu(self, model: str) -> GpuModel:
@@ -252,30 +245,24 @@ TOP_FIELDS = (
 )
 
 
-class _Schema:
-    """Collects every problem of one matrix instead of stopping at the first."""
-
-    def __init__(self, source: str):
-        self.source = source
-        self.problems: list[str] = []
-
-    def fail(self, key: str, value: Any, allowed: str) -> None:
-        self.problems.append(f"{self.source}: {key} = {value!r} is invalid; allowed: {allowed}")
+class _Schema(Problems):
+    """Collects every problem of one matrix (named by its file) instead of stopping at the first,
+    with readers for the schema's shapes."""
 
     def mapping(self, key: str, value: Any, fields: Sequence[str]) -> Mapping[str, Any] | None:
         """`value` when it is a mapping with exactly `fields` (else None, problems recorded)."""
         where = key + "." if key else ""
         if not isinstance(value, dict):
-            self.fail(key or "(the file)", value, "a mapping with the keys " + ", ".join(fields))
+            self.add(key or "(the file)", value, "a mapping with the keys " + ", ".join(fields))
             return None
         complete = True
         for k in value:
             if k not in fields:
-                self.fail(where + str(k), value[k], "the keys " + ", ".join(fields))
+                self.add(where + str(k), value[k], "the keys " + ", ".join(fields))
         for k in fields:
             if k not in value:
-                self.fail(
-                    where + k, "(missing)", "a value: each entry has the keys " + ", ".join(fields)
+                self.add(
+                    where + k, MISSING, "a value: each entry has the keys " + ", ".join(fields)
                 )
                 complete = False
         return value if complete else None
@@ -291,7 +278,7 @@ class _Schema:
                 if isinstance(value, (int, float)) and not isinstance(value, bool)
                 else ""
             )
-            self.fail(key, value, allowed + quote + (", or null" if optional else ""))
+            self.add(key, value, allowed + quote + (", or null" if optional else ""))
             return None
         return value
 
@@ -299,7 +286,7 @@ class _Schema:
         self, key: str, value: Any, pattern: re.Pattern[str], allowed: str, non_empty: bool = False
     ) -> tuple[str, ...]:
         if not isinstance(value, list) or (non_empty and not value):
-            self.fail(
+            self.add(
                 key, value, "a {}list of {}".format("non-empty " if non_empty else "", allowed)
             )
             return ()
@@ -399,13 +386,13 @@ def _profile(s: _Schema, name: str, key: str, raw: Mapping[str, Any]) -> Profile
     }
     for k, v in gpu_fields.items():
         if bool(v) != bool(prof.cuda):
-            s.fail(
+            s.add(
                 f"{key}.{k}",
                 raw.get(k),
                 f"set when cuda is set, empty/null when it is not (cuda = {prof.cuda!r})",
             )
     if prof.toolkit_version and not (prof.runfile and prof.toolkit_package):
-        s.fail(
+        s.add(
             key + ".toolkit_version",
             prof.toolkit_version,
             "null, or set together with runfile and toolkit_package",
@@ -413,7 +400,7 @@ def _profile(s: _Schema, name: str, key: str, raw: Mapping[str, Any]) -> Profile
     if prof.capability_range and cc_tuple(max(prof.compute_capabilities, key=cc_tuple)) > cc_tuple(
         prof.max_compute_capability or "0.0"
     ):
-        s.fail(
+        s.add(
             key + ".max_compute_capability",
             prof.max_compute_capability,
             f"at least the highest of compute_capabilities ({max(prof.compute_capabilities, key=cc_tuple)})",
@@ -425,10 +412,10 @@ def _gpu(s: _Schema, name: str, key: str, raw: Mapping[str, Any]) -> GpuModel | 
     cc = s.text(key + ".compute_capability", raw.get("compute_capability"), _CC_RE, _CC_ALLOWED)
     arch = raw.get("arch")
     if arch not in GPU_ARCHES:
-        s.fail(key + ".arch", arch, " | ".join(GPU_ARCHES))
+        s.add(key + ".arch", arch, " | ".join(GPU_ARCHES))
     memory = raw.get("memory_gib")
     if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
-        s.fail(key + ".memory_gib", memory, "a whole number of GiB > 0")
+        s.add(key + ".memory_gib", memory, "a whole number of GiB > 0")
     if cc is None:
         return None
     return GpuModel(name=name, compute_capability=cc, arch=str(arch), memory_gib=int(memory))
@@ -436,7 +423,7 @@ def _gpu(s: _Schema, name: str, key: str, raw: Mapping[str, Any]) -> GpuModel | 
 
 def _distro(s: _Schema, name: str, key: str, raw: Mapping[str, Any]) -> Distro | None:
     if not re.match(r"^(debian-[0-9]+|ubuntu-[0-9]{2}\.[0-9]{2})$", name):
-        s.fail("distros", name, "names such as debian-12 or ubuntu-22.04 (see distro_name)")
+        s.add("distros", name, "names such as debian-12 or ubuntu-22.04 (see distro_name)")
     python = s.text(key + ".python", raw.get("python"), _PY_RE, 'a Python version such as "3.10"')
     repo = s.text(
         key + ".cuda_repo",
@@ -446,7 +433,7 @@ def _distro(s: _Schema, name: str, key: str, raw: Mapping[str, Any]) -> Distro |
     )
     source = raw.get("driver_source")
     if source not in DRIVER_SOURCES:
-        s.fail(key + ".driver_source", source, " | ".join(DRIVER_SOURCES))
+        s.add(key + ".driver_source", source, " | ".join(DRIVER_SOURCES))
     if python is None or repo is None:
         return None
     return Distro(name=name, python=python, cuda_repo=repo, driver_source=str(source))
@@ -456,7 +443,7 @@ def parse(data: Any, source: str = "compat/matrix.yml") -> Matrix:
     """Validate a parsed matrix in one pass; MatrixError lists every problem."""
     s = _Schema(source)
     top = s.mapping("", data, TOP_FIELDS)
-    if top is None:
+    if top is None:  # mapping() said why
         raise MatrixError(s.problems)
     sections: dict[str, dict[str, Any]] = {}
     builders = (
@@ -468,7 +455,7 @@ def parse(data: Any, source: str = "compat/matrix.yml") -> Matrix:
         raw = top.get(section)
         sections[section] = {}
         if not isinstance(raw, dict) or not raw:
-            s.fail(section, raw, "a non-empty mapping of names to entries")
+            s.add(section, raw, "a non-empty mapping of names to entries")
             continue
         for name, value in raw.items():
             key = f"{section}.{name}"
@@ -481,10 +468,10 @@ def parse(data: Any, source: str = "compat/matrix.yml") -> Matrix:
                 sections[section][str(name)] = built
     default = top.get("default_profile")
     if isinstance(top.get("profiles"), dict) and default not in top["profiles"]:
-        s.fail("default_profile", default, "a key of profiles: " + ", ".join(top["profiles"]))
+        s.add("default_profile", default, "a key of profiles: " + ", ".join(top["profiles"]))
     disk = top.get("min_free_disk_gb")
     if isinstance(disk, bool) or not isinstance(disk, (int, float)) or disk < 0:
-        s.fail("min_free_disk_gb", disk, "a number of GB >= 0")
+        s.add("min_free_disk_gb", disk, "a number of GB >= 0")
         disk = None
     bare = top.get("min_free_disk_gb_without_gpu")
     if (
@@ -493,15 +480,14 @@ def parse(data: Any, source: str = "compat/matrix.yml") -> Matrix:
         or bare < 0
         or (disk is not None and bare > disk)
     ):
-        s.fail(
+        s.add(
             "min_free_disk_gb_without_gpu",
             bare,
             "a number of GB >= 0 and <= min_free_disk_gb ({})".format(
                 "?" if disk is None else f"{disk:g}"
             ),
         )
-    if s.problems:
-        raise MatrixError(s.problems)
+    s.raise_if_any(MatrixError)
     return Matrix(
         source=source,
         default_profile=str(default),
