@@ -247,16 +247,24 @@ def test_the_disk_floor_of_a_node_without_a_gpu_is_the_wheels_and_model(tmp_path
 
 def test_probe_reports_every_bad_input_at_once(tmp_path: Path) -> None:
     result = run_probe(
-        tmp_path, profile="cu999", gpu_model="K80", compute_capability="eight", min_free_disk_gb=-1
+        tmp_path,
+        profile="cu999",
+        gpu_model="K80",
+        compute_capability="eight",
+        min_free_disk_gb=-1,
+        install_root="opt",
+        roots={"sysfs": str(tmp_path), "bogus": "/x"},
     )
     assert result["failed"] is True
     msg = result["msg"]
     for part in (
-        "(1) torchfleet_cuda_profile=cu999 is not a profile of compat/matrix.yml; "
-        "allowed: cu116, cu118, cu121, cpu",
-        "(2) torchfleet_gpu_model=K80 is not in the matrix gpus; allowed: V100,",
-        "(3) torchfleet_compute_capability=eight is not a compute capability",
-        "(4) preflight_min_free_disk_gb=-1.0 is invalid",
+        "(1) torchfleet_cuda_profile = 'cu999' is invalid; allowed: a profile of "
+        "compat/matrix.yml: cu116, cu118, cu121, cpu.",
+        "(2) torchfleet_gpu_model = 'K80' is invalid; allowed: a GPU of the matrix gpus: V100,",
+        "(3) torchfleet_compute_capability = 'eight' is invalid; allowed: MAJOR.MINOR in quotes",
+        "(4) preflight_min_free_disk_gb = -1.0 is invalid; allowed: a number of GB >= 0",
+        "(5) preflight_install_root = 'opt' is invalid; allowed: an absolute path.",
+        "(6) roots.bogus = '/x' is invalid; allowed: the keys sysfs, dev,",
     ):
         assert part in msg
 

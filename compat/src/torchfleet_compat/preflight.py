@@ -26,6 +26,7 @@ from . import matrix as compat
 from .judge import FAIL, GPU_MODEL_MATCH, KERNEL_HEADERS, Check, Options, judge, min_free_disk
 from .matrix import Matrix, Profile
 from .probe import ROOTS, NodeFacts, probe
+from .problems import Problems
 
 # The module's options (the role passes its variables through; defaults are the role's).
 ARGUMENTS: dict[str, dict[str, Any]] = {
@@ -69,48 +70,34 @@ def _text(value: Any) -> str:
 
 def check_inputs(matrix: Matrix, params: Mapping[str, Any]) -> list[str]:
     """The role's inputs, each named with what is allowed (all problems at once)."""
-    problems = []
+    found = Problems()
     profile = _text(params["profile"])
     if profile and profile not in matrix.profiles:
-        problems.append(
-            "torchfleet_cuda_profile={} is not a profile of {}; allowed: {}".format(
-                profile, matrix.source, ", ".join(matrix.profiles)
-            )
-        )
+        allowed = "a profile of {}: {}".format(matrix.source, ", ".join(matrix.profiles))
+        found.add("torchfleet_cuda_profile", profile, allowed)
     gpu_model = _text(params["gpu_model"])
     if gpu_model and gpu_model not in matrix.gpus:
-        problems.append(
-            "torchfleet_gpu_model={} is not in the matrix gpus; allowed: {} (or leave it unset "
-            "and set torchfleet_compute_capability for another GPU)".format(
-                gpu_model, ", ".join(matrix.gpus)
-            )
+        found.add(
+            "torchfleet_gpu_model",
+            gpu_model,
+            "a GPU of the matrix gpus: {} (or leave it unset and set "
+            "torchfleet_compute_capability for another GPU)".format(", ".join(matrix.gpus)),
         )
     capability = _text(params["compute_capability"])
     if capability and not re.match(r"^[0-9]+\.[0-9]+$", capability):
-        problems.append(
-            f"torchfleet_compute_capability={capability} is not a compute capability; allowed: MAJOR.MINOR "
-            'in quotes, e.g. "8.6"'
-        )
+        found.add("torchfleet_compute_capability", capability, 'MAJOR.MINOR in quotes, e.g. "8.6"')
     floor = params["min_free_disk_gb"]
     if floor is not None and floor < 0:
-        problems.append(
-            "preflight_min_free_disk_gb={} is invalid; allowed: a number of GB >= 0 (0 disables "
-            "the check), or null for the matrix's {:g}".format(
-                params["min_free_disk_gb"], matrix.min_free_disk_gb
-            )
+        found.add(
+            "preflight_min_free_disk_gb",
+            floor,
+            f"a number of GB >= 0 (0 disables the check), or null for the matrix's {matrix.min_free_disk_gb:g}",
         )
     if not params["install_root"].startswith("/"):
-        problems.append(
-            "preflight_install_root={} is invalid; allowed: an absolute path".format(
-                params["install_root"]
-            )
-        )
-    unknown = sorted(set(params["roots"]) - set(ROOTS))
-    if unknown:
-        problems.append(
-            "roots: unknown keys {}; allowed: {}".format(", ".join(unknown), ", ".join(ROOTS))
-        )
-    return problems
+        found.add("preflight_install_root", params["install_root"], "an absolute path")
+    for key in sorted(set(params["roots"]) - set(ROOTS)):
+        found.add("roots." + key, params["roots"][key], "the keys " + ", ".join(ROOTS))
+    return found.problems
 
 
 def options(params: Mapping[str, Any]) -> Options:
