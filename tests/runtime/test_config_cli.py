@@ -12,7 +12,7 @@ import pytest
 import rt_models
 import torch
 from torchfleet_runtime import cli, demo
-from torchfleet_runtime.config import ConfigError, load_config
+from torchfleet_runtime.config import FIELDS, ConfigError, load_config
 from torchfleet_runtime.model import ModelError, load
 
 # A hang (a batch that never closes, a drain that never ends) fails fast instead of at 10 min.
@@ -44,14 +44,26 @@ def test_env_can_name_the_config_file(tmp_path):
 @pytest.mark.parametrize(
     "yaml_text, env, needles",
     [
-        ("modle: x.pt\n", {}, ["unknown config key 'modle'", "allowed keys:", "model,"]),
-        ("precision: fp8\n", {}, ["'precision'", "'fp8'", "fp32, fp16, bf16"]),
-        ("", {"TORCHFLEET_PORT": "http"}, ["'port'", "env TORCHFLEET_PORT", "'http'", "1-65535"]),
-        ("warmup_iterations: 1\n", {}, ["'warmup_iterations'", "integer >= 3"]),
-        ("memory_fraction: 1.5\n", {}, ["'memory_fraction'", "(0, 1]"]),
-        ("device: gpu\n", {}, ["'device'", "cuda:N"]),
+        (
+            "modle: x.pt\n",
+            {},
+            ["config file", "modle = 'x.pt' is invalid; allowed: the keys ", "model,"],
+        ),
+        ("precision: fp8\n", {}, ["precision = 'fp8' is invalid", "one of fp32, fp16, bf16"]),
+        (
+            "",
+            {"TORCHFLEET_PORT": "http"},
+            ["env TORCHFLEET_PORT: port = 'http' is invalid (expected an integer)", "1-65535"],
+        ),
+        ("warmup_iterations: 1\n", {}, ["warmup_iterations = 1 is invalid", "integer >= 3"]),
+        ("memory_fraction: 1.5\n", {}, ["memory_fraction = 1.5 is invalid", "(0, 1]"]),
+        ("device: gpu\n", {}, ["device = 'gpu' is invalid", "cuda:N"]),
         ("- just\n- a list\n", {}, ["expected a mapping"]),
-        ("model_format: eager\n", {}, ["'factory' is required"]),
+        (
+            "model_format: eager\n",
+            {},
+            ["factory = None is invalid", "required when model_format is 'eager'"],
+        ),
     ],
 )
 def test_config_errors_name_the_key_value_and_what_is_allowed(tmp_path, yaml_text, env, needles):
@@ -61,6 +73,50 @@ def test_config_errors_name_the_key_value_and_what_is_allowed(tmp_path, yaml_tex
         load_config({}, env=env, config_file=str(f))
     for needle in needles:
         assert needle in str(info.value)
+
+
+def test_one_pass_reports_every_bad_value_of_every_source(tmp_path):
+    f = tmp_path / "runtime.yml"
+    f.write_text("precision: fp8\nmodle: x.pt\nmodel_format: onnx\n")
+    env = {"TORCHFLEET_PORT": "http", "TORCHFLEET_MAX_QUEUE": "5"}
+    flags = {"max_delay_ms": "-1", "factory": "pkg.mod:fn"}
+    with pytest.raises(ConfigError) as info:
+        load_config(flags, env=env, config_file=str(f))
+    assert info.value.problems == [
+        f"config file {f}: precision = 'fp8' is invalid; allowed: one of fp32, fp16, bf16",
+        f"config file {f}: modle = 'x.pt' is invalid; allowed: the keys "
+        + ", ".join(sorted(FIELDS)),
+        "env TORCHFLEET_PORT: port = 'http' is invalid (expected an integer); "
+        "allowed: an integer 1-65535",
+        "flag --max-delay-ms: max_delay_ms = '-1' is invalid; allowed: a number >= 0",
+        "flag --factory: factory = 'pkg.mod:fn' is invalid; allowed: unset unless model_format "
+        "is auto or eager (it is 'onnx')",
+    ]
+    assert str(info.value) == "\n".join(info.value.problems)
+
+
+def test_checks_against_the_machine_say_the_same_sentence(tmp_path):
+    from torchfleet_runtime.model import resolve_device
+
+    if torch.cuda.is_available():
+        pytest.skip("cuda is a valid device on this machine")
+    with pytest.raises(ConfigError) as info:
+        resolve_device("cuda")
+    assert str(info.value) == (
+        "device = 'cuda' is invalid (CUDA is not available); allowed: auto, cpu"
+    )
+    proc = subprocess.run(
+        [CLI, "serve", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},  # no TORCHFLEET_* settings
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "model = None is invalid; allowed: a path to the model file (--model PATH)" in (
+        proc.stderr
+    )
 
 
 def test_a_named_config_file_must_exist(tmp_path):
@@ -76,7 +132,10 @@ def test_serve_reports_config_errors_with_exit_2():
         timeout=60,
     )
     assert proc.returncode == 2
-    assert "config key 'max_queue' (flag --max-queue): 'zero' is invalid" in proc.stderr
+    assert (
+        "flag --max-queue: max_queue = 'zero' is invalid (expected an integer); "
+        "allowed: an integer >= 1"
+    ) in proc.stderr
 
 
 def test_demo_model_is_deterministic_and_serves_its_own_answers(
@@ -131,7 +190,10 @@ def test_precision_that_the_device_cannot_run_is_a_config_error():
 
     if torch.cuda.is_available():
         pytest.skip("fp16 is valid on this machine")
-    with pytest.raises(ConfigError, match="'fp16' needs a CUDA device"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^precision = 'fp16' is invalid \(fp16 needs a CUDA device\); allowed: fp32, bf16$",
+    ):
         load(Config(model="x.pt", precision="fp16", input_shape=(4,)), module=rt_models.tiny())
 
 

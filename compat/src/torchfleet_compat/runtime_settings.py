@@ -304,7 +304,8 @@ def defaults() -> dict[str, Any]:
 
 
 def parse_value(key: str, raw: Any) -> Any:
-    """`raw` for `key` parsed and checked (None stays None: unset); ValueError says why not."""
+    """`raw` for `key` parsed and checked (None stays None: unset). ValueError says why a value
+    does not parse; its message is empty for one that parses but is not allowed."""
     field = FIELDS[key]
     value = None if raw is None else field.parse(raw)
     if value is not None and not field.check(value):

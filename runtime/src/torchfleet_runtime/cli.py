@@ -15,6 +15,8 @@ import signal
 import sys
 from typing import Sequence
 
+from torchfleet_compat.problems import sentence
+
 from . import __version__
 from .config import FIELDS, ConfigError, load_config
 
@@ -94,10 +96,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"torchfleet-runtime serve: {exc}", file=sys.stderr)
         return 2
     if not config.model and not config.factory:
-        print(
-            "torchfleet-runtime serve: config key 'model' is required (--model PATH)",
-            file=sys.stderr,
-        )
+        missing = sentence("model", None, FIELDS["model"].allowed + " (--model PATH)")
+        print(f"torchfleet-runtime serve: {missing}", file=sys.stderr)
         return 2
     logs.setup(config.log_level, config.log_format)
     service = Service(config)

@@ -4,9 +4,9 @@ Precedence (highest first): command-line flags > environment `TORCHFLEET_<KEY>` 
 (`--config`, else /etc/torchfleet/runtime.yml when it exists) > defaults. YAML keys are the long
 flag names in snake_case. The keys, their types, defaults and allowed values are the settings
 contract in torchfleet_compat.runtime_settings (infra and the inference_runtime role read it
-too); this module reads the sources and parses every value with it, so a bad value fails at
-start with the key, the value, where it came from and what is allowed, never deep inside a
-request.
+too); this module reads the sources and parses every value with it, so bad values fail at start,
+all of them in one ConfigError, each as torchfleet_compat.problems' sentence ("<source>: <key> =
+<value> is invalid (<why>); allowed: <what>"), never deep inside a request.
 """
 
 from __future__ import annotations
@@ -15,29 +15,34 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from torchfleet_compat.runtime_settings import ENV_PREFIX, FIELDS, Config, parse_value
+from torchfleet_compat.problems import InvalidInput, Problems
+from torchfleet_compat.runtime_settings import ENV_PREFIX, FIELDS, Config, defaults, parse_value
 
 __all__ = ["ENV_PREFIX", "FIELDS", "Config", "ConfigError", "load_config"]
 
 DEFAULT_CONFIG_FILE = "/etc/torchfleet/runtime.yml"
 
 
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown or out of range."""
+class ConfigError(InvalidInput):
+    """Configuration values that are missing, unknown or out of range: every one, one line each."""
 
 
-def _set(values: dict[str, Any], sources: dict[str, str], key: str, raw: Any, source: str) -> None:
+def _set(
+    found: Problems,
+    values: dict[str, Any],
+    sources: dict[str, str],
+    key: str,
+    raw: Any,
+    source: str,
+) -> None:
     if key not in FIELDS:
-        raise ConfigError(
-            f"unknown config key {key!r} ({source}); allowed keys: {', '.join(sorted(FIELDS))}"
-        )
+        found.add(key, raw, "the keys " + ", ".join(sorted(FIELDS)), where=source)
+        return
     try:
         value = parse_value(key, raw)
     except ValueError as exc:
-        why = f"is invalid ({exc})" if str(exc) else "is not allowed"
-        raise ConfigError(
-            f"config key {key!r} ({source}): {raw!r} {why}; allowed: {FIELDS[key].allowed}"
-        ) from None
+        found.add(key, raw, FIELDS[key].allowed, where=source, why=str(exc))
+        return
     values[key] = value
     sources[key] = source
 
@@ -75,34 +80,39 @@ def load_config(
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    found = Problems()
 
     path = config_file or env.get(ENV_PREFIX + "CONFIG")
     if path is None and Path(DEFAULT_CONFIG_FILE).is_file():
         path = DEFAULT_CONFIG_FILE
     if path is not None:
         for key, raw in read_yaml(path).items():
-            _set(values, sources, str(key), raw, f"config file {path}")
+            _set(found, values, sources, str(key), raw, f"config file {path}")
 
     for key in FIELDS:
         raw = env.get(ENV_PREFIX + key.upper())
         if raw is not None:
-            _set(values, sources, key, raw, f"env {ENV_PREFIX}{key.upper()}")
+            _set(found, values, sources, key, raw, f"env {ENV_PREFIX}{key.upper()}")
 
     for key, raw in (flags or {}).items():
         if raw is not None:
-            _set(values, sources, key, raw, f"flag --{key.replace('_', '-')}")
+            _set(found, values, sources, key, raw, f"flag --{key.replace('_', '-')}")
 
-    config = Config(**values)
-    _check_combinations(config)
-    return config, sources
+    _check_combinations(values, sources, found)
+    found.raise_if_any(ConfigError)
+    return Config(**values), sources
 
 
-def _check_combinations(config: Config) -> None:
-    if config.model_format == "eager" and not config.factory:
-        raise ConfigError(
-            "config key 'factory' is required when model_format is 'eager' (pkg.module:function)"
-        )
-    if config.factory and config.model_format not in ("auto", "eager"):
-        raise ConfigError(
-            f"config key 'factory' is only used with model_format eager, not {config.model_format!r}"
+def _check_combinations(values: dict[str, Any], sources: dict[str, str], found: Problems) -> None:
+    """Rules between keys, on the values that parsed (so one pass reports these too)."""
+    model_format = values.get("model_format", defaults()["model_format"])
+    factory = values.get("factory")
+    if model_format == "eager" and not factory:
+        found.add("factory", factory, "pkg.module:function, required when model_format is 'eager'")
+    if factory and model_format not in ("auto", "eager"):
+        found.add(
+            "factory",
+            factory,
+            f"unset unless model_format is auto or eager (it is {model_format!r})",
+            where=sources.get("factory", ""),
         )

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from torchfleet_compat.problems import sentence
 
 from . import compat
-from .config import Config, ConfigError
+from .config import FIELDS, Config, ConfigError
 from .tensors import DTYPE_NAMES, DTYPES, Outputs
 
 __all__ = [
@@ -132,12 +133,16 @@ def resolve_device(spec: str) -> torch.device:
     device = torch.device(spec)
     if device.type == "cuda":
         if not torch.cuda.is_available():
+            raise ConfigError(sentence("device", spec, "auto, cpu", why="CUDA is not available"))
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
             raise ConfigError(
-                f"config key 'device': {spec!r} but CUDA is not available; allowed here: auto, cpu"
-            )
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(
-                f"config key 'device': {spec!r} but only {torch.cuda.device_count()} CUDA device(s) exist"
+                sentence(
+                    "device",
+                    spec,
+                    f"auto, cpu, cuda, cuda:0..cuda:{count - 1}",
+                    why=f"only {count} CUDA device(s) exist",
+                )
             )
     return device
 
@@ -149,16 +154,21 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     if precision == "fp16":
         if device.type != "cuda":
             raise ConfigError(
-                "config key 'precision': 'fp16' needs a CUDA device; on CPU use fp32 or bf16"
+                sentence("precision", precision, "fp32, bf16", why="fp16 needs a CUDA device")
             )
         return torch.float16
     if device.type == "cuda" and not compat.bf16_supported_on_cuda():
         raise ConfigError(
-            "config key 'precision': 'bf16' is not supported by this GPU (needs sm_80+); use fp16"
+            sentence("precision", precision, "fp32, fp16", why="bf16 needs sm_80+ on a GPU")
         )
     if not compat.HAS_AUTOCAST:
         raise ConfigError(
-            f"config key 'precision': 'bf16' needs torch >= 1.10, this is {torch.__version__}"
+            sentence(
+                "precision",
+                precision,
+                "fp32",
+                why=f"bf16 needs torch >= 1.10, not {torch.__version__}",
+            )
         )
     return torch.bfloat16
 
@@ -304,7 +314,7 @@ def check_model_file(path: str) -> None:
 def _load(config: Config, module: Any = None) -> LoadedModel:
     if module is None:
         if not config.model:
-            raise ConfigError("config key 'model' is required: a path to the model file")
+            raise ConfigError(sentence("model", None, FIELDS["model"].allowed))
         check_model_file(config.model)  # before the sidecar: its absence is a symptom of this
     metadata = load_metadata(config)
     device = resolve_device(config.device)
