@@ -19,6 +19,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from torchfleet_compat import matrix as compat
+from torchfleet_compat.problems import InvalidInput, Problems
 
 from infra import catalog
 from infra.addressing import BLOCKS, MAX_ZONES
@@ -278,12 +279,10 @@ MONITORING_DISK_GB = (30, 16384)
 MONITORING_DISK_DEFAULT_GB = 50
 
 
-class ConfigError(ValueError):
+class ConfigError(InvalidInput):
     """Every problem found in one pass, one line each."""
 
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("invalid stack configuration:\n  - " + "\n  - ".join(problems))
+    heading = "invalid stack configuration:"
 
 
 @dataclass(frozen=True)
@@ -396,12 +395,13 @@ class StackConfig:
 # -- reading --------------------------------------------------------------------------------------
 
 
-class _Reader:
-    """Reads raw values, records problems instead of stopping at the first."""
+class _Reader(Problems):
+    """Reads raw values, records problems (torchfleet_compat's collector and sentence) instead
+    of stopping at the first."""
 
     def __init__(self, raw: Mapping[str, Any]):
+        super().__init__()
         self.raw = raw
-        self.problems: list[str] = []
 
     def fail(self, key: str, value: Any, allowed: str | None = None) -> None:
         """One problem: the key, the value and what is allowed (by default the key's declared
@@ -409,7 +409,7 @@ class _Reader:
         zones of this region)."""
         if allowed is None:
             allowed = FIELDS[key].allowed
-        self.problems.append(f"{NAMESPACE}:{key} = {value!r} is invalid; allowed: {allowed}")
+        self.add(f"{NAMESPACE}:{key}", value, allowed)
 
     def kinds(self) -> bool:
         """Every key that is set against its declared YAML kind, before any check reads it (a

@@ -1,8 +1,9 @@
 """The `torchfleet:kubernetes` block of a `mode: kubernetes` stack, typed and validated.
 
-`parse(reader, ...)` is called by infra/config.py's `load()` with its problem-collecting reader,
-so a bad value here is reported in the same single pass as every other key (key, value, what
-is allowed) and fails before any resource is registered. This module imports nothing from
+`parse(reader, ...)` is called by infra/config.py's `load()` with its problem-collecting reader
+(torchfleet_compat's Problems, with the stack's key namespace and number parsing), so a bad value
+here is reported in the same single pass and the same sentence as every other key (key, value,
+what is allowed) and fails before any resource is registered. This module imports nothing from
 infra.config (config.py imports it): the reader is duck-typed (`_Reader` there).
 
 Rules that exist elsewhere are not repeated: spot caps come from `StackConfig.spot_cap`, node
