@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from torchfleet_compat.problems import InvalidInput, Problems
 
 from infra.matrix import REPO_ROOT, GpuModel, load_matrix
 
@@ -90,12 +91,8 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 _NAME = _matches(r"[a-z0-9][a-z0-9.-]*")  # cloud, family and source names
 
 
-class CatalogError(ValueError):
+class CatalogError(InvalidInput):
     """The catalog file breaks the schema: every problem, one line each."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(problems))
 
 
 @dataclass(frozen=True)
@@ -183,15 +180,11 @@ class Catalog:
 # -- reading ------------------------------------------------------------------------------------
 
 
-class _Check:
-    """Collects every problem of one file instead of stopping at the first."""
-
-    def __init__(self, source: str):
-        self.source = source
-        self.problems: list[str] = []
+class _Check(Problems):
+    """Collects every problem of one file (its `where`) instead of stopping at the first."""
 
     def fail(self, key: str, value: Any, allowed: str) -> None:
-        self.problems.append(f"{self.source}: {key} = {value!r} is invalid; allowed: {allowed}")
+        self.add(key, value, allowed)
 
     def fields(self, key: str, raw: Any, kind: str) -> Mapping[str, Any] | None:
         """`raw` when it is a mapping with every field of `kind` (else None); unknown keys are
