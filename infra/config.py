@@ -72,7 +72,7 @@ REQUIRED = object()  # a key with no default: the stack must set it
 class Key:
     """One `torchfleet:` key of a stack file, declared once: its YAML type, its default (a value,
     REQUIRED, or `derived` words for a default computed from other keys), what is allowed (the
-    words the README shows; the checks in load() and its helpers say the same in their errors),
+    words the docs show; the checks in load() and its helpers say the same in their errors),
     its sub-keys for structured values, and a one-line doc."""
 
     kind: str
@@ -259,7 +259,7 @@ SUBKEYS = {name: key.subkeys for name, key in FIELDS.items() if key.subkeys}
 
 
 def readme_table() -> str:
-    """The README's table of stack keys, generated from FIELDS (tests check it is current)."""
+    """docs/configuration.md's table of stack keys, from FIELDS (tests check it is current)."""
     rows = ["| Key | Type | Default | Allowed | What |", "|---|---|---|---|---|"]
     for name, key in FIELDS.items():
         cells = (
@@ -965,7 +965,7 @@ def _boot(r: _Reader, cloud: str) -> str | None:
     if boot == "bake" and cloud == "alicloud":
         # pulumi_alicloud 4.0.0: ecs.EcsImagePipeline's build instance takes no RAM role, so it
         # cannot read the private bundle; ecs.Image from a builder instance is captured when the
-        # instance is created, before the bake has run. See README (Deploy, Alibaba Cloud).
+        # instance is created, before the bake has run. See docs/deploy/alicloud.md.
         r.fail(
             "boot",
             boot,
@@ -1330,5 +1330,5 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] != ["--table"]:
-        sys.exit("usage: python -m infra.config --table   (the README's table of stack keys)")
+        sys.exit("usage: python -m infra.config --table   (docs/configuration.md's table)")
     print(readme_table())

@@ -33,7 +33,7 @@ from infra.interface import NODE_ROLE_TAG, Deployment, instances_deployment
 from infra.nodeboot import group_name, user_data
 from infra.schedule import iso_utc
 
-# What a node may call on its own group (CONTRACT-fleet.md): find and complete its lifecycle
+# What a node may call on its own group (docs/contracts/node.md): find and complete its lifecycle
 # action, keep it alive while it works.
 ESS_NODE_ACTIONS = [
     "ess:CompleteLifecycleAction",
@@ -70,7 +70,7 @@ def _lifecycle_policy(cfg: StackConfig):
                         "Resource": [f"acs:ess:{cfg.region}:*:scalinggroup/{group_id}"],
                     },
                     # No DescribeScalingGroups: the user-data hands the agent its group id
-                    # (CONTRACT-fleet.md, fleet-node 1.7).
+                    # (docs/contracts/node.md, "What the user-data hands the node").
                     # CloudMonitor has no resource-level permission for custom metrics.
                     {"Effect": "Allow", "Action": ["cms:PutCustomMetric"], "Resource": ["*"]},
                 ],

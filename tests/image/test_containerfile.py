@@ -64,7 +64,7 @@ def derived(**overrides: object) -> dict[str, str]:
 def test_containerfile_defaults_are_the_matrix_default_profile() -> None:
     defaults = containerfile_defaults()
     expected = derived()
-    assert expected["CUDA_PROFILE"] == "cu116"  # the matrix's default_profile, as DESIGN.md states
+    assert expected["CUDA_PROFILE"] == "cu116"  # the default_profile (docs/contracts/versions.md)
     for key in DERIVED:
         assert key in defaults, f"runtime/Containerfile has no default for ARG {key}"
         assert defaults[key] == {expected[key]}, (
