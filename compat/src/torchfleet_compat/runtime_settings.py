@@ -55,7 +55,11 @@ class Config:
     keepalive_timeout_s: float = 75.0
     max_connections: int = 1024
     api_token: str | None = None
+    api_token_file: str | None = None
     admin_token: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_min_version: str = "1.2"
     torch_threads: int | None = None
     torch_interop_threads: int | None = None
     log_format: str = "auto"
@@ -262,10 +266,25 @@ FIELDS: dict[str, _Field] = {
     "api_token": _Field(
         _as_token, "16-512 token characters", help="bearer token required on /v1/* (default: none)"
     ),
+    "api_token_file": _Field(
+        _as_str,
+        "a path to a file of tokens, one a line",
+        help="more bearer tokens accepted on /v1/*, one a line (rotation: the current and the "
+        "next); re-read when it changes and on reload",
+    ),
     "admin_token": _Field(
         _as_token,
         "16-512 token characters",
         help="bearer token of POST /admin/reload (default: none, the admin API is off)",
+    ),
+    "tls_cert_file": _Field(
+        _as_str,
+        "a path to a PEM certificate (chain)",
+        help="serve HTTPS with this certificate (with tls_key_file); default: plain HTTP",
+    ),
+    "tls_key_file": _Field(_as_str, "a path to the PEM private key of tls_cert_file"),
+    "tls_min_version": _choice(
+        "1.2", "1.3", help="the oldest TLS version the listener accepts (1.0 and 1.1 never)"
     ),
     "torch_threads": _Field(
         _as_optional_int,

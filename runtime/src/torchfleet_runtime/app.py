@@ -10,8 +10,9 @@ side); neither imports the other. `serve_until_stopped()` is `torchfleet-runtime
   exits 0. A batch or a warm-up may then still be running inside torch: `unfinished_threads()`
   names them, and `cli` ends such a process with os._exit (see there), because interpreter
   shutdown under a thread in native code aborts (std::terminate, exit 134; 139 in containers);
-- SIGHUP: reload the model file beside the one serving (service.Runtime.reload); a failure is
-  logged and counted and the old model keeps serving;
+- SIGHUP: read the API token file again (auth.py), then reload the model file beside the one
+  serving (service.Runtime.reload); a failure is logged and counted and the old model keeps
+  serving;
 - a start-up failure exits 1.
 """
 
@@ -23,6 +24,7 @@ import threading
 import time
 from typing import Any
 
+from .auth import Tokens
 from .config import Config, ConfigError
 from .errors import ApiError
 from .httpd import HttpServer
@@ -45,8 +47,9 @@ class Service:
     def __init__(self, config: Config, module: Any = None) -> None:
         self.config = config
         self.runtime = Runtime(config, module)
+        self.tokens = Tokens(config.api_token, config.api_token_file)
         self.http: HttpServer = build_http(
-            self.runtime, config, self.runtime.metrics.connections.set
+            self.runtime, config, self.tokens, self.runtime.metrics.connections.set
         )
         self.spot = SpotWatcher(
             config.spot_watch,
@@ -68,7 +71,13 @@ class Service:
     def start_http(self) -> None:
         self.http.start()
         self._listening = True
-        log.info("listening on http://%s:%d", self.config.host, self.port)
+        log.info(
+            "listening on %s://%s:%d%s",
+            self.http.scheme,
+            self.config.host,
+            self.port,
+            f" ({len(self.tokens)} API token(s) accepted)" if self.tokens.enabled else "",
+        )
 
     def start(self) -> None:
         """Listen, watch for spot notices, load and warm (blocking until ready): tests, embedding."""
@@ -78,6 +87,7 @@ class Service:
 
     def reload_in_background(self, reason: str) -> threading.Thread:
         def run() -> None:
+            self.tokens.reload()
             try:
                 self.runtime.reload(reason)
             except ApiError as exc:  # reload() logged and counted a failed load already

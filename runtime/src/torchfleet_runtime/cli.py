@@ -100,7 +100,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"torchfleet-runtime serve: {missing}", file=sys.stderr)
         return 2
     logs.setup(config.log_level, config.log_format)
-    service = Service(config)
+    try:
+        service = Service(config)  # reads the token file and the TLS certificate
+    except ConfigError as exc:
+        print(f"torchfleet-runtime serve: {exc}", file=sys.stderr)
+        return 2
     code = service.serve_until_stopped()
     busy = service.unfinished_threads()
     if busy:

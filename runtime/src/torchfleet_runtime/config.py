@@ -116,3 +116,8 @@ def _check_combinations(values: dict[str, Any], sources: dict[str, str], found: 
             f"unset unless model_format is auto or eager (it is {model_format!r})",
             where=sources.get("factory", ""),
         )
+    cert, key = values.get("tls_cert_file"), values.get("tls_key_file")
+    if bool(cert) != bool(key):
+        missing = "tls_key_file" if cert else "tls_cert_file"
+        given = "tls_cert_file" if cert else "tls_key_file"
+        found.add(missing, None, f"a PEM path, required when {given} is set (HTTPS needs both)")

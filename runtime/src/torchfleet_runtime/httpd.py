@@ -31,6 +31,7 @@ import asyncio
 import collections
 import logging
 import socket
+import ssl
 import threading
 import time
 from email.utils import formatdate
@@ -717,8 +718,10 @@ class HttpServer:
         max_connections: int,
         max_body_bytes: int,
         on_count: Callable[[int], None] = lambda n: None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.app = app
+        self.ssl_context = ssl_context  # HTTPS when set (tls.server_context)
         self.limits = _Limits(
             header_timeout_s, body_timeout_s, keepalive_timeout_s, max_connections, max_body_bytes
         )
@@ -736,7 +739,12 @@ class HttpServer:
         """Bind (raising OSError here, in the caller's thread, if the port is taken) and serve."""
         self._server = self.loop.run_until_complete(
             self.loop.create_server(
-                lambda: Connection(self), self._host, self._port, backlog=1024, reuse_address=True
+                lambda: Connection(self),
+                self._host,
+                self._port,
+                backlog=1024,
+                reuse_address=True,
+                ssl=self.ssl_context,
             )
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
@@ -744,6 +752,10 @@ class HttpServer:
             target=self.loop.run_forever, name="torchfleet-http", daemon=True
         )
         self._thread.start()
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_context is not None else "http"
 
     def call(self, fn: Callable[[], Any]) -> None:
         """Run fn in the server's loop (thread-safe)."""

@@ -8,9 +8,11 @@ metrics exposition); it never touches the batcher, the loaded model or the metri
 Headers: every /v1/predict answer carries `X-Request-Id` (the client's when it sent a sane one:
 1-128 of A-Z a-z 0-9 . _ : / + = @ -, else a new one) and `X-Model-Version` once a model is
 loaded; a 200 carries `Server-Timing: decode;dur=, queue;dur=, model;dur=, encode;dur=` (ms).
-Auth: with `api_token` set, /v1/* needs `Authorization: Bearer <api_token>` (401 otherwise);
-/admin/* always needs `admin_token` and is 403 while none is configured. Health and metrics
-stay open: load balancers and the scraper reach them from inside the network.
+Auth: with `api_token` or `api_token_file` set, /v1/* needs `Authorization: Bearer <token>`
+with one of the accepted tokens (auth.py; 401 otherwise); /admin/* always needs `admin_token`
+and is 403 while none is configured; POST /admin/reload re-reads the token file too. Health
+and metrics stay open: load balancers and the scraper reach them from inside the network, which
+the security groups bound. With `tls_cert_file` the edge speaks HTTPS (tls.py).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ import os
 import re
 from typing import Any, Protocol
 
+from .auth import Tokens
 from .codec import JSON_TYPES, MEDIA_TYPES, dumps, media_type
 from .config import Config
 from .errors import ApiError, internal_error
 from .httpd import HttpServer, Request, Response, error_response
+from .tls import server_context
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +78,9 @@ def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Respo
 class Routes:
     """The application `httpd` serves (its `App` protocol)."""
 
-    def __init__(self, runtime: RuntimeApi, config: Config) -> None:
+    def __init__(self, runtime: RuntimeApi, config: Config, tokens: Tokens) -> None:
         self.rt = runtime
-        self.api_token = config.api_token
+        self.tokens = tokens
         self.admin_token = config.admin_token
         self.max_body_bytes = int(config.max_body_mb * 2**20)
         self.loop: asyncio.AbstractEventLoop | None = None  # set by serve()
@@ -104,11 +108,7 @@ class Routes:
             return self._admin_auth(req)
         if req.path == "/v1/predict":
             return self._predict_headers(req)
-        if (
-            self.api_token
-            and req.path.startswith("/v1/")
-            and not _token_ok(req.headers, self.api_token)
-        ):
+        if req.path.startswith("/v1/") and not self.tokens.accepts(req.headers):
             return self._unauthorized("api_token", "torchfleet")
         return None
 
@@ -133,7 +133,7 @@ class Routes:
     def _predict_headers(self, req: Request) -> Response | None:
         call = self.rt.predict(request_id(req.headers))
         req.context = call
-        if self.api_token and not _token_ok(req.headers, self.api_token):
+        if not self.tokens.accepts(req.headers):
             return self._unauthorized(
                 "api_token", "torchfleet", self._sent(call, 401), self._ids(call)
             )
@@ -248,6 +248,7 @@ class Routes:
         loop = self.loop
         assert loop is not None
         out: asyncio.Future[Response] = loop.create_future()
+        self.tokens.reload()
         job = loop.run_in_executor(None, self.rt.reload, "POST /admin/reload")
 
         def done(f: asyncio.Future[dict[str, Any]]) -> None:
@@ -264,8 +265,10 @@ class Routes:
         return out
 
 
-def build_http(runtime: RuntimeApi, config: Config, on_count: Any = lambda n: None) -> HttpServer:
-    routes = Routes(runtime, config)
+def build_http(
+    runtime: RuntimeApi, config: Config, tokens: Tokens, on_count: Any = lambda n: None
+) -> HttpServer:
+    routes = Routes(runtime, config, tokens)
     http = HttpServer(
         routes,
         config.host,
@@ -276,6 +279,7 @@ def build_http(runtime: RuntimeApi, config: Config, on_count: Any = lambda n: No
         config.max_connections,
         routes.max_body_bytes,
         on_count,
+        server_context(config),
     )
     routes.loop = http.loop
     return http
