@@ -4,8 +4,11 @@ Contract: every request the controller sends a runtime (the `up` smoke stage, th
 and `status`, the demo's predictions) and every connection the load generator opens
 (benchmarks/torchfleet_bench) is made here, so what all of them must send or check (an
 Authorization header, TLS verification) is written once. It holds:
-- `Target`: a runtime's base URL ('http://h:8080', 'h:8080', a '/v1/predict' URL) and its
-  keep-alive connections (TCP_NODELAY);
+- `Auth`: what every request carries and checks: the stack's API token (`Authorization: Bearer`,
+  added in `_send`, the one place a request leaves) and, for https, the CA file its certificate
+  is verified against (None: the system's CAs; verification is never turned off);
+- `Target`: a runtime's base URL ('http://h:8080', 'h:8080', a '/v1/predict' URL), its `Auth`
+  and its keep-alive connections (TCP_NODELAY), which carry that `Auth`;
 - `request`: one request on a fresh connection, (status, body, seconds), status None when
   nothing answered (refused, reset, timed out): the stages treat that as a state, not an error;
 - `get_json`, `post_once`: the model card (GET /v1/model) and one POST on a kept connection;
@@ -20,6 +23,7 @@ import http.client
 import json
 import random
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -33,10 +37,33 @@ class ClientError(Exception):
     """A problem the user can fix (a bad URL or dtype, an unreachable server): one line."""
 
 
+@dataclass(frozen=True)
+class Auth:
+    """The API token to send (None: none) and the CA file an https endpoint is checked against
+    (None: the system's CAs)."""
+
+    token: str | None = None
+    cafile: str | None = None
+
+    def headers(self, given: dict[str, str] | None) -> dict[str, str]:
+        out = dict(given or {})
+        if self.token and not any(k.lower() == "authorization" for k in out):
+            out["Authorization"] = f"Bearer {self.token}"
+        return out
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """Verification on (hostname and chain), TLS 1.2 or newer."""
+        ctx = ssl.create_default_context(cafile=self.cafile)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        return ctx
+
+
 class _NoDelayHTTPConnection(http.client.HTTPConnection):
     """TCP_NODELAY, as wrk and other load generators set: with Nagle on, the tail segment of a
     large body can wait for the peer's delayed ACK (40 ms on Linux) and a latency would measure
-    TCP timers instead of the server."""
+    TCP timers instead of the server. `auth`: what `_send` adds to each request on it."""
+
+    auth = Auth()
 
     def connect(self) -> None:
         super().connect()
@@ -44,6 +71,8 @@ class _NoDelayHTTPConnection(http.client.HTTPConnection):
 
 
 class _NoDelayHTTPSConnection(http.client.HTTPSConnection):
+    auth = Auth()
+
     def connect(self) -> None:
         super().connect()
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -55,9 +84,10 @@ class Target:
     host: str
     port: int
     prefix: str  # path before /v1/..., usually ""
+    auth: Auth = Auth()
 
     @classmethod
-    def parse(cls, url: str) -> Target:
+    def parse(cls, url: str, auth: Auth | None = None) -> Target:
         """'http://h:8080', 'http://h:8080/', 'http://h:8080/v1/predict' or 'h:8080'."""
         if "://" not in url:
             url = "http://" + url
@@ -69,11 +99,18 @@ class Target:
             if path.endswith(suffix):
                 path = path[: -len(suffix)]
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        return cls(parts.scheme, parts.hostname, port, path)
+        return cls(parts.scheme, parts.hostname, port, path, auth or Auth())
 
     def connection(self, timeout: float) -> http.client.HTTPConnection:
-        kind = _NoDelayHTTPSConnection if self.scheme == "https" else _NoDelayHTTPConnection
-        return kind(self.host, self.port, timeout=timeout)
+        conn: http.client.HTTPConnection
+        if self.scheme == "https":
+            conn = _NoDelayHTTPSConnection(
+                self.host, self.port, timeout=timeout, context=self.auth.ssl_context()
+            )
+        else:
+            conn = _NoDelayHTTPConnection(self.host, self.port, timeout=timeout)
+        conn.auth = self.auth  # type: ignore[attr-defined]
+        return conn
 
     @property
     def url(self) -> str:
@@ -90,8 +127,9 @@ def _send(
     body: bytes | None,
     headers: dict[str, str] | None,
 ) -> tuple[int, bytes, bool]:
-    """Every request leaves through here: (status, body, keep-alive)."""
-    conn.request(method, path, body=body, headers=headers or {})
+    """Every request leaves through here, with its connection's Auth: (status, body, keep-alive)."""
+    auth: Auth = getattr(conn, "auth", Auth())
+    conn.request(method, path, body=body, headers=auth.headers(headers))
     resp = conn.getresponse()
     data = resp.read()  # read fully: the connection can only be reused after
     return resp.status, data, not resp.will_close
@@ -119,17 +157,22 @@ def request(
     body: bytes | None = None,
     headers: dict[str, str] | None = None,
     timeout: float = 30.0,
+    auth: Auth | None = None,
 ) -> tuple[int | None, bytes, float]:
     """One request on a fresh connection: (status, body, seconds); (None, b"", seconds) when
-    nothing answered."""
+    nothing answered. A certificate that does not verify is an error, never "nothing answered"."""
     parts = urllib.parse.urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    target = Target(parts.scheme, parts.hostname or "127.0.0.1", port, "")
+    target = Target(parts.scheme, parts.hostname or "127.0.0.1", port, "", auth or Auth())
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     started = time.monotonic()
     try:
         status, data = _once(target, method, path, body, headers, timeout)
         return status, data, time.monotonic() - started
+    except ssl.SSLCertVerificationError as exc:
+        raise ClientError(
+            f"{method} {url}: the certificate does not verify ({exc.verify_message})"
+        ) from None
     except (OSError, http.client.HTTPException):
         return None, b"", time.monotonic() - started
 

@@ -2,6 +2,7 @@
 (in-process) best-batch throughput of the same model, so served / offline is one number.
 
     torchfleet-bench load http://NODE:8080 --concurrency 1,8,32,64 [--binary] [--json OUT]
+    torchfleet-bench load https://LB --token-file TOKEN [--cacert CA.pem]   (a stack's endpoint)
     torchfleet-bench load --offline model.pt        (needs torch; nothing else does)
 
 Per concurrency level (`levels.run_level`) it reports throughput (requests/s and items/s),
@@ -18,6 +19,7 @@ import datetime
 import http.client
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.client import (
+    Auth,
     ClientError,
     Target,
     build_payload,
@@ -39,6 +42,7 @@ from torchfleet_bench.offline import offline_benchmark
 from torchfleet_bench.report import host_info, require_matplotlib, write_plot
 
 DEFAULT_CONCURRENCY = (1, 8, 32, 64)
+TOKEN_ENV = "TORCHFLEET_API_TOKEN"
 DEFAULT_DURATION_S = 10.0
 
 
@@ -89,6 +93,18 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         metavar="URL",
         help="server base URL, e.g. http://127.0.0.1:8080 (optional with --offline)",
+    )
+    parser.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="the API token to send (Authorization: Bearer), first line of PATH; default: "
+        f"the environment's {TOKEN_ENV}, else none (a token on the command line would show in "
+        "the process list)",
+    )
+    parser.add_argument(
+        "--cacert",
+        metavar="PEM",
+        help="CA file an https server's certificate is checked against (default: the system's)",
     )
     parser.add_argument(
         "--concurrency",
@@ -236,6 +252,19 @@ def _probe(
         raise BenchError(f"POST /v1/predict: sent {batch} instances, got {len(outputs)} outputs")
 
 
+def auth_of(args: argparse.Namespace) -> Auth:
+    """The token (--token-file's first line, else $TORCHFLEET_API_TOKEN) and the CA file."""
+    token = os.environ.get(TOKEN_ENV) or None
+    path = getattr(args, "token_file", None)
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                token = f.readline().strip() or None
+        except OSError as exc:
+            raise BenchError(f"--token-file {path}: {exc.strerror}") from None
+    return Auth(token=token, cafile=getattr(args, "cacert", None))
+
+
 def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The whole command as a function returning the report (also used by benchmarks/)."""
     if not args.url and not args.offline:
@@ -268,7 +297,7 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
     info: dict[str, Any] = {}
     target = None
     if args.url:
-        target = Target.parse(args.url)
+        target = Target.parse(args.url, auth_of(args))
         report["url"] = target.url
         info = get_json(target, "/v1/model", args.timeout)
         report["model"] = info

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from infra import client
 from infra.config import StackConfig
 from infra.constants import SERVICE_PORT
 from infra.deploy import automation, converge, inventory, preflight, readiness, smoke
@@ -62,6 +63,18 @@ class NodeOptions:
     private_key: str | None = None
     ready_timeout_s: float = READY_TIMEOUT_S
     writer: str = "torchfleet up"
+    # the CA an https endpoint is checked against (None: the system's, as for an ACM
+    # certificate); the demo's load balancer has one made for the run
+    cafile: str | None = None
+    # the smoke prediction goes to the endpoint itself even when its address is a node's (the
+    # demo's load balancer listens on the loopback address its nodes' SSH ports are on)
+    smoke_direct: bool = False
+
+
+def auth_of(outputs: dict[str, Any], cafile: str | None = None) -> client.Auth:
+    """What the stack's clients send and check: its API token output (a Pulumi secret)."""
+    token = outputs.get("api_token")
+    return client.Auth(token=str(token) if token else None, cafile=cafile)
 
 
 def _service_port(outputs: dict[str, Any], cfg: StackConfig | None) -> int:
@@ -118,8 +131,9 @@ def node_stages(
         )
     port = _service_port(outputs, cfg)
     endpoint = str(outputs.get("endpoint") or "")
+    auth = auth_of(outputs, opts.cafile)
     if not listed:
-        return _group_stages(stack, outputs, cfg, steps, console, summary)
+        return _group_stages(stack, outputs, cfg, steps, console, summary, auth)
 
     inventory_dir = opts.inventory_root / stack
     with steps("converge", f"site.yml and verify.yml on {len(listed)} host(s) (ansible-runner)"):
@@ -139,15 +153,15 @@ def node_stages(
     with steps(
         "readiness", f"GET /readyz on every node until 200 (at most {opts.ready_timeout_s:.0f} s)"
     ):
-        summary.nodes = readiness.wait_instances(ts, port, console, opts.ready_timeout_s)
+        summary.nodes = readiness.wait_instances(ts, port, console, opts.ready_timeout_s, auth)
     with steps("smoke", f"one prediction through the endpoint {endpoint}"):
-        owner = endpoint_target(endpoint, hosts, ts)
+        owner = None if opts.smoke_direct else endpoint_target(endpoint, hosts, ts)
         if owner is None:
-            summary.prediction = smoke.predict(endpoint, endpoint, "direct")
+            summary.prediction = smoke.predict(endpoint, endpoint, "direct", auth)
         else:
             with tunnel(owner, port, "smoke") as base:
                 summary.prediction = smoke.predict(
-                    base, endpoint, f"ssh tunnel through {owner.host}"
+                    base, endpoint, f"ssh tunnel through {owner.host}", auth
                 )
         console.line(f"  {summary.prediction.describe()}")
     return summary
@@ -160,6 +174,7 @@ def _group_stages(
     steps: Steps,
     console: Console,
     summary: Summary,
+    auth: client.Auth,
 ) -> Summary:
     with steps("converge", "group mode: each node converges itself"):
         console.line(
@@ -173,7 +188,7 @@ def _group_stages(
             summary.group = f"{health.healthy}/{health.desired} healthy targets"
     with steps("smoke", f"one prediction through the endpoint {outputs.get('endpoint')}"):
         summary.prediction = smoke.predict(
-            str(outputs["endpoint"]), str(outputs["endpoint"]), "direct"
+            str(outputs["endpoint"]), str(outputs["endpoint"]), "direct", auth
         )
         console.line(f"  {summary.prediction.describe()}")
     return summary
@@ -295,7 +310,8 @@ def status_of(
         inventory.write(stack, inv, inventory_root, writer="torchfleet status")
         hosts = converge.hostvars(inventory_root / stack)
         port = _service_port(outputs, cfg)
-        summary.nodes = [readiness.probe(t, port) for t in targets(hosts, private_key)]
+        auth = auth_of(outputs)
+        summary.nodes = [readiness.probe(t, port, auth) for t in targets(hosts, private_key)]
     elif (cfg.cloud if cfg else None) == "aws":
         health = readiness.aws_group_health(stack, outputs)
         summary.group = (

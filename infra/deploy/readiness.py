@@ -58,9 +58,9 @@ class NodeState:
         )
 
 
-def look(base: str, node: NodeState) -> None:
+def look(base: str, node: NodeState, auth: client.Auth | None = None) -> None:
     node.readyz, _, _ = client.request("GET", base + HEALTH_PATH, timeout=10)
-    code, body, _ = client.request("GET", base + "/v1/model", timeout=10)
+    code, body, _ = client.request("GET", base + "/v1/model", timeout=10, auth=auth)
     if code == 200:
         try:
             node.model = json.loads(body)
@@ -69,34 +69,42 @@ def look(base: str, node: NodeState) -> None:
 
 
 def wait_node(
-    target: SshTarget, service_port: int, timeout_s: float, stage: str = "readiness"
+    target: SshTarget,
+    service_port: int,
+    timeout_s: float,
+    stage: str = "readiness",
+    auth: client.Auth | None = None,
 ) -> NodeState:
     node = NodeState(target.host, target.address)
     started = time.monotonic()
     with tunnel(target, service_port, stage) as base:
         while True:
-            look(base, node)
+            look(base, node, auth)
             node.waited_s = time.monotonic() - started
             if node.ready or node.waited_s >= timeout_s:
                 return node
             time.sleep(POLL_S)
 
 
-def probe(target: SshTarget, service_port: int) -> NodeState:
+def probe(target: SshTarget, service_port: int, auth: client.Auth | None = None) -> NodeState:
     """One look, no waiting; an unreachable node is a state, not an error."""
     try:
-        return wait_node(target, service_port, 0, stage="status")
+        return wait_node(target, service_port, 0, stage="status", auth=auth)
     except StageError as err:
         return NodeState(target.host, target.address, error=err.message)
 
 
 def wait_instances(
-    targets: list[SshTarget], service_port: int, console: Console, timeout_s: float
+    targets: list[SshTarget],
+    service_port: int,
+    console: Console,
+    timeout_s: float,
+    auth: client.Auth | None = None,
 ) -> list[NodeState]:
     nodes = []
     width = max([len(t.host) for t in targets] + [4])
     for target in targets:
-        node = wait_node(target, service_port, timeout_s)
+        node = wait_node(target, service_port, timeout_s, auth=auth)
         nodes.append(node)
         console.line(
             f"  {node.host:<{width}}  /readyz {node.readyz or 'no answer'} after "

@@ -38,14 +38,22 @@ def _size(row: Any) -> int:
     return 1
 
 
-def predict(base: str, endpoint: str, via: str) -> Prediction:
-    """POST one instance to `base` (the endpoint itself, or a tunnel to it)."""
-    code, body, _ = client.request("GET", base.rstrip("/") + "/v1/model", timeout=30)
+def predict(base: str, endpoint: str, via: str, auth: client.Auth | None = None) -> Prediction:
+    """POST one instance to `base` (the endpoint itself, or a tunnel to it) with the stack's
+    token, checking an https endpoint's certificate."""
+    try:
+        return _predict(base, endpoint, via, auth)
+    except client.ClientError as err:
+        raise StageError("smoke", str(err), fix="check the endpoint's certificate") from None
+
+
+def _predict(base: str, endpoint: str, via: str, auth: client.Auth | None) -> Prediction:
+    code, body, _ = client.request("GET", base.rstrip("/") + "/v1/model", timeout=30, auth=auth)
     if code != 200:
         raise StageError(
             "smoke",
             f"GET {endpoint.rstrip('/')}/v1/model ({via}) answered {code or 'nothing'}",
-            fix=_fix(via),
+            fix=_fix(via, code),
         )
     try:
         payload, headers = client.card_payload(json.loads(body), batch=1, binary=False)
@@ -57,20 +65,25 @@ def predict(base: str, endpoint: str, via: str) -> Prediction:
             "runtime config)",
         ) from None
     code, body, took = client.request(
-        "POST", base.rstrip("/") + "/v1/predict", payload, headers, timeout=60
+        "POST", base.rstrip("/") + "/v1/predict", payload, headers, timeout=60, auth=auth
     )
     if code != 200:
         raise StageError(
             "smoke",
             f"POST {endpoint.rstrip('/')}/v1/predict ({via}) answered "
             f"{code or 'nothing'}: {body[:300].decode(errors='replace')}",
-            fix=_fix(via),
+            fix=_fix(via, code),
         )
     outputs = json.loads(body).get("outputs") or []
     return Prediction(endpoint, via, code, took, len(outputs), _size(outputs[0]) if outputs else 0)
 
 
-def _fix(via: str) -> str:
+def _fix(via: str, code: int | None = None) -> str:
+    if code == 401:
+        return (
+            "the endpoint refused the stack's API token (output api_token): a rotation in "
+            "progress (torchfleet rotate-token) or a node that has not read its token yet"
+        )
     if via == "direct":
         return (
             "an internal load balancer (no torchfleet:client_cidrs) answers only inside the "

@@ -79,7 +79,7 @@ def test_status_reports_each_node_and_exits_7_when_one_is_not_ready(
     monkeypatch.setattr(automation, "open_stack", lambda name: stack)
     seen = []
 
-    def probe(target, port):
+    def probe(target, port, auth=None):
         seen.append((target.host, target.address, target.user, target.key_file, port))
         return NodeState(target.host, target.address, readyz=503)
 

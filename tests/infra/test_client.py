@@ -88,3 +88,62 @@ def test_mistakes_are_one_line_errors(runtime, call, message):
     with pytest.raises(client.ClientError) as err:
         call(runtime)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+class Echo(BaseHTTPRequestHandler):
+    """Answers with the Authorization header it got (tests only; never a real token)."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        body = json.dumps({"authorization": self.headers.get("Authorization")}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_GET
+
+
+@pytest.fixture(scope="module")
+def tls_echo(tmp_path_factory):
+    """An https server on loopback with a certificate of a CA made for this module."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    folder = tmp_path_factory.mktemp("tls")
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("127.0.0.1").configure_cert(ctx)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"https://127.0.0.1:{server.server_address[1]}", str(folder / "ca.pem")
+    server.shutdown()
+    server.server_close()
+
+
+def test_every_request_carries_the_token_and_checks_the_certificate(tls_echo):
+    url, ca = tls_echo
+    auth = client.Auth(token="tok-0123456789abcdef", cafile=ca)
+    status, body, _ = client.request("GET", url + "/v1/model", auth=auth)
+    assert status == 200 and json.loads(body) == {"authorization": "Bearer tok-0123456789abcdef"}
+    target = client.Target.parse(url, auth)
+    assert client.get_json(target, "/v1/model", 5)["authorization"] == "Bearer tok-0123456789abcdef"
+    conn = target.connection(5)  # the load generator's kept connection: the same header
+    try:
+        status, body, _ = client.post_once(conn, "/v1/predict", b"{}", {})
+    finally:
+        conn.close()
+    assert json.loads(body) == {"authorization": "Bearer tok-0123456789abcdef"}
+    # a header the caller set wins (a test of a wrong token must send the wrong one)
+    status, body, _ = client.request(
+        "GET", url + "/x", headers={"Authorization": "Bearer other"}, auth=auth
+    )
+    assert json.loads(body) == {"authorization": "Bearer other"}
+    # without the run's CA the certificate does not verify: an error, never "no answer"
+    with pytest.raises(client.ClientError, match="certificate does not verify"):
+        client.request("GET", url + "/v1/model", auth=client.Auth(token="t"))
