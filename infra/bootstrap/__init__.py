@@ -37,8 +37,8 @@ CLOUDS = ("aws", "alicloud")
 MODES = ("cold", "baked", "bake")
 # Overrides for tests (moto, a fake metadata service): one per API the agent calls.
 ENDPOINTS = {
-    "aws": ("s3", "autoscaling", "cloudwatch", "imds"),
-    "alicloud": ("oss", "ess", "cms", "imds"),
+    "aws": ("s3", "autoscaling", "cloudwatch", "elbv2", "secretsmanager", "imds"),
+    "alicloud": ("oss", "ess", "cms", "slb", "kms", "imds"),
 }
 
 
@@ -74,6 +74,13 @@ class BootstrapSpec:
     # ansible-core): a mirror in China regions (("--index-url", URL),), an offline wheelhouse in
     # tests. Empty: pip's default index.
     pip_args: tuple[str, ...] = ()
+    # The stack's API token: the name of its secret (AWS Secrets Manager, Alibaba KMS), which the
+    # node reads with its own credentials; never the token itself.
+    api_token_secret: str | None = None
+    # What the node leaves before it drains (torchfleet_agent/leave.py): the ALB's target group
+    # (AWS group mode), the CLB (Alibaba group mode).
+    target_group_arn: str | None = None
+    load_balancer_id: str | None = None
 
 
 def _problems(spec: BootstrapSpec) -> list[str]:

@@ -152,7 +152,9 @@ def test_a_bad_spec_names_every_field_and_what_is_allowed() -> None:
         assert expected in text, text
     with pytest.raises(BootstrapError, match=r"endpoints\['s3'\]='ftp://x': allowed an http"):
         render_user_data(spec(endpoints={"s3": "ftp://x"}))
-    with pytest.raises(BootstrapError, match="allowed keys for alicloud: oss, ess, cms, imds"):
+    with pytest.raises(
+        BootstrapError, match="allowed keys for alicloud: oss, ess, cms, slb, kms, imds"
+    ):
         render_user_data(spec("alicloud", endpoints={"s3": "http://127.0.0.1:1"}))
 
 

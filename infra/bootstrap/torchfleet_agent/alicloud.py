@@ -1,6 +1,10 @@
 """Alibaba Cloud through its official SDKs (the bootstrap venv's pins), with the ECS RAM role's
 STS credentials from the metadata service (alibabacloud-credentials): Auto Scaling (ESS API
-2022-02-22) lifecycle actions, CloudMonitor custom metrics, OSS downloads.
+2022-02-22) lifecycle actions, CloudMonitor custom metrics, OSS downloads, the stack's API token
+(KMS secret, API 2016-01-20) and leaving the CLB (SLB API 2014-05-15: backend weight 0) before a
+drain. KMS and SLB go through the OpenAPI SDK's own client (`call_api`, the signed RPC call each
+product SDK wraps), which the bootstrap venv already pins: two more product SDKs on every node
+Python for one call each were not worth their pins.
 
 ECS metadata has no target lifecycle state: the group's view of this node comes from ESS
 (DescribeScalingInstances). ESS hands lifecycle action tokens out per scaling activity, so
@@ -19,7 +23,9 @@ from alibabacloud_cms20190101 import models as cms_models
 from alibabacloud_cms20190101.client import Client as CmsClient
 from alibabacloud_ess20220222 import models as ess_models
 from alibabacloud_ess20220222.client import Client as EssClient
-from alibabacloud_tea_openapi.models import Config
+from alibabacloud_tea_openapi.client import Client as OpenApiClient
+from alibabacloud_tea_openapi.models import Config, OpenApiRequest, Params
+from darabonba.runtime import RuntimeOptions
 
 from . import boot
 from .boot import NodeConfig
@@ -27,6 +33,7 @@ from .cloud import Identity, Metrics
 from .imds import Imds
 
 HEARTBEAT_TIMEOUT_S = 600  # what each heartbeat extends the launch action to
+RPC_VERSIONS = {"kms": "2016-01-20", "slb": "2014-05-15"}
 
 
 def _target(
@@ -57,7 +64,39 @@ class Alicloud:
         if override:
             url = urllib.parse.urlsplit(override)
             config.endpoint, config.protocol = url.netloc, url.scheme
+        elif service in RPC_VERSIONS:  # the generic client has no endpoint table of its own
+            config.endpoint = f"{service}.{self.region}.aliyuncs.com"
         return config
+
+    def rpc(self, service: str, action: str, query: dict[str, str]) -> dict[str, Any]:
+        """One signed RPC call of `service` (kms, slb) through the OpenAPI client."""
+        params = Params(
+            action=action,
+            version=RPC_VERSIONS[service],
+            protocol="HTTPS",
+            pathname="/",
+            method="POST",
+            auth_type="AK",
+            style="RPC",
+            req_body_type="formData",
+            body_type="json",
+        )
+        client = OpenApiClient(self._config(service))
+        reply = client.call_api(params, OpenApiRequest(query=query), RuntimeOptions())
+        body: dict[str, Any] = reply.get("body") or {}
+        return body
+
+    def spot_notice(self) -> str | None:
+        """The release time once ECS has posted a spot notice (404 before)."""
+        return self.imds.get("instance/spot/termination-time")
+
+    def balancer(self, instance_id: str) -> ClbBackend | None:
+        lb = self.cfg.get("load_balancer_id")
+        return ClbBackend(self, lb, instance_id) if lb else None
+
+    def api_tokens(self, name: str) -> str:
+        found = self.rpc("kms", "GetSecretValue", {"SecretName": name})
+        return str(found["SecretData"])
 
     @property
     def ess(self) -> EssClient:
@@ -207,3 +246,26 @@ class Alicloud:
             for name, (value, _unit) in sorted(values.items())
         ]
         self.cms.put_custom_metric(cms_models.PutCustomMetricRequest(metric_list=metrics))
+
+
+class ClbBackend:
+    """This node among the CLB's backend servers (ESS attached it): weight 0 stops new requests,
+    those in flight finish; ESS removes the server when the instance leaves the group."""
+
+    def __init__(self, cloud: Alicloud, load_balancer_id: str, instance_id: str) -> None:
+        self.cloud, self.lb, self.instance_id = cloud, load_balancer_id, instance_id
+
+    def describe(self) -> str:
+        return f"load balancer {self.lb}"
+
+    def leave(self) -> None:
+        servers = [{"ServerId": self.instance_id, "Weight": "0", "Type": "ecs"}]
+        self.cloud.rpc(
+            "slb",
+            "SetBackendServers",
+            {
+                "RegionId": self.cloud.region,
+                "LoadBalancerId": self.lb,
+                "BackendServers": json.dumps(servers),
+            },
+        )

@@ -1,6 +1,8 @@
 """AWS through boto3 (the bootstrap venv's pins), with the instance role's credentials through
-IMDSv2: Auto Scaling lifecycle actions, CloudWatch metrics, S3 downloads. The group's view of
-this node (target lifecycle state) is in the instance metadata itself."""
+IMDSv2: Auto Scaling lifecycle actions, CloudWatch metrics, S3 downloads, the stack's API token
+(Secrets Manager), leaving the ALB's target group (elbv2 DeregisterTargets) before a drain. The
+group's view of this node (target lifecycle state) and a spot notice are in the instance
+metadata itself."""
 
 from __future__ import annotations
 
@@ -50,6 +52,18 @@ class Aws:
     def heartbeat(self, hook: str, instance_id: str) -> None:
         self._hook("record_lifecycle_action_heartbeat", hook, instance_id)
 
+    def spot_notice(self) -> str | None:
+        """The instance-action document once AWS has posted a spot notice (404 before)."""
+        return self.imds.get("spot/instance-action")
+
+    def balancer(self, instance_id: str) -> TargetGroup | None:
+        arn = self.cfg.get("target_group_arn")
+        return TargetGroup(self.client("elbv2"), arn, instance_id) if arn else None
+
+    def api_tokens(self, name: str) -> str:
+        value: str = self.client("secretsmanager").get_secret_value(SecretId=name)["SecretString"]
+        return value
+
     def put_metrics(self, values: Metrics) -> None:
         dims = [{"Name": "AutoScalingGroupName", "Value": self.cfg["group_name"]}]
         self.client("cloudwatch").put_metric_data(
@@ -61,3 +75,17 @@ class Aws:
                 if name != "RequestRate"
             ],
         )
+
+
+class TargetGroup:
+    """This node in the ALB's target group: deregistering stops new requests at once, and the
+    group's deregistration delay lets those in flight finish (infra.lifecycle)."""
+
+    def __init__(self, elbv2: Any, arn: str, instance_id: str) -> None:
+        self.elbv2, self.arn, self.instance_id = elbv2, arn, instance_id
+
+    def describe(self) -> str:
+        return f"target group {self.arn.rsplit(':', 1)[-1]}"
+
+    def leave(self) -> None:
+        self.elbv2.deregister_targets(TargetGroupArn=self.arn, Targets=[{"Id": self.instance_id}])

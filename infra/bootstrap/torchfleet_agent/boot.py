@@ -163,6 +163,11 @@ class NodeConfig(TypedDict, total=False):
     metrics_group_id: str | None
     poweroff: bool
     pip_args: list[str]
+    # the stack's API token in the cloud's secret store (read with the node's credentials), and
+    # the load balancer this node leaves before a drain (AWS target group, Alibaba CLB id)
+    api_token_secret: str | None
+    target_group_arn: str | None
+    load_balancer_id: str | None
 
 
 class Failure(Exception):

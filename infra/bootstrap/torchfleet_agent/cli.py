@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import grp
 import json
+import os
 import sys
 import urllib.parse
 from typing import Callable, Sequence
 
 from . import boot, image, lifecycle, metrics
 from .bootstrap import bootstrap
+from .cloud import cloud_of
 from .state import State
 
 
@@ -28,6 +31,32 @@ def fetch(argv: Sequence[str]) -> int:
     return 0
 
 
+def api_token(argv: Sequence[str]) -> int:
+    """api-token DEST [GROUP]: the stack's API tokens from the cloud's secret store, read with
+    the instance's credentials, into DEST (0640, root:GROUP) for the runtime's api_token_file.
+    Logs how many tokens, never one."""
+    if len(argv) not in (1, 2):
+        print("usage: torchfleet-node api-token DEST [GROUP]", file=sys.stderr)
+        return 2
+    cfg = boot.load_config()
+    name = (cfg or {}).get("api_token_secret")
+    if not cfg or not name:
+        boot.log(f"no api_token_secret in {boot.CONFIG}: no token to read")
+        return 1
+    text = cloud_of(cfg).api_tokens(name)
+    dest = argv[0]
+    gid = grp.getgrnam(argv[1]).gr_gid if len(argv) == 2 else -1
+    fd = os.open(dest + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    with os.fdopen(fd, "w") as f:
+        f.write(text.rstrip("\n") + "\n")
+    os.chown(dest + ".tmp", 0 if os.geteuid() == 0 else -1, gid)
+    os.chmod(dest + ".tmp", 0o640)
+    os.replace(dest + ".tmp", dest)
+    count = sum(1 for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    boot.log(f"{count} API token(s) of secret {name} written to {dest}")
+    return 0
+
+
 def status(_argv: Sequence[str]) -> int:
     print(json.dumps(State().doc, indent=2, sort_keys=True))
     return 0
@@ -38,6 +67,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "lifecycle-watch": lifecycle.lifecycle_watch,
     "publish-metrics": metrics.publish_metrics,
     "fetch": fetch,
+    "api-token": api_token,
     "status": status,
     "prepare-image": lambda _argv: image.prepare_image(),
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Dict, Protocol, Tuple, TypedDict
 
 from .boot import NodeConfig
+from .leave import Balancer
 
 
 class Identity(TypedDict):
@@ -32,6 +33,12 @@ class Cloud(Protocol):
     def heartbeat(self, hook: str, instance_id: str) -> None: ...
 
     def put_metrics(self, values: Metrics) -> None: ...
+
+    def spot_notice(self) -> str | None: ...
+
+    def balancer(self, instance_id: str) -> Balancer | None: ...
+
+    def api_tokens(self, name: str) -> str: ...
 
 
 def cloud_of(cfg: NodeConfig) -> Cloud:

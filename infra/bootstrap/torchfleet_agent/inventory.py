@@ -48,14 +48,16 @@ def write_inventory(cfg: NodeConfig, ident: Identity, tree: str) -> str:
         },
     )
     fetch = [boot.COMMAND, "fetch"]
-    boot.write_json(
-        os.path.join(boot.WORK, "node-vars.json"),
-        {
-            "inference_runtime_wheel": os.path.join(tree, manifest["runtime_wheel"]),
-            "inference_runtime_compat_wheel": os.path.join(tree, manifest["compat_wheel"]),
-            "inference_runtime_s3_command": fetch,
-            "inference_runtime_oss_command": fetch,
-            "inference_runtime_port": cfg.get("service_port", 8080),
-        },
-    )
+    node_vars: dict[str, Any] = {
+        "inference_runtime_wheel": os.path.join(tree, manifest["runtime_wheel"]),
+        "inference_runtime_compat_wheel": os.path.join(tree, manifest["compat_wheel"]),
+        "inference_runtime_s3_command": fetch,
+        "inference_runtime_oss_command": fetch,
+        "inference_runtime_port": cfg.get("service_port", 8080),
+    }
+    if cfg.get("api_token_secret"):  # read on the node with its own credentials
+        node_vars["inference_runtime_api_token_command"] = [boot.COMMAND, "api-token"]
+    if cfg.get("group_name"):  # the lifecycle watcher leaves the balancer, then drains
+        node_vars["inference_runtime_spot_watch"] = "off"
+    boot.write_json(os.path.join(boot.WORK, "node-vars.json"), node_vars)
     return os.path.join(inv, "hosts.json")

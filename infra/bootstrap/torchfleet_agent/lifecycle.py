@@ -1,6 +1,7 @@
 """The scaling group's lifecycle hooks: heartbeats while a node configures itself, completing
 the launch action once /readyz answers 200 (or abandoning it on failure), and the watcher that
-drains a terminating node before it lets the group take it. infra/lifecycle.py derives the
+takes a leaving node (the group terminates it, or a spot notice came) out of its load balancer,
+then drains it (leave.py), before it lets the group take it. infra/lifecycle.py derives the
 hooks' timeouts from HEARTBEAT_S and WATCH_POLL_S."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Literal, Sequence, cast
 from . import boot
 from .boot import NodeConfig
 from .cloud import Cloud, Identity, cloud_of
+from .leave import SETTLE_S, leave_then_drain
 from .state import State
 
 RUNTIME = "torchfleet-runtime.service"
@@ -69,9 +71,21 @@ def complete(
     state.update(lifecycle=dict(state["lifecycle"] or {}, **{name: result}))
 
 
+def leave(cfg: NodeConfig, cloud: Cloud, ident: Identity, why: str, state: State) -> None:
+    """Out of the load balancer, then drain the runtime (systemctl stop: SIGTERM drains it)."""
+    state.update(state="terminating", leaving=why)
+    leave_then_drain(
+        cloud.balancer(ident["instance_id"]),
+        lambda: boot.run(["systemctl", "stop", RUNTIME]),
+        SETTLE_S[cfg["cloud"]],
+        why,
+    )
+
+
 def lifecycle_watch(_argv: Sequence[str]) -> int:
-    """terminating -> drain the runtime (systemctl stop; SIGTERM drains it) -> CONTINUE; a
-    running warm-pool node put in service -> CONTINUE its launch action."""
+    """terminating, or a spot notice -> leave the load balancer, drain the runtime -> CONTINUE
+    the terminating action (a spot node is taken by the cloud); a running warm-pool node put in
+    service -> CONTINUE its launch action."""
     cfg = boot.load_config()
     if not cfg:
         boot.log(f"no {boot.CONFIG}: nothing to watch")
@@ -81,10 +95,12 @@ def lifecycle_watch(_argv: Sequence[str]) -> int:
         try:
             target, state = cloud.target_state(), State()
             ident = cast(Identity, dict(state["identity"] or {}, target=target))
+            notice = cloud.spot_notice() if target != "Terminated" else None
+            if notice:
+                leave(cfg, cloud, ident, f"spot notice ({notice.strip()[:120]})", state)
+                return 0
             if target == "Terminated":
-                boot.log("terminating: draining the runtime")
-                state.update(state="terminating")
-                boot.run(["systemctl", "stop", RUNTIME])  # /readyz 503, in-flight requests finish
+                leave(cfg, cloud, ident, "terminating", state)
                 complete(cfg, cloud, ident, "terminate_hook", "CONTINUE", state)
                 return 0
             if target == "InService" and state["state"] == "warmed":
