@@ -21,6 +21,11 @@ APT_PACKAGES+=("${BINARY_ONLY_PACKAGES[@]}")
 # Debian's Chromium: tests/docs/ loads the docs site in it, headless, through Playwright (which
 # downloads no browser of its own).
 APT_PACKAGES+=(chromium)
+# HAProxy: the local fleet's load balancer (infra/deploy/balancer.py; the demo and the edge
+# tests run it themselves, so its own service is disabled like the ones above); openssl's
+# s_client proves old TLS versions are refused.
+APT_PACKAGES+=(haproxy openssl)
+BINARY_ONLY_PACKAGES+=(haproxy)
 
 log() { printf '[setup] %s\n' "$*"; }
 
