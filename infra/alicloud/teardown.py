@@ -2,7 +2,8 @@
 
 Instances mode: OOS timer-triggered executions of the public templates
 ACS-ECS-ScheduleToStopInstances / ACS-ECS-ScheduleToStartInstances, targeting this fleet by tag
-with a RAM role that may only start, stop and list instances; the TTL is the instances' own
+with a RAM role that may only start and stop this stack's own instances (by id) and list
+instances; the TTL is the instances' own
 `auto_release_time` (set by the fleet). Group mode: ESS scheduled tasks (UTC, weekly) resize the
 group to zero and back; a one-off task empties it at the TTL."""
 
@@ -88,18 +89,26 @@ class AlicloudTeardown(pulumi.ComponentResource):
             f"{name}-oos",
             policy_name=f"{cfg.name}-oos",
             description="start/stop GPU nodes",
-            policy_document=json.dumps(
-                {
-                    "Version": "1",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Action": ["ecs:StartInstance", "ecs:StopInstance"],
-                            "Resource": [f"acs:ecs:{cfg.region}:*:instance/*"],
-                        },
-                        {"Effect": "Allow", "Action": ["ecs:DescribeInstances"], "Resource": ["*"]},
-                    ],
-                }
+            # The stack's own instances by id: a replaced node is a new id, and the next `up`
+            # updates this document with it.
+            policy_document=pulumi.Output.all(*[i.id for i in fleet.instances]).apply(
+                lambda ids: json.dumps(
+                    {
+                        "Version": "1",
+                        "Statement": [
+                            {
+                                "Effect": "Allow",
+                                "Action": ["ecs:StartInstance", "ecs:StopInstance"],
+                                "Resource": [f"acs:ecs:{cfg.region}:*:instance/{i}" for i in ids],
+                            },
+                            {
+                                "Effect": "Allow",
+                                "Action": ["ecs:DescribeInstances"],
+                                "Resource": ["*"],
+                            },
+                        ],
+                    }
+                )
             ),
             force=True,
             tags=self.tags,

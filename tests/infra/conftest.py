@@ -62,6 +62,15 @@ def runs():
     return {stack: run_offline(stack, stack_values(stack)) for stack in STACKS}
 
 
+@pytest.fixture(scope="session")
+def every(runs):
+    """Every example stack's run: the four fleets' (shared with `runs`) and the two clusters'."""
+    from infra.offline import run_offline
+    from infra.plan import KUBERNETES_STACKS
+
+    return {**runs, **{s: run_offline(s, stack_values(s)) for s in KUBERNETES_STACKS}}
+
+
 @pytest.fixture(params=STACKS)
 def run(request, runs):
     return runs[request.param]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import ipaddress
+import json
 import re
 from functools import cache
 
@@ -345,7 +346,7 @@ def test_least_privilege_roles(runs):
             for statement in json.loads(policy.inputs["policyDocument"])["Statement"]:
                 actions = statement["Action"]
                 assert "*" not in actions and not any(a.endswith(":*") for a in actions)
-                if "*" in statement["Resource"]:
+                if any(_region_wide(r) for r in statement["Resource"]):
                     assert (
                         statement["Resource"] == ["*"] and set(actions) <= RAM_NO_RESOURCE_LEVEL
                     ), statement
@@ -394,4 +395,82 @@ def test_dev_ttl_cancels_persistent_spot_requests_before_terminating(runs):
     }
     assert sorted(r.rsplit("/", 1)[1] for r in grants["ec2:CancelSpotInstanceRequests"]) == sorted(
         requests
+    )
+
+
+def _region_wide(resource: str) -> bool:
+    """A resource that names a whole type of a region (`...:instance/*`, `...:*`), not this
+    stack's own. Bucket objects under a named bucket are the stack's own."""
+    if resource == "*":
+        return True
+    fields = 5 if resource.startswith("acs:") else 6  # acs:svc:region:account:res, arn:part:...
+    parts = resource.split(":", fields - 1)
+    if len(parts) < fields:
+        return True
+    service, rest = parts[fields - 4], parts[-1]
+    if service in ("s3", "oss"):
+        return rest.split("/", 1)[0] in ("", "*")
+    ident = rest.rpartition("/")[2]
+    return ident in ("", "*") or rest.endswith(":*")
+
+
+@pytest.mark.parametrize(
+    ("resource", "wide"),
+    [
+        ("acs:ecs:cn-hangzhou:*:instance/*", True),
+        ("acs:ecs:cn-hangzhou:*:instance/i-0abc", False),
+        ("acs:ess:cn-shanghai:*:scalinggroup/asg-1", False),
+        ("acs:oss:*:*:example-models/*", False),
+        ("acs:oss:*:*:*", True),
+        ("arn:aws:elasticloadbalancing:us-east-1:1:targetgroup/*", True),
+        ("*", True),
+    ],
+)
+def test_the_region_wide_check_itself(resource, wide):
+    assert _region_wide(resource) is wide
+
+
+def _read_only(action: str) -> bool:
+    return action.split(":", 1)[1].startswith(("Describe", "Get", "List"))
+
+
+def test_no_role_of_any_stack_acts_on_a_whole_region(every):
+    """Every grant names the stack's own resources; "*" only for actions that have no
+    resource-level permission (and then read-only or scoped by a condition)."""
+    checked = 0
+    for run in every.values():
+        documents = [
+            json.loads(p.inputs["policy"]) for p in run.of_type("aws:iam/rolePolicy:RolePolicy")
+        ]
+        documents += [
+            json.loads(p.inputs["policyDocument"])
+            for p in run.of_type("alicloud:ram/policy:Policy")
+        ]
+        for doc in documents:
+            for statement in doc["Statement"]:
+                resources = statement["Resource"]
+                resources = [resources] if isinstance(resources, str) else resources
+                actions = statement["Action"]
+                actions = set([actions] if isinstance(actions, str) else actions)
+                for resource in resources:
+                    if _region_wide(resource):
+                        unscoped = {a for a in actions if not _read_only(a)}
+                        unscoped -= set(NO_RESOURCE_LEVEL) | RAM_NO_RESOURCE_LEVEL
+                        assert not unscoped or "Condition" in statement, (run.stack, statement)
+                    checked += 1
+    assert checked >= 20
+
+
+def test_the_alibaba_schedule_role_starts_and_stops_only_the_stacks_instances(runs):
+    run = runs["alicloud-dev"]
+    (policy,) = [p for p in run.of_type("alicloud:ram/policy:Policy") if p.name.endswith("-oos")]
+    (statement,) = [
+        s
+        for s in json.loads(policy.inputs["policyDocument"])["Statement"]
+        if "ecs:StopInstance" in s["Action"]
+    ]
+    ids = [f"{i.name}-id" for i in run.of_type("alicloud:ecs/instance:Instance")]
+    assert len(ids) == 2
+    assert sorted(statement["Resource"]) == sorted(
+        f"acs:ecs:cn-hangzhou:*:instance/{i}" for i in ids
     )
