@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from torchfleet_compat import matrix as compat
 from torchfleet_compat.problems import InvalidInput, Problems
 
-from infra import catalog
+from infra import catalog, edge
 from infra.addressing import BLOCKS, MAX_ZONES
 from infra.catalog import InstanceType
 from infra.constants import PROJECT, SERVICE_PORT
@@ -246,6 +246,24 @@ FIELDS: dict[str, Key] = {
         "see infra/k8s/settings.py",
         subkeys=k8s_settings.SUBKEYS,
     ),
+    "tls": Key(
+        "mapping",
+        "HTTPS at the load balancer (required for a prod stack with client_cidrs)",
+        "certificate (an ACM ARN on aws, a CLB server certificate id on alicloud), "
+        "min_version 1.2 | 1.3 (1.2 on alicloud), redirect_http (default true: HTTP answers 301)",
+        subkeys=edge.SUBKEYS,
+    ),
+    "api_token": Key(
+        "string",
+        "the bearer token clients send (set it as a Pulumi secret)",
+        "16-512 of A-Z a-z 0-9 . _ ~ + / = -",
+        derived="generated once (pulumi_random), kept as a Pulumi secret",
+    ),
+    "api_token_next": Key(
+        "string",
+        "the next token during a rotation: nodes accept both (torchfleet rotate-token sets it)",
+        "16-512 of A-Z a-z 0-9 . _ ~ + / = -, not api_token",
+    ),
     "monitoring": Key(
         "mapping",
         "the stack's monitoring host",
@@ -371,6 +389,9 @@ class StackConfig:
 
     kubernetes: KubernetesSettings | None = None  # mode: kubernetes only
     monitoring: Monitoring | None = None  # None: no monitoring host
+    tls: edge.Tls | None = None  # None: plain HTTP at the load balancer (never public prod)
+    api_token: str | None = field(default=None, repr=False)  # None: generated (infra.edge)
+    api_token_next: str | None = field(default=None, repr=False)  # during a rotation only
 
     @property
     def bootstrap_mode(self) -> str:
@@ -627,6 +648,19 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
     _fleet_checks(r, image, boot, nodes, spot, warm_pool)
     kubernetes = _kubernetes(r, cloud, mode, zones, itypes, nodes, spot, image, bucket)
     monitoring = _monitoring(r, cloud, mode)
+    tls = edge.parse_tls(
+        r,
+        r.structured("tls", dict),
+        cloud=cloud,
+        region=region or "",
+        env=env,
+        mode=mode,
+        client_cidrs=client,
+    )
+    token = edge.check_token(r, "api_token", r.get("api_token"))
+    token_next = edge.check_token(r, "api_token_next", r.get("api_token_next"))
+    if token_next is not None and token_next == token:
+        r.fail("api_token_next", "(secret)", "a token other than api_token")
     if r.problems:
         raise ConfigError(r.problems)
     assert env and mode and itype and nodes and spot and port and distro and profile and disk
@@ -661,6 +695,9 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
         warm_pool=warm_pool,
         kubernetes=kubernetes,
         monitoring=monitoring,
+        tls=tls,
+        api_token=token,
+        api_token_next=token_next,
     )
 
 

@@ -8,7 +8,6 @@ one of them under its own name assigns it from here, never restates the literal.
 - `HEALTH_PATH`: the runtime's readiness endpoint (runtime/src/torchfleet_runtime/server.py
   answers 200 only once warmed and not draining): the load balancers' health checks, the
   Kubernetes probes and the controller's readiness wait ask it.
-- `LB_PORT`: the port clients reach on a load balancer (HTTP; TLS ends in front of it).
 - `SERVICE_PORT`: the runtime's default port (the runtime's `port` default and the
   inference_runtime role's `inference_runtime_port`); the stack key `service_port` overrides it.
 """
@@ -17,5 +16,4 @@ from __future__ import annotations
 
 PROJECT = "torchfleet"
 HEALTH_PATH = "/readyz"
-LB_PORT = 80
 SERVICE_PORT = 8080

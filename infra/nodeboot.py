@@ -20,6 +20,7 @@ from typing import Any
 
 import pulumi
 
+from infra import edge
 from infra.config import StackConfig
 from infra.constants import PROJECT
 
@@ -89,6 +90,7 @@ def user_data(
             terminate_hook=TERMINATE_HOOK if group else None,
             service_port=cfg.service_port,
             metrics_namespace=METRICS_NAMESPACE,
+            api_token_secret=edge.secret_name(cfg),
             **dict(zip(names, values[1:], strict=True)),
         )
         return base64.b64encode(render_user_data(spec).encode()).decode()

@@ -40,6 +40,7 @@ class Registered:
     # Resource options as the engine saw them: URNs depended on, replace-on-changes properties.
     dependencies: tuple[str, ...] = ()
     replace_on_changes: tuple[str, ...] = ()
+    secrets: frozenset[str] = frozenset()  # input properties that carried a Pulumi secret
 
 
 @dataclass
@@ -48,6 +49,7 @@ class OfflineRun:
     resources: list[Registered]
     outputs: dict[str, Any]
     calls: list[str]
+    secret_outputs: frozenset[str] = frozenset()
 
     def custom(self) -> list[Registered]:
         """Cloud resources (not components, not providers, not the stack)."""
@@ -65,6 +67,29 @@ class OfflineRun:
         ]
 
 
+# How the engine hands a secret value to a mock: this signature key beside the value.
+_SECRET_SIG = "4dabf18193072939515e22adb298388d"
+
+
+def _reveal(value: Any, key: str, found: set[str]) -> Any:
+    """`value` with every secret wrapper replaced by what it wraps; `key` recorded in `found`
+    when one was there."""
+    if isinstance(value, dict):
+        if _SECRET_SIG in value and "value" in value:
+            found.add(key)
+            return _reveal(value["value"], key, found)
+        return {k: _reveal(v, key, found) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_reveal(v, key, found) for v in value]
+    return value
+
+
+def offline_token(name: str) -> str:
+    """What the mock engine's pulumi_random hands out: a token of the runtime's characters that
+    a test can look for in everything the program wrote."""
+    return "offline" + hashlib.sha256(name.encode()).hexdigest()[:40]
+
+
 def _octet(name: str) -> int:
     return int(hashlib.sha256(name.encode()).hexdigest()[:2], 16) % 200 + 10
 
@@ -74,11 +99,16 @@ class OfflineMocks(pulumi.runtime.Mocks):
 
     def __init__(self) -> None:
         self.inputs: dict[tuple[str, str], dict[str, Any]] = {}
+        # the input properties (top level) that carried a Pulumi secret
+        self.secret_inputs: dict[tuple[str, str], frozenset[str]] = {}
         self.calls: list[str] = []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
-        self.inputs[(args.typ, args.name)] = dict(args.inputs)
-        out = dict(args.inputs)
+        secrets: set[str] = set()
+        inputs = {k: _reveal(v, k, secrets) for k, v in args.inputs.items()}
+        self.inputs[(args.typ, args.name)] = inputs
+        self.secret_inputs[(args.typ, args.name)] = frozenset(secrets)
+        out = dict(inputs)
         rid = f"{args.name}-id"
         n = _octet(args.name)
         if args.typ in ("aws:ec2/instance:Instance", "alicloud:ecs/instance:Instance"):
@@ -113,6 +143,8 @@ class OfflineMocks(pulumi.runtime.Mocks):
             out["address"] = f"198.51.100.{n}"
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             out["latestVersion"] = 1
+        elif args.typ == "random:index/randomPassword:RandomPassword":
+            out["result"] = offline_token(args.name)
         out.update(_kubernetes_mode_outputs(args.typ, args.name, n))
         if args.typ.startswith("aws:"):
             out.setdefault("arn", f"arn:aws:{args.typ.split(':')[1].split('/')[0]}:::{rid}")
@@ -231,9 +263,11 @@ def run_offline(
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(config_strings(config_values))
     resolved: dict[str, Any] = {}
+    exported: dict[str, Any] = {}
 
     def body() -> Any:
         outputs = program.run()
+        exported.update(outputs)
         return pulumi.Output.all(**outputs).apply(lambda values: resolved.update(values))
 
     _sync_await(run_pulumi_func(lambda: _sync_await(pulumi.Output.from_input(body()).future())))
@@ -246,11 +280,23 @@ def run_offline(
             custom,
             mocks.inputs.get((typ, name), {}),
             *monitor.options.get(urn, ((), ())),
+            mocks.secret_inputs.get((typ, name), frozenset()),
         )
         for urn, typ, name, parent, custom in monitor.registrations
     ]
+    secret_outputs = frozenset(
+        key
+        for key, value in exported.items()
+        if isinstance(value, pulumi.Output) and _sync_await(value.is_secret())
+    )
     if not [r for r in resources if r.custom and not r.type.startswith("pulumi:")]:
         raise RuntimeError(f"stack {stack}: the program registered no cloud resource")
     if not resolved:
         raise RuntimeError(f"stack {stack}: the program's outputs never resolved")
-    return OfflineRun(stack=stack, resources=resources, outputs=resolved, calls=mocks.calls)
+    return OfflineRun(
+        stack=stack,
+        resources=resources,
+        outputs=resolved,
+        calls=mocks.calls,
+        secret_outputs=secret_outputs,
+    )

@@ -379,6 +379,17 @@ class AckCluster(pulumi.ComponentResource):
                     LB_ANNOTATION + "acl-type": "white",
                 }
             )
+        if cfg.tls:  # the CLB ends TLS (no 1.0/1.1); HTTP only redirects
+            ports = ["https:443"] + (["http:80"] if cfg.tls.redirect_http else [])
+            annotations.update(
+                {
+                    LB_ANNOTATION + "protocol-port": ",".join(ports),
+                    LB_ANNOTATION + "cert-id": cfg.tls.certificate,
+                    LB_ANNOTATION + "tls-cipher-policy": cfg.tls.policy("alicloud"),
+                }
+            )
+            if cfg.tls.redirect_http:
+                annotations[LB_ANNOTATION + "forward-port"] = "80:443"
         return Placement(
             gpu_node_labels=gpu_node_labels(),
             service_annotations=annotations,
@@ -413,7 +424,7 @@ def deploy_kubernetes(
     )
     return cluster, Deployment(
         nodes=[],
-        endpoint=app.service.status.apply(lb_endpoint),
+        endpoint=app.service.status.apply(lambda status: lb_endpoint(status, cfg)),
         login_user="",
         extra_outputs={
             "cluster": {
@@ -426,5 +437,6 @@ def deploy_kubernetes(
             },
             "kubeconfig": cluster.kubeconfig,
             "cluster_cost": cluster_cost(cfg).as_dict(),
+            "api_token": app.token,
         },
     )

@@ -2,8 +2,10 @@
 (PostPaid, encrypted ESSD, hardened metadata, RAM role, auto-release as the dev TTL), or an ESS
 scaling group (per-type spot caps, on-demand base, spot remedy, on-demand compensation) behind
 a CLB that health-checks /readyz, whose nodes join through a lifecycle hook once ready, leave
-through one once drained, are replaced when the CLB finds them unhealthy, and scale on load
-(infra.alicloud.scaling). Every node carries the bootstrap user-data.
+the CLB (weight 0) and drain before the group takes them (terminating hook, spot notice), are
+replaced when the CLB finds them unhealthy, and scale on load (infra.alicloud.scaling). Every
+node carries the bootstrap user-data. The CLB's listeners and the API token's KMS secret are
+infra.alicloud.edge's.
 
 Rolling on a new bundle: ESS has no instance refresh for this group. pulumi_alicloud 4.0.0's
 ess.InstanceRefresh targets an image or a launch template only (no scaling configuration), and
@@ -23,12 +25,12 @@ from datetime import datetime
 import pulumi
 import pulumi_alicloud as alicloud
 
-from infra import images
+from infra import edge, images
+from infra.alicloud import edge as ali_edge
 from infra.alicloud import scaling
 from infra.alicloud.bundle_store import AlicloudBundleStore
 from infra.alicloud.network import AlicloudNetwork
 from infra.config import StackConfig
-from infra.constants import HEALTH_PATH, LB_PORT
 from infra.interface import NODE_ROLE_TAG, Deployment, instances_deployment
 from infra.nodeboot import group_name, user_data
 from infra.schedule import iso_utc
@@ -154,6 +156,12 @@ class AlicloudFleet(pulumi.ComponentResource):
             )
         ]
 
+        # The token's secret and the grant to read it: a node reads it while it configures.
+        self.token = edge.token(cfg, child)
+        self.grants += [
+            ali_edge.token_store(name, cfg, self.token, self.node_tags, child),
+            self._grant("api-token", "read the stack's API tokens", ali_edge.read_policy(cfg)),
+        ]
         if cfg.mode == "instances":
             self.instances = self._instances(network, image_id, expiry)
             self.deployment = instances_deployment(cfg, self.instances, image.login_user)
@@ -161,7 +169,7 @@ class AlicloudFleet(pulumi.ComponentResource):
             self.group, clb = self._group(network, image_id)
             self.deployment = Deployment(
                 nodes=[],
-                endpoint=clb.address.apply(lambda a: f"http://{a}/"),
+                endpoint=clb.address.apply(lambda a: edge.endpoint(cfg, a)),
                 login_user=image.login_user,
                 discovery={
                     "cloud": "alicloud",
@@ -172,9 +180,7 @@ class AlicloudFleet(pulumi.ComponentResource):
             )
         self.register_outputs({})
 
-    def _grant(
-        self, suffix: str, why: str, document: pulumi.Input[str]
-    ) -> alicloud.ram.RolePolicyAttachment:
+    def _grant(self, suffix: str, why: str, document: pulumi.Input[str]) -> pulumi.CustomResource:
         cfg, name, child = self.cfg, self.name, self.child
         policy = alicloud.ram.Policy(
             f"{name}-node-{suffix}",
@@ -286,24 +292,13 @@ class AlicloudFleet(pulumi.ComponentResource):
                 opts=child,
             )
             acl_args = {"acl_status": "on", "acl_type": "white", "acl_id": acl.id}
-        alicloud.slb.Listener(
-            f"{name}-http",
-            load_balancer_id=clb.id,
-            frontend_port=LB_PORT,
-            backend_port=cfg.service_port,
-            protocol="http",
-            bandwidth=-1,
-            health_check="on",
-            health_check_type="http",
-            health_check_uri=HEALTH_PATH,
-            health_check_connect_port=cfg.service_port,
-            health_check_http_code="http_2xx",
-            health_check_interval=5,
-            health_check_timeout=5,
-            healthy_threshold=2,
-            unhealthy_threshold=3,
-            **acl_args,
-            opts=child,
+        ali_edge.listeners(name, cfg, clb, acl_args, child)
+        self.grants.append(
+            self._grant(
+                "leave",
+                "leave the CLB before a drain",
+                clb.id.apply(lambda lb: ali_edge.leave_policy(cfg, lb)),
+            )
         )
 
         assert cfg.scaling is not None
@@ -387,7 +382,11 @@ class AlicloudFleet(pulumi.ComponentResource):
                 self.store.bucket.bucket,
                 mode=cfg.bootstrap_mode,
                 group=True,
-                extra={"group_id": group.id, "metrics_group_id": metrics.id},
+                extra={
+                    "group_id": group.id,
+                    "metrics_group_id": metrics.id,
+                    "load_balancer_id": clb.id,
+                },
             ),
             tags=self.node_tags,
             active=True,

@@ -496,9 +496,19 @@ class EksCluster(pulumi.ComponentResource):
 
     def placement(self, model_claim: str | None) -> Placement:
         cfg = self.cfg
-        annotations = {"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}
+        lb = "service.beta.kubernetes.io/aws-load-balancer-"
+        annotations = {lb + "type": "nlb"}
         if not cfg.client_cidrs:
-            annotations["service.beta.kubernetes.io/aws-load-balancer-internal"] = "true"
+            annotations[lb + "internal"] = "true"
+        if cfg.tls:  # the NLB ends TLS on the Service's https port (an NLB has no redirects)
+            annotations.update(
+                {
+                    lb + "ssl-cert": cfg.tls.certificate,
+                    lb + "ssl-ports": "https",
+                    lb + "ssl-negotiation-policy": cfg.tls.policy("aws"),
+                    lb + "backend-protocol": "tcp",
+                }
+            )
         return Placement(
             gpu_node_labels=gpu_node_labels(),
             service_annotations=annotations,
@@ -545,7 +555,7 @@ def deploy_kubernetes(
     )
     return cluster, Deployment(
         nodes=[],
-        endpoint=app.service.status.apply(lb_endpoint),
+        endpoint=app.service.status.apply(lambda status: lb_endpoint(status, cfg)),
         login_user="",
         extra_outputs={
             "cluster": {
@@ -558,5 +568,6 @@ def deploy_kubernetes(
             },
             "kubeconfig": pulumi.Output.secret(cluster.kubeconfig),
             "cluster_cost": cluster_cost(cfg).as_dict(),
+            "api_token": app.token,
         },
     )

@@ -1,8 +1,9 @@
 """GPU nodes on AWS: a hardened launch template (IMDSv2 only, encrypted gp3 root, least-privilege
 instance profile, spot with a price cap, the bootstrap user-data), then either plain instances
 (dev) or an Auto Scaling group behind an ALB that health-checks /readyz (prod): nodes join only
-once ready (launching hook), leave only once drained (terminating hook), roll when the launch
-template changes (instance refresh) and scale on load (infra.aws.scaling)."""
+once ready (launching hook), leave the target group and then drain (terminating hook, spot
+notice), roll when the launch template changes (instance refresh) and scale on load
+(infra.aws.scaling). The ALB's listeners and the API token's secret are infra.aws.edge's."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from infra import images
+from infra import edge, images
+from infra.aws import edge as aws_edge
 from infra.aws import scaling
 from infra.aws.bundle_store import AwsBundleStore
 from infra.aws.iam import assume_role, bundle_read_policy, group_arn, lifecycle_policy
 from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
-from infra.constants import HEALTH_PATH, LB_PORT
+from infra.constants import HEALTH_PATH
 from infra.interface import NODE_ROLE_TAG, Deployment, instances_deployment
 from infra.lifecycle import (
     COLD_BOOTSTRAP_BUDGET_S,
@@ -105,6 +107,28 @@ class AwsFleet(pulumi.ComponentResource):
                 opts=child,
             )
         ]
+        self.token = edge.token(cfg, child)
+        secret = aws_edge.token_store(name, cfg, self.token, tags, child)
+        self.grants.append(
+            aws.iam.RolePolicy(
+                f"{name}-node-api-token",
+                role=role.id,
+                policy=secret.arn.apply(aws_edge.read_policy),
+                opts=child,
+            )
+        )
+        self.target = (
+            self._target_group(name, tags, network, child) if cfg.mode == "group" else None
+        )
+        if self.target is not None:
+            self.grants.append(
+                aws.iam.RolePolicy(
+                    f"{name}-node-leave",
+                    role=role.id,
+                    policy=self.target.arn.apply(aws_edge.leave_policy),
+                    opts=child,
+                )
+            )
         if cfg.mode == "group":
             arn = pulumi.Output.from_input(account).apply(
                 lambda a: group_arn(arn_partition, cfg.region, a, group_name(cfg))
@@ -122,7 +146,11 @@ class AwsFleet(pulumi.ComponentResource):
         # The bundle's sha256 is inside: a new bundle is a new template version (group) and a
         # new instance (instances mode, below).
         self.user_data = user_data(
-            cfg, store.bucket.bucket, mode=cfg.bootstrap_mode, group=cfg.mode == "group"
+            cfg,
+            store.bucket.bucket,
+            mode=cfg.bootstrap_mode,
+            group=cfg.mode == "group",
+            extra={"target_group_arn": self.target.arn} if self.target is not None else None,
         )
         spot_instances = cfg.mode == "instances" and cfg.spot.enabled
         # Only a persistent request can be stopped (by a schedule) and restarted.
@@ -182,7 +210,7 @@ class AwsFleet(pulumi.ComponentResource):
             self.policies = scaling.register(name, cfg, self.group, alb, target, child)
             self.deployment = Deployment(
                 nodes=[],
-                endpoint=alb.dns_name.apply(lambda d: f"http://{d}/"),
+                endpoint=alb.dns_name.apply(lambda d: edge.endpoint(cfg, d)),
                 login_user=image.login_user,
                 # running by tag; `group_name` lets an inventory keep the InService ones (a
                 # node still in its launch hook is running but bootstrapping itself)
@@ -241,19 +269,12 @@ class AwsFleet(pulumi.ComponentResource):
             )
         return out
 
-    def _group(
-        self,
-        name: str,
-        tags: dict[str, str],
-        node_tags: dict[str, str],
-        network: AwsNetwork,
-        child: pulumi.ResourceOptions,
-        needs: pulumi.ResourceOptions,
-    ) -> tuple[aws.autoscaling.Group, aws.lb.LoadBalancer, aws.lb.TargetGroup]:
+    def _target_group(
+        self, name: str, tags: dict[str, str], network: AwsNetwork, child: pulumi.ResourceOptions
+    ) -> aws.lb.TargetGroup:
+        """Before the launch template: the nodes' user-data names it (they leave it first)."""
         cfg = self.cfg
-        assert network.lb_sg is not None and cfg.scaling is not None
-        subnet_ids = [s.id for s in network.subnets]
-        target = aws.lb.TargetGroup(
+        return aws.lb.TargetGroup(
             f"{name}-tg",
             port=cfg.service_port,
             protocol="HTTP",
@@ -274,6 +295,20 @@ class AwsFleet(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
+
+    def _group(
+        self,
+        name: str,
+        tags: dict[str, str],
+        node_tags: dict[str, str],
+        network: AwsNetwork,
+        child: pulumi.ResourceOptions,
+        needs: pulumi.ResourceOptions,
+    ) -> tuple[aws.autoscaling.Group, aws.lb.LoadBalancer, aws.lb.TargetGroup]:
+        cfg = self.cfg
+        assert network.lb_sg is not None and cfg.scaling is not None and self.target is not None
+        subnet_ids = [s.id for s in network.subnets]
+        target = self.target
         alb = aws.lb.LoadBalancer(
             f"{name}-alb",
             load_balancer_type="application",
@@ -285,17 +320,7 @@ class AwsFleet(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        aws.lb.Listener(
-            f"{name}-http",
-            load_balancer_arn=alb.arn,
-            port=LB_PORT,
-            protocol="HTTP",
-            default_actions=[
-                aws.lb.ListenerDefaultActionArgs(type="forward", target_group_arn=target.arn)
-            ],
-            tags=tags,
-            opts=child,
-        )
+        aws_edge.listeners(name, cfg, alb, target, tags, child)
 
         # A pinned version, not "$Latest": only a changed version number in the group's launch
         # template makes the provider start an instance refresh (a new bundle -> new user-data

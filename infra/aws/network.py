@@ -13,7 +13,7 @@ import pulumi_aws as aws
 from infra import monitoring
 from infra.addressing import services_subnet, split_cidrs, zone_subnets
 from infra.config import StackConfig
-from infra.constants import LB_PORT
+from infra.edge import lb_ports
 from infra.tags import with_name
 
 SSH_PORT = 22
@@ -76,12 +76,13 @@ class AwsNetwork(pulumi.ComponentResource):
                 ingress=[
                     aws.ec2.SecurityGroupIngressArgs(
                         protocol="tcp",
-                        from_port=LB_PORT,
-                        to_port=LB_PORT,
+                        from_port=port,
+                        to_port=port,
                         cidr_blocks=clients_v4,
                         ipv6_cidr_blocks=clients_v6,
                         description="inference clients",
                     )
+                    for port in lb_ports(cfg)
                 ],
                 egress=[
                     aws.ec2.SecurityGroupEgressArgs(

@@ -17,6 +17,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra import edge
 from infra.config import StackConfig
 from infra.constants import PROJECT
 from infra.k8s import addons, workload
@@ -30,6 +31,7 @@ KINDS = {
     ("v1", "PersistentVolume"): k8s.core.v1.PersistentVolume,
     ("v1", "PersistentVolumeClaim"): k8s.core.v1.PersistentVolumeClaim,
     ("v1", "Service"): k8s.core.v1.Service,
+    ("v1", "Secret"): k8s.core.v1.Secret,
     ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
     ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
     ("autoscaling/v2", "HorizontalPodAutoscaler"): k8s.autoscaling.v2.HorizontalPodAutoscaler,
@@ -41,6 +43,8 @@ _ARGS = {
     "metadata": "metadata",
     "spec": "spec",
     "automountServiceAccountToken": "automount_service_account_token",
+    "type": "type",
+    "stringData": "string_data",
 }
 
 
@@ -100,6 +104,14 @@ class KubernetesApp(pulumi.ComponentResource):
 
         ns = register(f"{name}-ns", workload.namespace(cfg), child)
         account = register(f"{name}-sa", workload.service_account(cfg, placement), after(ns))
+        self.token = edge.token(cfg, pulumi.ResourceOptions(parent=self))
+        tokens = register(
+            f"{name}-api-token",
+            workload.token_secret(cfg, edge.accepted(cfg, self.token)),
+            pulumi.ResourceOptions.merge(
+                after(ns), pulumi.ResourceOptions(additional_secret_outputs=["stringData"])
+            ),
+        )
         claims = []
         for i, volume in enumerate(volumes):
             claims.append(register(f"{name}-model-pv-{i}", volume, child))
@@ -119,7 +131,7 @@ class KubernetesApp(pulumi.ComponentResource):
         self.deployment = register(
             f"{name}-deployment",
             manifest,
-            after(ns, account, *claims, self.releases.get("device_plugin")),
+            after(ns, account, tokens, *claims, self.releases.get("device_plugin")),
         )
         self.service = register(f"{name}-service", workload.service(cfg, placement), after(ns))
         register(f"{name}-pdb", workload.disruption_budget(cfg), after(ns))
@@ -151,10 +163,10 @@ class KubernetesApp(pulumi.ComponentResource):
         )
 
 
-def lb_endpoint(status: Any) -> str:
+def lb_endpoint(status: Any, cfg: StackConfig) -> str:
     """The Service's load-balancer address once the cloud has assigned one."""
     try:
         ingress = status.load_balancer.ingress[0]
-        return f"http://{ingress.hostname or ingress.ip}/"
+        return edge.endpoint(cfg, ingress.hostname or ingress.ip)
     except (AttributeError, IndexError, TypeError):
         return "pending (the load balancer gets its address when the Service is created)"

@@ -22,8 +22,9 @@ from typing import Any
 from torchfleet_compat import runtime_settings
 from torchfleet_compat.runtime_settings import ENV_PREFIX, FIELDS
 
+from infra import edge
 from infra.config import StackConfig
-from infra.constants import HEALTH_PATH, LB_PORT, PROJECT
+from infra.constants import HEALTH_PATH, PROJECT
 from infra.interface import NODE_ROLE_TAG
 
 APP = "torchfleet-runtime"
@@ -37,6 +38,11 @@ GPU_TAINT = (GPU_RESOURCE, "true", "NoSchedule")  # GPU nodes take only pods tha
 ZONE_KEY = "topology.kubernetes.io/zone"
 HOST_KEY = "kubernetes.io/hostname"
 MODEL_CLAIM = "torchfleet-model"
+# The API tokens (infra.edge.accepted) as a Secret mounted read-only: kubelet swaps the file when
+# the Secret changes and the runtime re-reads it, so a rotation restarts no pod.
+TOKEN_SECRET = "torchfleet-api-token"
+TOKEN_KEY = "api-tokens"
+TOKEN_DIR = "/etc/torchfleet/secrets"
 # Time for the load balancer and kube-proxy to stop sending before SIGTERM: endpoints leave the
 # Service when the pod starts terminating, the cloud LB follows within a few seconds.
 PRESTOP_SLEEP_S = 10
@@ -145,8 +151,13 @@ def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
         # (tempfiles; CUDA's and torch's caches under HOME).
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "home", "emptyDir": {"sizeLimit": "2Gi"}},
+        {"name": "api-token", "secret": {"secretName": TOKEN_SECRET, "defaultMode": 0o440}},
     ]
-    mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "home", "mountPath": HOME}]
+    mounts = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "home", "mountPath": HOME},
+        {"name": "api-token", "mountPath": TOKEN_DIR, "readOnly": True},
+    ]
     if placement.model_claim:
         volumes.append(
             {
@@ -166,6 +177,7 @@ def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
                 port=cfg.service_port,
                 device="cuda",
                 model=f"{MODEL_DIR}/model.pt",
+                api_token_file=f"{TOKEN_DIR}/{TOKEN_KEY}",
                 # A pod cannot reach the instance metadata (IMDSv2 hop limit 1 on
                 # EKS, hardened mode on ACK): the node's handler drains it instead.
                 spot_watch="off",
@@ -261,6 +273,30 @@ def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
     }
 
 
+def token_secret(cfg: StackConfig, tokens: Any) -> dict[str, Any]:
+    """The Secret of the API tokens (`tokens`: a Pulumi secret Output); only the runtime's pods
+    mount it (no role of the namespace reads Secrets)."""
+    assert cfg.kubernetes
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(TOKEN_SECRET, cfg.kubernetes.namespace),
+        "type": "Opaque",
+        "stringData": {TOKEN_KEY: tokens},
+    }
+
+
+def service_ports(cfg: StackConfig) -> list[dict[str, Any]]:
+    """https (443) where the cloud's load balancer ends TLS (its annotations: infra/aws and
+    infra/alicloud cluster.py) and http (80) only beside it to redirect (ACK's CLB; EKS's NLB
+    cannot redirect, so it has no http port); plain http without a certificate."""
+    names = {edge.HTTPS_PORT: "https", edge.HTTP_PORT: "http"}
+    return [
+        {"name": names[port], "port": port, "targetPort": "http", "protocol": "TCP"}
+        for port in edge.lb_ports(cfg, can_redirect=cfg.cloud == "alicloud")
+    ]
+
+
 def service(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
     """The cloud's load balancer in front of the ready pods; it answers only the client CIDRs
     (or the VPC when none are named, and is then internal)."""
@@ -273,7 +309,7 @@ def service(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
         "spec": {
             "type": "LoadBalancer",
             "selector": dict(SELECTOR),
-            "ports": [{"name": "http", "port": LB_PORT, "targetPort": "http", "protocol": "TCP"}],
+            "ports": service_ports(cfg),
             # Local: the client address survives (source ranges apply to it) and the LB's health
             # check skips nodes without a ready pod.
             "externalTrafficPolicy": "Local",

@@ -276,6 +276,7 @@ def test_instances_mode_nodes_reach_the_monitoring_host(settings, with_overrides
             spot=spot,
             scaling=None,
             client_cidrs=None,
+            tls=None,
             extra_instance_types=None,
         ),
     )

@@ -134,7 +134,9 @@ def test_inventory_output(run, settings):
         discovery = run.outputs["inventory"]["all"]["vars"]["torchfleet_discovery"]
         assert discovery == run.outputs["discovery"]
         assert run.stack in str(discovery)
-        assert run.outputs["endpoint"].startswith("http://")
+        # HTTPS wherever a certificate is given (every example group stack has one)
+        scheme = "https://" if cfg.get("tls") else "http://"
+        assert run.outputs["endpoint"].startswith(scheme)
 
 
 def test_cost_output(run, settings):

@@ -1,0 +1,120 @@
+"""The Alibaba Cloud edge of a stack: the CLB's listeners (HTTPS with the stack's server
+certificate and a TLS policy refusing 1.0/1.1; HTTP only redirecting) and the API token as a
+KMS secret, which only the node role may read (RAM: kms:GetSecretValue on that secret)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pulumi
+import pulumi_alicloud as alicloud
+
+from infra import edge
+from infra.config import StackConfig
+from infra.constants import HEALTH_PATH
+
+HEALTH_CHECK = {
+    "health_check": "on",
+    "health_check_type": "http",
+    "health_check_uri": HEALTH_PATH,
+    "health_check_http_code": "http_2xx",
+    "health_check_interval": 5,
+    "health_check_timeout": 5,
+    "healthy_threshold": 2,
+    "unhealthy_threshold": 3,
+}
+
+
+def listeners(
+    name: str,
+    cfg: StackConfig,
+    clb: alicloud.slb.ApplicationLoadBalancer,
+    acl_args: dict[str, Any],
+    opts: pulumi.ResourceOptions,
+) -> None:
+    forward = {
+        "load_balancer_id": clb.id,
+        "backend_port": cfg.service_port,
+        "bandwidth": -1,
+        "health_check_connect_port": cfg.service_port,
+        **HEALTH_CHECK,
+        **acl_args,
+    }
+    if cfg.tls is None:  # no certificate: a dev or VPC-internal stack (infra.edge.parse_tls)
+        alicloud.slb.Listener(
+            f"{name}-http", frontend_port=edge.HTTP_PORT, protocol="http", **forward, opts=opts
+        )
+        return
+    https = alicloud.slb.Listener(
+        f"{name}-https",
+        frontend_port=edge.HTTPS_PORT,
+        protocol="https",
+        server_certificate_id=cfg.tls.certificate,
+        tls_cipher_policy=cfg.tls.policy("alicloud"),
+        **forward,
+        opts=opts,
+    )
+    if cfg.tls.redirect_http:
+        alicloud.slb.Listener(
+            f"{name}-http",
+            load_balancer_id=clb.id,
+            frontend_port=edge.HTTP_PORT,
+            protocol="http",
+            bandwidth=-1,
+            listener_forward="on",  # the CLB answers HTTP with a redirect to HTTPS, nothing else
+            forward_port=edge.HTTPS_PORT,
+            **acl_args,
+            opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[https])),
+        )
+
+
+def token_store(
+    name: str, cfg: StackConfig, token: pulumi.Output[str], tags: dict[str, str], opts: Any
+) -> alicloud.kms.Secret:
+    """The KMS secret the nodes read their accepted tokens from (infra.edge.accepted). KMS
+    wants a version id per value: 12 hex digits of the value's SHA-256 (a new value, a new
+    version; they say nothing a 48-character random token would give away)."""
+    tokens = edge.accepted(cfg, token)
+    return alicloud.kms.Secret(
+        f"{name}-api-token",
+        secret_name=edge.secret_name(cfg),
+        description=f"torchfleet {cfg.stack}: the API tokens the nodes accept, one a line",
+        secret_data=tokens,
+        version_id=tokens.apply(lambda t: "v" + hashlib.sha256(t.encode()).hexdigest()[:12]),
+        force_delete_without_recovery=True,
+        tags=tags,
+        opts=opts,
+    )
+
+
+def read_policy(cfg: StackConfig) -> str:
+    return json.dumps(
+        {
+            "Version": "1",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": ["kms:GetSecretValue"],
+                    "Resource": [f"acs:kms:{cfg.region}:*:secret/{edge.secret_name(cfg)}"],
+                }
+            ],
+        }
+    )
+
+
+def leave_policy(cfg: StackConfig, load_balancer_id: str) -> str:
+    """What a node needs to set its own backend weight to 0 before it drains."""
+    return json.dumps(
+        {
+            "Version": "1",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": ["slb:SetBackendServers"],
+                    "Resource": [f"acs:slb:{cfg.region}:*:loadbalancer/{load_balancer_id}"],
+                }
+            ],
+        }
+    )

@@ -1,0 +1,164 @@
+"""The stack's edge: TLS at its load balancer and the API token its clients send.
+
+Contract.
+- `Tls`: the `tls` stack key: the certificate (an ACM certificate ARN of the stack's region on
+  AWS, a CLB server certificate id on Alibaba), the oldest TLS version (1.2 or 1.3; never 1.0 or
+  1.1) and whether plain HTTP redirects (301) to HTTPS. `parse_tls` reads it with infra.config's
+  problem collector, and refuses a prod stack whose load balancer clients outside the VPC reach
+  (`client_cidrs`) without it, before any resource is registered.
+- `HTTPS_PORT`, `HTTP_PORT`, `lb_ports(cfg)`: the ports clients reach on a load balancer (443,
+  and 80 only to redirect; 80 alone where a stack has no certificate), `endpoint(cfg, host)`.
+- `POLICIES`: the load balancers' TLS policy per cloud and oldest version: the only names the
+  listeners (aws/edge.py, alicloud/edge.py) and the Kubernetes annotations use.
+- The API token: `token(cfg)` is the stack's current token (the `api_token` key, else one
+  pulumi_random generates once and keeps in the state), a Pulumi secret; `accepted(cfg)` is what
+  the nodes accept (the current one, and `api_token_next` during a rotation: one a line, the
+  runtime's api_token_file format); `secret_name(cfg)` names the cloud secret that holds it,
+  fixed so user-data and the bundle can name it before it exists and without its value.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+from torchfleet_compat.runtime_settings import FIELDS as RUNTIME_FIELDS
+from torchfleet_compat.runtime_settings import parse_value
+
+HTTPS_PORT = 443
+HTTP_PORT = 80
+MIN_VERSIONS = ("1.2", "1.3")
+# AWS: ELB security policies (TLS 1.3 with 1.2, or 1.3 alone). Alibaba CLB: its strictest
+# policies stop at "1.2 and 1.3"; it has no 1.3-only one.
+POLICIES = {
+    "aws": {
+        "1.2": "ELBSecurityPolicy-TLS13-1-2-2021-06",
+        "1.3": "ELBSecurityPolicy-TLS13-1-3-2021-06",
+    },
+    "alicloud": {"1.2": "tls_cipher_policy_1_2_strict_with_1_3"},
+}
+TOKEN_LENGTH = 48
+_ACM_ARN = re.compile(
+    r"^arn:aws(-cn|-us-gov)?:acm:(?P<region>[a-z0-9-]+):\d{12}:certificate/[0-9a-f-]{36}$"
+)
+_ALI_CERT = re.compile(r"^[A-Za-z0-9_-]{6,128}$")
+SUBKEYS = ("certificate", "min_version", "redirect_http")
+
+
+@dataclass(frozen=True)
+class Tls:
+    certificate: str
+    min_version: str = "1.2"
+    redirect_http: bool = True
+
+    def policy(self, cloud: str) -> str:
+        return POLICIES[cloud][self.min_version]
+
+
+def parse_tls(
+    r: Any,
+    raw: dict[str, Any] | None,
+    *,
+    cloud: str,
+    region: str,
+    env: str | None,
+    mode: str | None,
+    client_cidrs: tuple[str, ...],
+) -> Tls | None:
+    """The `tls` block (r: infra.config's reader); None when unset or wrong."""
+    if raw is None:
+        if env == "prod" and mode in ("group", "kubernetes") and client_cidrs:
+            r.fail(
+                "tls",
+                None,
+                "{certificate, min_version, redirect_http}: a prod stack whose load balancer "
+                "clients outside the VPC reach (client_cidrs) serves HTTPS only",
+            )
+        return None
+    if mode == "instances":
+        r.fail(
+            "tls",
+            raw,
+            "unset in mode: instances (no load balancer; a node serves HTTPS itself with the "
+            "inference_runtime role's inference_runtime_tls_cert_file and _key_file)",
+        )
+        return None
+    cert = raw.get("certificate")
+    if cloud == "aws":
+        m = _ACM_ARN.match(cert) if isinstance(cert, str) else None
+        if not m or m.group("region") != region:
+            r.fail(
+                "tls.certificate",
+                cert,
+                f"an ACM certificate ARN in the stack's region {region} "
+                "(arn:aws:acm:<region>:<account>:certificate/<id>)",
+            )
+            cert = None
+    elif not (isinstance(cert, str) and _ALI_CERT.match(cert)):
+        r.fail("tls.certificate", cert, "the id of a CLB server certificate in the stack's region")
+        cert = None
+    allowed = tuple(POLICIES[cloud])
+    version = str(raw.get("min_version", "1.2"))
+    if version not in allowed:
+        r.fail(
+            "tls.min_version",
+            raw.get("min_version"),
+            " | ".join(allowed) + f" on {cloud} (TLS 1.0 and 1.1 are never served)",
+        )
+    redirect = r.boolean("tls.redirect_http", raw.get("redirect_http", True))
+    if cert is None or version not in allowed or redirect is None:
+        return None
+    return Tls(certificate=cert, min_version=version, redirect_http=redirect)
+
+
+def check_token(r: Any, key: str, value: Any) -> str | None:
+    """A given token, checked as the runtime checks its api_token (never shown in the error)."""
+    if value is None:
+        return None
+    try:
+        return str(parse_value("api_token", value))
+    except ValueError as exc:
+        r.fail(key, "(secret)", RUNTIME_FIELDS["api_token"].allowed + f" ({exc})")
+        return None
+
+
+def secret_name(cfg: Any) -> str:
+    """The cloud secret of the stack's tokens (AWS Secrets Manager allows /, Alibaba KMS not)."""
+    return f"torchfleet/{cfg.stack}/api-token" if cfg.cloud == "aws" else f"{cfg.name}-api-token"
+
+
+def token(cfg: Any, opts: pulumi.ResourceOptions | None = None) -> pulumi.Output[str]:
+    """The current token as a Pulumi secret: the stack's `api_token`, else a generated one
+    (pulumi_random keeps it in the state: the same token on every later `up`)."""
+    if cfg.api_token:
+        return pulumi.Output.secret(cfg.api_token)
+    import pulumi_random
+
+    generated = pulumi_random.RandomPassword(
+        "api-token", length=TOKEN_LENGTH, special=False, opts=opts
+    )
+    return pulumi.Output.secret(generated.result)
+
+
+def accepted(cfg: Any, current: pulumi.Output[str]) -> pulumi.Output[str]:
+    """What the nodes accept: the current token, and during a rotation the next; one a line."""
+    following = cfg.api_token_next
+    return pulumi.Output.secret(
+        current.apply(lambda t: f"{t}\n" + (f"{following}\n" if following else ""))
+    )
+
+
+def lb_ports(cfg: Any, can_redirect: bool = True) -> tuple[int, ...]:
+    """The ports a stack's load balancer listens on: HTTPS (and HTTP only to redirect, where the
+    balancer can: an NLB cannot), or plain HTTP where no certificate is given (a dev or
+    VPC-internal stack)."""
+    if cfg.tls is None:
+        return (HTTP_PORT,)
+    redirect = cfg.tls.redirect_http and can_redirect
+    return (HTTPS_PORT, HTTP_PORT) if redirect else (HTTPS_PORT,)
+
+
+def endpoint(cfg: Any, host: str) -> str:
+    return f"{'https' if cfg.tls else 'http'}://{host}/"
