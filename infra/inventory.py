@@ -18,7 +18,7 @@ from torchfleet_compat.hostvars import GROUP, node_hostvars
 
 from infra import catalog
 from infra.config import StackConfig
-from infra.interface import Deployment
+from infra.interface import Deployment, Node
 from infra.monitoring import address as monitoring_address
 
 __all__ = ["GROUP", "MONITORING_GROUP", "build", "gpu_types", "group_vars"]
@@ -106,7 +106,7 @@ def build(cfg: StackConfig, deployment: Deployment) -> pulumi.Output[dict[str, A
 
     types = gpu_types(cfg.cloud)
 
-    def host(node, public_ip: str | None, private_ip: str) -> dict[str, Any]:
+    def host(node: Node, public_ip: str | None, private_ip: str) -> dict[str, Any]:
         own = node_hostvars(
             node.instance_type.name, node.spot, types, private_ip=private_ip, public_ip=public_ip
         )

@@ -73,7 +73,7 @@ def read_outputs(stack: str, source: str | None) -> dict[str, Any]:
 
 
 def inventory_of(outputs: dict[str, Any]) -> dict[str, Any]:
-    inv = outputs.get("inventory")
+    inv: Any = outputs.get("inventory")
     try:
         group = inv["all"]["children"][GROUP]
     except (TypeError, KeyError) as err:
