@@ -109,7 +109,7 @@ class Target:
             )
         else:
             conn = _NoDelayHTTPConnection(self.host, self.port, timeout=timeout)
-        conn.auth = self.auth  # type: ignore[attr-defined]
+        conn.auth = self.auth
         return conn
 
     @property
@@ -288,7 +288,8 @@ def build_payload(
 
 def input_spec(info: dict[str, Any]) -> tuple[tuple[int, ...] | None, str | None]:
     """(input_shape, dtype) from a /v1/model answer or a model.json sidecar."""
-    nested = info.get("input") if isinstance(info.get("input"), dict) else {}
+    found = info.get("input")
+    nested: dict[str, Any] = found if isinstance(found, dict) else {}
     shape = info.get("input_shape") or info.get("shape") or nested.get("shape")
     dtype = info.get("dtype") or info.get("input_dtype") or nested.get("dtype")
     try:

@@ -465,7 +465,7 @@ class _Reader(Problems):
         if value is not None and not isinstance(value, kind):
             self.fail(key, value, f"a YAML {kind.__name__}")
             return None
-        if kind is dict and value is not None and key in SUBKEYS:
+        if isinstance(value, dict) and key in SUBKEYS:
             for sub in value:
                 if sub not in SUBKEYS[key]:
                     self.fail(f"{key}.{sub}", value[sub], f"the keys {', '.join(SUBKEYS[key])}")
@@ -884,7 +884,7 @@ def _spot(
         if catalog.lookup(cloud, name) is None:
             r.fail("spot.on_demand_prices", name, "instance types of the catalog")
         r.number(f"spot.on_demand_prices.{name}", price, float, 0.0001, None, "a price > 0")
-    if None in (enabled, ratio, base, pct, interruption):
+    if enabled is None or ratio is None or base is None or pct is None or interruption is None:
         return None
     if mode == "instances" and (base or pct) and enabled:
         r.fail(
@@ -941,7 +941,7 @@ def _scaling(r: _Reader, mode: str | None) -> Scaling | None:
         f"an integer number of seconds in {lo}..{hi} (the launching "
         "lifecycle hook's heartbeat timeout; AWS allows at most 7200)",
     )
-    if None in (requests, scale_in, protect, timeout):
+    if requests is None or scale_in is None or protect is None or timeout is None:
         return None
     return Scaling(
         requests_per_node=requests,

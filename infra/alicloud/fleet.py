@@ -20,7 +20,9 @@ desired size up and back, or one by one (`ess` RemoveInstances with the drain ho
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 import pulumi
 import pulumi_alicloud as alicloud
@@ -60,7 +62,7 @@ def _role_policy(service: str) -> str:
     )
 
 
-def _lifecycle_policy(cfg: StackConfig):
+def _lifecycle_policy(cfg: StackConfig) -> Callable[[str], str]:
     def document(group_id: str) -> str:
         return json.dumps(
             {
@@ -199,11 +201,8 @@ class AlicloudFleet(pulumi.ComponentResource):
             opts=child,
         )
 
-    def _spot_args(self) -> dict:
-        cfg = self.cfg
-        if not cfg.spot.enabled:
-            return {"spot_strategy": "NoSpot"}
-        return {"spot_strategy": "SpotWithPriceLimit"}
+    def _spot_strategy(self) -> str:
+        return "SpotWithPriceLimit" if self.cfg.spot.enabled else "NoSpot"
 
     def _instances(
         self, network: AlicloudNetwork, image_id: pulumi.Input[str], expiry: datetime | None
@@ -213,7 +212,7 @@ class AlicloudFleet(pulumi.ComponentResource):
         for i in range(cfg.nodes.count):
             switch = network.switches[i % len(network.switches)]
             zone = cfg.zones[i % len(cfg.zones)]
-            spot = {}
+            spot: dict[str, Any] = {}
             if cfg.spot.enabled:
                 spot = {
                     "spot_price_limit": cfg.spot_cap(cfg.instance_type),
@@ -233,7 +232,7 @@ class AlicloudFleet(pulumi.ComponentResource):
                     role_name=self.role.role_name,
                     # auto-release and spot both need pay-as-you-go
                     instance_charge_type="PostPaid",
-                    **self._spot_args(),
+                    spot_strategy=self._spot_strategy(),
                     **spot,
                     auto_release_time=iso_utc(expiry) if expiry else None,
                     system_disk_category="cloud_essd",
@@ -369,7 +368,7 @@ class AlicloudFleet(pulumi.ComponentResource):
             security_group_ids=[network.sg.id],
             key_name=self.key.key_pair_name,
             role_name=self.role.role_name,
-            **self._spot_args(),
+            spot_strategy=self._spot_strategy(),
             spot_price_limits=spot_limits,
             system_disk_category="cloud_essd",
             system_disk_size=cfg.disk_gb,

@@ -249,7 +249,7 @@ def start_nodes(
                 "/sbin/init",
                 timeout=300,
             )
-        elif not info.get("State", {}).get("Running"):
+        elif not (info or {}).get("State", {}).get("Running"):
             podman("start", name, timeout=300)
         _make_login_user(name, login_user, public_key)
         ip = podman(

@@ -153,7 +153,7 @@ def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
         {"name": "home", "emptyDir": {"sizeLimit": "2Gi"}},
         {"name": "api-token", "secret": {"secretName": TOKEN_SECRET, "defaultMode": 0o440}},
     ]
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "home", "mountPath": HOME},
         {"name": "api-token", "mountPath": TOKEN_DIR, "readOnly": True},

@@ -34,7 +34,7 @@ class Balancer(Protocol):
 
 
 def leave_then_drain(
-    balancer: Balancer | None, drain: Callable[[], None], settle_s: float, why: str
+    balancer: Balancer | None, drain: Callable[[], object], settle_s: float, why: str
 ) -> bool:
     """Leave (when behind a balancer), wait `settle_s`, drain. True when the leave succeeded."""
     left = balancer is None
