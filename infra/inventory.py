@@ -17,6 +17,7 @@ import pulumi
 from torchfleet_compat.hostvars import GROUP, node_hostvars
 
 from infra import catalog
+from infra.bootstrap import NODE_PATHS
 from infra.config import StackConfig
 from infra.interface import Deployment, Node
 from infra.monitoring import address as monitoring_address
@@ -52,6 +53,10 @@ def group_vars(cfg: StackConfig, login_user: str) -> dict[str, Any]:
         # In a group some nodes may be on-demand (the base); the node's own metadata decides,
         # the runtime's spot watcher only arms itself on spot nodes.
         "torchfleet_spot": cfg.spot.enabled,
+        # Auth on by default: each node reads the stack's API tokens from the cloud's secret
+        # store with its own role (the agent every node carries); the operator's play and the
+        # node's own play alike, so neither turns it off. The token never passes the controller.
+        "inference_runtime_api_token_command": [NODE_PATHS["command"], "api-token"],
     }
     if cfg.monitoring:
         # Where every node ships its journal (roles/monitoring, node entry point). The role's

@@ -49,7 +49,13 @@ def _state(r, outputs=None):
     }
 
 
-def record(fail_at: str | None = None) -> tuple[list[dict], dict]:
+def _asset(value: object) -> dict:
+    """An asset input (the node bundle's file) as the engine shows it: its path, here relative."""
+    path = Path(str(getattr(value, "path", value)))
+    return {"path": str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)}
+
+
+def record(fail_at: str | None = None) -> tuple[list[dict], dict, frozenset[str]]:
     run = run_offline(STACK, load_stack_config(STACK))
     events: list[dict] = [
         {
@@ -120,18 +126,23 @@ def record(fail_at: str | None = None) -> tuple[list[dict], dict]:
             "PolicyPacks": {},
         },
     )
-    return events, run.outputs
+    return events, run.outputs, run.secret_outputs
 
 
 def main() -> int:
     FIXTURES.mkdir(exist_ok=True)
-    events, outputs = record()
-    (FIXTURES / f"{STACK}.up.events.json").write_text(json.dumps(events, indent=1) + "\n")
-    (FIXTURES / f"{STACK}.up.outputs.json").write_text(
-        json.dumps({k: {"value": v, "secret": False} for k, v in outputs.items()}, indent=1) + "\n"
+    events, outputs, secret = record()
+    (FIXTURES / f"{STACK}.up.events.json").write_text(
+        json.dumps(events, indent=1, default=_asset) + "\n"
     )
-    failed, _ = record(fail_at="aws:ec2/instance:Instance")
-    (FIXTURES / f"{STACK}.up-failed.events.json").write_text(json.dumps(failed, indent=1) + "\n")
+    (FIXTURES / f"{STACK}.up.outputs.json").write_text(
+        json.dumps({k: {"value": v, "secret": k in secret} for k, v in outputs.items()}, indent=1)
+        + "\n"
+    )
+    failed, _, _ = record(fail_at="aws:ec2/instance:Instance")
+    (FIXTURES / f"{STACK}.up-failed.events.json").write_text(
+        json.dumps(failed, indent=1, default=_asset) + "\n"
+    )
     print(f"wrote {len(events)} + {len(failed)} events and {len(outputs)} outputs to {FIXTURES}")
     return 0
 

@@ -56,7 +56,8 @@ def test_recorded_up_becomes_outputs_and_a_stack_shaped_inventory(
     out = automation.up("aws-dev", console, opener=lambda name: stack)
     assert stack.calls == ["up"]
     assert set(out.values) >= {"inventory", "endpoint", "cost", "ttl_expiry"}
-    assert not out.secret_keys
+    assert out.secret_keys == {"api_token"}  # the stack's API token, never shown
+    assert out.masked()["api_token"] == automation.SECRET
 
     path = inventory.write("aws-dev", inventory.inventory_of(out.values), tmp_path)
     written = yaml.safe_load(path.read_text())

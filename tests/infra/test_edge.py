@@ -231,3 +231,18 @@ def test_a_bad_token_is_refused_without_showing_it(with_overrides):
     assert "torchfleet:api_token = '(secret)' is invalid" in err and "short secret" not in err
     err = _problems(with_overrides, "aws-dev", api_token="t" * 20, api_token_next="t" * 20)
     assert "torchfleet:api_token_next = '(secret)' is invalid; allowed: a token other than" in err
+
+
+@pytest.mark.parametrize("stack", ["aws-dev", "alicloud-dev"])
+def test_whoever_converges_a_node_keeps_auth_on(runs, with_overrides, stack):
+    """The operator's play (the stack's inventory) and the node's own (the bundle's node.json)
+    both read the token on the node with its role: neither writes a runtime config without it."""
+    from infra.bootstrap import NODE_PATHS
+
+    command = [NODE_PATHS["command"], "api-token"]
+    hosts = runs[stack].outputs["inventory"]["all"]["children"]["gpu_nodes"]["hosts"]
+    assert hosts and all(
+        h["inference_runtime_api_token_command"] == command for h in hosts.values()
+    )
+    node = json.loads(_bundle_files(stack, with_overrides(stack))["node.json"])
+    assert node["group_vars"]["inference_runtime_api_token_command"] == command

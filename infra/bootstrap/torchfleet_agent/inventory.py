@@ -50,8 +50,6 @@ def write_inventory(cfg: NodeConfig, ident: Identity, tree: str) -> str:
         "inference_runtime_oss_command": fetch,
         "inference_runtime_port": cfg.get("service_port", 8080),
     }
-    if cfg.get("api_token_secret"):  # read on the node with its own credentials
-        node_vars["inference_runtime_api_token_command"] = [boot.COMMAND, "api-token"]
     if cfg.get("group_name"):  # the lifecycle watcher leaves the balancer, then drains
         node_vars["inference_runtime_spot_watch"] = "off"
     boot.write_json(os.path.join(boot.WORK, "node-vars.json"), node_vars)
