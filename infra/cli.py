@@ -7,6 +7,8 @@
     torchfleet status STACK   outputs, per-node readiness and batch cap, TTL left, cost per hour
     torchfleet plan STACK     the offline plan (mock engine): resource tree and cost
     torchfleet demo           `up` on this machine with containers as nodes (make demo)
+    torchfleet rotate-token STACK [--finish]   a new API token, accepted beside the current
+                              until --finish (infra/deploy/rotation.py)
 
 The stages, their output and the exit codes are in infra/deploy/ (stage.py lists the codes)."""
 
@@ -83,6 +85,17 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("stack", nargs="+", help=stack_help)
     plan.add_argument("--json", action="store_true", help="outputs and resources as JSON")
 
+    rotate = sub.add_parser(
+        "rotate-token", help="a new API token without a failed request (two steps)"
+    )
+    rotate.add_argument("stack", help=stack_help)
+    rotate.add_argument(
+        "--finish",
+        action="store_true",
+        help="the next token becomes the only one (once every client sends it)",
+    )
+    rotate.add_argument("--ssh-key", help="private key for the nodes (as for up)")
+
     demo = sub.add_parser("demo", help="`up` with local containers as nodes (no cloud, no GPU)")
     demo.add_argument(
         "--nodes",
@@ -135,6 +148,16 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
         _print_summary(console, summary.lines())
         down = [n.host for n in summary.nodes if not n.ready]
         return stage.STAGES["readiness"] if down else stage.EXIT_OK
+    if args.command == "rotate-token":
+        from infra.deploy import preflight, rotation
+
+        _, cfg = preflight.check_config(args.stack)
+
+        def up() -> None:
+            _print_summary(console, pipeline.up(args.stack, console, ssh_key=args.ssh_key).lines())
+
+        rotation.rotate(args.stack, console, cfg, up, finish=args.finish)
+        return stage.EXIT_OK
     if args.command == "demo":
         from infra.deploy import containers, demo
 

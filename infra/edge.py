@@ -40,6 +40,10 @@ POLICIES = {
     "alicloud": {"1.2": "tls_cipher_policy_1_2_strict_with_1_3"},
 }
 TOKEN_LENGTH = 48
+# Keys a stack file holds as Pulumi secrets (`pulumi config set --secret`, rotate-token): the
+# offline plan and the preflight cannot decrypt them and read `offline_placeholder(key)` instead
+# (the program checks the real value when `pulumi up` runs it).
+SECRET_KEYS = ("api_token", "api_token_next")
 _ACM_ARN = re.compile(
     r"^arn:aws(-cn|-us-gov)?:acm:(?P<region>[a-z0-9-]+):\d{12}:certificate/[0-9a-f-]{36}$"
 )
@@ -122,6 +126,10 @@ def check_token(r: Any, key: str, value: Any) -> str | None:
     except ValueError as exc:
         r.fail(key, "(secret)", RUNTIME_FIELDS["api_token"].allowed + f" ({exc})")
         return None
+
+
+def offline_placeholder(key: str) -> str:
+    return f"not-decrypted-offline-{key}"
 
 
 def secret_name(cfg: Any) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from infra import edge
 from infra.config import BOOT_MODES, ConfigError
 from infra.matrix import REPO_ROOT
 from infra.offline import OfflineRun, Registered, run_offline
@@ -144,7 +145,10 @@ def load_stack_config(stack: str, path: Path | None = None) -> dict[str, Any]:
     data = yaml.safe_load(path.read_text()) or {}
     values = data.get("config") or {}
     for key, value in values.items():
-        if isinstance(value, dict) and set(value) == {"secure"}:
+        name = key.split(":", 1)[-1]
+        if isinstance(value, dict) and set(value) == {"secure"} and name in edge.SECRET_KEYS:
+            values[key] = edge.offline_placeholder(name)
+        elif isinstance(value, dict) and set(value) == {"secure"}:
             raise ConfigError(
                 [
                     f"{key} is a Pulumi secret: the offline plan cannot decrypt it; "
