@@ -5,12 +5,11 @@ other reader). The policies and ports are infra.edge's."""
 
 from __future__ import annotations
 
-import json
-
 import pulumi
 import pulumi_aws as aws
 
 from infra import edge
+from infra.aws.iam import allow
 from infra.config import StackConfig
 
 # A deleted secret's name stays taken this long; 7 days is the shortest recovery AWS allows.
@@ -93,33 +92,11 @@ def token_store(
 
 
 def read_policy(secret_arn: str) -> str:
-    return json.dumps(
-        {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Sid": "ReadTheStackApiTokens",
-                    "Effect": "Allow",
-                    "Action": ["secretsmanager:GetSecretValue"],
-                    "Resource": [secret_arn],
-                }
-            ],
-        }
-    )
+    return allow("ReadTheStackApiTokens", ["secretsmanager:GetSecretValue"], [secret_arn])
 
 
 def leave_policy(target_group_arn: str) -> str:
     """What a node needs to take itself out of the ALB before it drains (torchfleet_agent)."""
-    return json.dumps(
-        {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Sid": "LeaveOwnTargetGroup",
-                    "Effect": "Allow",
-                    "Action": ["elasticloadbalancing:DeregisterTargets"],
-                    "Resource": [target_group_arn],
-                }
-            ],
-        }
+    return allow(
+        "LeaveOwnTargetGroup", ["elasticloadbalancing:DeregisterTargets"], [target_group_arn]
     )

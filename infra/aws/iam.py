@@ -20,21 +20,21 @@ def assume_role(service: str) -> str:
     )
 
 
-def bundle_read_policy(prefix_arn: str) -> str:
-    """GetObject on `arn:...:<bucket>/bundles/<stack>/*` and nothing else of the bucket."""
+def allow(sid: str, actions: list[str], resources: list[str]) -> str:
+    """A policy of one Allow statement: `actions` on `resources` and nothing else."""
     return json.dumps(
         {
             "Version": "2012-10-17",
             "Statement": [
-                {
-                    "Sid": "ReadTheStackBundle",
-                    "Effect": "Allow",
-                    "Action": ["s3:GetObject"],
-                    "Resource": [prefix_arn],
-                }
+                {"Sid": sid, "Effect": "Allow", "Action": actions, "Resource": resources}
             ],
         }
     )
+
+
+def bundle_read_policy(prefix_arn: str) -> str:
+    """GetObject on `arn:...:<bucket>/bundles/<stack>/*` and nothing else of the bucket."""
+    return allow("ReadTheStackBundle", ["s3:GetObject"], [prefix_arn])
 
 
 def group_arn(arn_partition: str, region: str, account: str, group: str) -> str:
