@@ -6,8 +6,9 @@ Contract. `Balancer(folder, backends)` owns one HAProxy process whose files live
   as the clouds' listeners do; one backend of `Backend`s health-checked on /readyz (two failures
   out, two passes in); the runtime API on a unix stats socket (`level admin`, mode 0600).
 - `start()` checks the configuration (`haproxy -c`) and starts HAProxy as a daemon with a pid
-  file (so it outlives the command that started it, as the demo's nodes do); `stop()` ends that
-  pid and nothing else; `running()` says whether it is up.
+  file (so it outlives the command that started it, as the demo's nodes do); `stop()` (or
+  `stop(folder)`, without the rest) ends that pid and nothing else; `running()` says whether it
+  is up.
 - The runtime API, no reload: `set_weight(server, w)`, `drain(server)` (no new requests, those in
   flight finish: what a node leaving before a reclaim asks), `ready(server)` (back in rotation),
   `servers()` (status, weight, sessions of each server from `show stat`), `wait_status`.
@@ -32,6 +33,7 @@ from infra.constants import HEALTH_PATH
 BACKEND = "runtimes"
 HEALTH_INTERVAL_MS = 1000
 DEFAULT_WAIT_S = 30.0
+PIDFILE, SOCKET = "haproxy.pid", "haproxy.sock"  # in the balancer's folder
 
 
 class BalancerError(RuntimeError):
@@ -92,8 +94,8 @@ class Balancer:
         self.certificates = certificates
         self.https_port, self.http_port, self.bind = https_port, http_port, bind
         self.config = folder / "haproxy.cfg"
-        self.socket = folder / "haproxy.sock"
-        self.pidfile = folder / "haproxy.pid"
+        self.socket = folder / SOCKET
+        self.pidfile = folder / PIDFILE
 
     @property
     def endpoint(self) -> str:
@@ -144,10 +146,7 @@ backend {BACKEND}
     # --- the process -------------------------------------------------------------------------
 
     def pid(self) -> int | None:
-        try:
-            return int(self.pidfile.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
+        return _pid(self.pidfile)
 
     def running(self) -> bool:
         pid = self.pid()
@@ -182,24 +181,7 @@ backend {BACKEND}
 
     def stop(self) -> bool:
         """End the HAProxy of this folder's pid file (and only it); True when one ran."""
-        pid = self.pid()
-        if pid is None:
-            return False
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            self.pidfile.unlink(missing_ok=True)
-            return False
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
-        self.pidfile.unlink(missing_ok=True)
-        self.socket.unlink(missing_ok=True)
-        return True
+        return stop(self.folder)
 
     # --- the runtime API -----------------------------------------------------------------------
 
@@ -249,6 +231,36 @@ backend {BACKEND}
                     f"{BACKEND}/{server} is {status!r}, not {prefix} after {timeout_s:g} s"
                 )
             time.sleep(0.1)
+
+
+def stop(folder: Path) -> bool:
+    """End the HAProxy whose pid file is in `folder` (and only it); True when one ran."""
+    pidfile, sock = folder / PIDFILE, folder / SOCKET
+    pid = _pid(pidfile)
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pidfile.unlink(missing_ok=True)
+        return False
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    pidfile.unlink(missing_ok=True)
+    sock.unlink(missing_ok=True)
+    return True
+
+
+def _pid(pidfile: Path) -> int | None:
+    try:
+        return int(pidfile.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class LocalLeave:

@@ -2,17 +2,23 @@
 
 No cloud account, no GPU. It starts NODES systemd container nodes (infra.deploy.containers),
 takes the outputs of the aws-dev program under Pulumi's mock engine (with nodes.count = NODES)
-and points their addresses at the containers, then runs the same node stages as `torchfleet up`
+and points their addresses at the containers, puts HAProxy in front of them as the stand-in for
+the ALB/CLB (infra.deploy.balancer: HTTPS with a CA made for the demo, health checks on /readyz;
+the stack's endpoint is that load balancer), then runs the same node stages as `torchfleet up`
 (pipeline.node_stages: inventory -> site.yml + verify.yml through ansible-runner -> readiness
--> smoke prediction), sends predictions and a short bounded benchmark to each node's runtime
-port published on loopback, prints the offline plan and cost of aws-dev and alicloud-dev, and
-says what it did not do. A second run reuses the converged nodes (the converge reports
-changed=0); `torchfleet demo --clean` (`make demo-clean`) removes what it made.
+-> smoke prediction through the load balancer, certificate verified, with the API token), shows
+what the load balancer answers and sees (no token: 401; its backends), sends predictions and a
+short bounded benchmark to each node's runtime port published on loopback, prints the offline
+plan and cost of aws-dev and alicloud-dev, and says what it did not do. Auth is on as in a
+stack: the demo makes its API token once (state folder, 0600) and the nodes require it. A
+second run reuses the converged nodes (the converge reports changed=0); `torchfleet demo --clean`
+(`make demo-clean`) removes what it made, the load balancer too.
 
 What the demo changes in the stack's host entries, because a container is not a g6.xlarge:
 the addresses (ansible_host/ansible_port/public_ip on loopback, private_ip = the container's
-address) and the GPU facts (no GPU: profile cpu, no GPU model, not spot); everything else is
-the stack's output as `pulumi up` would write it."""
+address), the endpoint (the local load balancer) and the GPU facts (no GPU: profile cpu, no GPU
+model, not spot); and the nodes get the demo's token from their group vars, not from a cloud
+secret store. Everything else is the stack's output as `pulumi up` would write it."""
 
 from __future__ import annotations
 
@@ -21,7 +27,9 @@ import fcntl
 import importlib.util
 import json
 import os
+import secrets
 import shutil
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -35,7 +43,7 @@ from torchfleet_compat.hostvars import node_hostvars
 from infra import client
 from infra import config as stack_config
 from infra.constants import SERVICE_PORT
-from infra.deploy import containers
+from infra.deploy import balancer, containers
 from infra.deploy.pipeline import NodeOptions, Steps, node_stages, run_dir
 from infra.deploy.progress import Console, shown
 from infra.deploy.stage import StageError
@@ -63,6 +71,43 @@ def state_dir(prefix: str) -> Path:
     return DEMO_ROOT / prefix.rstrip("-")
 
 
+def _private(path: Path, text: str) -> None:
+    """Write `text` readable by the owner only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def api_token(state: Path) -> str:
+    """The demo's API token, made once per demo state as a stack's is once per stack."""
+    path = state / "api-token"
+    if not path.exists():
+        _private(path, secrets.token_urlsafe(36) + "\n")  # 48 characters the runtime accepts
+    return path.read_text().strip()
+
+
+def start_balancer(state: Path, nodes: list[containers.ContainerNode]) -> balancer.Balancer:
+    """HAProxy in front of the nodes' published runtime ports, HTTPS on a port kept per demo
+    state (a second run keeps the endpoint), HTTP beside it only redirecting."""
+    folder = state / "balancer"
+    folder.mkdir(parents=True, exist_ok=True)
+    ports_file = folder / "ports"
+    try:
+        https_port, http_port = map(int, ports_file.read_text().split())
+    except (OSError, ValueError):
+        https_port, http_port = balancer.free_port(), balancer.free_port()
+        ports_file.write_text(f"{https_port} {http_port}\n")
+    lb = balancer.Balancer(
+        folder,
+        [balancer.Backend(n.name, "127.0.0.1", n.service_port) for n in nodes],
+        balancer.issue_certificates(folder / "tls"),
+        https_port,
+        http_port,
+    )
+    lb.start()
+    return lb
+
+
 def stack_values(stack: str, nodes: int | None = None) -> dict[str, Any]:
     values = copy.deepcopy(load_stack_config(stack))
     if nodes is not None:
@@ -78,7 +123,8 @@ def stack_outputs(count: int) -> dict[str, Any]:
 def container_host(host: dict[str, Any], ip: str, ssh_port: int) -> dict[str, Any]:
     """A host of the stack's outputs as a container node: its own host vars (an on-demand node
     whose GPU the preflight detects: no GPU table), reached over the SSH port the container
-    publishes on loopback, with the CPU profile instead of the stack's CUDA one."""
+    publishes on loopback, with the CPU profile instead of the stack's CUDA one, and no cloud
+    secret store to read the API token from (the demo's group vars give it)."""
     own = node_hostvars(
         host["torchfleet_instance_type"],
         False,
@@ -87,7 +133,12 @@ def container_host(host: dict[str, Any], ip: str, ssh_port: int) -> dict[str, An
         public_ip="127.0.0.1",
         ssh_port=ssh_port,
     )
-    return {**host, **own, "torchfleet_cuda_profile": "cpu"}
+    return {
+        **host,
+        **own,
+        "torchfleet_cuda_profile": "cpu",
+        "inference_runtime_api_token_command": [],
+    }
 
 
 def login_user(outputs: dict[str, Any]) -> str:
@@ -117,9 +168,10 @@ def node_outputs(
     return outputs
 
 
-def write_group_vars(inventory_dir: Path, state: Path, key: Path) -> None:
+def write_group_vars(inventory_dir: Path, state: Path, key: Path, token: str) -> None:
     """The stack's own group_vars (inventories/aws-dev/group_vars/all.yml) plus the settings a
-    container node needs, as a Molecule scenario sets them (gpu_nodes beats all)."""
+    container node needs, as a Molecule scenario sets them (gpu_nodes beats all). A container
+    has no cloud secret store: the token comes from here (a file only its owner reads)."""
     group_vars = inventory_dir / "group_vars"
     group_vars.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(
@@ -142,21 +194,25 @@ def write_group_vars(inventory_dir: Path, state: Path, key: Path) -> None:
         # the timer runs for real; a container must not power itself off
         "autostop_enabled": True,
         "autostop_command": "logger -t torchfleet-autostop 'idle, would power off'",
+        "inference_runtime_api_token": token,
     }
-    (group_vars / "gpu_nodes.yml").write_text(
+    _private(
+        group_vars / "gpu_nodes.yml",
         "# Written by torchfleet demo: what a container node needs beyond the stack's settings.\n"
-        + yaml.safe_dump(demo, sort_keys=False)
+        + yaml.safe_dump(demo, sort_keys=False),
     )
 
 
-def predictions(node: containers.ContainerNode, console: Console) -> list[int | None]:
+def predictions(
+    node: containers.ContainerNode, console: Console, auth: client.Auth
+) -> list[int | None]:
     """JSON, binary and a malformed request to the node's published runtime port."""
     base = node.url
-    code, body, _ = client.request("GET", base + "/v1/model")
+    code, body, _ = client.request("GET", base + "/v1/model", auth=auth)
     card = json.loads(body)
     codes = []
     payload, headers = client.card_payload(card, batch=2, binary=False)
-    code, body, took = client.request("POST", base + "/v1/predict", payload, headers)
+    code, body, took = client.request("POST", base + "/v1/predict", payload, headers, auth=auth)
     out = json.loads(body)["outputs"] if code == 200 else []
     console.line(
         f"  JSON    POST {base}/v1/predict (2 instances, {len(payload) // 1024} KiB) -> "
@@ -164,7 +220,7 @@ def predictions(node: containers.ContainerNode, console: Console) -> list[int | 
     )
     codes.append(code)
     payload, headers = client.card_payload(card, batch=4, binary=True)
-    code, body, took = client.request("POST", base + "/v1/predict", payload, headers)
+    code, body, took = client.request("POST", base + "/v1/predict", payload, headers, auth=auth)
     n = len(json.loads(body)["outputs"]) if code == 200 else 0
     console.line(
         f"  binary  POST {base}/v1/predict (4 instances, raw {headers['X-Dtype']}, X-Shape "
@@ -172,7 +228,11 @@ def predictions(node: containers.ContainerNode, console: Console) -> list[int | 
     )
     codes.append(code)
     code, body, _ = client.request(
-        "POST", base + "/v1/predict", b'{"inputs": [1, 2', {"Content-Type": "application/json"}
+        "POST",
+        base + "/v1/predict",
+        b'{"inputs": [1, 2',
+        {"Content-Type": "application/json"},
+        auth=auth,
     )
     console.line(f"  malformed JSON -> {code} {body.decode(errors='replace')[:120]}")
     live, _, _ = client.request("GET", base + "/livez")
@@ -180,7 +240,49 @@ def predictions(node: containers.ContainerNode, console: Console) -> list[int | 
     return codes
 
 
-def benchmark(node: containers.ContainerNode, console: Console) -> None:
+def tls_version(endpoint: str, cafile: str) -> str:
+    """The TLS version a verified handshake with the endpoint agrees on."""
+    target = client.Target.parse(endpoint)
+    ctx = client.Auth(cafile=cafile).ssl_context()
+    with (
+        socket.create_connection((target.host, target.port), timeout=10) as raw,
+        ctx.wrap_socket(raw, server_hostname=target.host) as tls,
+    ):
+        return str(tls.version())
+
+
+def through_the_balancer(
+    lb: balancer.Balancer, auth: client.Auth, console: Console
+) -> dict[str, int | None]:
+    """What a client of the stack's endpoint sees, and what the load balancer sees."""
+    assert auth.cafile is not None and auth.token
+    url = lb.endpoint + "/v1/model"
+    console.line(
+        f"  endpoint {lb.endpoint} ({tls_version(lb.endpoint, auth.cafile)}, certificate "
+        f"verified against {shown(Path(auth.cafile))}, the demo's throwaway CA)"
+    )
+    codes = {
+        "no token": client.request("GET", url, auth=client.Auth(cafile=auth.cafile))[0],
+        "wrong token": client.request(
+            "GET", url, auth=client.Auth(token="x" * 24, cafile=auth.cafile)
+        )[0],
+        "the token": client.request("GET", url, auth=auth)[0],
+    }
+    for what, code in codes.items():
+        console.line(f"  GET {url} with {what} -> {code}")
+    if lb.http_port:
+        code, _, _ = client.request("GET", f"http://localhost:{lb.http_port}/v1/model")
+        codes["http"] = code
+        console.line(f"  GET http://localhost:{lb.http_port}/v1/model -> {code} (to HTTPS)")
+    for name, row in sorted(lb.servers().items()):
+        console.line(
+            f"  haproxy backend {balancer.BACKEND}/{name}: {row['status']}, weight "
+            f"{row['weight']}, health check GET /readyz"
+        )
+    return codes
+
+
+def benchmark(node: containers.ContainerNode, console: Console, token: str) -> None:
     """The load generator's closed-loop levels against one node, run as the command a user
     would run (`torchfleet-bench load`, benchmarks/torchfleet_bench): the levels live in that
     tool only, and infra keeps just the client of a node's runtime."""
@@ -201,6 +303,7 @@ def benchmark(node: containers.ContainerNode, console: Console) -> None:
         capture_output=True,
         text=True,
         timeout=BENCH_SECONDS * len(BENCH_LEVELS) + 120,
+        env=dict(os.environ, TORCHFLEET_API_TOKEN=token),  # never on the command line
     )
     for line in (proc.stdout + proc.stderr).splitlines():
         console.line(f"  {line}")
@@ -239,8 +342,9 @@ What this demo did not do
   replaced the stack's GPU facts (L4, cu121, spot) with {facts}.
 - No virtual machine: a systemd container on this machine (no cloud-init, no instance metadata,
   so the spot watcher is off; autostop logs instead of powering off).
-- No group mode: aws-dev is one instance; the group path (ALB target health) is tested against
-  mocked AWS APIs only.
+- No group mode: aws-dev is one instance; HAProxy stood in for the ALB (a cloud stack's
+  certificate is an ACM or CLB certificate, not a CA made for the run); the group path (ALB
+  target health) is tested against mocked AWS APIs only.
 - The benchmark ran on this shared 2-core machine; it says nothing about a GPU node's speed."""
 
 
@@ -249,11 +353,14 @@ class DemoResult:
     summary: Summary
     nodes: list[containers.ContainerNode]
     prediction_codes: list[int | None]
+    balancer_codes: dict[str, int | None]
 
 
 def clean(console: Console, prefix: str) -> int:
     removed = containers.remove_nodes(prefix)
     state = state_dir(prefix)
+    if balancer.stop(state / "balancer"):
+        console.line("stopped the demo's load balancer (haproxy)")
     console.line(
         f"removed {len(removed)} container(s){': ' + ', '.join(removed) if removed else ''}"
     )
@@ -280,7 +387,7 @@ def _run(
     folder = run_dir(SHAPE_STACK, state / "runs")  # as `up`'s .cache/runs/<stack>/<timestamp>/
     console.open_log(folder / "demo.log")
     # nodes, the four node stages of `up`, predictions, then the optional benchmark and plan
-    steps = Steps(console, 6 + bench + plan)
+    steps = Steps(console, 8 + bench + plan)
     values = stack_values(SHAPE_STACK, count)
     cfg = stack_config.load(stack_config.raw_from_pulumi_config(values), SHAPE_STACK)
     with steps(
@@ -307,9 +414,22 @@ def _run(
                 f"127.0.0.1:{n.ssh_port} ({login}), runtime 127.0.0.1:{n.service_port}, "
                 f"address {n.ip}"
             )
+    token = api_token(state)
+    with steps(
+        "load balancer",
+        "HAProxy in front of the nodes (the ALB's stand-in): HTTPS, health checks on /readyz",
+    ):
+        missing = containers.missing_tools("haproxy")
+        if missing:
+            raise StageError("load balancer", "haproxy is not installed", fix="make setup")
+        lb = start_balancer(state, nodes)
+        console.line(f"  {lb.endpoint} -> " + ", ".join(b.name for b in lb.backends))
+    auth = client.Auth(token=token, cafile=str(lb.certificates.ca))
     outputs = node_outputs(template, nodes, key)
+    outputs["endpoint"] = lb.endpoint + "/"
+    outputs["api_token"] = token  # as the stack's secret output
     inventory_root = state / "inventories"
-    write_group_vars(inventory_root / SHAPE_STACK, state, key)
+    write_group_vars(inventory_root / SHAPE_STACK, state, key, token)
     (folder / "outputs.json").write_text(json.dumps(outputs, indent=2, default=str))
     summary = node_stages(
         SHAPE_STACK,
@@ -321,24 +441,30 @@ def _run(
         NodeOptions(
             inventory_root=inventory_root,
             writer="torchfleet demo (mock-engine outputs, container addresses)",
+            cafile=auth.cafile,
+            smoke_direct=True,
         ),
     )
+    with steps("edge", "what a client of the endpoint sees, and what the load balancer sees"):
+        for n in nodes:  # each backend up before it is shown
+            lb.wait_status(n.name, "UP")
+        lb_codes = through_the_balancer(lb, auth, console)
     codes: list[int | None] = []
     with steps("predictions", "JSON, binary and a malformed request to each node's published port"):
         for n in nodes:
-            codes += predictions(n, console)
+            codes += predictions(n, console, auth)
     if bench:
         with steps(
             "benchmark",
             f"closed loop, {BENCH_SECONDS:g} s per level at concurrency "
             f"{','.join(map(str, BENCH_LEVELS))}, binary body",
         ):
-            benchmark(nodes[0], console)
+            benchmark(nodes[0], console, token)
     if plan:
         with steps("plan", "offline plan and cost of aws-dev and alicloud-dev (mock engine)"):
             short_plan(console)
     summary.notes.append("cost now is what aws-dev would cost: these nodes are containers")
-    return DemoResult(summary, nodes, codes)
+    return DemoResult(summary, nodes, codes, lb_codes)
 
 
 def not_done() -> str:

@@ -3,16 +3,21 @@
 The body is built from what the node itself says it serves (GET /v1/model: input shape and
 dtype) by infra.client, so the check needs no knowledge of the model.
 Instances mode: the endpoint is a node's private address; the request goes through the SSH
-tunnel of the node that owns that address. Group mode: straight to the load balancer."""
+tunnel of the node that owns that address. Group mode (and the demo's local load balancer):
+straight to the load balancer, which answers 503 until its own health checks have seen a node
+ready after the controller has: that answer is waited out, at most BALANCER_WAIT_S."""
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from infra import client
 from infra.deploy.stage import StageError
+
+BALANCER_WAIT_S = 30.0
 
 
 @dataclass
@@ -48,7 +53,12 @@ def predict(base: str, endpoint: str, via: str, auth: client.Auth | None = None)
 
 
 def _predict(base: str, endpoint: str, via: str, auth: client.Auth | None) -> Prediction:
-    code, body, _ = client.request("GET", base.rstrip("/") + "/v1/model", timeout=30, auth=auth)
+    deadline = time.monotonic() + BALANCER_WAIT_S
+    while True:
+        code, body, _ = client.request("GET", base.rstrip("/") + "/v1/model", timeout=30, auth=auth)
+        if code != 503 or via != "direct" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     if code != 200:
         raise StageError(
             "smoke",

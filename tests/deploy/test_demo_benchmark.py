@@ -1,7 +1,7 @@
 """The demo's short benchmark (infra/deploy/demo.py `benchmark`): it runs the load generator as
 the command a user would run (`torchfleet-bench load`, a separate process) against a node's
-runtime port, here a loopback stub that honours the runtime's HTTP contract, and prints what the
-tool prints; infra imports nothing of the tool."""
+runtime port, here a loopback stub that honours the runtime's HTTP contract (auth on: 401 without
+the demo's token), and prints what the tool prints; infra imports nothing of the tool."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from infra.deploy import demo
 
 SHAPE = [3, 4, 4]
+TOKEN = "demo-token-0123456789abcdef"
 
 
 class Runtime(BaseHTTPRequestHandler):
@@ -25,8 +26,11 @@ class Runtime(BaseHTTPRequestHandler):
         pass
 
     def _answer(self, doc):
+        code = 200
+        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            code, doc = 401, {"error": {"type": "unauthorized", "message": "no token"}}
         body = json.dumps(doc).encode()
-        self.send_response(200)
+        self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -38,7 +42,7 @@ class Runtime(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         assert self.headers["X-Shape"] == "1,3,4,4"  # the binary body the demo asks for
-        type(self).predictions += 1
+        type(self).predictions += self.headers.get("Authorization") == f"Bearer {TOKEN}"
         self._answer({"outputs": [[0.5, 0.25]]})
 
 
@@ -55,7 +59,7 @@ def node():
 def test_the_demo_runs_the_tool_and_shows_its_levels(node, console, text, monkeypatch):
     monkeypatch.setattr(demo, "BENCH_SECONDS", 0.3)
     Runtime.predictions = 0
-    demo.benchmark(node, console)
+    demo.benchmark(node, console, TOKEN)
     shown = text(console)
     assert f"$ torchfleet-bench load {node.url} --concurrency 1,8 --duration 0.3 --binary" in shown
     assert f"bench {node.url} · batch 1 · binary body 0.2 KiB · input 3x4x4 float32" in shown
@@ -69,6 +73,6 @@ def test_the_demo_runs_the_tool_and_shows_its_levels(node, console, text, monkey
 def test_without_the_tool_the_demo_says_so(node, console, text, monkeypatch):
     monkeypatch.setattr(demo.importlib.util, "find_spec", lambda name: None)
     Runtime.predictions = 0
-    demo.benchmark(node, console)
+    demo.benchmark(node, console, TOKEN)
     assert "skipped: torchfleet-bench is not installed here" in text(console)
     assert Runtime.predictions == 0

@@ -1,7 +1,9 @@
 """The demo's node path, which is `torchfleet up`'s node stage, for real: a systemd container
 node, the stack-shaped inventory of the mock-engine aws-dev run with the container's addresses,
 site.yml + verify.yml through ansible-runner, the readiness wait through an SSH tunnel, the
-prediction through the stack's endpoint, and predictions on the published runtime port.
+prediction through the stack's endpoint (HAProxy in front of the node: HTTPS verified against
+the demo's CA, with the API token), 401 there without or with a wrong token, and predictions on
+the published runtime port with the token.
 
 The ONE test that converges a node from scratch (a few minutes): it runs `torchfleet demo`'s
 code with its own container prefix (a random suffix, so it never meets a developer's demo) and
@@ -16,6 +18,7 @@ import uuid
 import pytest
 import yaml
 
+from infra import client
 from infra.deploy import containers, demo, pipeline
 from infra.deploy.progress import Console
 
@@ -44,11 +47,22 @@ def test_demo_converges_a_container_node_and_predicts_through_the_endpoint():
 
     (node,) = result.nodes
     summary = "\n".join(result.summary.lines())
+    endpoint = result.summary.outputs["endpoint"]
+    assert re.fullmatch(r"https://localhost:\d+/", endpoint), endpoint
     assert re.search(
-        rf"prediction  POST http://{re.escape(node.ip)}:8080/v1/predict \(ssh tunnel "
-        r"through aws-dev-gpu-0\) -> 200 in \d+ ms: 1 output\(s\) of 10 value\(s\)",
+        rf"prediction  POST {re.escape(endpoint)}v1/predict \(direct\) -> 200 in \d+ ms: "
+        r"1 output\(s\) of 10 value\(s\)",
         summary,
     ), summary
+    # the load balancer: auth on, plain HTTP only redirects, the node a healthy backend
+    assert result.balancer_codes == {
+        "no token": 401,
+        "wrong token": 401,
+        "the token": 200,
+        "http": 301,
+    }
+    assert re.search(r"TLSv1\.[23], certificate verified", out.getvalue()), out.getvalue()
+    assert f"haproxy backend runtimes/{node.name}: UP" in out.getvalue()
     assert re.search(r"nodes +aws-dev-gpu-0 +127\.0\.0\.1 +ready, batch cap \d+", summary), summary
     assert result.prediction_codes == [200, 200]  # JSON and binary on the published port
     assert "site.yml: changed=" in out.getvalue() and "verify.yml" in out.getvalue()
@@ -65,3 +79,4 @@ def test_demo_converges_a_container_node_and_predicts_through_the_endpoint():
     # and nothing of it is left
     assert containers.list_nodes(prefix) == []
     assert not demo.state_dir(prefix).exists()
+    assert client.request("GET", endpoint.replace("https", "http"), timeout=2)[0] is None

@@ -79,6 +79,7 @@ def test_every_path_describes_the_same_node_alike(stack_host, tmp_path, monkeypa
             itype, False, {}, private_ip="10.88.0.7", public_ip="127.0.0.1", ssh_port=2222
         ),
         "torchfleet_cuda_profile": "cpu",
+        "inference_runtime_api_token_command": [],  # no cloud secret store: the demo's token
     }
     assert contained["ansible_host"] == "127.0.0.1" and contained["torchfleet_gpu_model"] == ""
 
