@@ -25,6 +25,7 @@ COMMANDS = {
     "http-stack": ("http_stack", "HTTP stack candidates for the runtime's edge under wrk"),
     "codec": ("codec", "per-request CPU of the request codec and instrumentation, in-process"),
     "ab": ("ab", "runtime variants (source, flags, environment) under wrk, alternated"),
+    "tls": ("tls", "what HTTPS on the node (tls_cert_file) costs per request against plain HTTP"),
     "py39": ("py39", "the runtime on the legacy stack (Python 3.9, torch 1.12.1) in a container"),
 }
 
