@@ -386,21 +386,22 @@ def _run(
 ) -> DemoResult:
     folder = run_dir(SHAPE_STACK, state / "runs")  # as `up`'s .cache/runs/<stack>/<timestamp>/
     console.open_log(folder / "demo.log")
-    # nodes, the four node stages of `up`, predictions, then the optional benchmark and plan
-    steps = Steps(console, 8 + bench + plan)
+    # the local fleet (nodes and their load balancer), the four node stages of `up`, the edge,
+    # predictions, then the optional benchmark and plan
+    steps = Steps(console, 7 + bench + plan)
     values = stack_values(SHAPE_STACK, count)
     cfg = stack_config.load(stack_config.raw_from_pulumi_config(values), SHAPE_STACK)
     with steps(
         "nodes",
         f"{count} systemd container node(s) standing in for {SHAPE_STACK}'s "
-        f"{cfg.instance_type.name}",
+        f"{cfg.instance_type.name}, HAProxy in front of them standing in for the ALB",
     ):
-        missing = containers.missing_tools("podman", "runc", "ssh", "ssh-keygen")
+        missing = containers.missing_tools("podman", "runc", "ssh", "ssh-keygen", "haproxy")
         if missing:
             raise StageError(
                 "nodes",
                 f"missing tools: {', '.join(missing)}",
-                fix="make setup (installs podman, runc, openssh-client)",
+                fix="make setup (installs podman, runc, openssh-client, haproxy)",
             )
         console.line(f"  image {containers.ensure_image(console.line)}")
         wheelhouse = containers.ensure_wheelhouse("cp311")
@@ -414,16 +415,13 @@ def _run(
                 f"127.0.0.1:{n.ssh_port} ({login}), runtime 127.0.0.1:{n.service_port}, "
                 f"address {n.ip}"
             )
-    token = api_token(state)
-    with steps(
-        "load balancer",
-        "HAProxy in front of the nodes (the ALB's stand-in): HTTPS, health checks on /readyz",
-    ):
-        missing = containers.missing_tools("haproxy")
-        if missing:
-            raise StageError("load balancer", "haproxy is not installed", fix="make setup")
         lb = start_balancer(state, nodes)
-        console.line(f"  {lb.endpoint} -> " + ", ".join(b.name for b in lb.backends))
+        console.line(
+            f"  haproxy  {lb.endpoint} (HTTPS, TLS 1.2+; HTTP only redirects) -> "
+            + ", ".join(b.name for b in lb.backends)
+            + ", health checks GET /readyz"
+        )
+    token = api_token(state)
     auth = client.Auth(token=token, cafile=str(lb.certificates.ca))
     outputs = node_outputs(template, nodes, key)
     outputs["endpoint"] = lb.endpoint + "/"
