@@ -115,3 +115,35 @@ class FileGated(Tiny):
 
 def file_gated() -> FileGated:
     return FileGated()
+
+
+class Misbehaving(Tiny):
+    """A shadow candidate that serves like Tiny through its warm-up, then, once `armed` is set,
+    raises ("raise"), blocks until `release` is set or 60 s pass ("hang"), or takes `slow_s`
+    longer per batch ("slow")."""
+
+    def __init__(self, mode: str, slow_s: float = 0.2) -> None:
+        super().__init__()
+        self.mode = mode
+        self.slow_s = slow_s
+        self.armed = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.armed.is_set():
+            self.calls += 1
+            if self.mode == "raise":
+                raise RuntimeError("the candidate is broken")
+            if self.mode == "hang":
+                self.release.wait(60)
+            if self.mode == "slow":
+                time.sleep(self.slow_s)
+        return super().forward(x)
+
+
+class Flipped(Tiny):
+    """Tiny with its output classes in reverse order: every argmax of a spread input differs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x).flip(1)
