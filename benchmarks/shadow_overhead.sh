@@ -35,5 +35,6 @@ for c in 4 32; do
   echo "== concurrency $c"
   "$BENCH" ab --rounds "$ROUNDS" --seconds "$SECONDS_PER_RUN" --concurrency "$c" \
     --model "$work/live/model.pt" \
-    off= "on=::--shadow-model $work/candidate.pt --shadow-sample 1.0"
+    "off=::--max-batch-size 8" \
+    "on=::--max-batch-size 8 --shadow-model $work/candidate.pt --shadow-sample 1.0"
 done

@@ -107,6 +107,11 @@ def run_variant(
             time.sleep(0.02)
         ready = time.monotonic() - t0
         info = json.loads(loopback(port, "GET", "/v1/model", timeout=30)[1])
+        while (info.get("shadow") or {}).get("state") == "loading":  # measure it serving
+            if time.monotonic() - t0 > 300:
+                raise RuntimeError(f"{spec}: the shadow candidate still loads after 300 s")
+            time.sleep(0.2)
+            info = json.loads(loopback(port, "GET", "/v1/model", timeout=30)[1])
         wrk(port, conc, 2, env_wrk, lua)
         load = os.getloadavg()[0]
         c0 = cpu_s(proc.pid)

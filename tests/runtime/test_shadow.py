@@ -243,3 +243,21 @@ def test_shadow_settings_are_validated(key, raw, allowed):
     with pytest.raises(ConfigError) as err:
         load_config(flags={key: raw}, env={}, config_file=None)
     assert key in str(err.value) and raw in str(err.value) and allowed in str(err.value)
+
+
+def test_the_shadow_takes_one_torch_thread_and_leaves_the_default(start_runtime):
+    """A reload's new batcher thread takes torch's default thread count at its first op: the
+    shadow's one thread must not become that default."""
+    before = torch.get_num_threads()
+    svc = start_runtime(rt_models.tiny(), shadow_module=rt_models.tiny(), shadow_sample=1.0)
+    _wait_shadow(svc)
+    seen: list[int] = []
+
+    def fresh() -> None:
+        torch.ones(64, 64) @ torch.ones(64, 64)
+        seen.append(torch.get_num_threads())
+
+    t = threading.Thread(target=fresh)
+    t.start()
+    t.join()
+    assert seen == [before]

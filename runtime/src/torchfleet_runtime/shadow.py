@@ -97,6 +97,19 @@ def compare(live: Outputs, cand: Outputs, k: int) -> Comparison:
     return Comparison(n, worst, agree, float(shared.sum()) / kk)
 
 
+def _one_torch_thread_here() -> None:
+    """One intra-op thread for the calling thread only. torch.set_num_threads also sets the
+    default a thread takes at its first parallel op: a reload's new batcher thread would then
+    run with one thread too. So: set 1 here, let this thread take it (one small op), and put
+    the default back from a helper thread, whose own count nobody uses."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.ones(2, 2) @ torch.ones(2, 2)
+    helper = threading.Thread(target=torch.set_num_threads, args=(before,), name="torch-threads")
+    helper.start()
+    helper.join()
+
+
 def _lowest_priority() -> None:
     """nice 19 for the calling thread only (Linux: a thread id is a PRIO_PROCESS target)."""
     try:
@@ -134,7 +147,7 @@ class Shadow:
         """Build the candidate in its own thread, which then serves it; returns at once."""
 
         def build_then_serve() -> None:
-            torch.set_num_threads(1)
+            _one_torch_thread_here()
             _lowest_priority()
             try:
                 batcher = self._build(live, buckets, module)
@@ -185,7 +198,12 @@ class Shadow:
     # --- the live path -------------------------------------------------------------------------
 
     def sampled(self) -> bool:
-        return self.state == "ready" and self._rng.random() < self.sample
+        if self._rng.random() >= self.sample:
+            return False
+        if self.state != "ready":  # still loading, failed, stopped
+            self._count("dropped_not_ready")
+            return False
+        return True
 
     def offer(
         self, tensor: torch.Tensor, live: Outputs, live_s: float, live_queued: int, live_cap: int
