@@ -7,6 +7,8 @@
     torchfleet status STACK   outputs, per-node readiness and batch cap, TTL left, cost per hour
     torchfleet plan STACK     the offline plan (mock engine): resource tree and cost
     torchfleet demo           `up` on this machine with containers as nodes (make demo)
+    torchfleet rollout STACK --model REF   canary/linear steps with guards that roll back
+                              (rollout status|pause|resume|abort|rollback STACK)
 
 The stages, their output and the exit codes are in infra/deploy/ (stage.py lists the codes)."""
 
@@ -29,7 +31,7 @@ EPILOG = """exit codes:
   3 preflight: something missing,   9 refused: a prod stack without --yes
     nothing created               130 interrupted
   4 provision: pulumi up/destroy failed
-  5 inventory: the outputs are not a torchfleet inventory
+  5 inventory: the outputs are not a torchfleet inventory  10 rollout: rolled back (a guard fired)
 
 Every stage is idempotent: after fixing what a failure names, run the same command again.
 Each run keeps its log and ansible-runner's artifacts in .cache/runs/<stack>/<timestamp>/."""
@@ -99,6 +101,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--no-bench", action="store_true", help="skip the short benchmark")
     demo.add_argument("--no-plan", action="store_true", help="skip the offline plan")
+
+    from infra.rollout import command as rollout
+
+    rollout.add_parser(sub, stack_help)
     return parser
 
 
@@ -135,6 +141,10 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
         _print_summary(console, summary.lines())
         down = [n.host for n in summary.nodes if not n.ready]
         return stage.STAGES["readiness"] if down else stage.EXIT_OK
+    if args.command == "rollout":
+        from infra.rollout import command as rollout
+
+        return rollout.run(args, console.line)
     if args.command == "demo":
         from infra.deploy import containers, demo
 
