@@ -1,6 +1,6 @@
 """`torchfleet rollout`: the command's arguments, turned into an engine run or a control.
 
-    torchfleet rollout STACK --model LOCATION@sha256:HEX [--strategy canary|linear|all-at-once]
+    torchfleet rollout STACK --model LOCATION@sha256:HEX [--strategy canary|linear|all-at-once|shadow]
                        [--steps 10,50,100] [--bake 5m] [--window 30s] [--guard KEY=VALUE ...]
                        [--prometheus URL [--selector 'stack="local"']] [--fleet DIR]
     torchfleet rollout status|pause|resume|abort|rollback STACK [--fleet DIR]
@@ -28,7 +28,7 @@ from infra.rollout.engine import Options, Rollout, RolloutError
 from infra.rollout.local import LocalFleet, SwitchError
 from infra.rollout.policy import STRATEGIES, guard_settings, parse_duration
 from infra.rollout.ref import ModelRef, RefError
-from infra.rollout.signals import PrometheusSource, ScrapeSource, SignalError, Source
+from infra.rollout.signals import PrometheusSource, ScrapeSource, SignalError
 from infra.rollout.state import ACTIVE, engine_alive
 
 ACTIONS = ("status", "pause", "resume", "abort", "rollback")
@@ -50,7 +50,12 @@ def add_parser(sub: Any, stack_help: str) -> None:
         help=f"{stack_help}; ACTION: " + ", ".join(ACTIONS),
     )
     p.add_argument("--model", help="LOCATION@sha256:<64 hex> (sha256sum FILE)")
-    p.add_argument("--strategy", default="canary", choices=list(STRATEGIES))
+    p.add_argument(
+        "--strategy",
+        default="canary",
+        choices=[*STRATEGIES, "shadow"],
+        help="shadow: the candidate beside the serving model on every node, compared, never answering",
+    )
     p.add_argument("--steps", help="traffic percents, increasing, ending at 100 (e.g. 10,50,100)")
     p.add_argument("--bake", default="5m", help="how long each step is watched (default 5m)")
     p.add_argument("--window", default="30s", help="one evaluation window (default 30s)")
@@ -102,7 +107,7 @@ def _options(args: argparse.Namespace) -> Options:
         key, _, value = item.partition("=")
         raw[key.strip()] = value.strip()
     return Options(
-        strategy=args.strategy,
+        strategy="canary" if args.strategy == "shadow" else args.strategy,
         steps=args.steps,
         bake_s=parse_duration("--bake", args.bake),
         window_s=parse_duration("--window", args.window),
@@ -118,12 +123,15 @@ def _start(
         return stage.EXIT_USAGE
     ref = ModelRef.parse(args.model)
     options = _options(args)
-    source: Source = (
+    source: PrometheusSource | ScrapeSource = (
         PrometheusSource(args.prometheus, args.selector)
         if args.prometheus
         else ScrapeSource(fleet.urls, fleet.auth)
     )
     engine = Rollout(fleet, fleet.state(), fleet.store(), source, options, say)
+    if args.strategy == "shadow":
+        counts = source.shadow
+        return stage.EXIT_OK if engine.shadow(ref, counts) == "agrees" else stage.EXIT_ROLLED_BACK
     result = engine.start(ref)
     return stage.EXIT_OK if result == "promoted" else stage.EXIT_ROLLED_BACK
 

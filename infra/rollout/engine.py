@@ -14,6 +14,11 @@ Contract. `Rollout(fleet, state, store, source, options, say)`:
   it becomes `stable`, the one before it `previous`.
 - Controls between windows (state.control, from `rollout pause|resume|abort`): pause holds the
   current split and judges nothing until resume; abort rolls back.
+- `shadow(ref)` (`--strategy shadow`): the candidate runs as every node's shadow (the runtime's
+  shadow testing: no client ever sees its outputs) for `bake_s`; each window's argmax agreement
+  (policy.judge_shadow) is logged; it ends at the first window below `min_shadow_agreement`
+  ("differs") or after the bake ("agrees"), and the shadow is removed from every node either
+  way. Traffic and the stable version never change. The result goes to the record's `shadow`.
 - `revert()` (`rollout rollback`): every node back to `previous` after a promotion, or to
   `stable` when a candidate is still on some node, one node at a time.
 One progress line per decision through `say`, with the numbers it used; the same entries go to
@@ -30,9 +35,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from infra.rollout.policy import Figures, GuardSettings, Verdict, judge, split, steps
+from infra.rollout.policy import (
+    Figures,
+    GuardSettings,
+    Verdict,
+    judge,
+    judge_shadow,
+    split,
+    steps,
+)
 from infra.rollout.ref import ModelRef, Store, sha256_of
-from infra.rollout.signals import Source
+from infra.rollout.signals import ShadowCounts, Source
 from infra.rollout.state import ACTIVE, RolloutState, engine_alive
 
 EQUAL_WEIGHT = 100  # every node's weight outside a split
@@ -55,6 +68,10 @@ class Fleet(Protocol):
 
     def set_weights(self, weights: dict[str, int]) -> None: ...
 
+    def set_shadow(self, node: str, model: Path | None) -> str | None:
+        """Start (a file) or end (None) a shadow test on `node`; the candidate's version."""
+        ...
+
 
 @dataclass
 class Options:
@@ -67,6 +84,10 @@ class Options:
 
 def _set_candidate_version(doc: dict[str, Any], version: str) -> None:
     doc["candidate"]["version"] = version
+
+
+def _append(doc: dict[str, Any], entry: dict[str, Any]) -> None:
+    doc["timeline"].append(entry)
 
 
 def _set_step(doc: dict[str, Any], step: int, share: float) -> None:
@@ -352,3 +373,58 @@ class Rollout:
         self.state.update(reverted)
         self.say(f"rolled back: every node serves {target['version']}")
         return "rolled_back"
+
+    # --- shadow ----------------------------------------------------------------------------------
+
+    def shadow(self, ref: ModelRef, counts: ShadowCounts) -> str:
+        """Run `ref` as every node's shadow; "agrees" or "differs" (see the module doc)."""
+        kept = self.store.put(ref)
+        nodes = self.fleet.nodes()
+        version = ""
+        try:
+            for node in nodes:
+                version = self.fleet.set_shadow(node, kept) or version
+            self.say(
+                f"shadow {ref}: {version} beside the serving model on {len(nodes)} node(s), "
+                f"bake {self.options.bake_s:g} s, windows of {self.options.window_s:g} s"
+            )
+            verdict = self._shadow_windows(version, counts)
+        finally:
+            for node in nodes:
+                self.fleet.set_shadow(node, None)
+        result = "differs" if verdict.decision == "rollback" else "agrees"
+        record = {"version": version, "sha256": ref.sha256, "result": result, **verdict.numbers}
+        self.state.update(lambda d: d.update(shadow=record))
+        self.say(
+            f"shadow {version} {result}: "
+            + (
+                f"guard {verdict.guard}: {verdict.reason}"
+                if result == "differs"
+                else verdict.reason
+            )
+            + "; no client saw its outputs, the shadow is removed"
+        )
+        return result
+
+    def _shadow_windows(self, version: str, counts: ShadowCounts) -> Verdict:
+        deadline = self.clock() + self.options.bake_s
+        before = counts().get(version, (0.0, 0.0))
+        verdict = Verdict("wait", "min_requests", "nothing compared yet")
+        while True:
+            self.sleep(self.options.window_s)
+            now = counts().get(version, (0.0, 0.0))
+            compared, agreed = now[0] - before[0], now[1] - before[1]
+            before = now
+            v = judge_shadow(agreed / compared if compared else None, compared, self.options.guards)
+            at = round(self.clock() - self.started, 1)
+            self.say(
+                f"  t+{at:g}s shadow {version}: {compared:.0f} instances compared, argmax "
+                f"agreement {'-' if not compared else f'{agreed / compared * 100:.1f} %'} -> "
+                + v.decision
+            )
+            entry = {"t": at, "shadow": version, "decision": v.decision, "guard": v.guard}
+            self.state.update(partial(_append, entry={**entry, "numbers": v.numbers}))
+            if v.decision != "wait":
+                verdict = v
+            if v.decision == "rollback" or self.clock() >= deadline:
+                return verdict

@@ -7,7 +7,9 @@ serves; the admin token file of `POST /admin/reload`, and the API token / CA fil
 the nodes. A node switches model the way an operator would: the new file (and its sidecar, or
 no sidecar) written beside the served one and renamed over it, then the runtime's zero-downtime
 reload (POST /admin/reload), which answers with the version now serving or 422 with the reason
-(the old model keeps serving). Weights go to HAProxy's runtime API (no reload of HAProxy).
+(the old model keeps serving). A shadow test places the candidate at the node's `shadow` path
+(its runtime's shadow_model) and reloads; removing the file and reloading ends it. Weights go
+to HAProxy's runtime API (no reload of HAProxy).
 The folder also holds the rollout's state (`rollout.json`) and its model store (`models/`).
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ class LocalNode:
     name: str
     url: str
     model: str
+    shadow: str = ""  # the runtime's shadow_model path ("" when it has none)
 
 
 class LocalFleet:
@@ -116,17 +120,39 @@ class LocalFleet:
         return Path(n.model), str(card["model_version"])
 
     def switch(self, node: str, model: Path) -> str:
+        _place(model, Path(self._nodes[node].model))
+        return str(self._reload(node)["model_version"])
+
+    def set_shadow(self, node: str, model: Path | None) -> str | None:
+        """Start (a file) or end (None) a shadow test on `node`: the candidate at the runtime's
+        shadow_model path, then a reload; the candidate's version once it serves."""
         n = self._nodes[node]
-        served = Path(n.model)
-        tmp = served.with_name(f".{served.name}.rollout")
-        shutil.copyfile(model, tmp)
-        os.replace(tmp, served)  # a concurrent reader sees the old file or the new one
-        sidecar, served_sidecar = model.with_suffix(".json"), served.with_suffix(".json")
-        if sidecar.is_file():
-            shutil.copyfile(sidecar, tmp)
-            os.replace(tmp, served_sidecar)
-        else:
-            served_sidecar.unlink(missing_ok=True)  # an old sidecar would name the old version
+        if not n.shadow:
+            raise SwitchError(f"{node} has no shadow_model path: start its runtime with one")
+        if model is None:
+            Path(n.shadow).unlink(missing_ok=True)
+            Path(n.shadow).with_suffix(".json").unlink(missing_ok=True)
+            self._reload(node)
+            return None
+        _place(model, Path(n.shadow))
+        self._reload(node)
+        target = client.Target.parse(n.url, self.auth)
+        deadline = time.monotonic() + RELOAD_TIMEOUT_S
+        while True:
+            shadow = client.get_json(target, "/v1/model", timeout=10).get("shadow") or {}
+            if shadow.get("state") == "ready":
+                return str(shadow["model_version"])
+            if shadow.get("state") != "loading" or time.monotonic() > deadline:
+                raise SwitchError(f"{node}: the shadow candidate is not serving: {shadow}")
+            time.sleep(0.2)
+
+    def shadow_summary(self, node: str) -> dict[str, Any] | None:
+        target = client.Target.parse(self._nodes[node].url, self.auth)
+        shadow = client.get_json(target, "/v1/model", timeout=10).get("shadow")
+        return shadow if isinstance(shadow, dict) else None
+
+    def _reload(self, node: str) -> dict[str, Any]:
+        n = self._nodes[node]
         token = self.admin_token_file.read_text().strip()
         status, body, _ = client.request(
             "POST",
@@ -142,8 +168,23 @@ class LocalFleet:
             except (ValueError, KeyError, TypeError):
                 why = body[:300].decode(errors="replace") or "no answer"
             raise SwitchError(f"{node}: reload answered {status}: {why}")
-        return str(json.loads(body)["model_version"])
+        answer: dict[str, Any] = json.loads(body)
+        return answer
 
     def set_weights(self, weights: dict[str, int]) -> None:
         for node, w in weights.items():
             self.balancer.set_weight(node, w)
+
+
+def _place(model: Path, served: Path) -> None:
+    """`model` (and its sidecar, or none) at `served`, each renamed into place: a concurrent
+    reader sees the old file or the new one."""
+    tmp = served.with_name(f".{served.name}.rollout")
+    shutil.copyfile(model, tmp)
+    os.replace(tmp, served)
+    sidecar, served_sidecar = model.with_suffix(".json"), served.with_suffix(".json")
+    if sidecar.is_file():
+        shutil.copyfile(sidecar, tmp)
+        os.replace(tmp, served_sidecar)
+    else:
+        served_sidecar.unlink(missing_ok=True)  # an old sidecar would name the old version

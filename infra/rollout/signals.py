@@ -44,6 +44,10 @@ class Source(Protocol):
     def end(self) -> dict[str, Figures]: ...
 
 
+# version -> (instances compared, of which argmax agreed), cumulative, over the fleet
+ShadowCounts = Callable[[], dict[str, tuple[float, float]]]
+
+
 def quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
     """histogram_quantile(q) over (upper bound, cumulative count) pairs; None without data."""
     pairs = sorted(buckets)
@@ -192,6 +196,17 @@ class PrometheusSource:
 
     def begin(self) -> None:
         self._start = self._clock()
+
+    def shadow(self) -> dict[str, tuple[float, float]]:
+        """version -> (instances compared, argmax agreements), cumulative over the stack."""
+        out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        sel, now = f"{{{self.selector}}}", self._clock()
+        for i, name in enumerate(
+            ("torchfleet_shadow_instances_total", "torchfleet_shadow_argmax_agreements_total")
+        ):
+            for row in self.query(f"sum by (model_version) ({name}{sel})", now):
+                out[row["metric"].get("model_version", "")][i] = float(row["value"][1])
+        return {v: (a, b) for v, (a, b) in out.items()}
 
     def end(self) -> dict[str, Figures]:
         now = self._clock()

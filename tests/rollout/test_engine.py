@@ -44,6 +44,10 @@ class FakeFleet:
         self.weights.update(weights)
         self.events.append(("weights", dict(self.weights)))
 
+    def set_shadow(self, node: str, model: Path | None) -> str | None:
+        self.events.append(("shadow", (node, model is not None)))
+        return None if model is None else "v2"
+
 
 class Windows:
     """Each window's figures, scripted: `cand` (requests, errors, p99) per window."""
@@ -194,3 +198,29 @@ def test_rollback_after_a_promotion_returns_to_the_previous_version(setup):
     assert all(fleet.serving(n)[1] == "v1" for n in fleet.files)
     doc = state.read()
     assert doc["stable"]["version"] == "v1" and doc["previous"] is None
+
+
+@pytest.mark.parametrize(
+    ("agreement", "result", "windows"), [(1.0, "agrees", 2), (0.4, "differs", 1)]
+)
+def test_a_shadow_test_judges_agreement_and_always_removes_the_shadow(
+    setup, agreement, result, windows
+):
+    fleet, ref, state, lines, make = setup
+    seen = [0]
+
+    def counts() -> dict[str, tuple[float, float]]:
+        seen[0] += 1
+        n = 100.0 * (seen[0] - 1)  # 100 instances compared per window
+        return {"v2": (n, n * agreement)}
+
+    assert make(Windows([])).shadow(ref, counts) == result
+    assert seen[0] == windows + 1
+    shadows = [e[1] for e in fleet.events if e[0] == "shadow"]
+    assert shadows == [(n, True) for n in fleet.files] + [(n, False) for n in fleet.files]
+    assert not any(e[0] in ("switch", "weights") for e in fleet.events)  # traffic untouched
+    doc = state.read()
+    assert doc["shadow"]["result"] == result
+    assert doc["shadow"]["argmax_agreement"] == agreement
+    if result == "differs":
+        assert "guard shadow_agreement: argmax agreement 40.00 % < 99.00 %" in lines[-1]

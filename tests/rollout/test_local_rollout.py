@@ -16,6 +16,7 @@ import hashlib
 import http.client
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +41,8 @@ NODES = 3
 LOAD_MAX_REQUESTS = 20000  # per rollout, whatever happens
 LOAD_MAX_S = 120.0
 BODY = json.dumps({"inputs": [[1.0, 2.0, 3.0, 4.0]]}).encode()  # first value: rt_models.TRIGGER
+# Tiny's answer to BODY (rt_models: y = W x + b with fixed weights), as JSON writes it
+EXPECTED = [[3.0, 5.0, 10.5]]
 ROLLOUT = [
     "--bake",
     "4s",
@@ -88,11 +91,12 @@ def _start_node(folder: Path, name: str) -> tuple[subprocess.Popen[bytes], Local
         *("--model-format", "eager", "--factory", "rt_models:switchable"),
         *("--max-delay-ms", "2", "--max-batch-size", "8", "--admin-token", admin.read_text()),
         *("--spot-watch", "off", "--log-format", "text", "--log-level", "warning"),
+        *("--shadow-model", str(home / "shadow.pt"), "--shadow-sample", "1.0"),
     ]
     env = dict(os.environ, PYTHONPATH=str(RT_MODELS))
     log = (folder / f"{name}.log").open("wb")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
-    return proc, LocalNode(name, f"http://127.0.0.1:{port}", str(model))
+    return proc, LocalNode(name, f"http://127.0.0.1:{port}", str(model), str(home / "shadow.pt"))
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
@@ -151,6 +155,7 @@ class Load:
     fleet: Fleet
     clients: int = 3
     results: list[tuple[float, int]] = field(default_factory=list)
+    wrong: int = 0  # 200 answers whose outputs are not the stable model's
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run_client(self) -> None:
@@ -165,8 +170,10 @@ class Load:
             try:
                 conn.request("POST", "/v1/predict", BODY, {"Content-Type": "application/json"})
                 resp = conn.getresponse()
-                resp.read()
+                body = resp.read()
                 status = resp.status
+                if status == 200 and json.loads(body)["outputs"] != EXPECTED:
+                    self.wrong += 1
             except (OSError, http.client.HTTPException):
                 status = 0
                 conn.close()
@@ -261,3 +268,85 @@ def test_a_wrong_digest_moves_nothing(fleet, capsys):
     assert _versions(fleet) == before
     weights = {s["weight"] for s in fleet.lb.servers().values()}
     assert weights == {"100"} or weights == {"1"}, weights
+
+
+def test_shadow_finds_a_differing_candidate_without_any_client_seeing_it(fleet, capsys):
+    ref = _write_model(fleet.models / "flipped.pt", "flipped", "bad-flipped")
+    with Load(fleet) as load:
+        code = _rollout(fleet, "--model", ref, "--strategy", "shadow", *ROLLOUT)
+        time.sleep(1.0)
+    out = capsys.readouterr().out
+    assert code == EXIT_ROLLED_BACK, out
+    assert "guard shadow_agreement" in out
+    assert load.wrong == 0 and load.failed() == 0, (load.wrong, load.statuses())
+    assert load.sent() > 50
+    doc = fleet.local.state().read()
+    assert doc["shadow"]["result"] == "differs"
+    assert doc["shadow"]["argmax_agreement"] < 0.5
+    # the shadow is gone from every node, and traffic never moved
+    assert all(fleet.local.shadow_summary(n) is None for n in fleet.local.nodes())
+    print(f"shadow: {out.splitlines()[-1]}")
+
+
+@pytest.fixture
+def prometheus(fleet: Fleet) -> Iterator[str]:
+    """Debian's Prometheus scraping the three runtimes every second (static targets: each
+    series carries job and instance, which the guards' join with torchfleet_model_info uses)."""
+    if shutil.which("prometheus") is None:
+        pytest.fail("prometheus is not installed: run `make setup`")
+    work = fleet.folder / "prometheus"
+    work.mkdir(exist_ok=True)
+    targets = [u.removeprefix("http://") for u in fleet.local.urls().values()]
+    (work / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - job_name: torchfleet-runtime\n    static_configs: [{{targets: {json.dumps(targets)}}}]\n"
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={work / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=(work / "log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while client.request("GET", f"{url}/-/ready", timeout=2)[0] != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, "prometheus never ready"
+            time.sleep(0.2)
+        time.sleep(3.0)  # a few scrapes of every target
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_the_guards_read_prometheus_where_there_is_one(fleet, prometheus, capsys):
+    ref = _write_model(fleet.models / "errors-prom.pt", "errors", "bad-errors-prom")
+    with Load(fleet) as load:
+        began = time.monotonic()
+        code = _rollout(
+            fleet,
+            "--model",
+            ref,
+            "--prometheus",
+            prometheus,
+            "--bake",
+            "8s",
+            "--window",
+            "4s",
+            "--guard",
+            "min_requests=5",
+        )
+        ended = time.monotonic()
+    out = capsys.readouterr().out
+    assert code == EXIT_ROLLED_BACK, out
+    assert "guard error_ratio:" in out
+    during, failed = load.sent(began, ended), load.failed(began, ended)
+    assert 0 < failed <= 0.25 * during, (failed, during)
+    print(f"prometheus errors: {failed} of {during} requests failed ({out.splitlines()[-1]})")

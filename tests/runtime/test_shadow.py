@@ -261,3 +261,23 @@ def test_the_shadow_takes_one_torch_thread_and_leaves_the_default(start_runtime)
     t.start()
     t.join()
     assert seen == [before]
+
+
+def test_a_shadow_path_without_a_file_is_no_shadow_until_a_reload_finds_one(
+    tmp_path, start_runtime, client_for
+):
+    path = tmp_path / "shadow.pt"
+    admin = "admin-token-abcdefghijkl"
+    svc = start_runtime(
+        rt_models.tiny(), shadow_model=str(path), shadow_sample=1.0, admin_token=admin
+    )
+    c = client_for(svc)
+    assert c.get_json("/v1/model")[1]["shadow"] is None
+    torch.jit.script(rt_models.Flipped()).save(str(path))
+    path.with_suffix(".json").write_text(json.dumps({"input_shape": [4], "version": "cand-3"}))
+    status, _, body = c.call("POST", "/admin/reload", b"", {"Authorization": f"Bearer {admin}"})
+    assert status == 200, body
+    assert _wait_shadow(svc)["model_version"] == "cand-3"
+    path.unlink()
+    assert c.call("POST", "/admin/reload", b"", {"Authorization": f"Bearer {admin}"})[0] == 200
+    assert c.get_json("/v1/model")[1]["shadow"] is None

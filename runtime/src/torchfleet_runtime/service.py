@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
@@ -326,8 +327,12 @@ class Runtime:
         old = self._shadow
         if old is not None:
             old.close()
-        if self.config.shadow_model is None and self._shadow_module is None:
+        path = self.config.shadow_model
+        if self._shadow_module is None and (path is None or not Path(path).exists()):
+            # no shadow test now: the file appears when one begins (a rollout copies it there)
             self._shadow = None
+            if path is not None:
+                log.info("no shadow candidate at %s: shadow testing is off until one is", path)
             return
         shadow = Shadow(self.config, self.metrics)
         shadow.start(slot.loaded, slot.batcher.buckets, self._shadow_module)
