@@ -8,7 +8,8 @@ Contract. `Rollout(fleet, state, store, source, options, say)`:
   and the step bakes for `bake_s`: windows of `window_s` are judged (policy.judge: candidate
   against stable over the same seconds; at 100 % against the last stable window). A window
   whose verdict is rollback rolls back at once: every candidate node leaves the rotation, then
-  reloads the stable file, then gets its weight back; the line names the guard and the numbers.
+  reloads the stable file, then gets its weight back (at 100 % one node at a time, so some node
+  always serves); the line names the guard and the numbers.
   A step ends after its bake with at least one window judged ok; three bakes without one
   (too little traffic to judge) roll back too. After the last step the candidate is promoted:
   it becomes `stable`, the one before it `previous`.
@@ -119,10 +120,15 @@ class Rollout:
         shares = steps(self.options.strategy, self.options.steps)
         kept = self.store.put(ref)  # the digest check: before anything moves
         doc = self.state.read()
-        if doc["status"] in ACTIVE and engine_alive(doc):
-            raise RolloutError(
-                f"a rollout of {doc['candidate']['version']} is {doc['status']} "
+        if doc["status"] in ACTIVE:
+            how = (
                 f"(pid {doc['pid']}): `rollout abort` or `rollout resume` it first"
+                if engine_alive(doc)
+                else "but its engine is gone, some nodes may serve the candidate: "
+                "`rollout abort` rolls them back first"
+            )
+            raise RolloutError(
+                f"a rollout of {doc['candidate']['version']} is {doc['status']} {how}"
             )
         stable = doc["stable"] or self._record_stable()
         cand = {"sha256": ref.sha256, "file": str(kept), "version": None, "ref": str(ref)}
@@ -162,6 +168,12 @@ class Rollout:
     def _run(self, shares: tuple[int, ...]) -> str:
         nodes = self.fleet.nodes()
         on_candidate: list[str] = []
+        try:
+            return self._steps(shares, nodes, on_candidate)
+        except KeyboardInterrupt:  # Ctrl-C: leave every node on the stable version
+            return self._rollback(nodes, on_candidate, 0, "abort", "interrupted (Ctrl-C)", {})
+
+    def _steps(self, shares: tuple[int, ...], nodes: list[str], on_candidate: list[str]) -> str:
         doc = self.state.read()
         cand_file = Path(doc["candidate"]["file"])
         for i, share in enumerate(shares, 1):
@@ -295,11 +307,16 @@ class Rollout:
     ) -> str:
         doc = self.state.read()
         stable_file = Path(doc["stable"]["file"])
-        # out of the rotation first: from this moment no client reaches the candidate
-        self.fleet.set_weights({n: (0 if n in on_candidate else EQUAL_WEIGHT) for n in nodes})
         self.say(f"ROLLBACK at step {step}: guard {guard}: {reason}")
-        for node in on_candidate:
-            self.fleet.switch(node, stable_file)
+        if len(on_candidate) < len(nodes):
+            # out of the rotation at once: from this moment no client reaches the candidate
+            self.fleet.set_weights({n: (0 if n in on_candidate else EQUAL_WEIGHT) for n in nodes})
+            for node in on_candidate:
+                self.fleet.switch(node, stable_file)
+        else:  # every node serves it (100 %): one at a time, or nobody would be in rotation
+            for node in on_candidate:
+                self.fleet.set_weights({n: (0 if n == node else EQUAL_WEIGHT) for n in nodes})
+                self.fleet.switch(node, stable_file)
         self.fleet.set_weights({n: EQUAL_WEIGHT for n in nodes})
         at = round(self.clock() - self.started, 1)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.rollout.engine import EQUAL_WEIGHT, Options, Rollout
+from infra.rollout.engine import EQUAL_WEIGHT, Options, Rollout, RolloutError
 from infra.rollout.policy import Figures, GuardSettings
 from infra.rollout.ref import ModelRef, RefError, Store
 from infra.rollout.state import RolloutState
@@ -224,3 +224,30 @@ def test_a_shadow_test_judges_agreement_and_always_removes_the_shadow(
     assert doc["shadow"]["argmax_agreement"] == agreement
     if result == "differs":
         assert "guard shadow_agreement: argmax agreement 40.00 % < 99.00 %" in lines[-1]
+
+
+def test_ctrl_c_rolls_back_and_a_dead_engines_rollout_must_be_aborted_first(setup):
+    fleet, ref, state, lines, make = setup
+
+    class Interrupted(Windows):
+        def end(self) -> dict[str, Figures]:
+            raise KeyboardInterrupt
+
+    assert make(Interrupted([])).start(ref) == "aborted"
+    assert all(fleet.serving(n)[1] == "v1" for n in fleet.files)
+    # an engine that died mid-rollout (kill -9) left a candidate node: no new rollout over it
+    fleet.switch("node-0", Path(ref.location))
+    state.update(lambda d: d.update(status="running", pid=2**22 + 12345))
+    with pytest.raises(RolloutError, match="its engine is gone.*`rollout abort`"):
+        make(Windows([])).start(ref)
+    assert make(Windows([])).revert() == "rolled_back"  # what `rollout abort` does then
+    assert all(fleet.serving(n)[1] == "v1" for n in fleet.files)
+
+
+def test_a_rollback_from_100_percent_keeps_a_node_in_rotation_throughout(setup):
+    fleet, ref, state, lines, make = setup
+    assert make(Windows([(100, 0, 0.3)]), strategy="all-at-once").start(ref) == "rolled_back"
+    first = next(i for i, e in enumerate(fleet.events) if e == ("switch", ("node-0", "v1")))
+    after = [e[1] for e in fleet.events[first - 1 :] if e[0] == "weights"]
+    assert after and all(any(w > 0 for w in ws.values()) for ws in after)
+    assert all(fleet.serving(n)[1] == "v1" for n in fleet.files)

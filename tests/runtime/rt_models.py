@@ -159,7 +159,7 @@ class Switchable(Tiny):
     answers its classes in reverse order, each only on instances whose first value is TRIGGER
     (the clients' requests; warm-up's random samples never are), so every file loads and warms."""
 
-    SLOW_S = 0.25
+    SLOW_S = 0.5
 
     def __init__(self) -> None:
         super().__init__()
