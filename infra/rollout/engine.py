@@ -131,6 +131,8 @@ class Rollout:
                 f"a rollout of {doc['candidate']['version']} is {doc['status']} {how}"
             )
         stable = doc["stable"] or self._record_stable()
+        if stable["sha256"] == ref.sha256:
+            raise RolloutError(f"{ref} is the stable version {stable['version']} already")
         cand = {"sha256": ref.sha256, "file": str(kept), "version": None, "ref": str(ref)}
 
         def begin(d: dict[str, Any]) -> None:
@@ -196,6 +198,17 @@ class Rollout:
                     )
                 on_candidate.append(node)
                 self.state.update(partial(_set_candidate_version, version=version))
+                stable_version = self.state.read()["stable"]["version"]
+                if version == stable_version:  # the guards could not tell the two apart
+                    return self._rollback(
+                        nodes,
+                        on_candidate,
+                        i,
+                        "version",
+                        f"the candidate reports the stable's model_version {version!r}: give "
+                        "it its own version (the sidecar's 'version')",
+                        {},
+                    )
             self.fleet.set_weights(
                 self._weights(nodes, on_candidate, sp.candidate_weight, sp.stable_weight)
             )

@@ -251,3 +251,15 @@ def test_a_rollback_from_100_percent_keeps_a_node_in_rotation_throughout(setup):
     after = [e[1] for e in fleet.events[first - 1 :] if e[0] == "weights"]
     assert after and all(any(w > 0 for w in ws.values()) for ws in after)
     assert all(fleet.serving(n)[1] == "v1" for n in fleet.files)
+
+
+def test_the_candidate_must_be_another_version(setup, tmp_path):
+    fleet, ref, state, lines, make = setup
+    same = tmp_path / "same.pt"
+    same.write_bytes(b"stable")
+    with pytest.raises(RolloutError, match="is the stable version v1 already"):
+        make(Windows([])).start(ModelRef(str(same), hashlib.sha256(b"stable").hexdigest()))
+    fleet.version_of = lambda data: "v1"  # another file that calls itself v1 too
+    assert make(Windows([])).start(ref) == "rolled_back"
+    assert state.read()["timeline"][-1]["guard"] == "version"
+    assert fleet.weights == {n: EQUAL_WEIGHT for n in fleet.files}
