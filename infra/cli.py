@@ -9,6 +9,8 @@
     torchfleet demo           `up` on this machine with containers as nodes (make demo)
     torchfleet rotate-token STACK [--finish]   a new API token, accepted beside the current
                               until --finish (infra/deploy/rotation.py)
+    torchfleet rollout STACK --model REF   canary/linear steps with guards that roll back
+                              (rollout status|pause|resume|abort|rollback STACK)
 
 The stages, their output and the exit codes are in infra/deploy/ (stage.py lists the codes)."""
 
@@ -31,7 +33,7 @@ EPILOG = """exit codes:
   3 preflight: something missing,   9 refused: a prod stack without --yes
     nothing created               130 interrupted
   4 provision: pulumi up/destroy failed
-  5 inventory: the outputs are not a torchfleet inventory
+  5 inventory: the outputs are not a torchfleet inventory  10 rollout: rolled back (a guard fired)
 
 Every stage is idempotent: after fixing what a failure names, run the same command again.
 Each run keeps its log and ansible-runner's artifacts in .cache/runs/<stack>/<timestamp>/."""
@@ -112,6 +114,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--no-bench", action="store_true", help="skip the short benchmark")
     demo.add_argument("--no-plan", action="store_true", help="skip the offline plan")
+
+    from infra.rollout import command as rollout
+
+    rollout.add_parser(sub, stack_help)
     return parser
 
 
@@ -158,6 +164,10 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
 
         rotation.rotate(args.stack, console, cfg, up, finish=args.finish)
         return stage.EXIT_OK
+    if args.command == "rollout":
+        from infra.rollout import command as rollout
+
+        return rollout.run(args, console.line)
     if args.command == "demo":
         from infra.deploy import containers, demo
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from infra.client import build_payload
 from torchfleet_bench.local import cpu_s, free_port, loopback
+from torchfleet_bench.runtime import _wrk_ms as wrk_ms
 
 LUA = """
 local f = io.open(os.getenv("AB_BODY"), "rb")
@@ -105,11 +107,17 @@ def run_variant(
             time.sleep(0.02)
         ready = time.monotonic() - t0
         info = json.loads(loopback(port, "GET", "/v1/model", timeout=30)[1])
+        while (info.get("shadow") or {}).get("state") == "loading":  # measure it serving
+            if time.monotonic() - t0 > 300:
+                raise RuntimeError(f"{spec}: the shadow candidate still loads after 300 s")
+            time.sleep(0.2)
+            info = json.loads(loopback(port, "GET", "/v1/model", timeout=30)[1])
         wrk(port, conc, 2, env_wrk, lua)
         load = os.getloadavg()[0]
         c0 = cpu_s(proc.pid)
         out = wrk(port, conc, seconds, env_wrk, lua)
         cpu = cpu_s(proc.pid) - c0
+        shadow = json.loads(loopback(port, "GET", "/v1/model", timeout=30)[1]).get("shadow")
     finally:
         proc.terminate()
         proc.wait(60)
@@ -123,6 +131,8 @@ def run_variant(
         "cap": info.get("max_batch_size"),
         "ready_s": round(ready, 2),
         "load1": round(load, 1),
+        # a shadow candidate's share of the run (runtime/README.md, Shadow testing)
+        **({"shadow": shadow["requests"]} if shadow else {}),
     }
 
 
@@ -158,16 +168,23 @@ def main(argv: list[str] | None = None) -> int:
             "AB_HEADERS": ";".join(f"{k}={v}" for k, v in headers.items()),
         }
         results: dict[str, list[float]] = {name: [] for name, _ in variants}
+        lat: dict[str, list[tuple[float | None, float | None]]] = {name: [] for name, _ in variants}
         for r in range(args.rounds):
             for name, spec in variants if r % 2 == 0 else variants[::-1]:
                 res = run_variant(spec, model, args.concurrency, args.seconds, env_wrk, lua)
                 results[name].append(res["rps"])
+                lat[name].append((wrk_ms(res["p50"] or ""), wrk_ms(res["p99"] or "")))
                 print(
                     f"round {r + 1} {name:<12} " + " ".join(f"{k} {v}" for k, v in res.items()),
                     flush=True,
                 )
     for name, rps in results.items():
-        print(f"{name:<12} median {statistics.median(rps):.1f} req/s over {len(rps)} rounds")
+        p50 = statistics.median(x[0] or math.nan for x in lat[name])
+        p99 = statistics.median(x[1] or math.nan for x in lat[name])
+        print(
+            f"{name:<12} median {statistics.median(rps):.1f} req/s, p50 {p50:.2f} ms, "
+            f"p99 {p99:.2f} ms over {len(rps)} rounds"
+        )
     if len(variants) == 2:
         (a, _), (b, _) = variants
         print(f"{b} / {a} = {statistics.median(results[b]) / statistics.median(results[a]):.2f}")

@@ -27,6 +27,7 @@ EXIT_OK = 0
 EXIT_BUG = 1
 EXIT_USAGE = 2
 EXIT_REFUSED = 9
+EXIT_ROLLED_BACK = 10  # `torchfleet rollout`: a guard (or abort) rolled the candidate back
 EXIT_INTERRUPTED = 130
 
 # stage -> exit code; the order is the order `up` runs them in.

@@ -88,6 +88,7 @@ def test_the_exit_code_table_is_the_codes_the_cli_exits_with():
         stage.EXIT_USAGE: "usage",
         **{code: name for name, code in stage.STAGES.items()},
         stage.EXIT_REFUSED: "refused",
+        stage.EXIT_ROLLED_BACK: "rolled back",
         stage.EXIT_INTERRUPTED: "interrupted",
     }
     # the stages outside `up` are named in the row of the code they exit with

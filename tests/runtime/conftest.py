@@ -74,12 +74,14 @@ def start_runtime() -> Iterator[Callable[..., Service]]:
     started: list[Service] = []
     threads: list[threading.Thread] = []
 
-    def start(module: Any = None, wait: bool = True, **overrides: Any) -> Service:
+    def start(
+        module: Any = None, wait: bool = True, shadow_module: Any = None, **overrides: Any
+    ) -> Service:
         base = dict(
             port=0, spot_watch="off", input_shape=(4,), max_delay_ms=2.0, log_level="warning"
         )
         base.update(overrides)
-        svc = Service(Config(**base), module=module)
+        svc = Service(Config(**base), module=module, shadow_module=shadow_module)
         started.append(svc)
         if wait:
             svc.start()

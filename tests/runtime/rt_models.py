@@ -115,3 +115,70 @@ class FileGated(Tiny):
 
 def file_gated() -> FileGated:
     return FileGated()
+
+
+class Misbehaving(Tiny):
+    """A shadow candidate that serves like Tiny through its warm-up, then, once `armed` is set,
+    raises ("raise"), blocks until `release` is set or 60 s pass ("hang"), or takes `slow_s`
+    longer per batch ("slow")."""
+
+    def __init__(self, mode: str, slow_s: float = 0.2) -> None:
+        super().__init__()
+        self.mode = mode
+        self.slow_s = slow_s
+        self.armed = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.armed.is_set():
+            self.calls += 1
+            if self.mode == "raise":
+                raise RuntimeError("the candidate is broken")
+            if self.mode == "hang":
+                self.release.wait(60)
+            if self.mode == "slow":
+                time.sleep(self.slow_s)
+        return super().forward(x)
+
+
+class Flipped(Tiny):
+    """Tiny with its output classes in reverse order: every argmax of a spread input differs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x).flip(1)
+
+
+TRIGGER = 1.0  # an instance whose first value is exactly this meets a Switchable's fault
+MODES = {"good": 0, "errors": 1, "slow": 2, "flipped": 3}
+
+
+class Switchable(Tiny):
+    """Tiny whose behaviour is a buffer of its state_dict, so model files of one factory differ
+    the way retrained models do: mode 0 answers as Tiny, 1 raises, 2 takes `SLOW_S` longer, 3
+    answers its classes in reverse order, each only on instances whose first value is TRIGGER
+    (the clients' requests; warm-up's random samples never are), so every file loads and warms."""
+
+    SLOW_S = 0.5
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mode", torch.tensor(0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        mode = int(self.mode)
+        if mode == 0 or not bool((x[:, 0] == TRIGGER).any()):
+            return y
+        if mode == 1:
+            raise RuntimeError("this model version is broken")
+        if mode == 2:
+            time.sleep(self.SLOW_S)
+            return y
+        return y.flip(1)
+
+
+def switchable(mode: str = "good") -> Switchable:
+    m = Switchable()
+    m.mode.fill_(MODES[mode])
+    return m

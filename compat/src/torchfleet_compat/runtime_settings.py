@@ -67,6 +67,10 @@ class Config:
     stage_timing: bool = True
     allow_non_finite_inputs: bool = False
     non_finite_outputs: str = "error"
+    shadow_model: str | None = None
+    shadow_sample: float = 0.1
+    shadow_max_queue: int = 64
+    shadow_top_k: int = 5
 
     def __repr__(self) -> str:  # never print a token (logs, tracebacks)
         shown = {
@@ -313,6 +317,27 @@ FIELDS: dict[str, _Field] = {
         _as_bool, "true or false", help="accept NaN/Inf in binary bodies"
     ),
     "non_finite_outputs": _choice("error", "null"),
+    "shadow_model": _Field(
+        _as_str,
+        "a path to a candidate model file",
+        help="shadow testing: run this candidate beside the serving model on a sampled share "
+        "of requests, off the answer's path, and compare its outputs (default: none)",
+    ),
+    "shadow_sample": _Field(
+        _as_float,
+        "a number in [0, 1]",
+        lambda v: 0 <= v <= 1,
+        help="share of live requests also run on the shadow candidate",
+    ),
+    "shadow_max_queue": _Field(
+        _as_int,
+        "an integer >= 1",
+        lambda v: v >= 1,
+        help="instances waiting for the shadow candidate at most; beyond it a sample is dropped",
+    ),
+    "shadow_top_k": _Field(
+        _as_int, "an integer >= 1", lambda v: v >= 1, help="k of the shadow's top-k agreement"
+    ),
 }
 assert set(FIELDS) == {f.name for f in dataclasses.fields(Config)}
 

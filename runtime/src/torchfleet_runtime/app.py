@@ -40,13 +40,14 @@ MODEL_THREADS = (
     "torchfleet-batcher",
     "torchfleet-warmup",
     "torchfleet-reload",
+    "torchfleet-shadow",
 )  # threads that run torch
 
 
 class Service:
-    def __init__(self, config: Config, module: Any = None) -> None:
+    def __init__(self, config: Config, module: Any = None, shadow_module: Any = None) -> None:
         self.config = config
-        self.runtime = Runtime(config, module)
+        self.runtime = Runtime(config, module, shadow_module)
         self.tokens = Tokens(config.api_token, config.api_token_file)
         self.http: HttpServer = build_http(
             self.runtime, config, self.tokens, self.runtime.metrics.connections.set

@@ -171,8 +171,12 @@ class Batcher:
         wait_for_arrivals: bool = False,
         bucket_seconds: dict[int, float] | None = None,
         thread_tuner: ThreadTuner | None = None,
+        quiet: bool = False,
     ) -> None:
         self._predictor = predictor
+        self._quiet = (
+            quiet  # a failing batch logged at debug: a shadow candidate's failures are counted
+        )
         self.thread_tuner = thread_tuner
         self._threads = 0  # the intra-op count this worker last set (0: as it found it)
         self.buckets = list(buckets)
@@ -410,8 +414,12 @@ class Batcher:
         except (
             BaseException
         ) as exc:  # the model's failure is every caller's failure, never the worker's
-            log.error(
-                "batch of %d failed: %s", size, exc, exc_info=not isinstance(exc, OutOfMemory)
+            log.log(
+                logging.DEBUG if self._quiet else logging.ERROR,
+                "batch of %d failed: %s",
+                size,
+                exc,
+                exc_info=not isinstance(exc, OutOfMemory),
             )
             failure = exc
         finally:

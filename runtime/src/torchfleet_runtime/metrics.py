@@ -64,6 +64,7 @@ STAGE_BUCKETS = (
     2.5,
     10.0,
 )
+DIFF_BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.1, 1.0, 10.0, 100.0)
 STAGES = ("decode", "queue", "model", "encode", "write")
 
 
@@ -148,6 +149,7 @@ class Metrics:
             "Out-of-memory errors recovered from by splitting a batch.",
             registry=r,
         )
+        self._shadow_metrics(r)
         self.last_request.set(0)
         self.ready.set(0)
         self.spot_notice.set(0)
@@ -157,6 +159,51 @@ class Metrics:
         gpu = GpuCollector.create()
         if gpu is not None:
             r.register(gpu)
+
+    def _shadow_metrics(self, r: CollectorRegistry) -> None:
+        """Shadow testing (shadow.py), by the candidate's model_version: requests by result
+        (compared, error, mismatch, dropped_load, dropped_busy, dropped_not_ready); instances
+        compared, of which argmax agreed, and the summed top-k overlap (divide by instances);
+        the largest absolute output difference per request; model seconds of both sides."""
+        v = ["model_version"]
+        self.shadow_loads = Counter(
+            "torchfleet_shadow_loads", "Shadow candidate loads by result.", ["result"], registry=r
+        )
+        self.shadow_requests = Counter(
+            "torchfleet_shadow_requests",
+            "Sampled requests offered to the shadow candidate, by result.",
+            [*v, "result"],
+            registry=r,
+        )
+        self.shadow_instances = Counter(
+            "torchfleet_shadow_instances", "Instances compared with the candidate.", v, registry=r
+        )
+        self.shadow_argmax_agreements = Counter(
+            "torchfleet_shadow_argmax_agreements",
+            "Compared instances whose argmax agreed.",
+            v,
+            registry=r,
+        )
+        self.shadow_topk_overlap = Counter(
+            "torchfleet_shadow_topk_overlap",
+            "Sum over compared instances of the shared share of the top-k classes.",
+            v,
+            registry=r,
+        )
+        self.shadow_max_abs_diff = Histogram(
+            "torchfleet_shadow_max_abs_diff",
+            "Largest absolute difference of a compared request's outputs.",
+            v,
+            buckets=DIFF_BUCKETS,
+            registry=r,
+        )
+        self.shadow_duration = Histogram(
+            "torchfleet_shadow_duration_seconds",
+            "Model seconds of a compared request, on the candidate and on the live model.",
+            [*v, "model"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

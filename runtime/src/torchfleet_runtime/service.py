@@ -32,6 +32,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
@@ -45,6 +46,7 @@ from .logs import BatchSummary
 from .metrics import Metrics
 from .model import LoadedModel, ModelError, load
 from .optimize import optimize
+from .shadow import Shadow
 from .tensors import buckets_up_to, non_finite
 from .threadtune import ThreadTuner
 from .warmup import SizingReport, load_sample, size_cap, warm_up
@@ -85,11 +87,13 @@ def configure_threads(config: Config) -> tuple[int, int]:
 
 
 class Runtime:
-    def __init__(self, config: Config, module: Any = None) -> None:
+    def __init__(self, config: Config, module: Any = None, shadow_module: Any = None) -> None:
         self.config = config
         self._module = (
             module  # an nn.Module built by the caller (tests, embedding) instead of a file
         )
+        self._shadow_module = shadow_module  # the same for the shadow candidate
+        self._shadow: Shadow | None = None
         self.metrics = Metrics()
         self.state = "loading"
         self._slot: Slot | None = None
@@ -199,6 +203,7 @@ class Runtime:
             torch_version=torch.__version__,
             runtime_version=__version__,
             reloads={**self._reloads, "last": self._last_reload},
+            shadow=None if self._shadow is None else self._shadow.summary(),
         )
         return info
 
@@ -316,6 +321,23 @@ class Runtime:
         )
         self._slot = slot  # the swap: one reference assignment, atomic for every reader
 
+    def _start_shadow(self, slot: Slot) -> None:
+        """(Re)build the shadow candidate beside `slot` when one is configured (shadow.py): at
+        start-up once ready and after every reload, so a new candidate file is picked up too."""
+        old = self._shadow
+        if old is not None:
+            old.close()
+        path = self.config.shadow_model
+        if self._shadow_module is None and (path is None or not Path(path).exists()):
+            # no shadow test now: the file appears when one begins (a rollout copies it there)
+            self._shadow = None
+            if path is not None:
+                log.info("no shadow candidate at %s: shadow testing is off until one is", path)
+            return
+        shadow = Shadow(self.config, self.metrics)
+        shadow.start(slot.loaded, slot.batcher.buckets, self._shadow_module)
+        self._shadow = shadow
+
     # --- lifecycle -----------------------------------------------------------------------------
 
     def load_and_warm(self) -> None:
@@ -331,6 +353,7 @@ class Runtime:
             self.state = "ready"
             self.metrics.ready.set(1)
             log.info("ready", extra={"fields": {"model_version": slot.version}})
+            self._start_shadow(slot)
 
     def start(self) -> None:
         """Load and warm, blocking until ready (tests, embedding; `app` runs it in a thread)."""
@@ -381,6 +404,7 @@ class Runtime:
                 503, "not_ready", "the runtime began draining during the reload", close=True
             )
         self._activate(new)
+        self._start_shadow(new)
         previous = old.version
         old.batcher.close(timeout=self.config.stuck_timeout_s)  # finishes what it holds
         del old
@@ -417,6 +441,9 @@ class Runtime:
         self.stop_reason = reason
         self.state = "draining"
         self.metrics.ready.set(0)
+        if self._shadow is not None:
+            self._shadow.close()  # the drain's CPU is the admitted requests'
+
         log.warning("draining: %s", reason)
         self.stop_requested.set()
 
@@ -452,6 +479,8 @@ class Runtime:
         )
 
     def close(self, worker_timeout_s: float = 5.0) -> None:
+        if self._shadow is not None:
+            self._shadow.close()
         if self._slot is not None:
             self._slot.batcher.close(timeout=worker_timeout_s)
         if self.state != "failed":
@@ -477,6 +506,7 @@ class PredictCall:
         "request",
         "batched",
         "timings",
+        "shadow_input",
         "admitted",
         "_expecting",
         "_finished",
@@ -491,6 +521,7 @@ class PredictCall:
         self.request: Request | None = None
         self.batched = False
         self.timings: dict[str, float] = {}
+        self.shadow_input: torch.Tensor | None = None  # kept only when sampled for the shadow
         self.admitted = False
         self._expecting = False
         self._finished = False
@@ -580,6 +611,9 @@ class PredictCall:
                     continue
                 raise ApiError(503, "not_ready", "the runtime is draining", 5, close=True) from None
         self._admit()
+        shadow = rt._shadow
+        if shadow is not None and shadow.sampled():
+            self.shadow_input = tensor
 
     def add_done_callback(self, fn: Callable[[], None]) -> None:
         assert self.request is not None
@@ -605,6 +639,8 @@ class PredictCall:
                 outputs, self.batched, self.rt.config.non_finite_outputs == "null"
             )
             ctype, headers = "application/json", {}
+        if self.shadow_input is not None:
+            self._offer_to_shadow(outputs)
         t = self.timings
         t["encode"] = time.perf_counter() - t0
         t["queue"] = self.request.queue_s
@@ -615,6 +651,19 @@ class PredictCall:
                 f"model;dur={t['model'] * 1000:.3f}, encode;dur={t['encode'] * 1000:.3f}"
             )
         return body, ctype, headers
+
+    def _offer_to_shadow(self, outputs: Any) -> None:
+        """Hand the sampled input and its live outputs to the shadow (never waits); a fault in
+        the shadow is logged, and this answer goes out as it is."""
+        shadow, tensor, self.shadow_input = self.rt._shadow, self.shadow_input, None
+        assert self.request is not None and self.slot is not None and tensor is not None
+        if shadow is None:
+            return
+        b = self.slot.batcher
+        try:
+            shadow.offer(tensor, outputs, self.request.model_s, b.queued, b.cap)
+        except Exception:
+            log.exception("the shadow could not take a sampled request")
 
     def wrote(self, write_s: float) -> None:
         """The answer's bytes were handed to the socket in `write_s`."""

@@ -1,0 +1,226 @@
+"""Per-model-version figures of one evaluation window: requests, 5xx, p99, shadow agreement.
+
+Contract. A source has `begin()` (the window opens) and `end() -> {version: Figures}` (the
+figures of the seconds since `begin`, by `model_version`), so the stable and the candidate are
+compared over the same seconds:
+- `PrometheusSource(url, selector)`: the stack's Prometheus (the monitoring host). At `end` it
+  asks for the increase of `torchfleet_requests_total` (all, and code 5xx) and the p99 of
+  `torchfleet_request_duration_seconds` over the window, each joined with
+  `torchfleet_model_info` for the version (the recording rule
+  stack_version:torchfleet_request_duration_seconds:p99_rate1m does the same join);
+- `ScrapeSource(nodes)`: where there is no Prometheus, the nodes' own /metrics read at both
+  ends of the window; a node's figures go to the version it served at the end (the engine
+  opens a new window after it switches a node, so a window never spans a switch).
+`quantile(q, buckets)` is Prometheus' histogram_quantile over cumulative buckets (linear
+interpolation inside the bucket, the lowest bucket from 0).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import urllib.parse
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from infra import client
+from infra.rollout.policy import Figures
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+class SignalError(RuntimeError):
+    """The figures could not be read (the message says from where and why)."""
+
+
+class Source(Protocol):
+    def begin(self) -> None: ...
+
+    def end(self) -> dict[str, Figures]: ...
+
+
+# version -> (instances compared, of which argmax agreed), cumulative, over the fleet
+ShadowCounts = Callable[[], dict[str, tuple[float, float]]]
+
+
+def quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
+    """histogram_quantile(q) over (upper bound, cumulative count) pairs; None without data."""
+    pairs = sorted(buckets)
+    if not pairs or pairs[-1][1] <= 0:
+        return None
+    total = pairs[-1][1]
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in pairs:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound  # in the +Inf bucket: the highest finite bound
+            width = count - lower_count
+            return lower_bound + (bound - lower_bound) * (
+                (rank - lower_count) / width if width else 1
+            )
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+# --- the nodes' own /metrics -----------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    """What one scrape of one node says: its version and the counters a window subtracts."""
+
+    version: str = ""
+    requests: float = 0.0
+    errors: float = 0.0
+    buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
+    shadow: dict[str, dict[str, float]] = field(default_factory=dict)  # version -> counters
+
+
+def parse_metrics(text: str) -> Sample:
+    s = Sample()
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        name, labels, value = m.group(1), dict(_LABEL.findall(m.group(2) or "")), m.group(3)
+        if name == "torchfleet_model_info" and float(value) == 1:
+            s.version = labels.get("model_version", "")
+        elif name == "torchfleet_requests_total":
+            s.requests += float(value)
+            if labels.get("code", "").startswith("5"):
+                s.errors += float(value)
+        elif name == "torchfleet_request_duration_seconds_bucket":
+            s.buckets[float(labels["le"])] = float(value)
+        elif name in (
+            "torchfleet_shadow_instances_total",
+            "torchfleet_shadow_argmax_agreements_total",
+        ):
+            key = "instances" if "instances" in name else "agreements"
+            s.shadow.setdefault(labels.get("model_version", ""), {})[key] = float(value)
+    return s
+
+
+class ScrapeSource:
+    def __init__(self, urls: Callable[[], dict[str, str]], auth: client.Auth | None = None) -> None:
+        self._urls = urls  # node name -> base URL, read at each end (nodes come and go)
+        self._auth = auth or client.Auth()
+        self._start: dict[str, Sample] = {}
+
+    def scrape(self) -> dict[str, Sample]:
+        out = {}
+        for name, url in self._urls().items():
+            status, body, _ = client.request(
+                "GET", url.rstrip("/") + "/metrics", timeout=5, auth=self._auth
+            )
+            if status != 200:
+                raise SignalError(f"{name}: GET {url}/metrics answered {status}")
+            out[name] = parse_metrics(body.decode())
+        return out
+
+    def begin(self) -> None:
+        self._start = self.scrape()
+
+    def end(self) -> dict[str, Figures]:
+        now = self.scrape()
+        totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+        for name, s in now.items():
+            before = self._start.get(name)
+            if before is None or s.requests < before.requests:  # new, or restarted
+                before = Sample()
+            totals[s.version][0] += s.requests - before.requests
+            totals[s.version][1] += s.errors - before.errors
+            for le, c in s.buckets.items():
+                buckets[s.version][le] += c - before.buckets.get(le, 0.0)
+        return {
+            v: Figures(v, req, err, quantile(0.99, buckets[v].items()) if req else None)
+            for v, (req, err) in totals.items()
+        }
+
+    def shadow(self) -> dict[str, tuple[float, float]]:
+        """version -> (instances compared, argmax agreements), summed over the nodes, now."""
+        out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for s in self.scrape().values():
+            for v, c in s.shadow.items():
+                out[v][0] += c.get("instances", 0.0)
+                out[v][1] += c.get("agreements", 0.0)
+        return {v: (a, b) for v, (a, b) in out.items()}
+
+
+# --- Prometheus --------------------------------------------------------------------------------
+
+_JOIN = "* on (job, instance) group_left (model_version) torchfleet_model_info"
+
+
+class PrometheusSource:
+    def __init__(
+        self, url: str, selector: str = "", clock: Callable[[], float] = time.time
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.selector = selector  # e.g. 'stack="aws-dev"': which series are this stack's
+        self._clock = clock
+        self._start = 0.0
+
+    def query(self, promql: str, at: float) -> list[dict[str, Any]]:
+        qs = urllib.parse.urlencode({"query": promql, "time": f"{at:.3f}"})
+        status, body, _ = client.request("GET", f"{self.url}/api/v1/query?{qs}", timeout=10)
+        if status != 200:
+            raise SignalError(f"Prometheus {self.url} answered {status} to {promql!r}")
+        doc = json.loads(body)
+        if doc.get("status") != "success":
+            raise SignalError(f"Prometheus {self.url}: {doc.get('error')} ({promql!r})")
+        return list(doc["data"]["result"])
+
+    def queries(self, window_s: float) -> dict[str, str]:
+        w = f"{max(1, round(window_s))}s"
+        sel = self.selector
+
+        def counter(extra: str) -> str:
+            labels = ",".join(x for x in (sel, extra) if x)
+            return f"sum by (model_version) (increase(torchfleet_requests_total{{{labels}}}[{w}]) {_JOIN})"
+
+        return {
+            "requests": counter(""),
+            "errors": counter('code=~"5.."'),
+            "p99": (
+                "histogram_quantile(0.99, sum by (model_version, le) ("
+                f"rate(torchfleet_request_duration_seconds_bucket{{{sel}}}[{w}]) {_JOIN}))"
+            ),
+        }
+
+    def begin(self) -> None:
+        self._start = self._clock()
+
+    def shadow(self) -> dict[str, tuple[float, float]]:
+        """version -> (instances compared, argmax agreements), cumulative over the stack."""
+        out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        sel, now = f"{{{self.selector}}}", self._clock()
+        for i, name in enumerate(
+            ("torchfleet_shadow_instances_total", "torchfleet_shadow_argmax_agreements_total")
+        ):
+            for row in self.query(f"sum by (model_version) ({name}{sel})", now):
+                out[row["metric"].get("model_version", "")][i] = float(row["value"][1])
+        return {v: (a, b) for v, (a, b) in out.items()}
+
+    def end(self) -> dict[str, Figures]:
+        now = self._clock()
+        got: dict[str, dict[str, float]] = defaultdict(dict)
+        for key, promql in self.queries(now - self._start).items():
+            for row in self.query(promql, now):
+                value = float(row["value"][1])
+                got[row["metric"].get("model_version", "")][key] = value
+        return {
+            v: Figures(
+                v,
+                f.get("requests", 0.0),
+                f.get("errors", 0.0),
+                f["p99"] if math.isfinite(f.get("p99", math.nan)) else None,
+            )
+            for v, f in got.items()
+        }
