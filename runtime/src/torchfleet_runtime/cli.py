@@ -1,8 +1,9 @@
-"""`torchfleet-runtime serve | check | demo-model`.
+"""`torchfleet-runtime serve | check | diagnose | demo-model`.
 
 `check` is torchfleet-compat's (torchfleet_compat.check, on that package's one probe and one
-judge), imported only when chosen so `serve` starts without it; it exposes configure_parser(parser)
-and run(args) -> int. The load generator is not part of the node package: it runs on the
+judge) and `diagnose` asks a running runtime what on-call needs (diagnose.py); each is imported
+only when chosen so `serve` starts without it, and exposes configure_parser(parser) and
+run(args) -> int. The load generator is not part of the node package: it runs on the
 controller (`torchfleet-bench load URL`, benchmarks/).
 """
 
@@ -24,6 +25,10 @@ PLUGINS = {
     "check": (
         "torchfleet_compat.check",
         "check this node: torch, CUDA, driver, GPU, disk, memory",
+    ),
+    "diagnose": (
+        "torchfleet_runtime.diagnose",
+        "what on-call needs from this node: state, stage timings, replicas, batches, memory",
     ),
 }
 
