@@ -33,6 +33,7 @@ Contract (the shape of LitServe's loop and BentoML's dispatcher, kept self-conta
 from __future__ import annotations
 
 import collections
+import collections.abc
 import logging
 import math
 import threading
@@ -174,7 +175,7 @@ class Batcher:
     ) -> None:
         """`predictor`: one replica's (a worker is made for it with `bucket_seconds` and
         `thread_tuner`), or the workers of every replica."""
-        if isinstance(predictor, (list, tuple)):
+        if isinstance(predictor, collections.abc.Sequence):
             workers: list[Worker] = list(predictor)
         else:
             workers = [Worker(predictor, "", bucket_seconds, thread_tuner)]

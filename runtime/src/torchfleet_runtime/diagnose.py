@@ -134,7 +134,9 @@ def collect(base: str, token: str | None, window: float) -> dict[str, Any]:
     """Everything the report shows, as one document (raises OSError when nothing answers)."""
     ready_status, ready_body = _get(base + "/readyz")
     status, card_body = _get(base + "/v1/model", token)
-    card = json.loads(card_body) if status == 200 else {"error": card_body.decode(errors="replace")}
+    card: dict[str, Any] = (
+        json.loads(card_body) if status == 200 else {"error": card_body.decode(errors="replace")}
+    )
     t0 = time.monotonic()
     before = parse_metrics(_get(base + "/metrics")[1].decode())
     time.sleep(window)

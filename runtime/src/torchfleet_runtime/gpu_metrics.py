@@ -76,7 +76,7 @@ class AllocatorCollector:
         def gauge(name: str, doc: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=["device"])
 
-        families = {
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "allocated_bytes": gauge(
                 "torchfleet_cuda_memory_allocated_bytes", "CUDA memory held by tensors."
             ),

@@ -32,6 +32,7 @@ CPU of their set) and `torch_interop_threads` (auto: 1), set once before the fir
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -280,13 +281,12 @@ class Runtime:
             return None
         return ThreadTuner(self.threads[0]) if self.threads[0] >= 2 else None
 
+    def _summarise(self, version: str, info: BatchInfo) -> None:
+        self._summary.add(info.size, info.bucket, info.reason, info.model_s, version)
+
     def _activate(self, slot: Slot) -> None:
         slot.batcher.attach_metrics(self.metrics)
-        slot.batcher.on_batch.append(
-            lambda info, v=slot.version: self._summary.add(
-                info.size, info.bucket, info.reason, info.model_s, v
-            )
-        )
+        slot.batcher.on_batch.append(functools.partial(self._summarise, slot.version))
         slot.batcher.on_lost.append(self._replica_lost)
         m = self.metrics
         m.model_load.set(slot.load_s)
