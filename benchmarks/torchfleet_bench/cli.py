@@ -25,6 +25,10 @@ COMMANDS = {
     "http-stack": ("http_stack", "HTTP stack candidates for the runtime's edge under wrk"),
     "codec": ("codec", "per-request CPU of the request codec and instrumentation, in-process"),
     "ab": ("ab", "runtime variants (source, flags, environment) under wrk, alternated"),
+    "replicas": (
+        "replicas",
+        "model replicas on two CPUs: 2 x 1 thread vs 1 x 2, and two SO_REUSEPORT processes",
+    ),
     "py39": ("py39", "the runtime on the legacy stack (Python 3.9, torch 1.12.1) in a container"),
 }
 
