@@ -29,6 +29,10 @@ COMMANDS = {
         "replicas",
         "model replicas on two CPUs: 2 x 1 thread vs 1 x 2, and two SO_REUSEPORT processes",
     ),
+    "gpu": (
+        "gpu",
+        "the GPU check's table: replicas vs one device, fp16 vs fp32, batching, memory sizing",
+    ),
     "py39": ("py39", "the runtime on the legacy stack (Python 3.9, torch 1.12.1) in a container"),
 }
 
