@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchfleet_compat.problems import sentence
+
 from infra.client import Target, build_payload
 from torchfleet_bench.levels import run_level
 from torchfleet_bench.local import loopback
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(chosen) - set(VARIANTS))
     if unknown:
-        ap.error(f"--variants = {','.join(unknown)} is invalid; allowed: {', '.join(VARIANTS)}")
+        ap.error(sentence("--variants", ",".join(unknown), ", ".join(VARIANTS)))
     _, n = devices(args.device)
     results: dict[str, dict[str, Any]] = {}
     started = time.monotonic()

@@ -62,6 +62,6 @@ def test_unknown_variants_are_named(capsys):
 
     with pytest.raises(SystemExit):
         gpu.main(["--device", "cpu", "--variants", "one,fp8"])
-    assert "--variants = fp8 is invalid; allowed: one, all, fp16, no-batching" in (
+    assert "--variants = 'fp8' is invalid; allowed: one, all, fp16, no-batching" in (
         capsys.readouterr().err
     )
