@@ -73,7 +73,9 @@ class Servers:
         launcher = REUSEPORT_LAUNCHER if len(procs) > 1 else LAUNCHER
         self.logs = [logs / f"server-{i}.log" for i in range(len(procs))]
         self.procs = []
-        for (cpus, flags), log in zip(procs, self.logs, strict=True):
+        # the GPU check runs this on whatever Python has the CUDA torch: no zip(strict=) (3.10)
+        for i, (cpus, flags) in enumerate(procs):
+            log = self.logs[i]
             cmd = [sys.executable, "-c", launcher, "serve", "--model", str(model)]
             cmd += ["--port", str(self.port), "--spot-watch", "off", "--log-format", "json"]
             with open(log, "w") as out:
@@ -90,7 +92,8 @@ class Servers:
         """Seconds until every process logged "ready" (a /readyz poll would reach any one)."""
         t0 = time.monotonic()
         while not all('"msg":"ready"' in p.read_text() for p in self.logs):
-            for proc, log in zip(self.procs, self.logs, strict=True):
+            for i, proc in enumerate(self.procs):
+                log = self.logs[i]
                 if proc.poll() is not None:
                     raise RuntimeError(f"serve exited {proc.returncode}: {log.read_text()[-2000:]}")
             if time.monotonic() - t0 > timeout:
