@@ -27,7 +27,7 @@ from infra.catalog import InstanceType
 from infra.constants import PROJECT, SERVICE_PORT
 from infra.k8s import settings as k8s_settings
 from infra.k8s.settings import KubernetesSettings
-from infra.lifecycle import LAUNCH_TIMEOUT_DEFAULT_S
+from infra.lifecycle import GPU_TARGET_DEFAULT, GPU_TARGET_RANGE, LAUNCH_TIMEOUT_DEFAULT_S
 from infra.matrix import Matrix, load_matrix
 from infra.schedule import DAYS, Schedule
 
@@ -217,12 +217,14 @@ FIELDS: dict[str, Key] = {
     "scaling": Key(
         "mapping",
         "the group's scaling targets",
-        "per-node requests and queue depth, "
+        "per-node requests and queue depth, gpu_utilization_percent "
+        f"{GPU_TARGET_RANGE[0]}..{GPU_TARGET_RANGE[1]}, "
         "scale_in, protect_from_scale_in, launch_timeout_s "
         f"{LAUNCH_TIMEOUT_RANGE[0]}..{LAUNCH_TIMEOUT_RANGE[1]}",
         subkeys=(
             "requests_per_node",
             "queue_depth_per_node",
+            "gpu_utilization_percent",
             "scale_in",
             "protect_from_scale_in",
             "launch_timeout_s",
@@ -334,6 +336,7 @@ class Scaling:
 
     requests_per_node: float  # requests per node per minute (ALBRequestCountPerTarget's unit)
     queue_depth_per_node: float | None  # None: derived from the request target (infra.lifecycle)
+    gpu_utilization_percent: float  # the mean GPU utilisation per node the GPU policy holds
     scale_in: bool  # False: the load policies only ever add nodes
     protect_from_scale_in: bool  # new nodes are protected; only schedules/operators remove them
     launch_timeout_s: int  # the launching hook's heartbeat timeout
@@ -929,6 +932,15 @@ def _scaling(r: _Reader, mode: str | None) -> Scaling | None:
             1e5,
             "a number > 0 of requests waiting per node (Average over the group)",
         )
+    lo, hi = GPU_TARGET_RANGE
+    gpu = r.number(
+        "scaling.gpu_utilization_percent",
+        raw.get("gpu_utilization_percent", GPU_TARGET_DEFAULT),
+        float,
+        lo,
+        hi,
+        f"a number in {lo}..{hi}: the mean GPU utilisation per node the GPU policy holds",
+    )
     scale_in = r.boolean("scaling.scale_in", raw.get("scale_in", True))
     protect = r.boolean("scaling.protect_from_scale_in", raw.get("protect_from_scale_in", False))
     lo, hi = LAUNCH_TIMEOUT_RANGE
@@ -941,11 +953,12 @@ def _scaling(r: _Reader, mode: str | None) -> Scaling | None:
         f"an integer number of seconds in {lo}..{hi} (the launching "
         "lifecycle hook's heartbeat timeout; AWS allows at most 7200)",
     )
-    if requests is None or scale_in is None or protect is None or timeout is None:
+    if requests is None or gpu is None or scale_in is None or protect is None or timeout is None:
         return None
     return Scaling(
         requests_per_node=requests,
         queue_depth_per_node=queue,
+        gpu_utilization_percent=gpu,
         scale_in=scale_in,
         protect_from_scale_in=protect,
         launch_timeout_s=timeout,

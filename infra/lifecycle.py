@@ -50,6 +50,12 @@ HEALTH_GRACE_S = (LB_HEALTHY_THRESHOLD + 1) * LB_HEALTH_INTERVAL_S
 METRIC_PERIOD_S = 60
 INSTANCE_WARMUP_S = LB_HEALTHY_THRESHOLD * LB_HEALTH_INTERVAL_S + METRIC_PERIOD_S
 
+# The mean GPU utilisation (percent) per node, or per pod on Kubernetes, that GPU scaling holds
+# (config: scaling.gpu_utilization_percent, kubernetes.gpu_utilization_target). Below 10 % every
+# blip adds nodes; above 95 % a node is saturated before the scaler reacts.
+GPU_TARGET_RANGE = (10, 95)
+GPU_TARGET_DEFAULT = 70
+
 # Target tracking's own alarms (AWS): scale out after 3 one-minute periods above target, scale
 # in after 15 below. The Alibaba alarms copy these counts so both clouds react alike.
 SCALE_OUT_PERIODS = 3

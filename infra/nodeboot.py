@@ -21,14 +21,17 @@ from typing import Any
 import pulumi
 
 from infra import edge
+
+# What the node agent publishes per node (its metrics module names them once).
+from infra.bootstrap.torchfleet_agent.metrics import GPU_METRIC, QUEUE_METRIC, REQUEST_METRIC
 from infra.config import StackConfig
 from infra.constants import PROJECT
+
+__all__ = ["GPU_METRIC", "QUEUE_METRIC", "REQUEST_METRIC"]
 
 LAUNCH_HOOK = "torchfleet-launch"
 TERMINATE_HOOK = "torchfleet-terminate"
 METRICS_NAMESPACE = PROJECT
-QUEUE_METRIC = "QueueDepth"  # requests waiting in the runtime's batch queue, per node
-REQUEST_METRIC = "RequestRate"  # Alibaba only: requests/s answered per node (AWS: the ALB's)
 NONCURRENT_DAYS = 30  # old bundle versions stay in the bucket this long (rollback), then expire
 
 

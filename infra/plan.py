@@ -312,7 +312,18 @@ def scaling_lines(run: OfflineRun) -> list[str]:
             f"alarm {i['name']}: {when} (Average, {int(i['evaluationCount'])} x "
             f"{int(conds[0]['period'])} s) -> step rule {'/'.join(steps)} nodes"
         )
-    order = ("group", "hook", "policy", "alarm")
+    for r in run.custom():
+        if r.inputs.get("kind") == "HorizontalPodAutoscaler":
+            spec = r.inputs["spec"]
+            targets = ", ".join(
+                f"{m['pods']['metric']['name']} = {m['pods']['target']['averageValue']}"
+                for m in spec["metrics"]
+            )
+            lines.append(
+                f"hpa {r.inputs['metadata']['name']}: {int(spec['minReplicas'])}.."
+                f"{int(spec['maxReplicas'])} pods, average per pod {targets}"
+            )
+    order = ("group", "hook", "policy", "alarm", "hpa")
     return sorted(lines, key=lambda line: (order.index(line.split(" ", 1)[0]), line))
 
 
@@ -509,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {key}: {run.outputs[key]}")
         if run.outputs.get("cluster"):
             print("  kubeconfig: a secret output (`pulumi stack output --show-secrets kubeconfig`)")
+            print("\nscaling (pods on load; the cluster autoscaler adds nodes for them):")
+            print("\n".join("  " + line for line in scaling_lines(run)))
             print()
             continue  # mode: kubernetes has pods, not an Ansible inventory
         hosts = run.outputs["inventory"]["all"]["children"]["gpu_nodes"].get("hosts") or {}

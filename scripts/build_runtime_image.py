@@ -122,7 +122,9 @@ def build_args(opts: argparse.Namespace, matrix: Matrix) -> dict[str, str]:
     args["INDEX_URL"] = opts.index_url or ""
     args["WHEELHOUSE"] = "wheelhouse" if opts.wheelhouse else ""
     args["EXTRA_CA_CERTS"] = "ca-certificates" if opts.extra_ca_certs else ""
-    args["RUNTIME_EXTRAS"] = opts.extras or ""
+    # gpu (NVML metrics: the HPA's GPU signal) wherever the profile has CUDA, as the role does
+    cuda = matrix.profiles[profile].cuda is not None
+    args["RUNTIME_EXTRAS"] = opts.extras if opts.extras is not None else ("gpu" if cuda else "")
     return args
 
 
@@ -235,7 +237,9 @@ def parse_cli(argv: list[str] | None) -> argparse.Namespace:
         help="PEM *.crt files or directories of them to trust in the image (TLS inspection)",
     )
     p.add_argument(
-        "--extras", help="runtime extras to install, comma-separated: gpu (GPU metrics), onnx"
+        "--extras",
+        help="runtime extras to install, comma-separated: gpu (GPU metrics), onnx (default: "
+        "gpu for a CUDA profile, none for cpu; '' for none)",
     )
     p.add_argument(
         "--model", type=Path, help="a model directory to bake into /models (target baked)"

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The runtime's GPU checks on a GPU machine, in one go and well under 8 minutes:
-#   1. the GPU-marked tests (precision, memory-sized batch cap, OOM split): pytest -m gpu tests/runtime
+#   1. the GPU-marked tests (precision, memory-sized batch cap, OOM split, one replica per GPU with
+#      its own metrics, load on every GPU, diagnose on CUDA): pytest -m gpu tests/runtime
 #   2. torchfleet-runtime check --require-gpu (driver vs torch's CUDA, arch list, cuDNN, disk, memory)
-#   3. torchfleet-bench runtime --device cuda (served vs offline, batching on/off, JSON vs binary,
-#      start to ready, first request vs steady p50), whose figures it prints.
+#   3. torchfleet-bench gpu --device cuda: ONE TABLE of replicas on every GPU vs one GPU (scaling
+#      efficiency, target >= 0.9), fp16 vs fp32, batching on/off, and the memory sizing (batch cap,
+#      how it was chosen, memory_fraction, what the allocator reserved under load);
+#   4. torchfleet-bench runtime --device cuda (served vs offline, JSON vs binary, start to ready,
+#      first request vs steady p50), whose figures it prints.
 #
 # It expects a fresh machine with only this repository copied and a Python 3 with a CUDA build of
 # torch already installed (it never downloads torch: the right build depends on the driver).
@@ -13,14 +17,16 @@
 # torch, else the number of failed steps (0: all passed).
 #
 # Usage: scripts/gpu_check.sh            (PYTHON=python3.11 to choose the interpreter)
-# Results: benchmarks/results/runtime_bench_cuda.{json,png}, also copied to $OUT when set.
+# Results: benchmarks/results/gpu_check_cuda.json and runtime_bench_cuda.{json,png}, also copied
+# to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${GPU_CHECK_VENV:-.cache/gpu-venv}
 STEP_TIMEOUT_TESTS=${STEP_TIMEOUT_TESTS:-240}
-STEP_TIMEOUT_BENCH=${STEP_TIMEOUT_BENCH:-240}
+STEP_TIMEOUT_TABLE=${STEP_TIMEOUT_TABLE:-200}
+STEP_TIMEOUT_BENCH=${STEP_TIMEOUT_BENCH:-180}
 started=$(date +%s)
 failed=0
 
@@ -57,7 +63,7 @@ fi
 pin() { grep -hiE "^$1==" requirements/*.txt 2>/dev/null | head -1; }
 missing=()
 for mod_pkg in pytest:pytest prometheus_client:prometheus-client yaml:PyYAML httptools:httptools orjson:orjson \
-               numpy:numpy pytest_timeout:pytest-timeout; do
+               numpy:numpy pytest_timeout:pytest-timeout pynvml:nvidia-ml-py; do
   mod=${mod_pkg%%:*} pkg=${mod_pkg#*:}
   if ! "$PY" -c "import $mod" 2>/dev/null; then
     spec=$(pin "$pkg")
@@ -80,23 +86,28 @@ if [ ${#PIP_TARGET_ARGS[@]} -gt 0 ] ||
 fi
 runtime() { "$PY" -c 'import sys; from torchfleet_runtime.cli import main; sys.exit(main())' "$@"; }
 
-say "1/3 GPU tests: pytest -m gpu tests/runtime"
+say "1/4 GPU tests: pytest -m gpu tests/runtime"
 timeout "$STEP_TIMEOUT_TESTS" "$PY" -m pytest -m gpu tests/runtime -q
 rc=$?
 if [ $rc -eq 5 ]; then echo "no GPU-marked tests were collected"; fi
 [ $rc -eq 0 ] || { echo "GPU tests: exit $rc"; failed=$((failed + 1)); }
 
-say "2/3 torchfleet-runtime check --require-gpu"
+say "2/4 torchfleet-runtime check --require-gpu"
 runtime check --require-gpu --path "$PWD" || { echo "check: a check failed (see above)"; failed=$((failed + 1)); }
 
-say "3/3 benchmark on cuda"
-# --no-wrk: the wrk levels and the instrumentation rounds would not fit the step (run them by hand).
 # The tool and infra's client (standard library) run from the source tree: nothing to install.
-PYTHONPATH="$PWD/benchmarks:$PWD${PYTHONPATH:+:$PYTHONPATH}" \
-  timeout "$STEP_TIMEOUT_BENCH" "$PY" -m torchfleet_bench runtime --device cuda --duration 3 --budget-s 220 --no-wrk ||
+bench() { PYTHONPATH="$PWD/benchmarks:$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m torchfleet_bench "$@"; }
+
+say "3/4 the GPU table: replicas vs one GPU, fp16 vs fp32, batching on/off, memory sizing"
+timeout "$STEP_TIMEOUT_TABLE" bench gpu --device cuda --seconds "${GPU_TABLE_SECONDS:-10}" \
+  --concurrency "${GPU_TABLE_CONCURRENCY:-64}" || { echo "GPU table: failed"; failed=$((failed + 1)); }
+
+say "4/4 benchmark on cuda"
+# --no-wrk: the wrk levels and the instrumentation rounds would not fit the step (run them by hand).
+timeout "$STEP_TIMEOUT_BENCH" bench runtime --device cuda --duration 3 --budget-s 160 --no-wrk ||
   { echo "benchmark: failed"; failed=$((failed + 1)); }
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
-  cp benchmarks/results/runtime_bench_cuda.* "$OUT"/ 2>/dev/null || true
+  cp benchmarks/results/runtime_bench_cuda.* benchmarks/results/gpu_check_cuda.json "$OUT"/ 2>/dev/null || true
 fi
 
 say "done: $failed failed step(s) in $(($(date +%s) - started)) s"

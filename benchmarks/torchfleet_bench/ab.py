@@ -136,6 +136,28 @@ def run_variant(
     }
 
 
+def wrk_inputs(work: Path, model: Path | None, binary: bool) -> tuple[Path, dict[str, str], Path]:
+    """(model, wrk's environment, its Lua script) in `work`: the demo model unless `model`
+    is given, one request body of it (JSON, or raw float32 with `binary`)."""
+    if model is None:
+        from torchfleet_runtime.demo import write_demo_model
+
+        model, _ = write_demo_model(work / "demo")
+    meta = json.loads(model.with_suffix(".json").read_text())
+    body, headers = build_payload(
+        meta["input_shape"], meta.get("dtype", "float32"), 1, binary, decimals=4
+    )
+    (work / "body").write_bytes(body)
+    lua = work / "bench.lua"
+    lua.write_text(LUA)
+    env = {
+        **os.environ,
+        "AB_BODY": str(work / "body"),
+        "AB_HEADERS": ";".join(f"{k}={v}" for k, v in headers.items()),
+    }
+    return model, env, lua
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="torchfleet-bench ab", description=__doc__.split("\n\n")[0])
     ap.add_argument("variants", nargs="+", metavar="NAME=[SRC][::FLAGS]")
@@ -149,24 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     variants = [v.split("=", 1) for v in args.variants]
     with tempfile.TemporaryDirectory(prefix="torchfleet-ab-") as tmp:
-        work = Path(tmp)
-        model = args.model
-        if model is None:
-            from torchfleet_runtime.demo import write_demo_model
-
-            model, _ = write_demo_model(work / "demo")
-        meta = json.loads(model.with_suffix(".json").read_text())
-        body, headers = build_payload(
-            meta["input_shape"], meta.get("dtype", "float32"), 1, args.binary, decimals=4
-        )
-        (work / "body").write_bytes(body)
-        lua = work / "ab.lua"
-        lua.write_text(LUA)
-        env_wrk = {
-            **os.environ,
-            "AB_BODY": str(work / "body"),
-            "AB_HEADERS": ";".join(f"{k}={v}" for k, v in headers.items()),
-        }
+        model, env_wrk, lua = wrk_inputs(Path(tmp), args.model, args.binary)
         results: dict[str, list[float]] = {name: [] for name, _ in variants}
         lat: dict[str, list[tuple[float | None, float | None]]] = {name: [] for name, _ in variants}
         for r in range(args.rounds):

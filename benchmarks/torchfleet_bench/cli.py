@@ -28,6 +28,14 @@ COMMANDS = {
     "codec": ("codec", "per-request CPU of the request codec and instrumentation, in-process"),
     "ab": ("ab", "runtime variants (source, flags, environment) under wrk, alternated"),
     "tls": ("tls", "what HTTPS on the node (tls_cert_file) costs per request against plain HTTP"),
+    "replicas": (
+        "replicas",
+        "model replicas on two CPUs: 2 x 1 thread vs 1 x 2, and two SO_REUSEPORT processes",
+    ),
+    "gpu": (
+        "gpu",
+        "the GPU check's table: replicas vs one device, fp16 vs fp32, batching, memory sizing",
+    ),
     "py39": ("py39", "the runtime on the legacy stack (Python 3.9, torch 1.12.1) in a container"),
 }
 

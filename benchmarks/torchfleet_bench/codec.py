@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     m = Metrics()
-    stage = m.stage_of
+    stage = m.device("cpu").stage
     reqlog = logging.getLogger("torchfleet_runtime.request")
     reqlog.setLevel(logging.INFO)
     t = {"decode": 0.0012, "queue": 0.0031, "model": 0.0094, "encode": 0.00004}

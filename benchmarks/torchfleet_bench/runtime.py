@@ -75,10 +75,10 @@ def child_env() -> dict[str, str]:
     """The server and offline processes get the same OpenMP settings, so served / offline compares
     like with like: the runtime's OpenMP wait policy (PASSIVE unless the environment says
     otherwise, see torchfleet_runtime.cli) and, with --threads, the same intra-op thread count."""
-    from torchfleet_runtime.cli import OMP_DEFAULTS
+    from torchfleet_runtime.cli import ENV_DEFAULTS
 
     env = dict(os.environ)
-    for key, value in OMP_DEFAULTS.items():
+    for key, value in ENV_DEFAULTS.items():
         env.setdefault(key, value)
     if TORCH_THREADS:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(TORCH_THREADS)
@@ -94,10 +94,10 @@ def batch_counters(port: int) -> tuple[float, float]:
     _, body = loopback(port, "GET", "/metrics")
     total = count = 0.0
     for line in body.decode(errors="replace").splitlines():
-        if line.startswith("torchfleet_batch_size_sum"):
-            total = float(line.split()[-1])
+        if line.startswith("torchfleet_batch_size_sum"):  # one series per replica
+            total += float(line.split()[-1])
         elif line.startswith("torchfleet_batch_size_count"):
-            count = float(line.split()[-1])
+            count += float(line.split()[-1])
     return total, count
 
 

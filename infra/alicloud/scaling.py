@@ -4,13 +4,14 @@ Hooks: SCALE_OUT (ABANDON on timeout: the node is released, never served) and SC
 (CONTINUE on timeout), the same names and timeouts as on AWS.
 Rules: ESS target tracking works on CloudMonitor's system metrics only, and neither GPU
 saturation nor the CLB's requests per backend is one of them, so the load signals are custom
-metrics the node agent publishes (QueueDepth, RequestRate; dimension `scaling_group`) to a
-CloudMonitor application group, read by ESS alarms that drive step scaling rules:
+metrics the node agent publishes (QueueDepth, RequestRate, GpuUtilization: the mean over the
+GPUs serving a model replica, in percent; dimension `scaling_group`) to a CloudMonitor
+application group, read by ESS alarms that drive step scaling rules:
 - scale out: one alarm per signal (>= target for SCALE_OUT_PERIODS minutes), +1 node, +2 at
-  twice the target;
+  twice the target (GPU utilisation: halfway from its target to 100 %);
 - scale in: one alarm on both signals at once (&&, for SCALE_IN_PERIODS minutes) below the
-  hysteresis threshold, -1 node. As with AWS target tracking, either signal adds nodes and only
-  both together remove one.
+  hysteresis threshold, -1 node. As with AWS target tracking, any signal adds nodes and only
+  all together remove one.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from infra.lifecycle import (
     queue_depth_target,
     terminate_timeout_s,
 )
-from infra.nodeboot import LAUNCH_HOOK, QUEUE_METRIC, REQUEST_METRIC, TERMINATE_HOOK
+from infra.nodeboot import GPU_METRIC, LAUNCH_HOOK, QUEUE_METRIC, REQUEST_METRIC, TERMINATE_HOOK
 
 
 def hooks(cfg: StackConfig) -> list[dict[str, Any]]:
@@ -51,12 +52,23 @@ def hooks(cfg: StackConfig) -> list[dict[str, Any]]:
 
 
 def targets(cfg: StackConfig) -> dict[str, float]:
-    """Per-node targets by metric: RequestRate in requests/s (the config's per-minute figure)."""
+    """Per-node targets by metric: RequestRate in requests/s (the config's per-minute figure),
+    GpuUtilization in percent."""
     assert cfg.scaling is not None
     queue = cfg.scaling.queue_depth_per_node or queue_depth_target(
         cfg.stack, cfg.scaling.requests_per_node
     )
-    return {REQUEST_METRIC: round(cfg.scaling.requests_per_node / 60, 3), QUEUE_METRIC: queue}
+    return {
+        REQUEST_METRIC: round(cfg.scaling.requests_per_node / 60, 3),
+        QUEUE_METRIC: queue,
+        GPU_METRIC: cfg.scaling.gpu_utilization_percent,
+    }
+
+
+def second_step(metric: str, target: float) -> float:
+    """How far above its target a signal adds two nodes instead of one: at twice the target,
+    or, for GPU utilisation (which stops at 100 %), halfway from the target to 100 %."""
+    return round((100 - target) / 2, 3) if metric == GPU_METRIC else target
 
 
 def scale_in_ratio(cfg: StackConfig) -> float:
@@ -103,11 +115,12 @@ def register(
             step_adjustments=[
                 alicloud.ess.ScalingRuleStepAdjustmentArgs(
                     metric_interval_lower_bound="0",
-                    metric_interval_upper_bound=str(target),
+                    metric_interval_upper_bound=str(second_step(metric, target)),
                     scaling_adjustment=1,
                 ),
                 alicloud.ess.ScalingRuleStepAdjustmentArgs(
-                    metric_interval_lower_bound=str(target), scaling_adjustment=2
+                    metric_interval_lower_bound=str(second_step(metric, target)),
+                    scaling_adjustment=2,
                 ),
             ],
             opts=child,

@@ -3,10 +3,12 @@
 Hooks: launching (ABANDON on timeout: a node that never reported ready is replaced, never
 served) and terminating (CONTINUE on timeout: a node that cannot report its drain still goes);
 both are also the group's `initial_lifecycle_hooks` so the first nodes get them.
-Policies: two target-tracking policies, on the ALB's requests per target and on the runtime's
-queue depth per node (published by the node agent as torchfleet/QueueDepth by
-AutoScalingGroupName). The group scales out when either is above its target and in only when
-both are below; `scaling.scale_in: false` makes both out-only.
+Policies: three target-tracking policies, on the ALB's requests per target, on the runtime's
+queue depth per node and on the node's GPU utilisation (both published by the node agent, as
+torchfleet/QueueDepth and torchfleet/GpuUtilization by AutoScalingGroupName; the GPU figure is
+the mean over the GPUs that serve a model replica, `scaling.gpu_utilization_percent` its target).
+The group scales out when any is above its target and in only when all are below;
+`scaling.scale_in: false` makes them out-only.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ import pulumi_aws as aws
 
 from infra.config import StackConfig
 from infra.lifecycle import queue_depth_target, terminate_timeout_s
-from infra.nodeboot import LAUNCH_HOOK, METRICS_NAMESPACE, QUEUE_METRIC, TERMINATE_HOOK, group_name
+from infra.nodeboot import (
+    GPU_METRIC,
+    LAUNCH_HOOK,
+    METRICS_NAMESPACE,
+    QUEUE_METRIC,
+    TERMINATE_HOOK,
+    group_name,
+)
 
 
 def hooks(cfg: StackConfig) -> list[dict[str, Any]]:
@@ -78,26 +87,32 @@ def register(
         ),
         opts=child,
     )
-    queue = aws.autoscaling.Policy(
-        f"{name}-queue",
-        name=f"{cfg.name}-queue-depth-per-node",
-        autoscaling_group_name=group.name,
-        policy_type="TargetTrackingScaling",
-        target_tracking_configuration=aws.autoscaling.PolicyTargetTrackingConfigurationArgs(
-            target_value=queue_target(cfg),
-            disable_scale_in=disable_in,
-            customized_metric_specification=aws.autoscaling.PolicyTargetTrackingConfigurationCustomizedMetricSpecificationArgs(
-                namespace=METRICS_NAMESPACE,
-                metric_name=QUEUE_METRIC,
-                statistic="Average",
-                unit="Count",
-                metric_dimensions=[
-                    aws.autoscaling.PolicyTargetTrackingConfigurationCustomizedMetricSpecificationMetricDimensionArgs(
-                        name="AutoScalingGroupName", value=group_name(cfg)
-                    )
-                ],
+    custom = [
+        ("queue", "queue-depth-per-node", QUEUE_METRIC, queue_target(cfg), "Count"),
+        ("gpu", "gpu-utilization", GPU_METRIC, cfg.scaling.gpu_utilization_percent, "Percent"),
+    ]
+    return [requests] + [
+        aws.autoscaling.Policy(
+            f"{name}-{suffix}",
+            name=f"{cfg.name}-{policy}",
+            autoscaling_group_name=group.name,
+            policy_type="TargetTrackingScaling",
+            target_tracking_configuration=aws.autoscaling.PolicyTargetTrackingConfigurationArgs(
+                target_value=target,
+                disable_scale_in=disable_in,
+                customized_metric_specification=aws.autoscaling.PolicyTargetTrackingConfigurationCustomizedMetricSpecificationArgs(
+                    namespace=METRICS_NAMESPACE,
+                    metric_name=metric,
+                    statistic="Average",
+                    unit=unit,
+                    metric_dimensions=[
+                        aws.autoscaling.PolicyTargetTrackingConfigurationCustomizedMetricSpecificationMetricDimensionArgs(
+                            name="AutoScalingGroupName", value=group_name(cfg)
+                        )
+                    ],
+                ),
             ),
-        ),
-        opts=child,
-    )
-    return [requests, queue]
+            opts=child,
+        )
+        for suffix, policy, metric, target, unit in custom
+    ]

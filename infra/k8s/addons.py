@@ -1,9 +1,9 @@
 """The Helm releases around the runtime, as (chart, namespace, values) specs.
 
 Which add-on and why (the choices of this mode):
-- HPA on queue depth through the Prometheus adapter, not KEDA: the scaling object is then a
-  plain autoscaling/v2 HorizontalPodAutoscaler (validated with the rest against the cluster's
-  OpenAPI schema, no CRD, no operator with cluster-wide webhooks). KEDA's advantage, scaling
+- HPA on queue depth and GPU utilisation through the Prometheus adapter, not KEDA: the scaling
+  object is then a plain autoscaling/v2 HorizontalPodAutoscaler (validated with the rest against
+  the cluster's OpenAPI schema, no CRD, no operator with cluster-wide webhooks). KEDA's advantage, scaling
   to zero, is not needed: dev clusters reach zero through the node-pool schedule.
 - A small Prometheus (server only, no alertmanager/exporters, 2 h in an emptyDir) scraping the
   pods that carry prometheus.io/* annotations: the adapter's source, not the monitoring system.
@@ -21,7 +21,7 @@ from typing import Any
 
 from infra.config import StackConfig
 from infra.k8s.settings import Chart
-from infra.k8s.workload import QUEUE_METRIC, gpu_node_labels
+from infra.k8s.workload import GPU_METRIC, QUEUE_METRIC, gpu_node_labels
 
 ADDON_NAMESPACE = "torchfleet-system"
 PROMETHEUS = "torchfleet-prometheus"
@@ -71,8 +71,21 @@ def prometheus(cfg: StackConfig) -> Release:
     )
 
 
+def _pod_rule(metric: str, query: str) -> dict[str, Any]:
+    """One adapter rule: `metric` per pod on custom.metrics.k8s.io, computed by `query`."""
+    return {
+        "seriesQuery": f'{metric}{{namespace!="",pod!=""}}',
+        "resources": {
+            "overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+        },
+        "name": {"matches": f"^{metric}$", "as": metric},
+        "metricsQuery": f"{query} by (<<.GroupBy>>)",
+    }
+
+
 def prometheus_adapter(cfg: StackConfig) -> Release:
-    """Serves torchfleet_queue_depth per pod on custom.metrics.k8s.io for the HPA."""
+    """Serves torchfleet_queue_depth and torchfleet_gpu_utilization_ratio per pod on
+    custom.metrics.k8s.io for the HPA."""
     assert cfg.kubernetes
     return Release(
         "prometheus_adapter",
@@ -83,19 +96,14 @@ def prometheus_adapter(cfg: StackConfig) -> Release:
             "rules": {
                 "default": False,
                 "custom": [
-                    {
-                        "seriesQuery": f'{QUEUE_METRIC}{{namespace!="",pod!=""}}',
-                        "resources": {
-                            "overrides": {
-                                "namespace": {"resource": "namespace"},
-                                "pod": {"resource": "pod"},
-                            }
-                        },
-                        "name": {"matches": f"^{QUEUE_METRIC}$", "as": QUEUE_METRIC},
-                        # The peak over the last minute: a queue that fills between scrapes still counts.
-                        "metricsQuery": "max(max_over_time(<<.Series>>{<<.LabelMatchers>>}[1m])) "
-                        "by (<<.GroupBy>>)",
-                    }
+                    # The peak over the last minute: a queue that fills between scrapes still counts.
+                    _pod_rule(
+                        QUEUE_METRIC, "max(max_over_time(<<.Series>>{<<.LabelMatchers>>}[1m]))"
+                    ),
+                    # The minute's mean: utilisation is already an average over NVML's sample period.
+                    _pod_rule(
+                        GPU_METRIC, "max(avg_over_time(<<.Series>>{<<.LabelMatchers>>}[1m]))"
+                    ),
                 ],
             },
             "resources": {

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from infra.constants import PROJECT
+from infra.lifecycle import GPU_TARGET_DEFAULT, GPU_TARGET_RANGE
 
 # Kubernetes minor versions a stack may ask for: the ones EKS and ACK both offered in standard
 # support when this was written (2026-12) AND that kubernetes-validate 1.37.0 carries schemas
@@ -31,6 +32,7 @@ SUBKEYS = (
     "namespace",
     "replicas",
     "queue_target",
+    "gpu_utilization_target",
     "model_prefix",
     "system",
     "charts",
@@ -123,6 +125,7 @@ class KubernetesSettings:
     namespace: str
     replicas: Replicas  # pods, one GPU each; the HPA moves between them
     queue_target: int
+    gpu_utilization_target: float  # percent
     model_prefix: str | None  # objects under model_bucket mounted at /models; None: baked
     system: SystemPool
     charts: dict[str, Chart] = field(default_factory=dict)
@@ -188,6 +191,15 @@ def parse(
         100000,
         "an integer >= 1 (instances waiting per pod)",
     )
+    lo, hi = GPU_TARGET_RANGE
+    gpu = r.number(
+        f"{key}.gpu_utilization_target",
+        raw.get("gpu_utilization_target", GPU_TARGET_DEFAULT),
+        float,
+        lo,
+        hi,
+        f"a number in {lo}..{hi} (the mean GPU utilisation per pod, percent)",
+    )
     prefix = raw.get("model_prefix")
     if prefix is not None:
         if not model_bucket:
@@ -243,6 +255,7 @@ def parse(
         or image is None
         or replicas is None
         or target is None
+        or gpu is None
         or system is None
     ):
         return None
@@ -252,6 +265,7 @@ def parse(
         namespace=namespace,
         replicas=replicas,
         queue_target=target,
+        gpu_utilization_target=gpu,
         model_prefix=prefix,
         system=system,
         charts=charts,

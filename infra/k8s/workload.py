@@ -335,13 +335,19 @@ def disruption_budget(cfg: StackConfig) -> dict[str, Any]:
 
 
 QUEUE_METRIC = "torchfleet_queue_depth"
+# The runtime's NVML gauge (its `gpu` extra, in the image by default for CUDA profiles): a pod
+# has one GPU, so its value is the pod's GPU saturation.
+GPU_METRIC = "torchfleet_gpu_utilization_ratio"
 
 
 def autoscaler(cfg: StackConfig) -> dict[str, Any]:
-    """Pods follow the runtime's queue depth (served per pod by the Prometheus adapter): scale
-    up at once, down only after five quiet minutes (a GPU pod takes minutes to warm)."""
+    """Pods follow the runtime's queue depth and their GPU's utilisation (both served per pod
+    by the Prometheus adapter; the HPA takes the larger of the two proposals, so either adds
+    pods and both must allow removing one): scale up at once, down only after five quiet
+    minutes (a GPU pod takes minutes to warm)."""
     k = cfg.kubernetes
     assert k
+    gpu_target = f"{round(k.gpu_utilization_target * 10)}m"  # percent -> a ratio in milli-units
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -357,7 +363,14 @@ def autoscaler(cfg: StackConfig) -> dict[str, Any]:
                         "metric": {"name": QUEUE_METRIC},
                         "target": {"type": "AverageValue", "averageValue": str(k.queue_target)},
                     },
-                }
+                },
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": GPU_METRIC},
+                        "target": {"type": "AverageValue", "averageValue": gpu_target},
+                    },
+                },
             ],
             "behavior": {
                 "scaleUp": {

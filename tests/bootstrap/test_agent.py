@@ -104,6 +104,16 @@ def test_scrape_reads_queue_gpu_and_request_rate() -> None:
     assert "RequestRate" not in restarted and "GpuUtilization" not in restarted
 
 
+def test_gpu_utilization_is_the_mean_over_the_gpus_that_serve_a_replica() -> None:
+    # devices: [0, 2] on a 4-GPU node: GPUs 1 and 3 idle, not part of this node's saturation
+    text = "".join(
+        f'torchfleet_gpu_utilization_ratio{{device="{d}",gpu="{g}"}} {u}\n'
+        for g, d, u in (("0", "cuda:0", 0.9), ("1", "", 0.0), ("2", "cuda:2", 0.7), ("3", "", 0.0))
+    )
+    values, _ = metrics.scrape("torchfleet_queue_depth 0\n" + text, None, now_s=1.0)
+    assert values["GpuUtilization"] == (pytest.approx(80.0), "Percent")
+
+
 class Ess:
     """ESS (API 2022-02-22) as the node sees it: its scaling instance, the group's hooks, and
     pending lifecycle actions in its own activity (launch) and another in progress (terminate)."""

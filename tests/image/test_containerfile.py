@@ -94,6 +94,10 @@ def test_other_profiles_derive_their_base_and_pins(profile: str, base: str, nump
     assert args["BASE"] == base
     assert args["TORCH"] == matrix.profiles[profile].torch
     assert args["NUMPY"] == numpy
+    # the gpu extra (NVML gauges, the HPA's GPU signal) wherever the profile has CUDA
+    assert args["RUNTIME_EXTRAS"] == ("" if profile == "cpu" else "gpu")
+    assert derived(profile=profile, extras="")["RUNTIME_EXTRAS"] == ""
+    assert derived(profile=profile, extras="gpu,onnx")["RUNTIME_EXTRAS"] == "gpu,onnx"
 
 
 def test_a_torch_override_keeps_the_numpy_rule_and_a_bad_profile_names_the_allowed_ones() -> None:

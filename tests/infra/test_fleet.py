@@ -13,7 +13,12 @@ import json
 import pytest
 import yaml
 
-from infra.lifecycle import HEALTH_GRACE_S, LAUNCH_TIMEOUT_DEFAULT_S, drain_timeout_s
+from infra.lifecycle import (
+    GPU_TARGET_DEFAULT,
+    HEALTH_GRACE_S,
+    LAUNCH_TIMEOUT_DEFAULT_S,
+    drain_timeout_s,
+)
 from infra.offline import FAKE_BAKED_AMI, _octet, run_offline
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -225,7 +230,7 @@ def test_groups_join_when_ready_and_leave_when_drained(runs, settings, stack):
     assert terminate["name"] == "torchfleet-terminate"
 
 
-def test_every_group_scales_on_load(runs, with_overrides):
+def test_every_group_scales_on_load(runs, settings, with_overrides):
     checked = 0
     for stack in GROUPS:
         run = runs[stack]
@@ -250,11 +255,20 @@ def test_every_group_scales_on_load(runs, with_overrides):
                 f"app/{alb.name}/{_octet(alb.name):016x}/"
                 f"targetgroup/{tg.name}/{_octet(tg.name):016x}"
             )
-            queue = metrics["QueueDepth"]
-            assert queue["namespace"] == "torchfleet" and queue["statistic"] == "Average"
-            assert queue["metricDimensions"] == [
-                {"name": "AutoScalingGroupName", "value": group.inputs["name"]}
-            ]
+            for name, unit in (("QueueDepth", "Count"), ("GpuUtilization", "Percent")):
+                custom = metrics[name]  # what the node agent publishes, by group
+                assert custom["namespace"] == "torchfleet" and custom["statistic"] == "Average"
+                assert custom["unit"] == unit
+                assert custom["metricDimensions"] == [
+                    {"name": "AutoScalingGroupName", "value": group.inputs["name"]}
+                ]
+            gpu = next(
+                p.inputs["targetTrackingConfiguration"]["targetValue"]
+                for p in mine
+                if p.inputs["name"].endswith("-gpu-utilization")
+            )
+            want = (settings(stack).get("scaling") or {}).get("gpu_utilization_percent")
+            assert gpu == (want or GPU_TARGET_DEFAULT)
             checked += 1
         rules = {f"{r.name}-id": r for r in run.of_type("alicloud:ess/scalingRule:ScalingRule")}
         (monitor,) = run.of_type("alicloud:cms/monitorGroup:MonitorGroup") or [None]
@@ -277,8 +291,8 @@ def test_every_group_scales_on_load(runs, with_overrides):
                     alarm["metricName"]
                 ]
                 signals.setdefault("out" if step > 0 else "in", set()).update(names)
-            assert signals["out"] == {"QueueDepth", "RequestRate"}
-            assert signals["in"] == {"QueueDepth", "RequestRate"}  # both must agree
+            assert signals["out"] == {"QueueDepth", "RequestRate", "GpuUtilization"}
+            assert signals["in"] == {"QueueDepth", "RequestRate", "GpuUtilization"}  # all agree
             checked += 1
     assert checked == 2
     # scale_in: false keeps every policy from removing nodes
@@ -294,7 +308,43 @@ def test_every_group_scales_on_load(runs, with_overrides):
         "alicloud-prod",
         with_overrides("alicloud-prod", scaling={"requests_per_node": 600, "scale_in": False}),
     )
-    assert len(run.of_type("alicloud:ess/alarm:Alarm")) == 2  # the two scale-out alarms
+    assert len(run.of_type("alicloud:ess/alarm:Alarm")) == 3  # the three scale-out alarms
+
+
+@pytest.mark.parametrize("stack", GROUPS)
+def test_the_gpu_target_comes_from_the_config(with_overrides, stack):
+    scaling = {"requests_per_node": 600, "gpu_utilization_percent": 55}
+    run = run_offline(stack, with_overrides(stack, scaling=scaling))
+    targets = [
+        p.inputs["targetTrackingConfiguration"]["targetValue"]
+        for p in run.of_type("aws:autoscaling/policy:Policy")
+        if p.inputs["targetTrackingConfiguration"]
+        .get("customizedMetricSpecification", {})
+        .get("metricName")
+        == "GpuUtilization"
+    ]
+    alarms = run.of_type("alicloud:ess/alarm:Alarm")
+    targets += [
+        float(a.inputs["threshold"])
+        for a in alarms
+        if a.inputs.get("metricName") == "GpuUtilization"
+    ]
+    # scale in below the hysteresis share of the target, as for every other signal
+    (low,) = [a for a in alarms if a.inputs.get("expressions")] or [None]
+    if low is not None:
+        (gpu_in,) = [e for e in low.inputs["expressions"] if e["metricName"] == "GpuUtilization"]
+        assert 0 < gpu_in["threshold"] < 55
+    assert targets == [55]
+    for rule in run.of_type("alicloud:ess/scalingRule:ScalingRule"):
+        if "gpuutilization" in rule.name:
+            # +2 nodes halfway from 55 % to 100 %: twice the target would be out of reach
+            one, two = rule.inputs["stepAdjustments"]
+            assert (
+                float(one["metricIntervalUpperBound"])
+                == 22.5
+                == float(two["metricIntervalLowerBound"])
+            )
+            assert (one["scalingAdjustment"], two["scalingAdjustment"]) == (1, 2)
 
 
 def test_a_new_bundle_rolls_the_fleet(runs, with_overrides, monkeypatch):

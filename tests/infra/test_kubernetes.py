@@ -24,6 +24,7 @@ from torchfleet_compat.runtime_settings import ENV_PREFIX, FIELDS
 from infra.catalog import lookup
 from infra.config import ConfigError
 from infra.k8s import settings as k8s_settings
+from infra.lifecycle import GPU_TARGET_DEFAULT
 from infra.offline import OfflineMocks, RecordingMonitor, run_offline
 from infra.plan import KUBERNETES_STACKS
 
@@ -324,9 +325,13 @@ def test_hpa_follows_queue_depth_within_gpu_capacity(k):
             "kind": "Deployment",
             "name": of_kind(run, "Deployment")[0]["metadata"]["name"],
         }
-        (metric,) = spec["metrics"]
-        assert metric["pods"]["metric"]["name"] == "torchfleet_queue_depth"
-        assert metric["pods"]["target"]["averageValue"] == str(cfg["kubernetes"]["queue_target"])
+        targets = {m["pods"]["metric"]["name"]: m["pods"]["target"] for m in spec["metrics"]}
+        assert set(targets) == {"torchfleet_queue_depth", "torchfleet_gpu_utilization_ratio"}
+        queue, gpu = targets["torchfleet_queue_depth"], targets["torchfleet_gpu_utilization_ratio"]
+        assert queue["averageValue"] == str(cfg["kubernetes"]["queue_target"])
+        # percent in the config, a ratio in milli-units on the pod metric (70 % -> 700m)
+        percent = cfg["kubernetes"].get("gpu_utilization_target", GPU_TARGET_DEFAULT)
+        assert gpu == {"type": "AverageValue", "averageValue": f"{round(percent * 10)}m"}
         replicas = cfg["kubernetes"]["replicas"]  # the stack's own bounds, passed through
         assert (spec["minReplicas"], spec["maxReplicas"]) == (replicas["min"], replicas["max"])
         assert spec["maxReplicas"] <= cfg["nodes"]["max"] * gpus  # never more pods than GPUs
@@ -334,8 +339,12 @@ def test_hpa_follows_queue_depth_within_gpu_capacity(k):
         checked += 1
     assert checked == 1
     (adapter,) = [r for r in run.of_type(HELM) if r.name.endswith("prometheus-adapter")]
-    (rule,) = adapter.inputs["values"]["rules"]["custom"]
-    assert rule["name"]["as"] == "torchfleet_queue_depth"
+    rules = adapter.inputs["values"]["rules"]["custom"]
+    served = {r["name"]["as"] for r in rules}
+    assert served == {"torchfleet_queue_depth", "torchfleet_gpu_utilization_ratio"}
+    for rule in rules:  # per pod, as the HPA's Pods metrics ask
+        assert rule["seriesQuery"].startswith(rule["name"]["as"] + "{")
+        assert rule["metricsQuery"].endswith("by (<<.GroupBy>>)")
 
 
 def test_service_faces_only_named_clients(k):
@@ -615,6 +624,12 @@ def test_config_errors_name_the_key(with_overrides):
     assert "torchfleet:kubernetes.image" in msg and "torchfleet:kubernetes.version = '1.29'" in msg
     msg = _problems(with_overrides, "aws-k8s", kubernetes={**block, "replicas": {"max": 9}})
     assert "torchfleet:kubernetes.replicas" in msg and "<= 4" in msg
+    msg = _problems(with_overrides, "aws-k8s", kubernetes={**block, "gpu_utilization_target": 100})
+    assert "torchfleet:kubernetes.gpu_utilization_target = 100" in msg and "10..95" in msg
+    msg = _problems(
+        with_overrides, "aws-prod", scaling={"requests_per_node": 600, "gpu_utilization_percent": 5}
+    )
+    assert "torchfleet:scaling.gpu_utilization_percent = 5" in msg and "10..95" in msg
     msg = _problems(with_overrides, "aws-k8s", zones=["eu-central-1a"])
     assert "torchfleet:zones" in msg and "2 zones in mode: kubernetes" in msg
     msg = _problems(with_overrides, "aws-k8s", spot={"enabled": True, "max_price_ratio": 0.9})

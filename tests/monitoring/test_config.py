@@ -147,7 +147,7 @@ def test_alertmanager_config_passes_amtool(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout and " - 1 receivers" in done.stdout, done.stdout
-    assert " - 3 inhibit rules" in done.stdout, done.stdout
+    assert " - 4 inhibit rules" in done.stdout, done.stdout
 
 
 def test_an_unknown_receiver_or_discovery_is_refused(filters: ModuleType) -> None:

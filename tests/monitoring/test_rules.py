@@ -1,6 +1,6 @@
 """The role's recording and alert rules under Debian's promtool: they parse (`check rules`),
-every unit test in tests/monitoring/rules/ passes (`test rules`), and every alert has at least
-one firing and one not-firing case there."""
+every unit test in tests/monitoring/rules/ passes (`test rules`), every alert has at least
+one firing and one not-firing case there, and every alert links its own runbook section."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from markdown.extensions.toc import slugify
 from monitoring_support import RULE_FILES, need
 
 TESTS_DIR = Path(__file__).resolve().parent / "rules"
@@ -79,3 +80,40 @@ def test_alerts_carry_a_known_severity_and_a_summary() -> None:
                 if "alert" in rule:
                     assert rule["labels"]["severity"] in ("page", "ticket", "info"), rule["alert"]
                     assert rule["annotations"]["summary"], rule["alert"]
+
+
+def test_every_alert_links_its_own_runbook_section() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    page = (repo / "docs" / "runbooks.md").read_text()
+    sections = {
+        slugify(line[3:].strip(), "-") for line in page.splitlines() if line.startswith("## ")
+    }
+    linked = {}
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                if "alert" in rule:
+                    linked[rule["alert"]] = rule["annotations"].get("runbook_url", "")
+    assert len(linked) >= 10
+    for alert, url in linked.items():
+        assert url == f"docs/runbooks.md#{slugify(alert, '-')}", (alert, url)
+        assert url.split("#", 1)[1] in sections, f"{alert}: no section {url} in docs/runbooks.md"
+    assert sections == {slugify(a, "-") for a in linked}, "runbook sections without an alert"
+
+
+def test_diagnose_finds_what_the_alerts_fire_on() -> None:
+    # `torchfleet-runtime diagnose` runs on a node without the rule files: its thresholds are
+    # copies, held equal here.
+    from torchfleet_runtime import diagnose
+
+    exprs = {
+        rule["alert"]: rule["expr"]
+        for path in RULE_FILES
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+    assert (
+        exprs["TorchfleetGpuMemoryFragmented"].strip().endswith(f"> {diagnose.FRAGMENTATION_RATIO}")
+    )
+    assert f"+ {diagnose.SIZING_MARGIN})" in exprs["TorchfleetGpuMemoryAboveSizing"]

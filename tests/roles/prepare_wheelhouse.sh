@@ -15,7 +15,8 @@ abi=${1:?usage: $0 cp311|cp39}
 
 # The runtime's own dependencies (runtime/pyproject.toml) come on top of torch and numpy; the HTTP
 # parser and the JSON codec are pinned per Python (their last releases with wheels for it).
-runtime_deps=('prometheus-client>=0.16' 'PyYAML>=5.4' 'httptools==0.9.0')
+# nvidia-ml-py is the `gpu` extra (pure Python, one wheel for every Python 3).
+runtime_deps=('prometheus-client>=0.16' 'PyYAML>=5.4' 'httptools==0.9.0' 'nvidia-ml-py==13.615.71')
 case "$abi" in
   cp311) pyver=3.11; reqs=('torch==2.13.0' 'numpy' "${runtime_deps[@]}" 'orjson==3.13.0') ;;
   cp39) pyver=3.9; reqs=('torch==1.12.1' 'numpy<2' "${runtime_deps[@]}" 'orjson==3.11.5') ;;

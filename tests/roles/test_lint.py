@@ -56,3 +56,33 @@ def test_every_role_option_is_documented() -> None:
         assert defaults == options, (
             f"{role}: only in defaults {defaults - options}, only in specs {options - defaults}"
         )
+
+
+def _strings(node: object) -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, dict):
+        return [s for k, v in node.items() for s in _strings(k) + _strings(v)]
+    if isinstance(node, list):
+        return [s for v in node for s in _strings(v)]
+    return []
+
+
+def test_every_role_string_is_a_valid_template() -> None:
+    """Ansible templates every string of a task when it runs it; a shell script with `${#a[@]}`
+    opens a Jinja comment that never ends, which neither --syntax-check nor ansible-lint sees
+    (only a converge did). Parse every string of every role's YAML as Ansible will."""
+    import jinja2
+    import yaml
+
+    env = jinja2.Environment()
+    checked = 0
+    for path in sorted(REPO.glob("roles/*/*/*.yml")):
+        for text in _strings(yaml.safe_load(path.read_text())):
+            if any(tag in text for tag in ("{{", "{%", "{#")):
+                try:
+                    env.parse(text)
+                except jinja2.TemplateSyntaxError as exc:
+                    pytest.fail(f"{path.relative_to(REPO)}: {exc.message} in {text[:200]!r}")
+                checked += 1
+    assert checked > 100, checked

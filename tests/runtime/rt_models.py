@@ -182,3 +182,43 @@ def switchable(mode: str = "good") -> Switchable:
     m = Switchable()
     m.mode.fill_(MODES[mode])
     return m
+
+
+class PerReplica(Tiny):
+    """Shared by the CPU replicas of one runtime: records where each call ran (the worker
+    thread's name, its CPU affinity, its torch thread count); a batch holding a gated instance
+    waits on `gate` (`entered` then names the thread); a call on a thread whose name ends with
+    a key of `fail_on` raises that message; `warm_gate` (thread-name suffix, calls, event) holds
+    that replica's calls after its first `calls` until the event is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, frozenset[int], int]] = []
+        self.gate = threading.Event()
+        self.entered: list[str] = []
+        self.fail_on: dict[str, str] = {}
+        self.warm_gate: tuple[str, int, threading.Event] | None = None
+        self._lock = threading.Lock()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        name = threading.current_thread().name
+        with self._lock:
+            self.calls.append((name, frozenset(os.sched_getaffinity(0)), torch.get_num_threads()))
+        if self.warm_gate is not None and name.endswith(self.warm_gate[0]):
+            suffix, after, event = self.warm_gate
+            if sum(1 for n, *_ in self.calls if n.endswith(suffix)) > after:
+                event.wait(60)
+        for suffix, message in self.fail_on.items():
+            if name.endswith(suffix):
+                raise RuntimeError(message)
+        if bool((x[:, 0] == GATE_VALUE).any()):
+            with self._lock:
+                self.entered.append(name)
+            if not self.gate.wait(60):
+                raise RuntimeError("test gate never opened")
+        return super().forward(x)
+
+    def threads_of(self, suffix: str) -> set[tuple[frozenset[int], int]]:
+        """(affinity, torch threads) of every call made on the replica whose thread ends so."""
+        with self._lock:
+            return {(cpus, n) for name, cpus, n in self.calls if name.endswith(suffix)}

@@ -61,8 +61,8 @@ def test_waiting_requests_form_one_padded_batch(start_runtime, client_for):
     assert [(b.size, b.bucket, b.chunks) for b in batches] == [(1, 1, 1), (7, 8, 7)]
     assert m.sizes == {8: 1}  # padded to the warmed bucket, not run at an unwarmed 7
     text = rt.runtime.metrics.render().decode()
-    assert metric_value(text, "torchfleet_batch_size_count") == 2
-    assert metric_value(text, "torchfleet_batch_size_sum") == 8
+    assert metric_value(text, "torchfleet_batch_size_count", 'device="cpu"') == 2
+    assert metric_value(text, "torchfleet_batch_size_sum", 'device="cpu"') == 8
 
 
 class _Doubler:
@@ -174,15 +174,15 @@ def test_fill_or_timeout_decisions_with_a_fake_clock():
     b.submit(torch.zeros(1, 4))
     b.submit(torch.zeros(2, 4))
     clock.now += 0.011  # past the oldest chunk's deadline: go with what is there
-    chunks, reason = b._next_batch()
+    chunks, reason = b.next_batch(b.workers[0])
     assert ([c.n for c in chunks], reason) == ([1, 2], "deadline")
 
     b.submit(torch.zeros(3, 4))
     b.submit(torch.zeros(2, 4))  # 3 + 2 > cap 4: the first goes alone, at once, before its deadline
-    chunks, reason = b._next_batch()
+    chunks, reason = b.next_batch(b.workers[0])
     assert ([c.n for c in chunks], reason) == ([3], "full")
     clock.now += 1
-    chunks, reason = b._next_batch()
+    chunks, reason = b.next_batch(b.workers[0])
     assert ([c.n for c in chunks], reason, b.queued) == ([2], "deadline", 0)
 
     b.submit(torch.zeros(9, 4))  # larger than the cap: split into chunks of the cap
@@ -197,17 +197,17 @@ def test_waiting_only_for_requests_on_their_way_with_a_fake_clock():
     b.expect()
     b.submit(torch.zeros(1, 4), expected=True)  # one more is being received: wait for it...
     clock.now += 0.011  # ...but never past the delay bound
-    chunks, reason = b._next_batch()
+    chunks, reason = b.next_batch(b.workers[0])
     assert ([c.n for c in chunks], reason) == ([1], "deadline")
 
     b.submit(torch.zeros(1, 4), expected=True)  # the last announced one: nobody else is coming
-    chunks, reason = b._next_batch()
+    chunks, reason = b.next_batch(b.workers[0])
     assert ([c.n for c in chunks], reason) == ([1], "idle")
 
     b.expect()
     b.submit(torch.zeros(1, 4))  # announced request failed to decode: unexpect() releases the wait
     b.unexpect()
-    chunks, reason = b._next_batch()
+    chunks, reason = b.next_batch(b.workers[0])
     assert ([c.n for c in chunks], reason) == ([1], "idle")
 
 
@@ -228,7 +228,7 @@ def test_abort_fails_the_running_and_the_queued_requests_once_and_stops_the_work
         with pytest.raises(RuntimeError, match="cut off"):
             r.result(0)
     m.gate.set()  # the model returns: its outputs are dropped, the callbacks do not run again
-    b._thread.join(10)
+    b.close(10)  # joins the worker, which the abort stopped
     assert not b.is_alive() and sorted(calls) == ["queued", "running"]
     assert m.sizes[2] == 0  # no queued chunk ran after the abort
     assert m.sizes[1] == 1
@@ -265,7 +265,10 @@ def test_oom_frees_splits_retries_and_lowers_the_cap(start_runtime, client_for):
     assert m.oom_raised == 2  # at 8, then at 4; never again once the cap is 2
     assert rt.runtime.batcher.cap == 2 and c.get_json("/v1/model")[1]["max_batch_size"] == 2
     assert (
-        metric_value(rt.runtime.metrics.render().decode(), "torchfleet_oom_recoveries_total") == 2
+        metric_value(
+            rt.runtime.metrics.render().decode(), "torchfleet_oom_recoveries_total", 'device="cpu"'
+        )
+        == 2
     )
 
     m.oom_above = 0  # even one instance does not fit: a 503 naming the problem, not a crash

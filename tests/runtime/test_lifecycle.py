@@ -196,7 +196,7 @@ def test_a_torchscript_batch_running_past_the_drain_timeout_exits_0(demo_model):
 
         def batches_run() -> float:
             return metric_value(
-                c.call("GET", "/metrics")[2].decode(), "torchfleet_batch_size_count"
+                c.call("GET", "/metrics")[2].decode(), "torchfleet_batch_size_count", 'device="cpu"'
             )
 
         wait_until(lambda: batches_run() >= 2, "the batcher to be busy with the big request", 60)

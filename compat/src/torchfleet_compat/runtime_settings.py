@@ -32,6 +32,7 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 8080
     device: str = "auto"
+    devices: Any = "auto"  # "auto" | "all" | a tuple of replicas, each a tuple of device ids
     precision: str = "fp32"
     optimize: str = "auto"
     max_batch_size: int | None = None
@@ -149,6 +150,52 @@ def _as_shape(v: Any) -> tuple[int, ...]:
     return dims
 
 
+# One replica's device ids: a GPU index, or a CPU set written as N or N-M (a range).
+_ID_RANGE_RE = re.compile(r"(\d+)(?:-(\d+))?$")
+MAX_REPLICAS = 64
+
+
+def _as_id_set(v: Any) -> tuple[int, ...]:
+    """One replica: an integer, "N-M", or (YAML) a list of integers."""
+    if isinstance(v, (list, tuple)):
+        ids = tuple(_as_int(i) for i in v)
+    elif isinstance(v, int) and not isinstance(v, bool):
+        ids = (v,)
+    elif isinstance(v, str) and _ID_RANGE_RE.match(v.strip()):
+        m = _ID_RANGE_RE.match(v.strip())
+        assert m is not None
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise ValueError(f"the range {v} runs backwards")
+        ids = tuple(range(lo, hi + 1))
+    else:
+        raise ValueError(f"{v!r} is not a device id, N-M or a list of ids")
+    if not ids or any(i < 0 for i in ids):
+        raise ValueError("device ids are integers >= 0")
+    return ids
+
+
+def _as_devices(v: Any) -> str | tuple[tuple[int, ...], ...]:
+    """auto | all | replicas: YAML [0, 2] or [[0, 1], [2, 3]]; env/flags "0,2" or "0-1,2-3"."""
+    if isinstance(v, str) and v.strip().lower() in ("auto", "all"):
+        return v.strip().lower()
+    if isinstance(v, str):
+        v = [p for p in re.split(r"[,\s]+", v.strip().strip("[]")) if p]
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = [v]
+    if not isinstance(v, (list, tuple)) or not v:
+        raise ValueError("expected auto, all or a list of device ids")
+    replicas = tuple(_as_id_set(item) for item in v)
+    seen: set[int] = set()
+    for ids in replicas:
+        if seen & set(ids):
+            raise ValueError(f"device {sorted(seen & set(ids))[0]} is in two replicas")
+        seen.update(ids)
+    if len(replicas) > MAX_REPLICAS:
+        raise ValueError(f"{len(replicas)} replicas; at most {MAX_REPLICAS}")
+    return replicas
+
+
 @dataclass(frozen=True)
 class _Field:
     parse: Callable[[Any], Any]
@@ -190,6 +237,13 @@ FIELDS: dict[str, _Field] = {
     ),
     "device": _Field(
         _as_str, "auto, cpu, cuda or cuda:N", lambda v: _DEVICE_RE.match(v) is not None
+    ),
+    "devices": _Field(
+        _as_devices,
+        "auto, all, or a list of replicas: GPU indices [0, 2], or CPU sets [0, 1] / "
+        '["0-1", "2-3"] (env and flags: 0,2 or 0-1,2-3)',
+        help="one model replica per device: auto (every visible GPU; on CPU one replica over "
+        "every usable CPU), all (every GPU; on CPU one replica per CPU), or a list",
     ),
     "precision": _choice("fp32", "fp16", "bf16"),
     "optimize": _choice(

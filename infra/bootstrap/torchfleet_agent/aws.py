@@ -12,6 +12,7 @@ from . import boot
 from .boot import NodeConfig
 from .cloud import Identity, Metrics
 from .imds import Imds
+from .metrics import REQUEST_METRIC
 
 
 class Aws:
@@ -72,7 +73,7 @@ class Aws:
                 {"MetricName": name, "Dimensions": dims, "Value": float(value), "Unit": unit}
                 # the load balancer counts each target's requests itself
                 for name, (value, unit) in sorted(values.items())
-                if name != "RequestRate"
+                if name != REQUEST_METRIC
             ],
         )
 

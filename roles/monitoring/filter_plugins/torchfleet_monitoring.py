@@ -219,7 +219,8 @@ def torchfleet_alertmanager_config(settings: Mapping[str, Any]) -> dict[str, Any
         }
     # Spare people the echoes of one cause: a node the cloud is reclaiming is expected to go
     # not-ready and dark; a stack with no ready node says more than each node's alert; a
-    # stopped runtime is a not-ready node first and a dead scrape target second.
+    # stopped runtime is a not-ready node first and a dead scrape target second; a degraded node
+    # (a replica down) is not ready because of it.
     config["inhibit_rules"] = [
         {
             "source_matchers": ['alertname="TorchfleetSpotInterruptionNotice"'],
@@ -234,6 +235,11 @@ def torchfleet_alertmanager_config(settings: Mapping[str, Any]) -> dict[str, Any
         {
             "source_matchers": ['alertname="TorchfleetNodeNotReady"'],
             "target_matchers": ['alertname="TorchfleetTargetDown"', f'job="{RUNTIME_JOB}"'],
+            "equal": ["stack", "node"],
+        },
+        {
+            "source_matchers": ['alertname="TorchfleetReplicaDown"'],
+            "target_matchers": ['alertname="TorchfleetNodeNotReady"'],
             "equal": ["stack", "node"],
         },
     ]

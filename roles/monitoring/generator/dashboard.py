@@ -290,8 +290,101 @@ ROWS: tuple[RowSpec, ...] = (
                 ),
                 unit="percentunit",
                 width=12,
-                threshold=0.6,
-                description="Used / total per GPU. Alert over the 60 % watermark.",
+                description="Used / total per GPU (nvidia-smi). The runtime fills a GPU up to "
+                "its memory_fraction on purpose: the memory alerts are in the next row.",
+            ),
+        ),
+    ),
+    RowSpec(
+        "One node",
+        (
+            PanelSpec(
+                "p99 against a day earlier",
+                "timeseries",
+                (
+                    Target(
+                        f"node:torchfleet_request_duration_seconds:p99_rate5m{{{SN}}}",
+                        "{{node}} now",
+                    ),
+                    Target(
+                        f"node:torchfleet_request_duration_seconds:p99_rate5m{{{SN}}} offset 1d",
+                        "{{node}} a day earlier",
+                    ),
+                ),
+                unit="s",
+                description="TorchfleetLatencySpike fires when now is 20 % above a day earlier "
+                "for 10 min. Pick the node in the Node variable.",
+            ),
+            PanelSpec(
+                "Mean time per stage, now and a day earlier",
+                "timeseries",
+                (
+                    Target(
+                        f"node_stage:torchfleet_stage_duration_seconds:mean_rate5m{{{SN}}}",
+                        "{{node}} {{stage}}",
+                    ),
+                    Target(
+                        f"node_stage:torchfleet_stage_duration_seconds:mean_rate5m{{{SN}}} "
+                        "offset 1d",
+                        "{{node}} {{stage}} a day earlier",
+                    ),
+                ),
+                unit="s",
+                description="The stage that grew is where the spike comes from.",
+            ),
+            PanelSpec(
+                "Replica busy share",
+                "timeseries",
+                (
+                    Target(
+                        f"node_device:torchfleet_replica_busy:ratio_rate5m{{{SN}}}",
+                        "{{node}} {{device}}",
+                    ),
+                ),
+                unit="percentunit",
+                description="Seconds each model replica spent running batches, per second.",
+            ),
+            PanelSpec(
+                "CUDA allocator: reserved share and the sizing",
+                "timeseries",
+                (
+                    Target(
+                        f"node_device:torchfleet_cuda_memory_reserved:ratio{{{SN}}}",
+                        "{{node}} {{device}} reserved",
+                    ),
+                    Target(f"torchfleet_memory_fraction{{{SN}}}", "{{node}} {{device}} sizing"),
+                ),
+                unit="percentunit",
+                description="TorchfleetGpuMemoryAboveSizing: reserved over the sizing + 5 points "
+                "for 10 min.",
+            ),
+            PanelSpec(
+                "CUDA allocator: fragmentation",
+                "timeseries",
+                (
+                    Target(
+                        f"node_device:torchfleet_cuda_memory_fragmentation:ratio{{{SN}}}",
+                        "{{node}} {{device}}",
+                    ),
+                ),
+                unit="percentunit",
+                threshold=0.3,
+                description="Inactive split bytes / reserved. Alert over 30 % for 15 min.",
+            ),
+            PanelSpec(
+                "CUDA allocator: retries and OOMs (10 min)",
+                "timeseries",
+                (
+                    Target(
+                        f"sum by (node, device) (increase(torchfleet_cuda_alloc_retries_total{{{SN}}}[10m]))",
+                        "{{node}} {{device}} retries",
+                    ),
+                    Target(
+                        f"sum by (node, device) (increase(torchfleet_cuda_ooms_total{{{SN}}}[10m]))",
+                        "{{node}} {{device}} OOMs",
+                    ),
+                ),
+                description="Any retry stalls a batch; an OOM lowers the node's batch cap.",
             ),
         ),
     ),

@@ -36,12 +36,13 @@ from .service import Runtime
 log = logging.getLogger(__name__)
 
 CUT_OFF_GRACE_S = 1.0  # longest wait for the 503s of a timed-out drain to be written
+# threads that run torch (a replica's worker is torchfleet-batcher or torchfleet-batcher-<device>)
 MODEL_THREADS = (
     "torchfleet-batcher",
     "torchfleet-warmup",
     "torchfleet-reload",
     "torchfleet-shadow",
-)  # threads that run torch
+)
 
 
 class Service:
@@ -158,5 +159,7 @@ class Service:
         """This process's threads that may still be inside torch once serve_until_stopped() has
         returned: a batch that outlived the drain, a warm-up or a reload a signal cut short."""
         return sorted(
-            t.name for t in threading.enumerate() if t.name in MODEL_THREADS and t.is_alive()
+            t.name
+            for t in threading.enumerate()
+            if t.name.startswith(MODEL_THREADS) and t.is_alive()
         )

@@ -1,4 +1,4 @@
-"""The dynamic batcher: a bounded queue and one worker that forms, pads, runs and splits batches.
+"""The dynamic batcher: one bounded queue that every replica's worker takes its batches from.
 
 Contract (the shape of LitServe's loop and BentoML's dispatcher, kept self-contained):
 - `submit(tensor)` splits a request into chunks of at most the cap, admits them only if the
@@ -7,44 +7,61 @@ Contract (the shape of LitServe's loop and BentoML's dispatcher, kept self-conta
   `Request` whose `result()` (or done callback) joins the chunks' outputs in order.
 - `max_queue` bounds instances waiting, whatever the size of one request; it is at least the
   cap, so one full batch is always admissible.
-- The worker takes the oldest chunk, then keeps adding chunks until the batch holds `cap`
+- Workers (worker.py, one per model replica) ask `next_batch`. One idle worker at a time forms
+  a batch: it takes the oldest chunk, then keeps adding chunks until the batch holds `cap`
   instances, the next chunk would overflow it, or `max_delay` has passed since the oldest chunk
   arrived (fill-or-timeout). With `wait_for_arrivals` (the server's default, config
   `batch_wait: arrivals`) it waits only while other requests are being received (announced
   with `expect()`, not yet submitted): a lone request at low load runs at once instead of
-  paying `max_delay` for company that is not coming. It pads the batch to the nearest warmed bucket, so the model only
-  sees shapes warm-up ran, runs it, and hands each chunk its rows.
-- Padding or trimming: with the buckets' measured run times (`bucket_seconds`, warm-up's
-  fastest runs), a batch that falls between two buckets is cut down to the lower one when that
-  serves more instances per second than padding up (more requests are waiting) or ends sooner
-  for every request (nothing else is coming); the rest stays at the head of the queue for the
-  next batch. Closed-loop clients at c=32 with a cap of 32 left batches of 17-31 padded to 32:
-  up to half of every run was zeros. Without times (none measured) it always pads.
-- Torch threads: with a `ThreadTuner` (threadtune.py) the worker runs each batch with the
-  intra-op thread count it asks for, set in the worker's own thread, and reports the batch back.
-- CUDA out of memory: free the cache, lower the cap below the failing bucket, split the batch in
-  halves and retry; only a single instance that does not fit alone fails (`OutOfMemory`).
+  paying `max_delay` for company that is not coming. Every queue change wakes every waiting
+  worker, so while one replica runs a batch an idle one takes the next request at once: a
+  request never waits for a busy replica while another is idle (longer than a thread's wake-up,
+  plus `max_delay` with `batch_wait: always`). The worker pads the batch to the nearest warmed
+  bucket (the buckets and the cap are shared: every replica warmed them), runs it, and hands
+  each chunk its rows.
+- Padding or trimming: with the buckets' measured run times (the forming worker's
+  `bucket_seconds`, warm-up's fastest runs), a batch that falls between two buckets is cut
+  down to the lower one when that serves more instances per second than padding up (more
+  requests are waiting) or ends sooner for every request (nothing else is coming); the rest
+  stays at the head of the queue for the next batch. Closed-loop clients at c=32 with a cap of
+  32 left batches of 17-31 padded to 32: up to half of every run was zeros. Without times (none
+  measured) it always pads.
+- A worker whose replica is lost (worker.py) leaves: `on_lost(worker)` reports it, the others
+  go on; when none is left the queue is failed with `ReplicaLost` at once.
 """
 
 from __future__ import annotations
 
 import collections
+import collections.abc
 import logging
 import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
-from . import compat
 from .metrics import Metrics
 from .model import Predictor
-from .tensors import Outputs, bucket_for, concat_outputs, split_outputs
+from .tensors import Outputs, bucket_for, concat_outputs
 from .threadtune import ThreadTuner
+from .worker import BatchInfo, OutOfMemory, ReplicaLost, Worker
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "BatchInfo",
+    "Batcher",
+    "OutOfMemory",
+    "QueueFull",
+    "ReplicaLost",
+    "Request",
+    "Stopped",
+    "TooLarge",
+    "Worker",
+]
 
 
 class TooLarge(Exception):
@@ -59,26 +76,8 @@ class QueueFull(Exception):
         self.retry_after_s = retry_after_s
 
 
-class OutOfMemory(Exception):
-    """One instance alone does not fit in device memory."""
-
-
 class Stopped(Exception):
     """The batcher is closed; no more work is accepted."""
-
-
-@dataclass(frozen=True)
-class BatchInfo:
-    """What one model run looked like; passed to `on_batch` hooks (tests, logging)."""
-
-    size: int  # real instances
-    bucket: int  # size after padding
-    chunks: int
-    # "full": cap reached or next chunk would overflow; "deadline": max_delay passed; "idle": no
-    # other request on its way (wait_for_arrivals); "draining"
-    reason: str
-    oldest_wait_s: float
-    model_s: float = 0.0  # the forward with its pad and split
 
 
 class Request:
@@ -95,11 +94,13 @@ class Request:
         self._callbacks: list[Callable[[], None]] = []
         self.enqueued_at = 0.0
         self.started_at: float | None = None  # when the first of its batches began
+        self.device = ""  # the replica that ran (the first of) its batches
         self.model_s = 0.0  # seconds of the model runs that carried its chunks
 
-    def _started(self, at: float) -> None:
+    def _started(self, at: float, device: str) -> None:
         if self.started_at is None or at < self.started_at:
             self.started_at = at
+            self.device = device
 
     def _finish(self) -> None:
         self._done.set()
@@ -162,7 +163,7 @@ class _Chunk:
 class Batcher:
     def __init__(
         self,
-        predictor: Predictor,
+        predictor: Predictor | Sequence[Worker],
         buckets: list[int],
         max_delay_s: float,
         max_queue: int,
@@ -173,32 +174,36 @@ class Batcher:
         thread_tuner: ThreadTuner | None = None,
         quiet: bool = False,
     ) -> None:
-        self._predictor = predictor
-        self._quiet = (
-            quiet  # a failing batch logged at debug: a shadow candidate's failures are counted
-        )
-        self.thread_tuner = thread_tuner
-        self._threads = 0  # the intra-op count this worker last set (0: as it found it)
+        # a failing batch is logged at debug: a shadow candidate's failures are counted instead
+        self.quiet = quiet
+        """`predictor`: one replica's (a worker is made for it with `bucket_seconds` and
+        `thread_tuner`), or the workers of every replica."""
+        if isinstance(predictor, collections.abc.Sequence):
+            workers: list[Worker] = list(predictor)
+        else:
+            workers = [Worker(predictor, "", bucket_seconds, thread_tuner)]
+        self.workers = workers
+        for w in workers:
+            w.batcher = self
         self.buckets = list(buckets)
-        self._bucket_s = dict(bucket_seconds or {})  # bucket -> seconds of one run (warm-up)
         self.max_delay_s = max_delay_s
         # A single full batch must always be admissible, whatever max_queue says.
         self.max_queue = max(max_queue, self.buckets[-1])
-        self._metrics = metrics
-        self._clock = clock
+        self._metrics: Metrics | None = None
+        self.clock = clock
         self._queue: collections.deque[_Chunk] = collections.deque()
         self._queued = 0  # instances in the queue
-        self._cond = threading.Condition()
+        self.cond = threading.Condition()
         self._stopping = False
         self._wait_for_arrivals = wait_for_arrivals
         self._expected = 0  # requests being received: announced by expect(), not yet submitted
+        self._forming: Worker | None = None  # the worker filling the next batch
         self._seconds_per_instance = 0.0  # EWMA, for Retry-After
-        self.busy_since: float | None = None  # monotonic start of the running batch
-        self._running: list[_Chunk] = []  # the chunks of the running batch (abort fails them)
         self.on_batch: list[Callable[[BatchInfo], None]] = []
-        self._thread: threading.Thread | None = (
-            None  # the worker: start() makes one, serve_here() is one
-        )
+        self.on_lost: list[Callable[[Worker], None]] = []
+        self._threads: dict[int, threading.Thread] = {}  # worker index -> its thread
+        if metrics is not None:
+            self.attach_metrics(metrics)
 
     # --- public -----------------------------------------------------------------------------
 
@@ -207,64 +212,84 @@ class Batcher:
         return self.buckets[-1]
 
     @property
+    def thread_tuner(self) -> ThreadTuner | None:
+        return self.workers[0].thread_tuner
+
+    @property
     def threads(self) -> int:
-        """The intra-op thread count this worker set last (0: never set one)."""
-        return self._threads
+        """The intra-op thread count the first worker set last (0: never set one)."""
+        return self.workers[0].threads
+
+    @property
+    def busy_since(self) -> float | None:
+        """When the longest-running batch of any replica began (None: all idle)."""
+        times = [w.busy_since for w in self.workers if w.busy_since is not None]
+        return min(times) if times else None
 
     @property
     def queued(self) -> int:
         return self._queued
 
+    def live_workers(self) -> list[Worker]:
+        return [w for w in self.workers if w.lost is None]
+
     def is_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        """Some worker's thread runs (a lost replica's has ended)."""
+        return any(t.is_alive() for t in self._threads.values())
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._loop, name="torchfleet-batcher", daemon=True
-            )
-            self._thread.start()
+        """A thread per worker (tests; the runtime serves each in the thread that warmed it)."""
+        for i, w in enumerate(self.workers):
+            if i not in self._threads:
+                t = threading.Thread(
+                    target=w.loop, name=thread_name(w.label, len(self.workers)), daemon=True
+                )
+                self._threads[i] = t
+                t.start()
 
-    def serve_here(self) -> None:
-        """Run the worker loop in the calling thread until close(). The runtime warms a model in
-        the thread that will serve it: OpenMP thread teams and TorchScript's per-thread state
-        belong to the calling thread, so a model warmed in another thread pays for them again on
-        its first real batch."""
-        self._thread = threading.current_thread()
-        self._loop()
+    def serve_here(self, index: int = 0) -> None:
+        """Run worker `index`'s loop in the calling thread until close(). The runtime warms a
+        replica in the thread that will serve it: OpenMP thread teams and TorchScript's
+        per-thread state belong to the calling thread, so a model warmed in another thread pays
+        for them again on its first real batch."""
+        self._threads[index] = threading.current_thread()
+        self.workers[index].loop()
 
-    def run_now(self, tensor: torch.Tensor) -> Outputs:
-        """Pad, run and split `tensor` in the caller's thread, bypassing the queue and its delay
-        (the start-up self-test; only before start(), as the model is not thread-safe)."""
-        if self._thread is not None:
+    def run_now(self, tensor: torch.Tensor, index: int = 0) -> Outputs:
+        """Pad, run and split `tensor` on worker `index` in the caller's thread, bypassing the
+        queue and its delay (the start-up self-test; only before that worker serves, as a model
+        is not thread-safe)."""
+        if index in self._threads:
             raise RuntimeError("run_now() is only allowed before the worker starts")
-        return self._run_split(tensor)
+        return self.workers[index].run_split(tensor)
 
     def attach_metrics(self, metrics: Metrics) -> None:
         self._metrics = metrics
         metrics.batch_cap.set(self.cap)
-        metrics.torch_threads.set(self._threads or torch.get_num_threads())
+        for w in self.workers:
+            w.metrics = metrics.device(w.label)
+            w.metrics.torch_threads.set(w.threads or torch.get_num_threads())
 
     def expect(self) -> None:
         """A request has started to arrive (its body is being read and decoded). Pair it with
         `submit(..., expected=True)` or, if the request fails before that, `unexpect()`."""
-        with self._cond:
+        with self.cond:
             self._expected += 1
 
     def unexpect(self) -> None:
-        with self._cond:
+        with self.cond:
             self._expected -= 1
-            self._cond.notify()
+            self.cond.notify_all()
 
     def submit(self, tensor: torch.Tensor, expected: bool = False) -> Request:
         n = int(tensor.shape[0])
         cap = self.cap
         pieces = [tensor[i : i + cap] for i in range(0, n, cap)]
         request = Request(len(pieces))
-        with self._cond:
+        with self.cond:
             if expected:  # it has arrived, whether or not it is admitted
                 self._expected -= 1
-                self._cond.notify()
+                self.cond.notify_all()
             if self._stopping:
                 raise Stopped("the batcher is stopping")
             if n > self.max_queue:
@@ -274,44 +299,68 @@ class Batcher:
                 )
             if self._queued + n > self.max_queue:
                 raise QueueFull(self._retry_after(), self._queued, self.max_queue)
-            now = self._clock()
+            now = self.clock()
             request.enqueued_at = now
             for i, piece in enumerate(pieces):
                 self._queue.append(_Chunk(request, i, piece, now))
             self._queued += n
             self._set_depth()
-            self._cond.notify()
+            self.cond.notify_all()
         return request
 
     def close(self, timeout: float | None = None) -> None:
-        """Stop accepting work, finish what is queued, stop the worker."""
-        with self._cond:
+        """Stop accepting work, finish what is queued, stop every worker."""
+        with self.cond:
             self._stopping = True
-            self._cond.notify_all()
-        t = self._thread
-        if t is not None and t is not threading.current_thread() and t.is_alive():
-            t.join(timeout)
+            self.cond.notify_all()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in list(self._threads.values()):
+            if t is not threading.current_thread() and t.is_alive():
+                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def abort(self, exc: BaseException) -> int:
-        """Stop now: fail every queued request and the running batch's with `exc` (their callers
-        are answered at once) and stop the worker after its current model run, whose outputs are
-        dropped. The end of a drain that timed out; returns how many requests were failed."""
-        with self._cond:
+        """Stop now: fail every queued request and every running batch's with `exc` (their
+        callers are answered at once) and stop the workers after their current model runs,
+        whose outputs are dropped. The end of a drain that timed out; returns how many requests
+        were failed."""
+        with self.cond:
             self._stopping = True
-            chunks = list(self._queue) + list(self._running)
+            chunks = list(self._queue) + [c for w in self.workers for c in w.running]
             self._queue.clear()
             self._queued = 0
             self._set_depth()
-            self._cond.notify_all()
+            self.cond.notify_all()
         failed = {id(c.request): c.request for c in chunks}
         for request in failed.values():
             request._fail(exc)
         return len(failed)
 
-    # --- the worker ---------------------------------------------------------------------------
+    # --- used by the workers -----------------------------------------------------------------
+
+    def ran(self, size: int, elapsed: float) -> None:
+        """One batch of `size` instances took `elapsed` seconds (for Retry-After)."""
+        self._seconds_per_instance = 0.8 * self._seconds_per_instance + 0.2 * elapsed / size
+
+    def worker_lost(self, worker: Worker) -> None:
+        """`worker`'s replica left (its loop has returned): tell the runtime; with no worker
+        left, fail what waits instead of letting it wait for nobody."""
+        log.error("replica %s left: %s", worker.label, worker.lost)
+        for hook in self.on_lost:
+            hook(worker)
+        if not self.live_workers():
+            self.abort(ReplicaLost("every replica of this node has failed; retry another node"))
+
+    def lower_cap(self, below: int) -> None:
+        kept = [b for b in self.buckets if b < below] or [1]
+        if kept != self.buckets:
+            log.warning("out of memory at batch %d: the batch cap is now %d", below, kept[-1])
+            self.buckets = kept
+            if self._metrics is not None:
+                self._metrics.batch_cap.set(self.cap)
 
     def _retry_after(self) -> int:
-        return max(1, math.ceil(self._queued * self._seconds_per_instance))
+        live = max(1, len(self.live_workers()))
+        return max(1, math.ceil(self._queued * self._seconds_per_instance / live))
 
     def _set_depth(self) -> None:
         if self._metrics is not None:
@@ -327,52 +376,59 @@ class Batcher:
             size += chunk.n
         return take, size
 
-    def _next_batch(self) -> tuple[list[_Chunk], str] | None:
-        with self._cond:
-            while not self._queue:
-                if self._stopping:
+    def next_batch(self, worker: Worker) -> tuple[list[_Chunk], str] | None:
+        """The next batch for `worker` (blocking), or None once closed and empty."""
+        with self.cond:
+            while not self._queue or self._forming is not None:
+                if self._stopping and not self._queue:
                     return None
-                self._cond.wait()
-            deadline = self._queue[0].enqueued_at + self.max_delay_s
-            while True:
+                self.cond.wait()
+            self._forming = worker
+            try:
+                reason = self._fill()
                 take, size = self._fitting()
-                if size >= self.cap or take < len(self._queue):
-                    reason = "full"
-                    break
-                if self._stopping:
-                    reason = "draining"
-                    break
-                if self._wait_for_arrivals and self._expected <= 0:
-                    reason = "idle"
-                    break
-                remaining = deadline - self._clock()
-                if remaining <= 0:
-                    reason = "deadline"
-                    break
-                self._cond.wait(remaining)
-            take, size = self._trimmed(
-                take, size, more=take < len(self._queue) or self._expected > 0
-            )
-            chunks = [self._queue.popleft() for _ in range(take)]
-            self._queued -= size
-            self._set_depth()
-            self._running = chunks
+                take, size = self._trimmed(
+                    worker, take, size, more=take < len(self._queue) or self._expected > 0
+                )
+                chunks = [self._queue.popleft() for _ in range(take)]
+                self._queued -= size
+                self._set_depth()
+                worker.running = chunks
+            finally:
+                self._forming = None
+                self.cond.notify_all()  # what is left is for another idle worker
             return chunks, reason
 
-    def _trimmed(self, take: int, size: int, more: bool) -> tuple[int, int]:
+    def _fill(self) -> str:
+        """Wait (holding `cond`, which wait() releases) until the head batch should run; why."""
+        deadline = self._queue[0].enqueued_at + self.max_delay_s
+        while True:
+            take, size = self._fitting()
+            if size >= self.cap or take < len(self._queue):
+                return "full"
+            if self._stopping:
+                return "draining"
+            if self._wait_for_arrivals and self._expected <= 0:
+                return "idle"
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                return "deadline"
+            self.cond.wait(remaining)
+
+    def _trimmed(self, worker: Worker, take: int, size: int, more: bool) -> tuple[int, int]:
         """The head chunks to run: all `take` of them padded up to their bucket, or fewer that
         fill the bucket below when the measured run times say that is better (module doc)."""
-        if size > self.cap:  # one chunk from before the cap was lowered: _run_split cuts it
+        if size > self.cap:  # one chunk from before the cap was lowered: run_split cuts it
             return take, size
         upper = bucket_for(size, self.buckets)
         lower = max(b for b in self.buckets if b <= size)
-        t_up, t_low = self._bucket_s.get(upper), self._bucket_s.get(lower)
+        t_up, t_low = worker.bucket_s.get(upper), worker.bucket_s.get(lower)
         if upper == size or t_up is None or t_low is None:
             return take, size
         if more:  # the leftover joins company in the next batch: compare instances per second
             better = lower / t_low > size / t_up
         else:  # the leftover runs right after: trimming must finish everyone sooner
-            t_rest = self._bucket_s.get(bucket_for(size - lower, self.buckets))
+            t_rest = worker.bucket_s.get(bucket_for(size - lower, self.buckets))
             better = t_rest is not None and t_low + t_rest < t_up
         if not better:
             return take, size
@@ -384,128 +440,8 @@ class Batcher:
             n += chunk.n
         return (k, n) if k else (take, size)
 
-    def _loop(self) -> None:
-        while True:
-            nxt = self._next_batch()
-            if nxt is None:
-                return
-            chunks, reason = nxt
-            self._run(chunks, reason)
 
-    def _run(self, chunks: list[_Chunk], reason: str) -> None:
-        start = self._clock()
-        self.busy_since = start
-        size = sum(c.n for c in chunks)
-        for c in chunks:
-            c.request._started(start)
-        model_s = 0.0
-        failure: BaseException | None = None
-        outputs = None
-        tuner = self.thread_tuner
-        if tuner is not None:
-            self._set_threads(tuner.threads(start))
-        try:
-            inputs = chunks[0].tensor if len(chunks) == 1 else torch.cat([c.tensor for c in chunks])
-            t0 = time.perf_counter()
-            outputs = self._run_split(inputs)
-            model_s = time.perf_counter() - t0
-            if tuner is not None:
-                self._tuned(tuner, size, start)
-        except (
-            BaseException
-        ) as exc:  # the model's failure is every caller's failure, never the worker's
-            log.log(
-                logging.DEBUG if self._quiet else logging.ERROR,
-                "batch of %d failed: %s",
-                size,
-                exc,
-                exc_info=not isinstance(exc, OutOfMemory),
-            )
-            failure = exc
-        finally:
-            elapsed = self._clock() - start
-            self._seconds_per_instance = 0.8 * self._seconds_per_instance + 0.2 * elapsed / size
-            self.busy_since = None
-            with self._cond:
-                self._running = []
-        # metrics and hooks before the answers: a client that saw its answer finds its batch counted
-        if failure is None and self._metrics is not None:
-            self._metrics.batch_size.observe(size)
-            self._metrics.stage_of["model"].observe(model_s)
-        if self.on_batch:
-            info = BatchInfo(
-                size,
-                bucket_for(min(size, self.cap), self.buckets),
-                len(chunks),
-                reason,
-                start - chunks[0].enqueued_at,
-                model_s,
-            )
-            for hook in self.on_batch:
-                hook(info)
-        if failure is not None:
-            for c in chunks:
-                c.request._fail(failure)
-            return
-        offset = 0
-        counted: set[int] = set()  # a request with several chunks in this batch ran once
-        for c in chunks:
-            first = id(c.request) not in counted
-            counted.add(id(c.request))
-            c.request._deliver(
-                c.index, split_outputs(outputs, offset, offset + c.n), model_s if first else 0.0
-            )
-            offset += c.n
-
-    def _set_threads(self, n: int) -> None:
-        if n != self._threads:
-            torch.set_num_threads(n)  # OpenMP keeps it per thread: this worker's runs only
-            self._threads = n
-            if self._metrics is not None:
-                self._metrics.torch_threads.set(n)
-
-    def _tuned(self, tuner: ThreadTuner, size: int, start: float) -> None:
-        if tuner.record(size, start, self._clock()):
-            v = tuner.last
-            log.log(
-                logging.INFO if v["changed"] else logging.DEBUG,
-                "torch threads under this load: %d (instances/s served by thread count: %s)",
-                v["threads"],
-                v["items_per_s"],
-            )
-
-    def _run_split(self, inputs: torch.Tensor) -> Outputs:
-        n = int(inputs.shape[0])
-        if n > self.cap:  # the cap was lowered after this batch formed
-            return concat_outputs(
-                [self._run_split(inputs[i : i + self.cap]) for i in range(0, n, self.cap)]
-            )
-        bucket = bucket_for(n, self.buckets)
-        padded = inputs
-        if bucket > n:
-            padded = torch.cat([inputs, inputs.new_zeros((bucket - n, *inputs.shape[1:]))])
-        try:
-            outputs = self._predictor(padded)
-        except RuntimeError as exc:
-            if not compat.is_oom(exc):
-                raise
-            compat.cuda_empty_cache()
-            if self._metrics is not None:
-                self._metrics.oom.inc()
-            if bucket == 1:
-                raise OutOfMemory("one instance does not fit in device memory") from None
-            self._lower_cap(below=bucket)
-            if n == 1:
-                return self._run_split(inputs)
-            half = (n + 1) // 2
-            log.warning("out of memory at batch %d: split into %d + %d", bucket, half, n - half)
-            return concat_outputs([self._run_split(inputs[:half]), self._run_split(inputs[half:])])
-        return outputs if bucket == n else split_outputs(outputs, 0, n)
-
-    def _lower_cap(self, below: int) -> None:
-        kept = [b for b in self.buckets if b < below] or [1]
-        if kept != self.buckets:
-            log.warning("out of memory at batch %d: the batch cap is now %d", below, kept[-1])
-            self.buckets = kept
-            if self._metrics is not None:
-                self._metrics.batch_cap.set(self.cap)
+def thread_name(label: str, replicas: int) -> str:
+    """A worker thread's name: "torchfleet-batcher", with its replica's label when there are
+    several (the app finds threads still in torch by this prefix)."""
+    return "torchfleet-batcher" if replicas <= 1 else f"torchfleet-batcher-{label}"

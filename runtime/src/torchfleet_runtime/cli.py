@@ -1,8 +1,9 @@
-"""`torchfleet-runtime serve | check | demo-model`.
+"""`torchfleet-runtime serve | check | diagnose | demo-model`.
 
 `check` is torchfleet-compat's (torchfleet_compat.check, on that package's one probe and one
-judge), imported only when chosen so `serve` starts without it; it exposes configure_parser(parser)
-and run(args) -> int. The load generator is not part of the node package: it runs on the
+judge) and `diagnose` asks a running runtime what on-call needs (diagnose.py); each is imported
+only when chosen so `serve` starts without it, and exposes configure_parser(parser) and
+run(args) -> int. The load generator is not part of the node package: it runs on the
 controller (`torchfleet-bench load URL`, benchmarks/).
 """
 
@@ -24,6 +25,10 @@ PLUGINS = {
     "check": (
         "torchfleet_compat.check",
         "check this node: torch, CUDA, driver, GPU, disk, memory",
+    ),
+    "diagnose": (
+        "torchfleet_runtime.diagnose",
+        "what on-call needs from this node: state, stage timings, replicas, batches, memory",
     ),
 }
 
@@ -72,11 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# OpenMP threads that spin at every barrier take the cores from the HTTP thread and, on a busy
-# node, from each other (benchmarks/README.md: the demo model served an order of magnitude less
-# under load with libgomp's default, active, policy). OpenMP reads it once, when torch loads,
-# so it is set before the first torch import; a value already in the environment wins.
-OMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+# Read once, when torch loads (so set before the first torch import); a value already in the
+# environment wins.
+# - OpenMP threads that spin at every barrier take the cores from the HTTP thread and, on a busy
+#   node, from each other (benchmarks/README.md: the demo model served an order of magnitude
+#   less under load with libgomp's default, active, policy).
+# - CUDA numbers GPUs fastest first by default; in PCI bus order cuda:N is nvidia-smi's (and
+#   NVML's) GPU N, so a replica's `device` label and its GPU's NVML metrics name the same GPU.
+ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -84,7 +92,7 @@ def _serve(args: argparse.Namespace) -> int:
     # action, which systemd's Restart=on-failure counts as a clean exit): ignore it until the
     # real handler is in place.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    for key, value in OMP_DEFAULTS.items():
+    for key, value in ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
     from . import logs
     from .app import Service  # torch import: only for commands that need it

@@ -33,6 +33,30 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
+# Sticky CUDA errors: the context is corrupted and every later call on the device fails too
+# (a GPU that fell off the bus, an uncorrectable ECC error, an illegal access in a kernel). Torch
+# 1.12 and 2.x both raise them as RuntimeError "CUDA error: <cudaGetErrorString>" (2.x may
+# prefix "CUDA error: " with context but keeps the phrase); an OOM is not one of them.
+_DEVICE_LOST = (
+    "CUDA error: an illegal memory access",
+    "CUDA error: unspecified launch failure",
+    "CUDA error: uncorrectable ECC error",
+    "CUDA error: GPU is lost",
+    "CUDA error: misaligned address",
+    "CUDA error: an illegal instruction",
+    "CUDA error: device-side assert triggered",
+    "CUDA error: unknown error",
+)
+
+
+def is_device_lost(exc: BaseException) -> bool:
+    """True when `exc` says the replica's CUDA device can serve no more (see _DEVICE_LOST)."""
+    if not isinstance(exc, RuntimeError) or is_oom(exc):
+        return False
+    text = str(exc)
+    return any(phrase in text for phrase in _DEVICE_LOST)
+
+
 def autocast(device_type: str, dtype: torch.dtype | None) -> ContextManager[Any]:
     """Autocast for `device_type` at `dtype`, or a no-op when dtype is None (fp32)."""
     if dtype is None:

@@ -1,21 +1,26 @@
 """Prometheus metrics: one registry per runtime (so tests can run several in one process).
 
 The names are a contract (dashboards and alert rules are written against them). Latencies are
-histograms in seconds. `torchfleet_stage_duration_seconds{stage}`: decode, queue, encode and
-write once per prediction, model once per batch run (the forward with its pad and split; it
-replaces the former torchfleet_queue_wait_seconds with stage="queue").
-`torchfleet_model_info{model_version, model_name, format, device, precision}` is 1 for the model
-being served (one series; a reload replaces it). The standard `process_*` metrics (CPU seconds,
-resident memory, open fds) come from prometheus-client's process collector. GPU utilisation
-and memory are read from NVML at scrape
-time (nvidia-ml-py, the `gpu` extra), so a scrape always shows the current value and nothing
-polls the driver between scrapes.
+histograms in seconds. What one model replica does carries its `device` label (placement.py:
+cuda:0, cpu, cpu:1, cpu:0-1): `torchfleet_stage_duration_seconds{stage, device}` (decode,
+queue, encode and write once per prediction, labelled with the replica that ran it; model once
+per batch run: the forward with its pad and split), `torchfleet_batch_size{device}`,
+`torchfleet_torch_threads{device}`, `torchfleet_oom_recoveries_total{device}`,
+`torchfleet_replica_ready{device}` (1 while the replica serves, 0 once it failed) and
+`torchfleet_replica_busy_seconds_total{device}` (its rate is the replica's busy fraction, on CPU
+and GPU alike). The queue, the batch cap and the requests are the node's: one queue feeds every
+replica. `torchfleet_model_info{model_version, model_name, format, device, precision}` is 1 for
+the model being served (one series; `device` lists the replicas; a reload replaces it). The
+standard `process_*` metrics (CPU seconds, resident memory, open fds) come from
+prometheus-client's process collector. GPU figures (NVML, the CUDA caching allocator) are read
+at scrape time by gpu_metrics.py.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -25,7 +30,6 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,18 @@ DIFF_BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.1, 1.0, 10.0, 100.0)
 STAGES = ("decode", "queue", "model", "encode", "write")
 
 
+@dataclass(frozen=True)
+class DeviceMetrics:
+    """One replica's metric children, resolved once (.labels() takes a lock on every call)."""
+
+    stage: dict[str, Any]
+    batch_size: Any
+    torch_threads: Any
+    oom: Any
+    ready: Any
+    busy: Any
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -81,12 +97,10 @@ class Metrics:
         self.stage = Histogram(
             "torchfleet_stage_duration_seconds",
             "Time per stage: decode, queue, encode, write per prediction; model per batch run.",
-            ["stage"],
+            ["stage", "device"],
             buckets=STAGE_BUCKETS,
             registry=r,
         )
-        # Children resolved once: .labels() is a dict lookup under a lock on every call.
-        self.stage_of = {s: self.stage.labels(stage=s) for s in STAGES}
         self.model_info = Gauge(
             "torchfleet_model_info",
             "1 for the model being served.",
@@ -109,6 +123,7 @@ class Metrics:
         self.batch_size = Histogram(
             "torchfleet_batch_size",
             "Instances per model run, before padding to a bucket.",
+            ["device"],
             buckets=BATCH_BUCKETS,
             registry=r,
         )
@@ -141,24 +156,56 @@ class Metrics:
         self.batch_cap = Gauge("torchfleet_max_batch_size", "The batch cap in force.", registry=r)
         self.torch_threads = Gauge(
             "torchfleet_torch_threads",
-            "Torch intra-op threads the model runs with now (auto: chosen under load).",
+            "Torch intra-op threads the replica runs with now (auto: chosen under load).",
+            ["device"],
             registry=r,
         )
         self.oom = Counter(
             "torchfleet_oom_recoveries",
             "Out-of-memory errors recovered from by splitting a batch.",
+            ["device"],
+            registry=r,
+        )
+        self.replica_ready = Gauge(
+            "torchfleet_replica_ready",
+            "1 while the model replica on this device serves, 0 once it has failed.",
+            ["device"],
+            registry=r,
+        )
+        self.replica_busy = Counter(
+            "torchfleet_replica_busy_seconds",
+            "Seconds the replica on this device spent running batches.",
+            ["device"],
+            registry=r,
+        )
+        self.degraded = Gauge(
+            "torchfleet_degraded",
+            "1 while some model replica has failed (the node serves on fewer devices).",
             registry=r,
         )
         self._shadow_metrics(r)
         self.last_request.set(0)
         self.ready.set(0)
         self.spot_notice.set(0)
+        self.degraded.set(0)
         self._info_labels: tuple[str, ...] | None = None
+        self._devices: dict[str, DeviceMetrics] = {}
         # process_cpu_seconds_total, process_resident_memory_bytes, ...: the runtime's own cost
         ProcessCollector(registry=r)
-        gpu = GpuCollector.create()
-        if gpu is not None:
-            r.register(gpu)
+
+    def device(self, label: str) -> DeviceMetrics:
+        """The metric children of the replica on `label` (made on first use)."""
+        found = self._devices.get(label)
+        if found is None:
+            found = self._devices[label] = DeviceMetrics(
+                {s: self.stage.labels(stage=s, device=label) for s in STAGES},
+                self.batch_size.labels(device=label),
+                self.torch_threads.labels(device=label),
+                self.oom.labels(device=label),
+                self.replica_ready.labels(device=label),
+                self.replica_busy.labels(device=label),
+            )
+        return found
 
     def _shadow_metrics(self, r: CollectorRegistry) -> None:
         """Shadow testing (shadow.py), by the candidate's model_version: requests by result
@@ -215,52 +262,3 @@ class Metrics:
             self.model_info.remove(*self._info_labels)
         self.model_info.labels(*labels).set(1)
         self._info_labels = labels
-
-
-class GpuCollector:
-    """Per-GPU utilisation and memory from NVML; absent when nvidia-ml-py or a driver is missing."""
-
-    def __init__(self, nvml: Any) -> None:
-        self._nvml = nvml
-
-    @classmethod
-    def create(cls) -> GpuCollector | None:
-        try:
-            import pynvml  # from nvidia-ml-py
-        except ImportError:
-            return None
-        try:
-            pynvml.nvmlInit()
-        except Exception as exc:  # NVMLError subclasses: no driver, no GPU
-            log.debug("NVML unavailable, no GPU metrics: %s", exc)
-            return None
-        return cls(pynvml)
-
-    def describe(self) -> list[Any]:
-        return []  # NVML is read at scrape time; describe nothing so registration never queries it
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        nv = self._nvml
-        util = GaugeMetricFamily(
-            "torchfleet_gpu_utilization_ratio",
-            "GPU busy fraction over NVML's last sample period.",
-            labels=["gpu"],
-        )
-        used = GaugeMetricFamily(
-            "torchfleet_gpu_memory_used_bytes", "GPU memory in use.", labels=["gpu"]
-        )
-        total = GaugeMetricFamily(
-            "torchfleet_gpu_memory_total_bytes", "GPU memory in all.", labels=["gpu"]
-        )
-        try:
-            for i in range(nv.nvmlDeviceGetCount()):
-                h = nv.nvmlDeviceGetHandleByIndex(i)
-                mem = nv.nvmlDeviceGetMemoryInfo(h)
-                util.add_metric([str(i)], nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
-                used.add_metric([str(i)], float(mem.used))
-                total.add_metric([str(i)], float(mem.total))
-        except Exception as exc:  # a lost GPU must not break /metrics
-            log.warning("NVML query failed: %s", exc)
-        yield util
-        yield used
-        yield total

@@ -251,9 +251,10 @@ def detect_format(config: Config) -> str:
     return "torchscript"
 
 
-def load(config: Config, module: Any = None) -> LoadedModel:
-    """Load the model named by `config` (or wrap `module`, an already built nn.Module)."""
-    return _versioned(_load(config, module), config)
+def load(config: Config, module: Any = None, device: torch.device | None = None) -> LoadedModel:
+    """Load the model named by `config` (or wrap `module`, an already built nn.Module) onto
+    `device` (None: `config.device` resolved)."""
+    return _versioned(_load(config, module, device), config)
 
 
 MODEL_SUFFIXES = (
@@ -311,13 +312,13 @@ def check_model_file(path: str) -> None:
     raise ModelError(f"{what} ({found})")
 
 
-def _load(config: Config, module: Any = None) -> LoadedModel:
+def _load(config: Config, module: Any = None, device: torch.device | None = None) -> LoadedModel:
     if module is None:
         if not config.model:
             raise ConfigError(sentence("model", None, FIELDS["model"].allowed))
         check_model_file(config.model)  # before the sidecar: its absence is a symptom of this
     metadata = load_metadata(config)
-    device = resolve_device(config.device)
+    device = resolve_device(config.device) if device is None else device
     amp = autocast_dtype(config.precision, device)
     if module is not None:
         fmt = "module"

@@ -168,6 +168,8 @@ class Routes:
             st = self.rt.status()
             if st["ready"]:
                 return _json(200, {"status": "ready"})
+            if st.get("not_ready"):  # degraded: which replicas fail, and why
+                return error_response(ApiError(503, "degraded", st["not_ready"], st["retry_after"]))
             return error_response(
                 ApiError(503, "not_ready", f"the runtime is {st['state']}", st["retry_after"])
             )

@@ -1,0 +1,113 @@
+"""`torchfleet-runtime diagnose` against a real runtime on loopback: what it reads, what it
+finds, and the histogram arithmetic behind its p99."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import rt_models
+from conftest import Client
+from test_replicas import LABELS, TWO, needs_two_cpus, x4
+from torchfleet_runtime.cli import main
+from torchfleet_runtime.diagnose import findings, quantile
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_quantile_interpolates_within_the_bucket_as_prometheus_does():
+    # 100 observations: 50 up to 10 ms, 40 more up to 20 ms, 10 more up to 100 ms
+    buckets = {0.01: 50.0, 0.02: 90.0, 0.1: 100.0, float("inf"): 100.0}
+    assert quantile(0.5, buckets) == pytest.approx(0.01)
+    assert quantile(0.7, buckets) == pytest.approx(0.015)
+    assert quantile(0.99, buckets) == pytest.approx(0.092)
+    assert quantile(0.99, {0.01: 0.0, float("inf"): 0.0}) is None
+
+
+def _run(capsys, *argv: str) -> tuple[int, str]:
+    code = main(["diagnose", *argv])
+    return code, capsys.readouterr().out
+
+
+@needs_two_cpus
+def test_diagnose_reports_stages_replicas_batches_and_versions(start_runtime, capsys):
+    rt = start_runtime(rt_models.tiny(), device="cpu", devices=TWO, max_batch_size=4)
+    stop = threading.Event()
+
+    def load() -> None:
+        c = Client(rt.port)
+        for i in range(2000):  # bounded; stops when the window is over
+            if stop.is_set():
+                break
+            c.predict(x4(float(i % 7)))
+        c.close()
+
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        code, out = _run(capsys, "--url", f"http://127.0.0.1:{rt.port}", "--window", "1", "--json")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(20)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["readyz"]["status"] == 200 and doc["model"]["state"] == "ready"
+    assert doc["versions"]["torch"] and doc["versions"]["runtime"]
+    assert doc["traffic"]["requests_per_s_by_code"]["200"] > 0
+    assert doc["traffic"]["latency"]["p99_s"] > 0
+    for stage in ("decode", "queue", "model", "encode", "write"):
+        assert doc["stages"][stage]["count"] > 0, stage
+    assert [r["device"] for r in doc["replicas"]] == list(LABELS)
+    assert all(r["state"] == "serving" and r["torch_threads"] == 1 for r in doc["replicas"])
+    assert sum(len(r["recent_batch_sizes"]) for r in doc["replicas"]) > 0
+    assert all(0 <= r["busy_share"] <= 1 for r in doc["replicas"])
+
+    code, text = _run(capsys, "--url", f"http://127.0.0.1:{rt.port}", "--window", "0")
+    assert code == 0
+    assert "stage" in text and LABELS[0] in text and LABELS[1] in text and "findings:" in text
+
+
+@needs_two_cpus
+def test_a_degraded_node_is_a_finding_that_points_at_its_runbook(start_runtime, capsys):
+    m = rt_models.PerReplica()
+    m.fail_on = {LABELS[1]: "broken on this replica"}
+    rt = start_runtime(m, device="cpu", devices=TWO, max_batch_size=2)
+    code, out = _run(capsys, "--url", f"http://127.0.0.1:{rt.port}", "--window", "0", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["replicas"][1]["state"] == "failed"
+    assert any(
+        f"replica {LABELS[1]} failed" in f and "docs/runbooks.md#torchfleetreplicadown" in f
+        for f in doc["findings"]
+    ), doc["findings"]
+
+
+def test_memory_findings_use_the_alert_thresholds():
+    replica = {
+        "device": "cuda:0",
+        "memory": {
+            "fragmentation": 0.42,
+            "reserved_share": 0.81,
+            "ooms": 0,
+            "alloc_retries": 3,
+        },
+        "memory_growth": {"alloc_retries": 2.0, "ooms": 0.0},
+        "memory_fraction": 0.7,
+    }
+    doc = {"readyz": {"status": 200, "body": {}}, "replicas": [replica], "stages": {}}
+    found = findings(doc)
+    assert any("2 allocator retries" in f and "#torchfleetgpuallocretries" in f for f in found)
+    assert any("fragmentation 0.42" in f and "#torchfleetgpumemoryfragmented" in f for f in found)
+    assert any("reserved 0.81" in f and "#torchfleetgpumemoryabovesizing" in f for f in found)
+    replica["memory"].update(fragmentation=0.1, reserved_share=0.72)
+    replica["memory_growth"]["alloc_retries"] = 0.0
+    assert findings(doc) == []
+
+
+def test_nothing_answering_is_exit_1(capsys):
+    from torchfleet_bench.local import free_port
+
+    code = main(["diagnose", "--url", f"http://127.0.0.1:{free_port()}", "--window", "0"])
+    assert code == 1 and "no runtime answers" in capsys.readouterr().err
