@@ -173,9 +173,9 @@ def test_the_version_tables_are_the_matrix():
             ],
         ),
         "matrix-distros": render(
-            ["distro", "Python", "CUDA repository", "driver from"],
+            ["distro", "Python", "CUDA repository", "driver from", "standard support until"],
             [
-                [name, d["python"], d["cuda_repo"], d["driver_source"]]
+                [name, d["python"], d["cuda_repo"], d["driver_source"], d["standard_support_until"]]
                 for name, d in matrix["distros"].items()
             ],
         ),

@@ -19,6 +19,7 @@ roles can install at all (fail); after install the torch that imports is the bet
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -71,6 +72,7 @@ class Options:
     compute_capability: str = ""  # the declared capability of a GPU the matrix does not list
     gpu_stack_forced: bool = False  # driver and toolkit installed without a GPU (disk floor)
     waived: frozenset[str] = frozenset()  # rules reported as warnings (preflight_check_*)
+    today: str = ""  # "YYYY-MM-DD" the support dates are judged on; empty: the node's clock
 
 
 def choose_profile(facts: NodeFacts, matrix: Matrix, options: Options) -> tuple[Profile, str]:
@@ -110,6 +112,13 @@ def _check_distro(facts: NodeFacts, matrix: Matrix, options: Options) -> Check:
     verdict = compat.distro_verdict(matrix, facts.distro)
     expected = "a distro of the matrix"
     if verdict.ok:
+        # Past its standard support a distro still installs and serves: a warning, never a
+        # failure, that names where to move.
+        today = options.today or datetime.date.today().isoformat()
+        support = compat.support_verdict(matrix, facts.distro, today)
+        if not support.ok:
+            hint = f"{support.reason}: {fits('distro', support.distros)}"
+            return Check("distro", WARN, facts.distro, expected, hint, compat.DISTRO, support)
         return Check("distro", OK, facts.distro, expected, rule=compat.DISTRO, verdict=verdict)
     # installed: torch imports or not whatever the distro; the roles are what need the matrix
     status = _broken(options, compat.DISTRO, WARN if options.installed else FAIL)
