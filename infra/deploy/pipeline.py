@@ -215,7 +215,7 @@ def up(
         console,
         stack,
         "what `up` needs, checked before anything is created",
-        ("config", "credentials", "pulumi", "ssh"),
+        ("config", "credentials", "prices", "pulumi", "ssh"),
         ssh_key,
     )
     with steps(

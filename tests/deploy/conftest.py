@@ -19,6 +19,8 @@ HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures"
 VENV_BIN = Path(sys.executable).parent
 CLOUD_ENV = ("AWS_", "ALICLOUD_", "ALIBABA_CLOUD_", "PULUMI_", "SSH_AUTH_SOCK")
+# The reference prices in every stage these tests run, never a price API or a cached quote.
+os.environ["TORCHFLEET_PRICES"] = "offline"
 
 FAKE_PULUMI = """#!/bin/sh
 # A stand-in for the Pulumi CLI: records each call (and its working directory), answers

@@ -132,12 +132,18 @@ def test_cost_now_follows_the_working_hours(utc, running):
         "nodes": 1,
         "on_demand_nodes": 0,
         "spot_nodes": 1,
-        "on_demand_usd_per_hour": 0.8048,
-        "spot_cap_usd_per_hour": 0.7243,
-        "spot_typical_usd_per_hour": 0.3622,
+        "on_demand_per_hour": 0.8048,
+        "spot_cap_per_hour": 0.7243,
+        "spot_typical_per_hour": 0.3622,
+        "rest_per_hour": 0.0152,
+        "currency": "USD",
     }
     line = summary.cost_now(cost, cfg, now)
-    assert line.startswith("$0.362/h typical, at most $0.724/h" if running else "$0.000/h")
+    assert line.startswith(
+        "0.362 USD/h typical, at most 0.724 USD/h"
+        if running
+        else "0.015 USD/h now (the rest of the bill): outside working hours"
+    )
 
 
 def test_ttl_left():

@@ -31,7 +31,7 @@ def test_plan_prints_tree_and_costs_for_every_stack():
     out = plan("--all")
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert text.count("OFFLINE PLAN (mock engine, no cloud calls) — stack") == 6  # 2 k8s
+    assert text.count("OFFLINE PLAN (mock engine: nothing is created) — stack") == 6  # 2 k8s
     for needle in (
         "aws:ec2/launchTemplate:LaunchTemplate",
         "metadataOptions.httpTokens=required",

@@ -12,7 +12,8 @@ Each Check has a status (ok, warn, fail, skip), the value seen, what was expecte
 that says what to change; `rule` names the matrix rule a row reports (distro, python, gpu,
 disk, kernel_headers, gpu_model_match) and `verdict` carries that rule's reason and the
 choices that would satisfy it, so an entry point can name the fix in its own words (a role
-variable, a CLI flag). Stage rules: before install the distro and Python decide whether the
+variable, a CLI flag). A distro past its standard support is a warning row of rule `support`.
+Stage rules: before install the distro and Python decide whether the
 roles can install at all (fail); after install the torch that imports is the better witness
 (warn). A rule in `Options.waived` is reported as a warning, never a failure.
 """
@@ -118,7 +119,7 @@ def _check_distro(facts: NodeFacts, matrix: Matrix, options: Options) -> Check:
         support = compat.support_verdict(matrix, facts.distro, today)
         if not support.ok:
             hint = f"{support.reason}: {fits('distro', support.distros)}"
-            return Check("distro", WARN, facts.distro, expected, hint, compat.DISTRO, support)
+            return Check("distro", WARN, facts.distro, expected, hint, compat.SUPPORT, support)
         return Check("distro", OK, facts.distro, expected, rule=compat.DISTRO, verdict=verdict)
     # installed: torch imports or not whatever the distro; the roles are what need the matrix
     status = _broken(options, compat.DISTRO, WARN if options.installed else FAIL)
