@@ -11,7 +11,8 @@ Contract: `estimate(cfg, bundle_bytes=0)` is pure arithmetic on the stack's pric
   balancer (hours, and capacity units from `scaling.requests_per_node`: one new connection per
   request, the worst case), its public addresses, the monitoring host with its disk, NAT gateway
   and address, a warm pool's stopped volumes, the node bundle's bucket, and in mode: kubernetes
-  the control plane, the system nodes and the service's load balancer. Traffic is not priced.
+  the control plane, the system nodes and the service's load balancer. Traffic and CloudWatch
+  (the self-healing alarms, detailed monitoring) are not priced.
 - the GPU nodes' summary at the steady size and at the scaling bounds (worst case: spot at the
   cap), the monthly totals (every line, so a schedule and a TTL count), the TTL's leftovers per
   day, and the fees the book has no price for in its currency (`unpriced`: such lines count 0).

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from infra import config as stack_config
-from infra import pricing
+from infra import healing, pricing
 from infra.config import BOOT_MODES, ConfigError
 from infra.matrix import REPO_ROOT
 from infra.offline import OfflineRun, Registered, run_offline
@@ -53,6 +53,7 @@ KEY_PROPERTIES = {
     "priceLimit",
     "spotInterruptionBehavior",
     "autoReleaseTime",
+    "maintenanceAction",
     "instanceChargeType",
     "minSize",
     "maxSize",
@@ -88,6 +89,8 @@ KEY_PROPERTIES = {
     "backendPort",
     "limitAmount",
     "policyArn",
+    "metricName",
+    "alarmActions",
     "type",
     "arn",
     "entry",
@@ -408,6 +411,37 @@ def monitoring_lines(run: OfflineRun) -> list[str]:
     return [lines[0], *sorted(lines[1:])]
 
 
+def healing_lines(run: OfflineRun, cfg: stack_config.StackConfig) -> list[str]:
+    """What heals each node, from what was registered: the alarms' EC2 actions (AWS) or the
+    instances' maintenance action (Alibaba), with infra.healing's reason; a group's nodes are
+    replaced by their group."""
+    actions: dict[str, list[str]] = {}
+    for alarm in run.of_type("aws:cloudwatch/metricAlarm:MetricAlarm"):
+        target = (alarm.inputs.get("dimensions") or {}).get("InstanceId")
+        for arn in alarm.inputs.get("alarmActions") or []:
+            if ":automate:" in arn and target:
+                actions.setdefault(target, []).append(arn.rsplit(":", 1)[1])
+    lines = []
+    for typ in ("aws:ec2/instance:Instance", "alicloud:ecs/instance:Instance"):
+        for inst in run.of_type(typ):
+            tags = inst.inputs.get("tags") or {}
+            monitoring = tags.get("torchfleet-role") == "monitoring"
+            itype = (
+                cfg.monitoring.instance_type if monitoring and cfg.monitoring else cfg.instance_type
+            )
+            spot = cfg.spot.enabled and not monitoring
+            got = actions.get(f"{inst.name}-id", [])
+            if inst.inputs.get("maintenanceAction"):
+                got.append(inst.inputs["maintenanceAction"])
+            why = healing.for_instance(cfg.cloud, itype, spot).why
+            node = tags.get("Name") or inst.inputs.get("instanceName") or inst.name
+            done = " + ".join(sorted(got, reverse=True)) or "NOTHING"
+            lines.append(f"{node} ({itype.name}{', spot' if spot else ''}): {done} - {why}")
+    if cfg.mode == "group":
+        lines.append(f"group nodes: {healing.for_group(cfg.cloud).describe()}")
+    return sorted(lines)
+
+
 def estimate_lines() -> list[str]:
     from infra.lifecycle import estimates
 
@@ -570,6 +604,12 @@ def main(argv: list[str] | None = None) -> int:
         if monitoring:
             print("\nmonitoring (Prometheus, Alertmanager, the nodes' journals; roles/monitoring):")
             print("\n".join("  " + line for line in monitoring))
+        heals = healing_lines(run, cfg)
+        if heals:
+            print(
+                "\nself-healing (infra/healing.py: the strongest each node's type and purchase allow):"
+            )
+            print("\n".join("  " + line for line in heals))
         scaling = scaling_lines(run)
         if scaling:
             print("\nscaling (join when ready, leave when drained, scale on load):")

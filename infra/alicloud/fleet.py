@@ -23,7 +23,7 @@ from datetime import datetime
 import pulumi
 import pulumi_alicloud as alicloud
 
-from infra import images
+from infra import healing, images
 from infra.alicloud import scaling
 from infra.alicloud.bundle_store import AlicloudBundleStore
 from infra.alicloud.network import AlicloudNetwork
@@ -230,6 +230,8 @@ class AlicloudFleet(pulumi.ComponentResource):
                     **self._spot_args(),
                     **spot,
                     auto_release_time=iso_utc(expiry) if expiry else None,
+                    # infra.healing: restarted on a healthy host after a host failure
+                    maintenance_action=healing.AUTO_RECOVER,
                     system_disk_category="cloud_essd",
                     system_disk_size=cfg.disk_gb,
                     system_disk_encrypted=True,

@@ -94,6 +94,7 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
             network,
             fleet.key,
             resolve_image(cfg, invoke, distro=MONITORING_DISTRO),
+            arn_partition,
             opts=opts,
         ).host
     return deployment

@@ -12,7 +12,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra import images
-from infra.aws import scaling
+from infra.aws import healing, scaling
 from infra.aws.bundle_store import AwsBundleStore
 from infra.aws.iam import assume_role, bundle_read_policy, group_arn, lifecycle_policy
 from infra.aws.network import AwsNetwork
@@ -176,6 +176,18 @@ class AwsFleet(pulumi.ComponentResource):
         )
         if cfg.mode == "instances":
             self.instances = self._instances(name, node_tags, network, needs)
+            for i, inst in enumerate(self.instances):
+                healing.register(
+                    f"{name}-node-{i}",
+                    cfg,
+                    f"gpu-{i}",
+                    inst,
+                    cfg.instance_type,
+                    cfg.spot.enabled,
+                    arn_partition,
+                    child,
+                    tags,
+                )
             self.deployment = instances_deployment(cfg, self.instances, image.login_user)
         else:
             self.group, alb, target = self._group(name, tags, node_tags, network, child, needs)

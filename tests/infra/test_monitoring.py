@@ -307,6 +307,8 @@ ADDED = {
         "aws:iam/rolePolicy:RolePolicy": 1,
         "aws:iam/instanceProfile:InstanceProfile": 1,
         HOST["aws"]: 1,
+        # its self-healing (infra/healing.py): recover and reboot alarms
+        "aws:cloudwatch/metricAlarm:MetricAlarm": 2,
     },
     "alicloud": {
         "alicloud:vpc/switch:Switch": 1,
