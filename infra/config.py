@@ -381,6 +381,9 @@ class StackConfig:
     # The prices every estimate and spot cap uses (infra.pricing); None: the reference table.
     # load() never asks a cloud; the program resolves the region's own (with_prices).
     prices: PriceBook | None = None
+    # Instances mode: why this run's nodes are on-demand although spot is enabled (`up` retries
+    # with spot.fallback: on_demand after a spot capacity error; infra.deploy.capacity).
+    fallback_reason: str = ""
 
     @property
     def bootstrap_mode(self) -> str:
@@ -391,6 +394,12 @@ class StackConfig:
     def name(self) -> str:
         """Prefix for physical names: the project and the stack."""
         return f"torchfleet-{self.stack}"
+
+    @property
+    def market(self) -> str:
+        """`spot` or `on-demand`: what instances mode buys in this run (a group's split is its
+        instances distribution)."""
+        return "spot" if self.spot.enabled and not self.fallback_reason else "on-demand"
 
     @property
     def book(self) -> PriceBook:
@@ -425,6 +434,11 @@ class StackConfig:
 
     def with_prices(self, book: PriceBook) -> StackConfig:
         return replace(self, prices=book)
+
+    def with_fallback(self, reason: str) -> StackConfig:
+        """Instances mode with spot.fallback: on_demand after spot could not be had."""
+        assert self.mode == "instances" and self.spot.enabled and self.spot.fallback == "on_demand"
+        return replace(self, fallback_reason=reason)
 
 
 def distro_warning(cfg: StackConfig, today: str) -> str | None:

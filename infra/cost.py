@@ -102,7 +102,7 @@ def split_nodes(cfg: StackConfig, size: int | None = None) -> tuple[int, int, in
     `nodes.count`, a group runs `nodes.desired` split like the group's instances distribution."""
     if cfg.mode == "instances":
         total = cfg.nodes.count
-        return (total, 0, total) if cfg.spot.enabled else (total, total, 0)
+        return (total, 0, total) if cfg.market == "spot" else (total, total, 0)
     total = cfg.nodes.desired if size is None else size
     if not cfg.spot.enabled:
         return total, total, 0

@@ -35,7 +35,7 @@ def group_vars(cfg: StackConfig, login_user: str) -> dict[str, Any]:
         "torchfleet_instance_type": itype.name,
         # In a group some nodes may be on-demand (the base); the node's own metadata decides,
         # the runtime's spot watcher only arms itself on spot nodes.
-        "torchfleet_spot": cfg.spot.enabled,
+        "torchfleet_spot": cfg.market == "spot",
     }
     if cfg.monitoring:
         # Where every node ships its journal (roles/monitoring, node entry point). The role's

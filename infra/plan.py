@@ -302,10 +302,21 @@ def scaling_lines(run: OfflineRun) -> list[str]:
     for r in run.of_type("aws:autoscaling/lifecycleHook:LifecycleHook"):
         i = r.inputs
         lines.append(
-            f"hook {i['name']}: {i['lifecycleTransition']}, {i['defaultResult']} after "
-            f"{int(i['heartbeatTimeout'])} s without a heartbeat"
+            f"hook {i['name']} ({i['autoscalingGroupName']}): {i['lifecycleTransition']}, "
+            f"{i['defaultResult']} after {int(i['heartbeatTimeout'])} s without a heartbeat"
         )
+    # a step policy and the alarm that drives it share their name (infra.aws.fallback)
+    alarms = {
+        a.inputs["name"]: a.inputs for a in run.of_type("aws:cloudwatch/metricAlarm:MetricAlarm")
+    }
     for r in run.of_type("aws:autoscaling/policy:Policy"):
+        if r.inputs["policyType"] == "StepScaling":
+            alarm = alarms.get(r.inputs["name"], {})
+            lines.append(
+                f"policy {r.inputs['name']}: step scaling of {r.inputs['autoscalingGroupName']}"
+                f" on its alarm ({alarm.get('alarmDescription', 'none')})"
+            )
+            continue
         tt = r.inputs["targetTrackingConfiguration"]
         metric = tt.get("predefinedMetricSpecification", {}).get(
             "predefinedMetricType"
@@ -429,7 +440,7 @@ def healing_lines(run: OfflineRun, cfg: stack_config.StackConfig) -> list[str]:
             itype = (
                 cfg.monitoring.instance_type if monitoring and cfg.monitoring else cfg.instance_type
             )
-            spot = cfg.spot.enabled and not monitoring
+            spot = cfg.market == "spot" and not monitoring
             got = actions.get(f"{inst.name}-id", [])
             if inst.inputs.get("maintenanceAction"):
                 got.append(inst.inputs["maintenanceAction"])

@@ -15,6 +15,7 @@ from pulumi.runtime.config import CONFIG, get_config_env
 from infra import config, inventory, pricing
 from infra.config import StackConfig
 from infra.cost import estimate, priced_types
+from infra.deploy.capacity import fallback_reason
 from infra.interface import Deployment
 from infra.schedule import iso_utc, ttl_expiry
 from infra.tags import base_tags
@@ -53,6 +54,8 @@ def run(prices: str | None = None) -> dict[str, Any]:
     """`prices`: the pricing mode (infra.pricing.MODES); None: $TORCHFLEET_PRICES or auto."""
     cfg = config.load(config.raw_from_pulumi_config(current_config()), pulumi.get_stack())
     cfg = with_region_prices(cfg, prices)
+    if reason := fallback_reason(cfg):  # `up` retries on-demand after a spot capacity error
+        cfg = cfg.with_fallback(reason)
     expiry = ttl_expiry(cfg.ttl_hours) if cfg.ttl_hours else None
     tags = base_tags(cfg, expiry)
     deployment = _backend(cfg.cloud)(cfg, tags, expiry)

@@ -195,7 +195,7 @@ class AlicloudFleet(pulumi.ComponentResource):
 
     def _spot_args(self) -> dict:
         cfg = self.cfg
-        if not cfg.spot.enabled:
+        if cfg.market != "spot":
             return {"spot_strategy": "NoSpot"}
         return {"spot_strategy": "SpotWithPriceLimit"}
 
@@ -208,7 +208,7 @@ class AlicloudFleet(pulumi.ComponentResource):
             switch = network.switches[i % len(network.switches)]
             zone = cfg.zones[i % len(cfg.zones)]
             spot = {}
-            if cfg.spot.enabled:
+            if cfg.market == "spot":
                 spot = {
                     "spot_price_limit": cfg.spot_cap(cfg.instance_type),
                     "spot_interruption_behavior": cfg.spot.interruption.capitalize(),
@@ -330,7 +330,8 @@ class AlicloudFleet(pulumi.ComponentResource):
             ),
             spot_instance_pools=len(cfg.instance_types) if cfg.spot.enabled else None,
             spot_instance_remedy=cfg.spot.enabled,  # replace spot before it is reclaimed
-            compensate_with_on_demand=cfg.spot.enabled,  # on-demand when spot is short
+            # on-demand when spot is short (spot.fallback: on_demand, the default)
+            compensate_with_on_demand=cfg.spot.enabled and cfg.spot.fallback == "on_demand",
             # Old-bundle nodes go first (see the module docstring on rolling).
             removal_policies=["OldestScalingConfiguration", "OldestInstance"],
             default_cooldown=300,

@@ -181,6 +181,10 @@ class AwsTeardown(pulumi.ComponentResource):
         self._asg_schedules(
             self.name, fleet.group.name, cfg.nodes.min, cfg.nodes.max, cfg.nodes.desired, expiry
         )
+        if fleet.fallback_group is not None:  # 0..max while working: its alarms size it
+            self._asg_schedules(
+                f"{self.name}-od", fleet.fallback_group.name, 0, cfg.nodes.max, 0, expiry
+            )
 
     def _asg_schedules(
         self,

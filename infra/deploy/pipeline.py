@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from infra.config import StackConfig
 from infra.constants import SERVICE_PORT
-from infra.deploy import automation, converge, inventory, preflight, readiness, smoke
+from infra.deploy import automation, capacity, converge, inventory, preflight, readiness, smoke
 from infra.deploy.access import SshTarget, tunnel
 from infra.deploy.progress import Console, shown
 from infra.deploy.stage import StageError
@@ -223,7 +223,13 @@ def up(
         f"pulumi up of stack {stack} (Automation API)"
         + (": skipped, reading the current outputs" if skip_provision else ""),
     ):
-        result = automation.outputs(stack) if skip_provision else automation.up(stack, console)
+        result = (
+            automation.outputs(stack)
+            if skip_provision
+            else capacity.provision(
+                pf.cfg, lambda env: automation.up(stack, console, env=env), console.line
+            )
+        )
         (run / "outputs.json").write_text(json.dumps(result.masked(), indent=2, default=str))
         console.line(
             f"  outputs: {', '.join(sorted(result.values))} (saved, secrets masked, in "

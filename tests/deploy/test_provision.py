@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -28,6 +29,7 @@ class RecordedStack:
     def __init__(self, events, outputs=None, error: Exception | None = None):
         self.events, self.outputs_, self.error = events, outputs, error
         self.calls: list[str] = []
+        self.workspace = SimpleNamespace(env_vars={})  # the program's environment
 
     def up(self, on_event=None, on_output=None, **kwargs):
         self.calls.append("up")

@@ -52,7 +52,10 @@ def test_plan_prints_tree_and_costs_for_every_stack():
         assert f"\n{stack} " in table
     # the prod stacks' hooks and load policies, and the cost at the scaling bounds
     for needle in (
-        "hook torchfleet-launch: autoscaling:EC2_INSTANCE_LAUNCHING, ABANDON",
+        "hook torchfleet-launch (torchfleet-aws-prod-asg): autoscaling:EC2_INSTANCE_LAUNCHING",
+        "hook torchfleet-launch (torchfleet-aws-prod-od-asg): autoscaling:EC2_INSTANCE_LAUNCHING",
+        "policy torchfleet-aws-prod-od-fill: step scaling of torchfleet-aws-prod-od-asg on its "
+        "alarm (torchfleet aws-prod: spot group short for 5 min: add on-demand nodes)",
         "hook torchfleet-terminate: SCALE_IN, CONTINUE",
         "target tracking ALBRequestCountPerTarget = 1200",
         "target tracking torchfleet/QueueDepth (Average)",

@@ -20,6 +20,8 @@ def alarm_actions(run) -> dict[str, dict[str, dict]]:
     """instance resource id -> EC2 action -> its alarm's inputs."""
     out: dict[str, dict[str, dict]] = {}
     for alarm in run.of_type(ALARM):
+        if "InstanceId" not in alarm.inputs.get("dimensions", {}):
+            continue  # a group's alarm (the on-demand fallback's: test_fallback.py)
         target = alarm.inputs["dimensions"]["InstanceId"]
         (arn,) = alarm.inputs["alarmActions"]
         out.setdefault(target, {})[arn.rsplit(":", 1)[1]] = alarm.inputs
