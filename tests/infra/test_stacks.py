@@ -175,7 +175,12 @@ def test_ttl_output_only_in_dev(run, settings):
 def test_gpu_by_model_resolves_cheapest_type(with_overrides):
     run = run_offline(
         "aws-dev",
-        with_overrides("aws-dev", gpu={"model": "A10G", "count": 1}, cuda_profile="cu116"),
+        with_overrides(
+            "aws-dev",
+            gpu={"model": "A10G", "count": 1},
+            cuda_profile="cu116",
+            image_distro="debian-11",
+        ),
     )
     assert (
         run.of_type("aws:ec2/launchTemplate:LaunchTemplate")[0].inputs["instanceType"]

@@ -42,7 +42,7 @@ def outputs(cloud: str, discovery: dict[str, Any]) -> dict[str, Any]:
                     "gpu_nodes": {
                         "hosts": {},
                         "vars": {
-                            "ansible_user": "ubuntu",
+                            "ansible_user": "admin",
                             "torchfleet_cloud": cloud,
                             "torchfleet_env": "prod",
                             "torchfleet_gpu_model": "A10G",
@@ -198,7 +198,7 @@ def test_aws_group_inventory_lists_the_running_nodes_of_the_stack(
         assert hv["torchfleet_instance_type"] == itype and hv["torchfleet_spot"] is is_spot, hv
         # ... and the stack's shared facts from stack.yml's gpu_nodes vars.
         assert hv["torchfleet_cuda_profile"] == "cu116" and hv["torchfleet_gpu_model"] == "A10G", hv
-        assert hv["ansible_user"] == "ubuntu"
+        assert hv["ansible_user"] == "admin"  # aws-prod runs Debian 12
 
 
 def describe_instances(action: str, params: dict[str, str]) -> dict[str, Any]:
