@@ -6,6 +6,8 @@
                               stack only with --yes
     torchfleet status STACK   outputs, per-node readiness and batch cap, TTL left, cost per hour
     torchfleet plan STACK     the offline plan (mock engine): resource tree and cost
+    torchfleet cost STACK     the measured spend (the cloud's bill, by the stack tag) beside the
+                              estimate for the same days
     torchfleet demo           `up` on this machine with containers as nodes (make demo)
 
 The stages, their output and the exit codes are in infra/deploy/ (stage.py lists the codes)."""
@@ -79,6 +81,15 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("stack", help=stack_help)
     status.add_argument("--ssh-key", help="private key for the nodes (as for up)")
 
+    cost = sub.add_parser("cost", help="what a stack has cost (the bill) beside its estimate")
+    cost.add_argument("stack", help=stack_help)
+    cost.add_argument(
+        "--since",
+        default="7d",
+        metavar="N{d,w}",
+        help="the last N whole days (d) or weeks (w) before today, UTC (default 7d)",
+    )
+
     plan = sub.add_parser("plan", help="the offline plan and cost (no cloud, no credentials)")
     plan.add_argument("stack", nargs="+", help=stack_help)
     plan.add_argument("--json", action="store_true", help="outputs and resources as JSON")
@@ -135,6 +146,11 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
         _print_summary(console, summary.lines())
         down = [n.host for n in summary.nodes if not n.ready]
         return stage.STAGES["readiness"] if down else stage.EXIT_OK
+    if args.command == "cost":
+        from infra import spend
+
+        _print_summary(console, pipeline.cost(args.stack, console, spend.parse_since(args.since)))
+        return stage.EXIT_OK
     if args.command == "demo":
         from infra.deploy import containers, demo
 

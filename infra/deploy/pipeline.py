@@ -18,10 +18,12 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from infra import spend
 from infra.config import StackConfig
 from infra.constants import SERVICE_PORT
 from infra.deploy import automation, capacity, converge, inventory, preflight, readiness, smoke
@@ -235,6 +237,8 @@ def up(
             f"  outputs: {', '.join(sorted(result.values))} (saved, secrets masked, in "
             f"{shown(run / 'outputs.json')})"
         )
+        if pf.cfg is not None and pf.cfg.cloud == "aws" and not skip_provision:
+            console.line(f"  {spend.activate_stack_tag()}")
     return node_stages(
         stack,
         result.values,
@@ -285,6 +289,34 @@ def status(stack: str, console: Console, ssh_key: str | None = None) -> Summary:
         console.line(f"  outputs: {', '.join(sorted(result.values))}")
     with steps("status", "per-node readiness and batch cap, or the group's healthy count"):
         return status_of(stack, result.values, cfg, INVENTORIES, pf.ssh_key)
+
+
+def cost(stack: str, console: Console, since_days: int, today: date | None = None) -> list[str]:
+    """`torchfleet cost`: the stack's measured spend over the last `since_days` whole days next
+    to the estimate for the same hours (infra.spend)."""
+    from infra.cost import estimate
+    from infra.program import with_region_prices
+
+    steps = Steps(console, 2)
+    pf = _preflight(steps, console, stack, "what `cost` needs", ("config", "credentials"))
+    assert pf.cfg is not None
+    cfg = with_region_prices(pf.cfg)
+    start, end = spend.window(since_days, today or datetime.now(UTC).date())
+    cmp = spend.estimate_for(estimate(cfg), start, end)
+    with steps("cost", f"the bill of stack {stack}, {start} to {end} (UTC)"):
+        if cfg.cloud != "aws":
+            return spend.lines(cfg, None, cmp, "Alibaba's bill (BSS) is not read by this version")
+        console.line(f"  {spend.activate_stack_tag()}")
+        try:
+            measured = spend.aws_spend(stack, start, end)
+        except Exception as err:  # botocore's errors: access denied, data unavailable, network
+            raise StageError(
+                "status",
+                f"Cost Explorer GetCostAndUsage for tag stack={stack} failed: {err}",
+                fix="the credentials need ce:GetCostAndUsage (and "
+                "ce:UpdateCostAllocationTagsStatus to activate the tag); then re-run",
+            ) from err
+        return spend.lines(cfg, measured, cmp)
 
 
 def status_of(

@@ -134,6 +134,27 @@ def aws_keys(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
 
 
+class FakeCostExplorer:
+    """Records `up`'s activation of the stack cost-allocation tag (infra.spend) instead of
+    calling AWS; tests/deploy/test_cost.py checks the real request against botocore's model."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def update_cost_allocation_tags_status(self, **kwargs):
+        self.calls.append(kwargs)
+        return {"Errors": []}
+
+
+@pytest.fixture(autouse=True)
+def cost_explorer(monkeypatch):
+    from infra import spend
+
+    fake = FakeCostExplorer()
+    monkeypatch.setattr(spend, "ce_client", lambda: fake)
+    return fake
+
+
 @pytest.fixture
 def trap_dirs(monkeypatch, tmp_path):
     """Run logs and inventories of `torchfleet up|down|status` in tmp_path, not the checkout."""

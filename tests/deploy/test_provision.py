@@ -196,6 +196,8 @@ def test_up_turns_recorded_events_into_the_inventory_the_converge_stage_reads(
     assert seen["inventory"] == recorded("aws-dev.up.outputs.json")["inventory"]["value"]
     assert "wrote " in out and "aws-dev-gpu-0 (203.0.113." in out
     assert "[3/6] inventory" in out and "[4/6] converge" in out
+    # the stack tag activated for `torchfleet cost` (the autouse fake Cost Explorer answered)
+    assert "cost allocation tag `stack` active" in out
     assert "FAILED at stage converge (host aws-dev-gpu-0, task 'site.yml: Gathering Facts')" in out
     run = next((trap_dirs / "runs" / "aws-dev").iterdir())
     assert set(json.loads((run / "outputs.json").read_text())) >= {"inventory", "cost"}

@@ -1,0 +1,147 @@
+"""`torchfleet cost` (infra.spend): the stack's measured spend from Cost Explorer beside the
+estimate for the same days. moto implements GetCostAndUsage (its answers are queued through
+moto's own API, and it records the request each answered), not UpdateCostAllocationTagsStatus:
+the activation's request is checked against botocore's service model with botocore's Stubber."""
+
+from __future__ import annotations
+
+import json
+from datetime import date
+
+import boto3
+import pytest
+import requests
+from botocore.stub import Stubber
+from moto import mock_aws
+from moto.ce.models import ce_backends
+from moto.core import DEFAULT_ACCOUNT_ID
+
+from infra import cli, spend
+from infra.config import load, raw_from_pulumi_config
+from infra.cost import HOURS_PER_MONTH, estimate
+from infra.deploy import pipeline
+from infra.deploy.stage import StageError
+from infra.plan import load_stack_config
+
+TODAY = date(2026, 12, 2)
+DAYS = [("2026-11-29", "10.00"), ("2026-11-30", "12.50"), ("2026-12-01", "0.25")]
+
+
+def _queue(days) -> None:
+    """What Cost Explorer answers next (moto's API for canned Cost Explorer results)."""
+    result = {
+        "ResultsByTime": [
+            {
+                "TimePeriod": {"Start": day, "End": day},
+                "Total": {"UnblendedCost": {"Amount": amount, "Unit": "USD"}},
+                "Groups": [],
+                "Estimated": day == "2026-12-01",
+            }
+            for day, amount in days
+        ],
+        "DimensionValueAttributes": [],
+    }
+    answer = requests.post(
+        "http://motoapi.amazonaws.com/moto-api/static/ce/cost-and-usage-results",
+        json={"results": [result]},
+        timeout=5,
+    )
+    assert answer.status_code == 201, answer.text
+
+
+@pytest.fixture
+def moto_ce(monkeypatch, aws_keys):
+    with mock_aws():
+        monkeypatch.setattr(spend, "ce_client", lambda: boto3.client("ce", region_name="us-east-1"))
+        yield ce_backends[DEFAULT_ACCOUNT_ID]["global"]
+
+
+def test_cost_reports_measured_beside_the_estimate_for_the_same_days(moto_ce, console, text):
+    _queue(DAYS)
+    out = pipeline.cost("aws-dev", console, 3, today=TODAY)
+    # the request: the last three whole days, daily, by the stack tag
+    (body,) = [json.loads(b) for b in moto_ce.cost_usage_results]
+    assert body["TimePeriod"] == {"Start": "2026-11-29", "End": "2026-12-02"}
+    assert body["Granularity"] == "DAILY" and body["Metrics"] == ["UnblendedCost"]
+    assert body["Filter"] == {
+        "Tags": {"Key": "stack", "Values": ["aws-dev"], "MatchOptions": ["EQUALS"]}
+    }
+    # the report: measured 22.75, the estimate for 72 h of aws-dev's month, the difference
+    cfg = load(raw_from_pulumi_config(load_stack_config("aws-dev")), "aws-dev")
+    est = estimate(cfg)
+    typical = round(est.monthly_typical * 72 / HOURS_PER_MONTH, 2)
+    report = "\n".join(out)
+    assert f"estimated  {typical:10.2f} USD typical" in report
+    assert "measured        22.75 USD by tag stack=aws-dev (partly estimated" in report
+    assert (
+        f"difference {22.75 - typical:+10.2f} USD ({100 * (22.75 - typical) / typical:+.1f} %"
+        in report
+    )
+    assert "    2026-11-30     12.50" in report
+    # moto has no UpdateCostAllocationTagsStatus: `cost` says it could not activate, and goes on
+    assert "cost allocation tag `stack` not activated" in text(console)
+
+
+def test_no_spend_by_the_tag_says_why_it_may_be_missing(moto_ce, console):
+    _queue([(d, "0") for d, _ in DAYS])
+    report = "\n".join(pipeline.cost("aws-dev", console, 3, today=TODAY))
+    assert "measured         0.00 USD" in report
+    assert "the tag must be an active cost-allocation tag" in report
+
+
+def test_the_cli_reads_since_and_refuses_a_bad_one(moto_ce, trap_dirs, capsys):
+    _queue(DAYS)
+    assert cli.main(["cost", "aws-dev", "--since", "1w"]) == 0
+    out = capsys.readouterr().out
+    assert "aws-dev: 7 day(s)" in out and "measured" in out
+    assert cli.main(["cost", "aws-dev", "--since", "7 days"]) == 3
+    assert "--since = '7 days' is invalid; allowed: a number of days or weeks" in (
+        capsys.readouterr().out
+    )
+
+
+@pytest.mark.parametrize(("text", "days"), [("1d", 1), ("7d", 7), ("2w", 14), ("365d", 365)])
+def test_since(text, days):
+    assert spend.parse_since(text) == days
+
+
+@pytest.mark.parametrize("text", ["0d", "366d", "7", "7h", "-1d", ""])
+def test_since_refused(text):
+    with pytest.raises(StageError):
+        spend.parse_since(text)
+
+
+def test_alibaba_is_estimated_only_and_says_why(console, monkeypatch):
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", "LTAI-test")
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_SECRET", "secret")
+    report = "\n".join(pipeline.cost("alicloud-dev", console, 7, today=TODAY))
+    assert "estimated" in report
+    assert "measured   not read: Alibaba's bill (BSS) is not read by this version" in report
+
+
+def test_activation_request_and_its_answers():
+    client = boto3.client(
+        "ce", region_name="us-east-1", aws_access_key_id="a", aws_secret_access_key="b"
+    )
+    request = {"CostAllocationTagsStatus": [{"TagKey": "stack", "Status": "Active"}]}
+    with Stubber(client) as stub:  # checks the request against the service model
+        stub.add_response("update_cost_allocation_tags_status", {"Errors": []}, request)
+        assert "`stack` active" in spend.activate_stack_tag(client)
+        stub.add_response(
+            "update_cost_allocation_tags_status",
+            {"Errors": [{"TagKey": "stack", "Code": "TagKeysNotFoundException", "Message": "no"}]},
+            request,
+        )
+        line = spend.activate_stack_tag(client)
+        assert "not activated yet (TagKeysNotFoundException" in line and "up to a day" in line
+        stub.add_client_error("update_cost_allocation_tags_status", "AccessDeniedException")
+        assert "not activated: " in spend.activate_stack_tag(client)
+
+
+def test_up_activates_the_tag(cost_explorer):
+    """The autouse fake records what `up` sends (the recorded `up` test drives it)."""
+    line = spend.activate_stack_tag()
+    assert cost_explorer.calls == [
+        {"CostAllocationTagsStatus": [{"TagKey": "stack", "Status": "Active"}]}
+    ]
+    assert "active" in line
