@@ -85,7 +85,7 @@ def stack_facts(stack: str, cfg: StackConfig | None = None) -> dict[str, Any]:
     """node.json for a stack: the group variables of its inventory output (infra.inventory)
     without the SSH login, and the GPU of every instance type of its cloud (infra.catalog).
     `cfg`: the program's validated config; None reads and validates Pulumi.<stack>.yaml."""
-    from infra import catalog, config, inventory, plan
+    from infra import config, inventory, plan
 
     if cfg is None:
         try:
@@ -94,11 +94,7 @@ def stack_facts(stack: str, cfg: StackConfig | None = None) -> dict[str, Any]:
             raise BundleError(str(err)) from err
         cfg = config.load(config.raw_from_pulumi_config(raw), stack)
     shared = {k: v for k, v in inventory.group_vars(cfg, "").items() if k != "ansible_user"}
-    types = {
-        t.name: {"gpu_model": t.gpu_model, "gpu_count": t.gpu_count}
-        for t in catalog.instance_types(cfg.cloud).values()
-    }
-    return {"group_vars": shared, "instance_types": types}
+    return {"group_vars": shared, "instance_types": inventory.gpu_types(cfg.cloud)}
 
 
 def _model_reference(group_vars: Path) -> dict[str, str]:

@@ -280,7 +280,7 @@ def _cloud(c: _Check, cloud: str, raw: Mapping[str, Any], cat: Catalog) -> None:
                 c.fail(f"{rkey}.type", name, f"a type not listed before in {key}")
             named[section] += [name] if name else []
             entry = c.entry(rkey, row, kind, refs)
-            if entry is None:
+            if entry is None or name is None:  # reported: nothing to build
                 continue
             price, store = _price(entry, "on_demand", sources), entry["instance_store"]
             if kind == "host_type":

@@ -245,7 +245,8 @@ def build_payload(
 
 def input_spec(info: dict[str, Any]) -> tuple[tuple[int, ...] | None, str | None]:
     """(input_shape, dtype) from a /v1/model answer or a model.json sidecar."""
-    nested = info.get("input") if isinstance(info.get("input"), dict) else {}
+    found = info.get("input")
+    nested: dict[str, Any] = found if isinstance(found, dict) else {}
     shape = info.get("input_shape") or info.get("shape") or nested.get("shape")
     dtype = info.get("dtype") or info.get("input_dtype") or nested.get("dtype")
     try:

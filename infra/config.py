@@ -76,7 +76,7 @@ REQUIRED = object()  # a key with no default: the stack must set it
 class Key:
     """One `torchfleet:` key of a stack file, declared once: its YAML type, its default (a value,
     REQUIRED, or `derived` words for a default computed from other keys), what is allowed (the
-    words the README shows; the checks in load() and its helpers say the same in their errors),
+    words the docs show; the checks in load() and its helpers say the same in their errors),
     its sub-keys for structured values, and a one-line doc."""
 
     kind: str
@@ -265,7 +265,7 @@ SUBKEYS = {name: key.subkeys for name, key in FIELDS.items() if key.subkeys}
 
 
 def readme_table() -> str:
-    """The README's table of stack keys, generated from FIELDS (tests check it is current)."""
+    """docs/configuration.md's table of stack keys, from FIELDS (tests check it is current)."""
     rows = ["| Key | Type | Default | Allowed | What |", "|---|---|---|---|---|"]
     for name, key in FIELDS.items():
         cells = (
@@ -508,7 +508,7 @@ class _Reader(Problems):
         if value is not None and not isinstance(value, kind):
             self.fail(key, value, f"a YAML {kind.__name__}")
             return None
-        if kind is dict and value is not None and key in SUBKEYS:
+        if isinstance(value, dict) and key in SUBKEYS:
             for sub in value:
                 if sub not in SUBKEYS[key]:
                     self.fail(f"{key}.{sub}", value[sub], f"the keys {', '.join(SUBKEYS[key])}")
@@ -916,7 +916,14 @@ def _spot(
             r.fail("spot.on_demand_prices", name, "instance types of the catalog")
         r.number(f"spot.on_demand_prices.{name}", price, float, 0.0001, None, "a price > 0")
     fallback = r.choice("spot.fallback", raw.get("fallback", "on_demand"), SPOT_FALLBACKS)
-    if None in (enabled, ratio, base, pct, interruption, fallback):
+    if (
+        enabled is None
+        or ratio is None
+        or base is None
+        or pct is None
+        or interruption is None
+        or fallback is None
+    ):
         return None
     if mode == "instances" and (base or pct) and enabled:
         r.fail(
@@ -974,7 +981,7 @@ def _scaling(r: _Reader, mode: str | None) -> Scaling | None:
         f"an integer number of seconds in {lo}..{hi} (the launching "
         "lifecycle hook's heartbeat timeout; AWS allows at most 7200)",
     )
-    if None in (requests, scale_in, protect, timeout):
+    if requests is None or scale_in is None or protect is None or timeout is None:
         return None
     return Scaling(
         requests_per_node=requests,
@@ -1035,7 +1042,7 @@ def _boot(r: _Reader, cloud: str) -> str | None:
     if boot == "bake" and cloud == "alicloud":
         # pulumi_alicloud 4.0.0: ecs.EcsImagePipeline's build instance takes no RAM role, so it
         # cannot read the private bundle; ecs.Image from a builder instance is captured when the
-        # instance is created, before the bake has run. See README (Deploy, Alibaba Cloud).
+        # instance is created, before the bake has run. See docs/deploy/alicloud.md.
         r.fail(
             "boot",
             boot,
@@ -1400,5 +1407,5 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] != ["--table"]:
-        sys.exit("usage: python -m infra.config --table   (the README's table of stack keys)")
+        sys.exit("usage: python -m infra.config --table   (docs/configuration.md's table)")
     print(readme_table())

@@ -14,13 +14,29 @@ from __future__ import annotations
 from typing import Any
 
 import pulumi
+from torchfleet_compat.hostvars import GROUP, node_hostvars
 
+from infra import catalog
 from infra.config import StackConfig
-from infra.interface import Deployment
+from infra.interface import Deployment, Node
 from infra.monitoring import address as monitoring_address
 
-GROUP = "gpu_nodes"
+__all__ = ["GROUP", "MONITORING_GROUP", "build", "gpu_types", "group_vars"]
+
 MONITORING_GROUP = "monitoring"
+
+
+def gpu_types(cloud: str) -> dict[str, dict[str, Any]]:
+    """The catalog's instance type -> GPU table a node's host vars are looked up in
+    (`torchfleet_compat.hostvars`); the node bundle's node.json carries the same table."""
+    return {
+        t.name: {
+            "gpu_model": t.gpu_model,
+            "gpu_count": t.gpu_count,
+            "compute_capability": t.compute_capability,
+        }
+        for t in catalog.instance_types(cloud).values()
+    }
 
 
 def group_vars(cfg: StackConfig, login_user: str) -> dict[str, Any]:
@@ -88,15 +104,13 @@ def build(cfg: StackConfig, deployment: Deployment) -> pulumi.Output[dict[str, A
             lambda v: with_monitoring(*v)
         )
 
-    def host(node, public_ip: str | None, private_ip: str) -> dict[str, Any]:
-        return {
-            **shared,
-            "ansible_host": public_ip or private_ip,
-            "public_ip": public_ip,
-            "private_ip": private_ip,
-            "torchfleet_instance_type": node.instance_type.name,
-            "torchfleet_spot": node.spot,
-        }
+    types = gpu_types(cfg.cloud)
+
+    def host(node: Node, public_ip: str | None, private_ip: str) -> dict[str, Any]:
+        own = node_hostvars(
+            node.instance_type.name, node.spot, types, private_ip=private_ip, public_ip=public_ip
+        )
+        return {**shared, **own}
 
     addresses = [pulumi.Output.all(n.public_ip, n.private_ip) for n in deployment.nodes]
 

@@ -61,7 +61,7 @@ SCALE_IN_PERIODS = 15
 # every boot of the bootstrap (a reboot for the driver stops and restarts it). The timeout must
 # outlast the longest silence, which is the one around a reboot:
 #   up to one interval since the last heartbeat before the reboot
-#   + the reboot itself (EC2, not measurable in a container: CONTRACT-fleet.md 11 budgets
+#   + the reboot itself (EC2, not measurable in a container: docs/contracts/node.md budgets
 #     1-2 min; the upper figure is taken)
 #   + the stub (bootstrap venv, bundle) and the identity stage of the resumed boot (measured as
 #     identity + the one venv the agent made before the stub existed, tests/bootstrap/, CPU
@@ -96,7 +96,7 @@ LAUNCH_TIMEOUT_DEFAULT_S = _launch_timeout_default()
 # lifecycle-hook timeout (and this stack's launch timeout before the measurements).
 COLD_BOOTSTRAP_BUDGET_S = 3600
 
-# The terminating hook (CONTRACT-fleet.md 6): the agent's watcher notices Terminating:Wait
+# The terminating hook (docs/contracts/node.md): the agent's watcher notices Terminating:Wait
 # within one poll (IMDS every 5 s on AWS, the ESS API every 15 s: the slower is taken), runs
 # `systemctl stop torchfleet-runtime`, which drains for at most drain_timeout_s and is killed
 # by systemd SYSTEMD_STOP_MARGIN_S later (roles/inference_runtime/templates/

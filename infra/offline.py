@@ -203,7 +203,7 @@ class RecordingMonitor(MockMonitor):
         self.registrations: list[tuple[str, str, str, str, bool]] = []
         self.options: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
-    def RegisterResource(self, request):  # the gRPC method it overrides
+    def RegisterResource(self, request: Any) -> Any:  # the gRPC method it overrides
         response = super().RegisterResource(request)
         self.registrations.append(
             (response.urn, request.type, request.name, request.parent, bool(request.custom))

@@ -378,6 +378,7 @@ def monitoring_lines(run: OfflineRun) -> list[str]:
     for r in hosts:
         i = r.inputs
         disk = i.get("rootBlockDevice", {}).get("volumeSize") or i.get("systemDiskSize")
+        assert disk is not None, f"{r.name} has no root disk size"  # both fleets set one
         lines.append(
             f"host {r.name}: {i['instanceType']} at {i['privateIp']} (private, no "
             f"public address), {int(disk)} GiB encrypted disk, metadata tokens "

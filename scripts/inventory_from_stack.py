@@ -9,9 +9,8 @@
 (infra/deploy/inventory.py). Instances-mode stacks list their hosts with per-host variables.
 Group-mode stacks (a scaling group owns the nodes) give the group variables and, in
 `all.vars.torchfleet_discovery`, the region and tags that find the group's running nodes, with
-the per-host variables an instances-mode host has: on AWS through aws_ec2.yml, written next to
-stack.yml (the amazon.aws.aws_ec2 inventory plugin), on Alibaba through the committed
-inventories/<stack>/ecs_inventory.py (the `ansible` package ships no Alibaba plugin)."""
+the per-host variables an instances-mode host has, through group_nodes.py written next to
+stack.yml (an inventory script over infra/group_inventory.py, for either cloud)."""
 
 from __future__ import annotations
 

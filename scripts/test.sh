@@ -13,6 +13,8 @@ run_lint() {
   echo "== ruff (lint, and the formatting ruff format writes)"
   ruff check .
   ruff format --check .
+  echo "== mypy (pyproject.toml [tool.mypy]: infra, runtime, torchfleet-compat, the bench tool)"
+  mypy
   echo "== runtime/, compat/, the node agent and the scripts roles run on nodes parse as Python 3.8"
   python scripts/check_py38.py runtime/src compat/src infra/bootstrap/torchfleet_agent \
     roles/preflight/library roles/autostop/files roles/gpu_monitoring/files roles/pytorch/files

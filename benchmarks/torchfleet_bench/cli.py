@@ -10,6 +10,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from torchfleet_compat.problems import sentence
+
 PROG = "torchfleet-bench"
 # command -> (module, what it measures)
 COMMANDS = {
@@ -45,10 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args else 2
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
-        print(
-            f"{PROG}: command {name!r} is invalid; allowed: {', '.join(COMMANDS)}",
-            file=sys.stderr,
-        )
+        print(f"{PROG}: {sentence('command', name, ', '.join(COMMANDS))}", file=sys.stderr)
         return 2
     module = importlib.import_module(f"torchfleet_bench.{COMMANDS[name][0]}")
     return int(module.main(rest) or 0)

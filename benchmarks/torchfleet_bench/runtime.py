@@ -47,7 +47,7 @@ from torchfleet_bench.report import host_info
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-CONFIGS = (  # name, extra serve flags
+CONFIGS: tuple[tuple[str, list[str]], ...] = (  # name, extra serve flags
     ("batching", []),  # max_batch_size auto: the runtime's default
     ("no-batching", ["--max-batch-size", "1"]),
 )

@@ -172,7 +172,7 @@ class AckCluster(pulumi.ComponentResource):
             f"{name}-system",
             node_pool_name=f"{cfg.name}-system",
             instance_types=[k.system.instance_type],
-            desired_size=k.system.count,
+            desired_size=str(k.system.count),  # the provider's schema: a string
             system_disk_size=SYSTEM_DISK_GB,
             spot_strategy="NoSpot",
             labels=[
@@ -268,7 +268,9 @@ class AckCluster(pulumi.ComponentResource):
         credential = alicloud.cs.get_cluster_credential_output(
             cluster_id=self.cluster.id, temporary_duration_minutes=CREDENTIAL_MINUTES, opts=invoke
         )
-        self.kubeconfig = pulumi.Output.secret(credential.kube_config)
+        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(
+            credential.apply(lambda c: c.kube_config)
+        )
         self.switch_id = network.switches[0].id
         self.register_outputs({"cluster_id": self.cluster.id})
 

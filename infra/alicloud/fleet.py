@@ -18,7 +18,9 @@ desired size up and back, or one by one (`ess` RemoveInstances with the drain ho
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 import pulumi
 import pulumi_alicloud as alicloud
@@ -33,7 +35,7 @@ from infra.interface import NODE_ROLE_TAG, Deployment, instances_deployment
 from infra.nodeboot import group_name, user_data
 from infra.schedule import iso_utc
 
-# What a node may call on its own group (CONTRACT-fleet.md): find and complete its lifecycle
+# What a node may call on its own group (docs/contracts/node.md): find and complete its lifecycle
 # action, keep it alive while it works.
 ESS_NODE_ACTIONS = [
     "ess:CompleteLifecycleAction",
@@ -58,7 +60,7 @@ def _role_policy(service: str) -> str:
     )
 
 
-def _lifecycle_policy(cfg: StackConfig):
+def _lifecycle_policy(cfg: StackConfig) -> Callable[[str], str]:
     def document(group_id: str) -> str:
         return json.dumps(
             {
@@ -70,7 +72,7 @@ def _lifecycle_policy(cfg: StackConfig):
                         "Resource": [f"acs:ess:{cfg.region}:*:scalinggroup/{group_id}"],
                     },
                     # No DescribeScalingGroups: the user-data hands the agent its group id
-                    # (CONTRACT-fleet.md, fleet-node 1.7).
+                    # (docs/contracts/node.md, "What the user-data hands the node").
                     # CloudMonitor has no resource-level permission for custom metrics.
                     {"Effect": "Allow", "Action": ["cms:PutCustomMetric"], "Resource": ["*"]},
                 ],
@@ -193,11 +195,9 @@ class AlicloudFleet(pulumi.ComponentResource):
             opts=child,
         )
 
-    def _spot_args(self) -> dict:
-        cfg = self.cfg
-        if cfg.market != "spot":
-            return {"spot_strategy": "NoSpot"}
-        return {"spot_strategy": "SpotWithPriceLimit"}
+    def _spot_strategy(self) -> str:
+        # market: instances mode buys on-demand after `up` fell back (infra.deploy.capacity)
+        return "SpotWithPriceLimit" if self.cfg.market == "spot" else "NoSpot"
 
     def _instances(
         self, network: AlicloudNetwork, image_id: pulumi.Input[str], expiry: datetime | None
@@ -207,7 +207,7 @@ class AlicloudFleet(pulumi.ComponentResource):
         for i in range(cfg.nodes.count):
             switch = network.switches[i % len(network.switches)]
             zone = cfg.zones[i % len(cfg.zones)]
-            spot = {}
+            spot: dict[str, Any] = {}
             if cfg.market == "spot":
                 spot = {
                     "spot_price_limit": cfg.spot_cap(cfg.instance_type),
@@ -227,7 +227,7 @@ class AlicloudFleet(pulumi.ComponentResource):
                     role_name=self.role.role_name,
                     # auto-release and spot both need pay-as-you-go
                     instance_charge_type="PostPaid",
-                    **self._spot_args(),
+                    spot_strategy=self._spot_strategy(),
                     **spot,
                     auto_release_time=iso_utc(expiry) if expiry else None,
                     # infra.healing: restarted on a healthy host after a host failure
@@ -377,7 +377,7 @@ class AlicloudFleet(pulumi.ComponentResource):
             security_group_ids=[network.sg.id],
             key_name=self.key.key_pair_name,
             role_name=self.role.role_name,
-            **self._spot_args(),
+            spot_strategy=self._spot_strategy(),
             spot_price_limits=spot_limits,
             system_disk_category="cloud_essd",
             system_disk_size=cfg.disk_gb,

@@ -8,8 +8,10 @@ group to zero and back; a one-off task empties it at the TTL."""
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 import pulumi
 import pulumi_alicloud as alicloud
@@ -19,6 +21,9 @@ from infra.config import StackConfig
 from infra.interface import NODE_ROLE_TAG
 from infra.schedule import deploy_time, ess_recurrence, iso_utc, quartz_cron
 
+if TYPE_CHECKING:
+    from infra.alicloud.cluster import AckCluster
+
 # ESS refuses recurrences ending more than 365 days after creation; OOS needs an end date too.
 MAX_RECURRENCE = timedelta(days=360)
 OOS_TEMPLATES = {
@@ -27,13 +32,18 @@ OOS_TEMPLATES = {
 }
 
 
+def _assumed(parameters: dict[str, Any], role_name: str) -> str:
+    """An OOS execution's parameters with the role it runs as (known once the role exists)."""
+    return json.dumps({**parameters, "OOSAssumeRole": role_name})
+
+
 class AlicloudTeardown(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
         cfg: StackConfig,
         tags: dict[str, str],
-        fleet: AlicloudFleet,
+        fleet: AlicloudFleet | AckCluster,
         expiry: datetime | None,
         opts: pulumi.ResourceOptions | None = None,
     ):
@@ -42,12 +52,12 @@ class AlicloudTeardown(pulumi.ComponentResource):
         self.cfg, self.tags, self.name = cfg, tags, name
         now = deploy_time()
         self.end = expiry or (now + MAX_RECURRENCE)
-        if cfg.mode == "instances" and cfg.schedule:
-            self._oos_schedules(fleet)
-        if cfg.mode == "group":
-            self._ess_schedules(fleet, now, expiry)
-        if cfg.mode == "kubernetes":
-            # `fleet` is the ACK cluster: its GPU node pool's ESS scaling group.
+        if isinstance(fleet, AlicloudFleet):
+            if cfg.mode == "instances" and cfg.schedule:
+                self._oos_schedules(fleet)
+            if cfg.mode == "group":
+                self._ess_schedules(fleet, now, expiry)
+        else:  # mode: kubernetes, the ACK cluster: its GPU node pool's ESS scaling group
             for pool in fleet.scaled_pools:
                 self._group_tasks(
                     f"{name}-{pool.name}",
@@ -127,15 +137,15 @@ class AlicloudTeardown(pulumi.ComponentResource):
                 mode="Automatic",
                 description=f"torchfleet {cfg.stack}: {action} the GPU nodes on schedule",
                 parameters=role.role_name.apply(
-                    lambda role_name, at=at, days=days: json.dumps(
+                    functools.partial(
+                        _assumed,
                         {
                             "regionId": cfg.region,
                             "cron": quartz_cron(at, days),
                             "timeZone": s.timezone,
                             "endDate": iso_utc(self.end),
                             "targets": targets,
-                            "OOSAssumeRole": role_name,
-                        }
+                        },
                     )
                 ),
                 tags=self.tags,

@@ -22,6 +22,7 @@ from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
 from infra.lifecycle import COLD_BOOTSTRAP_BUDGET_S
 from infra.nodeboot import user_data
+from infra.outputs import first, present
 
 STATUS_FILE = "/var/lib/torchfleet/bootstrap.json"
 BOOTSTRAP_UNIT = "torchfleet-bootstrap.service"
@@ -172,6 +173,6 @@ class AwsBake(pulumi.ComponentResource):
             ),
         )
         self.image_id: pulumi.Output[str] = image.output_resources.apply(
-            lambda res: res[0].amis[0].image
+            lambda res: present(first(first(res, "image output").amis, "AMI").image, "AMI id")
         )
         self.register_outputs({"image_id": self.image_id})

@@ -37,6 +37,7 @@ from infra.k8s import addons, pools
 from infra.k8s.cost import cluster_cost
 from infra.k8s.pools import ScaledPool
 from infra.k8s.workload import GPU_TAINT, MODEL_CLAIM, Placement, gpu_node_labels, model_volume
+from infra.outputs import first, present
 from infra.tags import with_name
 
 GPU_AMI = "AL2023_x86_64_NVIDIA"  # EKS API Nodegroup amiType: AL2 GPU AMIs end with 1.32
@@ -213,7 +214,11 @@ class EksCluster(pulumi.ComponentResource):
                 child, pulumi.ResourceOptions(depends_on=[*attachments, kms_use, logs])
             ),
         )
-        issuer = self.cluster.identities.apply(lambda ids: ids[0].oidcs[0].issuer)
+        issuer = self.cluster.identities.apply(
+            lambda ids: present(
+                first(first(ids, "cluster identity").oidcs, "OIDC issuer").issuer, "issuer URL"
+            )
+        )
         self.oidc = aws.iam.OpenIdConnectProvider(
             f"{name}-oidc", url=issuer, client_id_lists=["sts.amazonaws.com"], tags=tags, opts=child
         )
@@ -305,7 +310,12 @@ class EksCluster(pulumi.ComponentResource):
                 opts=groups_opts,
             )
             self.gpu_groups[pool.name] = group
-            asg = group.resources.apply(lambda rs: rs[0].autoscaling_groups[0].name)
+            asg = group.resources.apply(
+                lambda rs: present(
+                    first(first(rs, "node group resources").autoscaling_groups, "ASG").name,
+                    "ASG name",
+                )
+            )
             self.scaled_pools.append(ScaledPool(pool.name, asg, pool.min, pool.max, pool.desired))
 
         self.autoscaler_role = self._irsa(
@@ -314,7 +324,7 @@ class EksCluster(pulumi.ComponentResource):
         self.kubeconfig = kubeconfig(
             self.cluster.name,
             self.cluster.endpoint,
-            self.cluster.certificate_authority.apply(lambda c: c.data),
+            self.cluster.certificate_authority.apply(lambda c: present(c.data, "cluster CA")),
             cfg.region,
         )
         self.register_outputs({"cluster_name": self.cluster.name})

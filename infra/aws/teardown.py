@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 import pulumi
 import pulumi_aws as aws
@@ -17,6 +18,9 @@ from infra.aws.fleet import AwsFleet
 from infra.config import StackConfig
 from infra.cost import estimate
 from infra.schedule import eventbridge_cron, iso_utc, unix_cron
+
+if TYPE_CHECKING:
+    from infra.aws.cluster import EksCluster
 
 EC2_ACTIONS = {
     "start": "arn:aws:scheduler:::aws-sdk:ec2:startInstances",
@@ -40,7 +44,7 @@ class AwsTeardown(pulumi.ComponentResource):
         name: str,
         cfg: StackConfig,
         tags: dict[str, str],
-        fleet: AwsFleet,
+        fleet: AwsFleet | EksCluster,
         expiry: datetime | None,
         arn_partition: str,
         account: pulumi.Input[str],
@@ -49,12 +53,12 @@ class AwsTeardown(pulumi.ComponentResource):
         super().__init__("torchfleet:aws:Teardown", name, None, opts)
         self.child = pulumi.ResourceOptions(parent=self)
         self.cfg, self.tags, self.name = cfg, tags, name
-        if cfg.mode == "instances" and (cfg.schedule or expiry):
-            self._instance_schedules(fleet, expiry, arn_partition, account)
-        if cfg.mode == "group":
-            self._group_schedules(fleet, expiry)
-        if cfg.mode == "kubernetes":
-            # `fleet` is the EKS cluster: its GPU node groups' Auto Scaling groups.
+        if isinstance(fleet, AwsFleet):
+            if cfg.mode == "instances" and (cfg.schedule or expiry):
+                self._instance_schedules(fleet, expiry, arn_partition, account)
+            if cfg.mode == "group":
+                self._group_schedules(fleet, expiry)
+        else:  # mode: kubernetes, the EKS cluster: its GPU node groups' Auto Scaling groups
             for pool in fleet.scaled_pools:
                 self._asg_schedules(
                     f"{name}-{pool.name}", pool.group_name, pool.min, pool.max, pool.desired, expiry
@@ -135,7 +139,7 @@ class AwsTeardown(pulumi.ComponentResource):
             tz: str,
             action: str,
             target_input: pulumi.Output[str] | None = None,
-            **extra,
+            **extra: Any,
         ) -> None:
             what = "the GPU nodes' spot requests" if action == "cancel" else "the GPU nodes"
             aws.scheduler.Schedule(

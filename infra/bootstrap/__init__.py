@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from torchfleet_compat.problems import InvalidInput, Problems
+
 from infra.bootstrap.torchfleet_agent import boot
 from infra.constants import PROJECT, SERVICE_PORT
 
@@ -42,10 +44,8 @@ ENDPOINTS = {
 }
 
 
-class BootstrapError(ValueError):
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("invalid bootstrap spec:\n  - " + "\n  - ".join(problems))
+class BootstrapError(InvalidInput):
+    heading = "invalid bootstrap spec:"
 
 
 @dataclass(frozen=True)
@@ -76,37 +76,39 @@ class BootstrapSpec:
     pip_args: tuple[str, ...] = ()
 
 
-def _problems(spec: BootstrapSpec) -> list[str]:
-    out = []
+def _problems(spec: BootstrapSpec) -> Problems:
+    found = Problems()
     if spec.cloud not in CLOUDS:
-        out.append(f"cloud={spec.cloud!r}: allowed {', '.join(CLOUDS)}")
+        found.add("cloud", spec.cloud, ", ".join(CLOUDS))
     if spec.mode not in MODES:
-        out.append(f"mode={spec.mode!r}: allowed {', '.join(MODES)}")
+        found.add("mode", spec.mode, ", ".join(MODES))
     if not re.fullmatch(r"[0-9a-f]{64}", spec.bundle_sha256 or ""):
-        out.append(
-            f"bundle_sha256={spec.bundle_sha256!r}: allowed 64 lowercase hex digits "
-            "(infra.bundle.Bundle.sha256)"
+        found.add(
+            "bundle_sha256",
+            spec.bundle_sha256,
+            "64 lowercase hex digits (infra.bundle.Bundle.sha256)",
         )
     for name in ("region", "stack", "bundle_bucket", "bundle_key"):
         if not getattr(spec, name):
-            out.append(f"{name} is empty: allowed a non-empty string")
+            found.add(name, getattr(spec, name), "a non-empty string")
     for hook in ("launch_hook", "terminate_hook"):
         if getattr(spec, hook) and not spec.group_name:
-            out.append(
-                f"{hook}={getattr(spec, hook)!r} without group_name: lifecycle hooks "
-                "belong to a scaling group"
+            found.add(
+                hook,
+                getattr(spec, hook),
+                "a hook only with group_name (lifecycle hooks belong to a scaling group)",
             )
     if not 1 <= int(spec.service_port) <= 65535:
-        out.append(f"service_port={spec.service_port!r}: allowed 1..65535")
+        found.add("service_port", spec.service_port, "1..65535")
     allowed = ENDPOINTS.get(spec.cloud, ())
     for key, url in spec.endpoints.items():
         if key not in allowed:
-            out.append(f"endpoints[{key!r}]: allowed keys for {spec.cloud}: {', '.join(allowed)}")
+            found.add(f"endpoints[{key!r}]", url, f"keys for {spec.cloud}: {', '.join(allowed)}")
         elif not re.match(r"^https?://", str(url)):
-            out.append(f"endpoints[{key!r}]={url!r}: allowed an http(s) URL")
+            found.add(f"endpoints[{key!r}]", url, "an http(s) URL")
     if isinstance(spec.pip_args, str):
-        out.append("pip_args must be a sequence of arguments, not one string")
-    return out
+        found.add("pip_args", spec.pip_args, "a sequence of arguments, not one string")
+    return found
 
 
 def _block(text: str) -> str:
@@ -124,9 +126,7 @@ def unit(name: str) -> str:
 
 def render_user_data(spec: BootstrapSpec) -> str:
     """A complete `#cloud-config` document, deterministic, within the cloud's size limit."""
-    problems = _problems(spec)
-    if problems:
-        raise BootstrapError(problems)
+    _problems(spec).raise_if_any(BootstrapError)
     settings = {
         **asdict(spec),
         "endpoints": dict(sorted(spec.endpoints.items())),

@@ -2,7 +2,7 @@
 end-to-end test; the Molecule driver shares the key and port helpers).
 
 A container node runs `localhost/torchfleet-bookworm:latest` (scripts/build_image.sh) with podman
-`--runtime runc --systemd=always` and the file/process ulimits systemd needs (DESIGN.md), its
+`--runtime runc --systemd=always` and the ulimits systemd needs (docs/development/tests.md), its
 sshd and its runtime port published on 127.0.0.1 only (podman picks free ports), the torch
 wheelhouse mounted read-only, and the stack's login user (e.g. `ubuntu`) made with the throwaway
 key and passwordless sudo, so Ansible logs in and becomes root as it does on a cloud image.
@@ -32,7 +32,8 @@ IMAGE = "localhost/torchfleet-bookworm:latest"
 IMAGE_SUITE = "bookworm"
 PREFIX = "torchfleet-demo-"
 LABEL = "io.torchfleet.demo"
-# systemd as PID 1 needs more file handles and processes than podman's defaults (DESIGN.md)
+# systemd as PID 1 needs more file handles and processes than podman's defaults
+# (docs/development/tests.md, "Containers as nodes")
 RUN_OPTIONS = (
     "--systemd=always",
     "--ulimit",
@@ -248,7 +249,7 @@ def start_nodes(
                 "/sbin/init",
                 timeout=300,
             )
-        elif not info.get("State", {}).get("Running"):
+        elif not (info or {}).get("State", {}).get("Running"):
             podman("start", name, timeout=300)
         _make_login_user(name, login_user, public_key)
         ip = podman(

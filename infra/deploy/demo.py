@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from torchfleet_compat.hostvars import node_hostvars
 
 from infra import client
 from infra import config as stack_config
@@ -49,13 +50,13 @@ PLAN_STACKS = ("aws-dev", "alicloud-dev")
 DEMO_ROOT = REPO_ROOT / ".cache" / "demo"
 BENCH_LEVELS = (1, 8)
 BENCH_SECONDS = 3.0
-# The container is not an L4 spot instance: these host facts of the stack output are replaced.
-CONTAINER_FACTS = {
-    "torchfleet_gpu_model": "",
-    "torchfleet_compute_capability": "",
-    "torchfleet_cuda_profile": "cpu",
-    "torchfleet_spot": False,
-}
+# The stack's facts a container node does not share (NOT_DONE names them).
+REPLACED = (
+    "torchfleet_gpu_model",
+    "torchfleet_compute_capability",
+    "torchfleet_cuda_profile",
+    "torchfleet_spot",
+)
 
 
 def state_dir(prefix: str) -> Path:
@@ -72,6 +73,21 @@ def stack_values(stack: str, nodes: int | None = None) -> dict[str, Any]:
 def stack_outputs(count: int) -> dict[str, Any]:
     """The outputs of the aws-dev program with `count` nodes, under Pulumi's mock engine."""
     return run_offline(SHAPE_STACK, stack_values(SHAPE_STACK, count)).outputs
+
+
+def container_host(host: dict[str, Any], ip: str, ssh_port: int) -> dict[str, Any]:
+    """A host of the stack's outputs as a container node: its own host vars (an on-demand node
+    whose GPU the preflight detects: no GPU table), reached over the SSH port the container
+    publishes on loopback, with the CPU profile instead of the stack's CUDA one."""
+    own = node_hostvars(
+        host["torchfleet_instance_type"],
+        False,
+        {},
+        private_ip=ip,
+        public_ip="127.0.0.1",
+        ssh_port=ssh_port,
+    )
+    return {**host, **own, "torchfleet_cuda_profile": "cpu"}
 
 
 def login_user(outputs: dict[str, Any]) -> str:
@@ -91,14 +107,7 @@ def node_outputs(
             f"the {SHAPE_STACK} program made {len(hosts)} hosts for {len(nodes)} nodes"
         )
     for (name, host), node in zip(sorted(hosts.items()), nodes, strict=True):
-        host.update(
-            ansible_host="127.0.0.1",
-            ansible_port=node.ssh_port,
-            public_ip="127.0.0.1",
-            private_ip=node.ip,
-            **CONTAINER_FACTS,
-        )
-        hosts[name] = host
+        hosts[name] = container_host(host, node.ip, node.ssh_port)
     first, user = nodes[0], next(iter(hosts.values()))["ansible_user"]
     port = SERVICE_PORT
     outputs["endpoint"] = f"http://{first.ip}:{port}"
@@ -333,4 +342,6 @@ def _run(
 
 
 def not_done() -> str:
-    return NOT_DONE.format(facts=", ".join(f"{k}={v!r}" for k, v in CONTAINER_FACTS.items()))
+    sample = container_host({"torchfleet_instance_type": ""}, "", 0)
+    facts = {k: sample[k] for k in REPLACED}
+    return NOT_DONE.format(facts=", ".join(f"{k}={v!r}" for k, v in facts.items()))

@@ -72,20 +72,22 @@ class Preflight:
         for c in self.checks:
             mark = "ok" if c.ok else ("MISSING" if c.required else "note")
             head = f"  {mark:<7}  {c.name:<{width}}  "
-            # paths and commands stay whole: wrap at spaces only
-            keep = {"break_on_hyphens": False, "break_long_words": False}
-            out += textwrap.wrap(
-                c.found, columns, initial_indent=head, subsequent_indent=pad, **keep
-            ) or [head]
+            out += _wrap(c.found, columns, head, pad) or [head]
             if not c.ok and c.fix:
-                out += textwrap.wrap(
-                    "fix: " + c.fix,
-                    columns,
-                    initial_indent=pad,
-                    subsequent_indent=pad + "     ",
-                    **keep,
-                )
+                out += _wrap("fix: " + c.fix, columns, pad, pad + "     ")
         return out
+
+
+def _wrap(text: str, columns: int, first: str, rest: str) -> list[str]:
+    """Wrapped at spaces only: paths and commands stay whole."""
+    return textwrap.wrap(
+        text,
+        columns,
+        initial_indent=first,
+        subsequent_indent=rest,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
 
 
 def _which(name: str, env: Mapping[str, str]) -> str | None:

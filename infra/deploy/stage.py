@@ -4,7 +4,7 @@ A stage that fails raises `StageError(stage, message, host=..., task=..., fix=..
 prints it (which stage, which host, which task, what to do) and exits with the stage's code.
 Every stage is idempotent, so the fix for any failure ends with "re-run the same command".
 
-Exit codes (the CLI's contract, also in `torchfleet --help` and the README):
+Exit codes (the CLI's contract, also in `torchfleet --help` and docs/deploy/exit-codes.md):
 
     0   success
     1   an unexpected error (a bug: the traceback is in the run log)

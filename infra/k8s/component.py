@@ -88,7 +88,7 @@ class KubernetesApp(pulumi.ComponentResource):
         )
         child = pulumi.ResourceOptions(parent=self, provider=self.provider)
 
-        def after(*deps: pulumi.Resource) -> pulumi.ResourceOptions:
+        def after(*deps: pulumi.Resource | None) -> pulumi.ResourceOptions:
             return pulumi.ResourceOptions.merge(
                 child, pulumi.ResourceOptions(depends_on=[d for d in deps if d is not None])
             )

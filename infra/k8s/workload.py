@@ -146,7 +146,10 @@ def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "home", "emptyDir": {"sizeLimit": "2Gi"}},
     ]
-    mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "home", "mountPath": HOME}]
+    mounts: list[dict[str, Any]] = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "home", "mountPath": HOME},
+    ]
     if placement.model_claim:
         volumes.append(
             {

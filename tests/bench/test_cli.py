@@ -26,7 +26,7 @@ def test_no_command_is_a_usage_error(capsys):
 def test_an_unknown_command_names_the_allowed_ones(capsys):
     assert cli.main(["bench-everything"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "torchfleet-bench: command 'bench-everything' is invalid; allowed: "
+        "torchfleet-bench: command = 'bench-everything' is invalid; allowed: "
         "load, runtime, peers, http-stack, codec, ab, py39"
     )
 

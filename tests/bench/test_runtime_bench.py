@@ -47,8 +47,11 @@ def test_runtime_benchmark_end_to_end(tmp_path):
     assert report["servers"]["no-batching"]["model"]["max_batch_size"] == 1
     summary = report["summary"]
     best = summary["offline_best_items_per_s"]
-    # the ceiling is the graph the servers run (the runtime's optimiser), not the file as loaded
-    assert report["offline"]["optimization"]["method"] == "optimize_for_inference"
+    # the ceiling is the graph the servers run (the runtime's optimiser), not the file as loaded;
+    # the optimiser keeps the loaded graph only when its start-up timing says the candidate was
+    # slower, which a loaded machine can make it say (never for any other reason here)
+    opt = report["offline"]["optimization"]
+    assert opt["method"] == "optimize_for_inference" or "was slower" in opt["reason"], opt
     for cfg, run in report["servers"].items():
         assert run["stop"]["exit_code"] == 0  # SIGTERM drains and exits 0
         assert run["start_to_ready_s"] > 0 and run["first_request_ms"] > 0

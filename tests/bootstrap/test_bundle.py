@@ -103,7 +103,11 @@ def test_archive_contents_metadata_and_manifest() -> None:
         node["group_vars"]["torchfleet_cuda_profile"] == "cu121"  # Pulumi.alicloud-prod.yaml
         and "ansible_user" not in node["group_vars"]
     )
-    assert node["instance_types"]["ecs.gn6i-c4g1.xlarge"] == {"gpu_model": "T4", "gpu_count": 1}
+    assert node["instance_types"]["ecs.gn6i-c4g1.xlarge"] == {
+        "gpu_model": "T4",
+        "gpu_count": 1,
+        "compute_capability": "7.5",
+    }
 
 
 def test_bad_stacks_fail_with_what_exists(tmp_path: Path) -> None:

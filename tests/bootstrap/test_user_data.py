@@ -141,18 +141,20 @@ def test_a_bad_spec_names_every_field_and_what_is_allowed() -> None:
         render_user_data(bad)
     text = str(err.value)
     for expected in (
-        "cloud='gcp': allowed aws, alicloud",
-        "mode='warm': allowed cold, baked, bake",
-        "bundle_sha256='abc'",
-        "bundle_key is empty",
-        "launch_hook='torchfleet-launch' without group_name",
-        "service_port=70000",
-        "endpoints['sqs']",
+        "cloud = 'gcp' is invalid; allowed: aws, alicloud",
+        "mode = 'warm' is invalid; allowed: cold, baked, bake",
+        "bundle_sha256 = 'abc' is invalid; allowed: 64 lowercase hex digits",
+        "bundle_key = '' is invalid; allowed: a non-empty string",
+        "launch_hook = 'torchfleet-launch' is invalid; allowed: a hook only with group_name",
+        "service_port = 70000 is invalid; allowed: 1..65535",
+        "endpoints['sqs'] = 'http://127.0.0.1:1' is invalid; allowed: keys for gcp",
     ):
         assert expected in text, text
-    with pytest.raises(BootstrapError, match=r"endpoints\['s3'\]='ftp://x': allowed an http"):
+    with pytest.raises(
+        BootstrapError, match=r"endpoints\['s3'\] = 'ftp://x' is invalid; allowed: an http"
+    ):
         render_user_data(spec(endpoints={"s3": "ftp://x"}))
-    with pytest.raises(BootstrapError, match="allowed keys for alicloud: oss, ess, cms, imds"):
+    with pytest.raises(BootstrapError, match="allowed: keys for alicloud: oss, ess, cms, imds"):
         render_user_data(spec("alicloud", endpoints={"s3": "http://127.0.0.1:1"}))
 
 

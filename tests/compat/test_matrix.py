@@ -67,6 +67,14 @@ def test_every_schema_problem_is_reported_at_once_with_file_key_value_and_allowe
     assert len(got) == len(want) + 1
 
 
+def test_a_gpu_whose_memory_is_not_a_number_is_reported_not_a_crash():
+    data = copy.deepcopy(RAW)
+    data["gpus"]["T4"]["memory_gib"] = "sixteen"  # int("sixteen") crashed the parse before
+    assert problems(data) == [
+        "m.yml: gpus.T4.memory_gib = 'sixteen' is invalid; allowed: a whole number of GiB > 0"
+    ]
+
+
 def test_a_file_that_is_not_a_matrix_names_the_file(tmp_path):
     bad = tmp_path / "m.yml"
     bad.write_text("- just\n- a list\n")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import subprocess
 
-import pytest  # xfail-until-citations-rewritten (its only use)
 from docs_support import DOCS, README, REPO, pages
 
 # Where a citation may start: the repository's top-level folders and files (what git tracks at
@@ -116,7 +115,6 @@ def test_every_page_is_in_the_nav_and_the_readme_links_resolve():
     assert links and all((REPO / link).is_file() for link in links), links
 
 
-@pytest.mark.xfail(strict=True)  # xfail-until-citations-rewritten
 def test_every_markdown_file_the_code_cites_exists():
     """Code, scripts and the READMEs beside them cite only Markdown files that are in the
     repository: a bare name must be some tracked file's name, a path must resolve from the root

@@ -90,7 +90,7 @@ def build_image(
             *extra,
         ]
         certs = sorted(Path("/usr/local/share/ca-certificates").glob("*.crt"))
-        if certs:  # this network inspects TLS (DESIGN.md); the build's extra-CA path is exercised
+        if certs:  # TLS inspected here (docs/development/tests.md): the build's extra-CA path runs
             cmd += ["--extra-ca-certs", *map(str, certs)]
         done = subprocess.run(
             cmd, cwd=REPO, env=podman_env, capture_output=True, text=True, timeout=1800

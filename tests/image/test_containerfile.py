@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 import uuid
 from argparse import Namespace
 
@@ -64,7 +63,7 @@ def derived(**overrides: object) -> dict[str, str]:
 def test_containerfile_defaults_are_the_matrix_default_profile() -> None:
     defaults = containerfile_defaults()
     expected = derived()
-    assert expected["CUDA_PROFILE"] == "cu116"  # the matrix's default_profile, as DESIGN.md states
+    assert expected["CUDA_PROFILE"] == "cu116"  # the default_profile (docs/contracts/versions.md)
     for key in DERIVED:
         assert key in defaults, f"runtime/Containerfile has no default for ARG {key}"
         assert defaults[key] == {expected[key]}, (
@@ -108,18 +107,16 @@ def test_a_torch_override_keeps_the_numpy_rule_and_a_bad_profile_names_the_allow
         derived(profile="cu999")
 
 
+@pytest.mark.image  # asks podman for the base
 def test_make_image_stops_at_once_naming_a_base_that_cannot_be_pulled() -> None:
     base = f"localhost/torchfleet-image-test-missing-{uuid.uuid4().hex[:8]}:latest"
-    started = time.monotonic()
     done = subprocess.run(
         ["make", "image", f"BASE={base}"], cwd=REPO, capture_output=True, text=True, timeout=300
     )
-    seconds = time.monotonic() - started
     assert done.returncode != 0
     assert f"cannot pull the base image {base}" in done.stderr, done.stderr[-2000:]
     assert "make image BASE=" in done.stderr  # says how to build on a local base
-    assert "STEP" not in done.stdout + done.stderr  # no build step ran
-    assert seconds < 60, f"took {seconds:.0f} s to fail"
+    assert "STEP" not in done.stdout + done.stderr  # it stopped before any build step ran
 
 
 def test_the_base_follows_the_matrix_toolkit_repos_and_pythons(tmp_path) -> None:

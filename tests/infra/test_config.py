@@ -372,7 +372,7 @@ WRONG_KIND = {
 @pytest.mark.parametrize("stack", ["aws-prod", "alicloud-dev"])
 def test_every_key_of_the_wrong_kind_is_one_error_in_the_declarations_words(settings, stack):
     """Table-driven over FIELDS: each key set to a value of the wrong kind is refused with one
-    problem naming the key and quoting its declared kind and `allowed` (the README's words), and
+    problem naming the key and quoting its declared kind and `allowed` (the docs' words), and
     nothing else is reported for it; no key crashes the loader."""
     from infra.config import FIELDS
 

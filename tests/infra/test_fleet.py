@@ -243,7 +243,7 @@ def test_groups_join_when_ready_and_leave_when_drained(runs, settings, stack):
     launch, terminate = (by_kind[k] for k in kinds)
     timeout = (cfg.get("scaling") or {}).get("launch_timeout_s", LAUNCH_TIMEOUT_DEFAULT_S)
     assert launch["heartbeatTimeout"] == timeout and launch["name"] == "torchfleet-launch"
-    # CONTRACT-fleet.md 6: at least drain + systemd's 15 s + the watcher's poll and call
+    # docs/contracts/node.md: at least drain + systemd's 15 s + the watcher's poll and call
     assert terminate["heartbeatTimeout"] >= drain + 15 + 15
     assert terminate["name"] == "torchfleet-terminate"
 

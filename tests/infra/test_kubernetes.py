@@ -27,7 +27,7 @@ from infra.k8s import settings as k8s_settings
 from infra.offline import OfflineMocks, RecordingMonitor, run_offline
 from infra.plan import KUBERNETES_STACKS
 
-AWS_SPOT_NOTICE_S = 120  # the shortest notice a node gets before it goes (DESIGN.md)
+AWS_SPOT_NOTICE_S = 120  # the shortest notice a node gets before it goes (docs/contracts/node.md)
 HELM = "kubernetes:helm.sh/v3:Release"
 CLUSTER_TYPE = {
     "aws": "aws:eks/cluster:Cluster",

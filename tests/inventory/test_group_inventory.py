@@ -1,11 +1,11 @@
 """Group-mode inventories reach every running node of the group, with the per-host variables an
 instances-mode host has.
 
-AWS: scripts/inventory_from_stack.py turns a group-mode stack output into stack.yml (the shared
-facts) and aws_ec2.yml (the amazon.aws.aws_ec2 plugin with the stack's discovery filters); real
-`ansible-inventory --list` runs it against moto's EC2 (server mode, on loopback) holding this
-stack's running nodes and decoys the filters must drop: a stopped node, another stack's, an
-untagged instance. Alibaba: inventories/alicloud-prod/ecs_inventory.py, through Alibaba's ECS
+scripts/inventory_from_stack.py turns a group-mode stack output into stack.yml (the shared facts
+and the discovery filter) and group_nodes.py (the inventory script over infra/group_inventory.py),
+which real `ansible-inventory --list` runs. AWS: against moto's EC2 (server mode, on loopback)
+holding this stack's running nodes, of two instance types, and decoys the filters must drop: a
+stopped node, another stack's, an untagged instance. Alibaba: through Alibaba's ECS
 SDK, against a fake ECS DescribeInstances on loopback (tests/bootstrap/fake_alibaba.py) that
 recomputes the request's signature with the SDK's own signer and checks its tag filters."""
 
@@ -61,9 +61,6 @@ def outputs(cloud: str, discovery: dict[str, Any]) -> dict[str, Any]:
 def inventory_dir(tmp: Path, stack: str, outs: dict[str, Any]) -> Path:
     target = tmp / "inventories"
     shutil.copytree(REPO / "inventories" / stack, target / stack)
-    for script in (target / stack).glob("*.py"):  # scripts find the repo from their real path
-        script.unlink()
-        script.symlink_to(REPO / "inventories" / stack / script.name)
     (tmp / "outputs.json").write_text(json.dumps(outs))
     made = subprocess.run(
         [
@@ -145,7 +142,8 @@ def test_aws_group_inventory_lists_the_running_nodes_of_the_stack(
         )
         return made["Instances"][0]["InstanceId"]
 
-    on_demand, spot = launch(TAGS), launch(TAGS, "g5.2xlarge", spot=True)
+    # a T4 node in an A10G stack: its GPU facts are its own type's, not the stack's
+    on_demand, spot = launch(TAGS), launch(TAGS, "g4dn.xlarge", spot=True)
     stopped = launch(TAGS)
     ec2.stop_instances(InstanceIds=[stopped])
     other_stack = launch({**TAGS, "stack": "aws-dev"})
@@ -167,12 +165,12 @@ def test_aws_group_inventory_lists_the_running_nodes_of_the_stack(
             },
         ),
     )
-    assert (path / "aws_ec2.yml").exists()
+    assert os.access(path / "group_nodes.py", os.X_OK)
 
     inv = ansible_inventory(
         path,
         {
-            "AWS_URL": moto_ec2,
+            "AWS_ENDPOINT_URL_EC2": moto_ec2,
             "AWS_ACCESS_KEY_ID": "test",
             "AWS_SECRET_ACCESS_KEY": "test",
             "AWS_DEFAULT_REGION": "eu-west-1",
@@ -186,7 +184,10 @@ def test_aws_group_inventory_lists_the_running_nodes_of_the_stack(
         for r in ec2.describe_instances(InstanceIds=[on_demand, spot])["Reservations"]
         for i in r["Instances"]
     }
-    for host, itype, is_spot in ((on_demand, "g5.xlarge", False), (spot, "g5.2xlarge", True)):
+    for host, itype, is_spot, gpu in (
+        (on_demand, "g5.xlarge", False, ("A10G", "8.6")),
+        (spot, "g4dn.xlarge", True, ("T4", "7.5")),
+    ):
         hv = inv["_meta"]["hostvars"][host]
         want_host = described[host].get("PublicIpAddress") or described[host]["PrivateIpAddress"]
         # The instances-mode host's variables, per host ...
@@ -196,9 +197,12 @@ def test_aws_group_inventory_lists_the_running_nodes_of_the_stack(
         )
         assert hv["public_ip"] == described[host].get("PublicIpAddress")
         assert hv["torchfleet_instance_type"] == itype and hv["torchfleet_spot"] is is_spot, hv
+        assert (hv["torchfleet_gpu_model"], hv["torchfleet_compute_capability"]) == gpu, hv
+        zone = described[host]["Placement"]["AvailabilityZone"].replace("-", "_")
+        assert host in inv[f"zone_{zone}"]["hosts"], inv
         # ... and the stack's shared facts from stack.yml's gpu_nodes vars.
-        assert hv["torchfleet_cuda_profile"] == "cu116" and hv["torchfleet_gpu_model"] == "A10G", hv
-        assert hv["ansible_user"] == "admin"  # aws-prod runs Debian 12
+        # aws-prod runs Debian 12 (its group_vars log in as admin)
+        assert hv["torchfleet_cuda_profile"] == "cu116" and hv["ansible_user"] == "admin", hv
 
 
 def describe_instances(action: str, params: dict[str, str]) -> dict[str, Any]:
@@ -236,7 +240,7 @@ def test_alicloud_group_inventory_lists_the_running_nodes(tmp_path: Path) -> Non
                 },
             ),
         )
-        assert not (path / "aws_ec2.yml").exists()
+        assert os.access(path / "group_nodes.py", os.X_OK)
         inv = ansible_inventory(
             path,
             {
@@ -253,6 +257,7 @@ def test_alicloud_group_inventory_lists_the_running_nodes(tmp_path: Path) -> Non
         and second["torchfleet_spot"] is True
     )
     assert first["torchfleet_cuda_profile"] == "cu116"  # the shared facts from stack.yml
+    assert first["torchfleet_gpu_model"] == "T4"  # its own type's GPU (ecs.gn6i: T4)
     assert ecs.refused == [] and [c["params"]["PageNumber"] for c in ecs.calls] == ["1", "2"]
     assert all(
         c["version"] == "2014-05-26"

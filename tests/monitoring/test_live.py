@@ -12,7 +12,7 @@ as expected failures; once it exports any of it, every panel must return data.
 
 TORCHFLEET_RUNTIME_BIN picks another runtime's executable (default: this venv's);
 TORCHFLEET_LIVE_LOAD_S lengthens the load and TORCHFLEET_DASHBOARD_PNG saves the rendered
-dashboard there (how the README picture is made)."""
+dashboard there (how the picture in docs/monitoring.md is made)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 BaseHandler loads the TorchScript file of the archive (no model file given) and runs
 preprocess -> inference -> postprocess on each batch TorchServe's frontend forms
-(`batchSize`/`maxBatchDelay` in the archive's model-config.yaml, docs/batch_inference_with_ts.md
+(`batchSize`/`maxBatchDelay` in model-config.yaml, TorchServe's docs/batch_inference_with_ts.md
 and docs/configuration.md). TorchServe's Python worker has already parsed an application/json
 body into a dict.
 """

@@ -232,7 +232,7 @@ def run_server(
     url = f"http://127.0.0.1:{srv.port}{srv.predict_path}"
     try:
         srv.start()
-        with proctree.PeakSampler(srv.proc.pid) as mem:
+        with proctree.PeakSampler(srv.pid) as mem:
             run["start_to_ready_s"] = round(srv.wait_ready(args.ready_timeout), 3)
             run.update(first_request(srv, body, model.expected_outputs(), args.request_timeout))
             run["idle_rss_mb"] = round(mem.sample()[0], 1)
@@ -258,12 +258,12 @@ def run_server(
                 # wrk abandons its in-flight requests when it stops; a server that computes them
                 # anyway would spend the measured window on them (and a bounded queue would
                 # answer 503): measure from a quiet server
-                quiet_s = quiesce(srv.proc.pid, args.quiesce_max)
-                cpu0 = proctree.cpu_s(srv.proc.pid)
+                quiet_s = quiesce(srv.pid, args.quiesce_max)
+                cpu0 = proctree.cpu_s(srv.pid)
                 res, raw = wrk.run(
                     url, model.body, c, args.duration, args.wrk_threads, args.request_timeout
                 )
-                cpu = proctree.cpu_s(srv.proc.pid) - cpu0
+                cpu = proctree.cpu_s(srv.pid) - cpu0
                 lv = {"concurrency": c, **res.as_dict(), "quiesce_s": quiet_s}
                 # fewer answers than connections: the latency is longer than the window
                 lv["underfilled"] = res.requests < c
@@ -279,7 +279,7 @@ def run_server(
                 )
             # SIGTERM -> exit is timed from an idle server, not one still computing what the
             # last wrk run abandoned
-            run["quiesce_before_stop_s"] = quiesce(srv.proc.pid, args.quiesce_max)
+            run["quiesce_before_stop_s"] = quiesce(srv.pid, args.quiesce_max)
             run["peak_rss_mb"] = round(mem.peak_rss_mb, 1)
             run["peak_pss_mb"] = round(mem.peak_pss_mb, 1)
             run["processes"] = mem.max_processes

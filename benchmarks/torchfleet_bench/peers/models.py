@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MODELS = ("demo", "wide")
 WIDE_INPUT = (3, 128, 128)
@@ -53,7 +54,7 @@ def body_bytes(shape: tuple[int, ...], seed: int = BODY_SEED) -> bytes:
     gen = torch.Generator().manual_seed(seed)
     values = torch.randn(shape, generator=gen).tolist()
 
-    def rounded(x):
+    def rounded(x: Any) -> Any:
         return [rounded(v) for v in x] if isinstance(x, list) else round(x, DECIMALS)
 
     return json.dumps({"inputs": rounded(values)}, separators=(",", ":")).encode()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 
 def measure(model_path: str, shape: tuple[int, ...], batches: list[int], seconds: float) -> dict:
@@ -38,7 +39,7 @@ def served_graph(
     return out
 
 
-def rows_of(model, shape: tuple[int, ...], batches: list[int], seconds: float) -> dict:
+def rows_of(model: Any, shape: tuple[int, ...], batches: list[int], seconds: float) -> dict:
     import torch
 
     gen = torch.Generator().manual_seed(0)

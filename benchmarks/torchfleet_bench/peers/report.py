@@ -140,11 +140,11 @@ def ratios(
         out["ours_over_best_peer"][threads] = per_c
     for key, s in summary.items():
         server, threads = split_key(key)
-        best = ((ours_offline or {}) if server == ours else offline).get(threads)
+        ceiling = ((ours_offline or {}) if server == ours else offline).get(threads)
         out["served_over_offline"][key] = {
             c: (
-                round(lv["req_per_s"]["median"] / best, 3)
-                if best and lv["req_per_s"]["median"]
+                round(lv["req_per_s"]["median"] / ceiling, 3)
+                if ceiling and lv["req_per_s"]["median"]
                 else None
             )
             for c, lv in s["levels"].items()

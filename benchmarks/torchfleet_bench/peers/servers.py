@@ -176,6 +176,12 @@ class Server:
 
     # -- common lifecycle -------------------------------------------------------------------
 
+    @property
+    def pid(self) -> int:
+        """The started server's process id."""
+        assert self.proc is not None, "start() first"
+        return self.proc.pid
+
     def start(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
         argv, env = self._launch()

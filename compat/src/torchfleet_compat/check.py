@@ -18,7 +18,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from . import matrix as compat
 from .judge import Check, Options, judge, summarize
@@ -37,14 +37,14 @@ ETC_MATRIX = "/etc/torchfleet/matrix.yml"
 # --------------------------------------------------------------------------- matrix
 
 
-def find_matrix(explicit: str | None, env: dict[str, str] | None = None) -> Path:
+def find_matrix(explicit: str | None, env: Mapping[str, str] | None = None) -> Path:
     """--matrix, then $TORCHFLEET_MATRIX, then /etc/torchfleet/matrix.yml, then the
     checkout's compat/matrix.yml (walking up from this file). The first two must exist when
     given: a typo should not silently fall through to another matrix."""
-    env = os.environ if env is None else env
+    environ: Mapping[str, str] = os.environ if env is None else env
     for source, value in (
         ("--matrix", explicit),
-        ("TORCHFLEET_MATRIX", env.get("TORCHFLEET_MATRIX")),
+        ("TORCHFLEET_MATRIX", environ.get("TORCHFLEET_MATRIX")),
     ):
         if value:
             path = Path(value)

@@ -257,10 +257,9 @@ def _describes_wheel(facts: NodeFacts, prof: Profile) -> bool:
     list is the witness."""
     if not facts.arch_list:
         return True
-    return (
-        bool(prof.cuda and facts.torch_cuda)
-        and compat.parse_version(prof.cuda)[:2] == compat.parse_version(str(facts.torch_cuda))[:2]
-    )
+    if not (prof.cuda and facts.torch_cuda):
+        return False
+    return compat.parse_version(prof.cuda)[:2] == compat.parse_version(facts.torch_cuda)[:2]
 
 
 def _judged_gpus(facts: NodeFacts, options: Options) -> list[Gpu]:

@@ -421,9 +421,10 @@ def _gpu(s: _Schema, name: str, key: str, raw: Mapping[str, Any]) -> GpuModel | 
     memory = raw.get("memory_gib")
     if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
         s.add(key + ".memory_gib", memory, "a whole number of GiB > 0")
+        return None  # reported; nothing to build
     if cc is None:
         return None
-    return GpuModel(name=name, compute_capability=cc, arch=str(arch), memory_gib=int(memory))
+    return GpuModel(name=name, compute_capability=cc, arch=str(arch), memory_gib=memory)
 
 
 def _distro(s: _Schema, name: str, key: str, raw: Mapping[str, Any]) -> Distro | None:
@@ -505,6 +506,7 @@ def parse(data: Any, source: str = "compat/matrix.yml") -> Matrix:
             ),
         )
     s.raise_if_any(MatrixError)
+    assert isinstance(disk, (int, float)) and isinstance(bare, (int, float))  # checked above
     return Matrix(
         source=source,
         default_profile=str(default),

@@ -153,7 +153,7 @@ def pci_gpus(sysfs_root: str, lspci: str | None, models: Iterable[str]) -> list[
         addresses = sorted(os.listdir(devices_dir))
     except OSError:
         return []
-    found = []
+    found: list[Gpu] = []
     for address in addresses:
         base = os.path.join(devices_dir, address)
         klass = read_text(os.path.join(base, "class")) or ""
@@ -191,7 +191,7 @@ def smi_gpus(nvidia_smi: str, models: Iterable[str]) -> list[Gpu]:
         out = run([nvidia_smi, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"])
         if out is None:
             continue
-        gpus = []
+        gpus: list[Gpu] = []
         for line in out.splitlines():
             if not line.strip():
                 continue

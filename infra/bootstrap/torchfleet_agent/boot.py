@@ -385,10 +385,23 @@ def record_failure(cfg: NodeConfig, err: Failure) -> None:
 
 
 def agent_env(cfg: NodeConfig, environ: Mapping[str, str], started: float) -> dict[str, str]:
-    """The agent's environment: its package on the path, and when this boot's bootstrap began."""
-    env = dict(environ, PYTHONPATH=os.path.join(bundle_tree(cfg["bundle_sha256"]), "agent"))
+    """The agent's environment: its package and torchfleet-compat's (the host-vars contract) on
+    the path, and when this boot's bootstrap began."""
+    tree = bundle_tree(cfg["bundle_sha256"])
+    env = dict(environ, PYTHONPATH=os.pathsep.join([agent_dir(tree), compat_dir(tree)]))
     env["TORCHFLEET_BOOT_STARTED"] = str(started)
     return env
+
+
+def agent_dir(tree: str) -> str:
+    """The agent package's parent in an unpacked bundle (infra.bundle)."""
+    return os.path.join(tree, "agent")
+
+
+def compat_dir(tree: str) -> str:
+    """torchfleet_compat's parent in an unpacked bundle: the agent imports the host-vars
+    contract from it, and Ansible ships it as the preflight module's module_utils."""
+    return os.path.join(tree, "compat", "src")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -412,8 +425,9 @@ def main(argv: Sequence[str]) -> int:
             record_failure(cfg, err)
             return 1
     env = agent_env(cfg, os.environ, started)
-    if not os.path.isdir(os.path.join(env["PYTHONPATH"], AGENT)):
-        log(f"no agent in {env['PYTHONPATH']}: `{COMMAND} bootstrap` unpacks it")
+    agent = agent_dir(bundle_tree(cfg["bundle_sha256"]))
+    if not os.path.isdir(os.path.join(agent, AGENT)):
+        log(f"no agent in {agent}: `{COMMAND} bootstrap` unpacks it")
         return 1
     os.execve(python, [python, "-m", AGENT, *argv], env)
     return 0  # not reached: execve replaces this process

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+
+from torchfleet_compat.hostvars import GROUP, node_hostvars
 
 from . import boot
 from .boot import NodeConfig
@@ -17,20 +18,13 @@ def write_inventory(cfg: NodeConfig, ident: Identity, tree: str) -> str:
     balancer checks. Returns the inventory's path."""
     node = boot.read_json(os.path.join(tree, "node.json"))
     manifest = boot.read_json(os.path.join(tree, "manifest.json"))
-    host: dict[str, Any] = {
-        "ansible_connection": "local",
-        "ansible_python_interpreter": "/usr/bin/python3",
-        "torchfleet_instance_type": ident["instance_type"],
-    }
-    itype = node["instance_types"].get(ident["instance_type"] or "")
-    # Not a catalog type: preflight detects the GPU and its capability itself.
-    host.update(
-        {"torchfleet_gpu_model": itype["gpu_model"]}
-        if itype
-        else {"torchfleet_gpu_model": "", "torchfleet_compute_capability": ""}
+    # A type node.json's table does not know gets empty GPU facts: preflight detects the GPU.
+    host = node_hostvars(
+        ident["instance_type"],
+        ident.get("spot"),
+        node["instance_types"],
+        local_python="/usr/bin/python3",
     )
-    if ident.get("spot") is not None:
-        host["torchfleet_spot"] = ident["spot"]
     inv = os.path.join(boot.WORK, "inventory")
     os.makedirs(inv, exist_ok=True)
     link = os.path.join(inv, "group_vars")
@@ -42,7 +36,7 @@ def write_inventory(cfg: NodeConfig, ident: Identity, tree: str) -> str:
         {
             "all": {
                 "children": {
-                    "gpu_nodes": {"vars": node["group_vars"], "hosts": {ident["instance_id"]: host}}
+                    GROUP: {"vars": node["group_vars"], "hosts": {ident["instance_id"]: host}}
                 }
             }
         },

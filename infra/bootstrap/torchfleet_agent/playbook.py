@@ -69,7 +69,7 @@ def run(tree: str, inventory: str, playbook: str, state: State) -> None:
     env = dict(
         os.environ,
         ANSIBLE_ROLES_PATH=os.path.join(tree, "roles"),
-        ANSIBLE_MODULE_UTILS=os.path.join(tree, "compat", "src"),
+        ANSIBLE_MODULE_UTILS=boot.compat_dir(tree),
         ANSIBLE_CALLBACK_PLUGINS=os.path.join(tree, "bootstrap", "callback_plugins"),
         ANSIBLE_CALLBACKS_ENABLED="torchfleet_status",
         ANSIBLE_NOCOLOR="1",

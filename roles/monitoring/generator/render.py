@@ -1,5 +1,5 @@
 """Draw the generated dashboard with matplotlib from real Prometheus query results, laid out
-by each panel's gridPos (Grafana cannot run on the machine that produces the README picture).
+by each panel's gridPos (Grafana cannot run on the machine that produces the docs' picture).
 
 Contract: `render(board, fetch, out, caption)` where `board` is the dashboard dict of
 dashboard.build(), `fetch(expr)` returns one panel target's range result as a list of

@@ -94,6 +94,7 @@ def build_demo_model(width: int = 1, stem: str = "demo") -> DemoResNet:
         # Non-trivial BatchNorm statistics, so eval mode is not an identity.
         for m in model.modules():
             if isinstance(m, nn.BatchNorm2d):
+                assert m.running_mean is not None and m.running_var is not None  # tracked stats
                 m.running_mean.uniform_(-0.1, 0.1)
                 m.running_var.uniform_(0.5, 1.5)
     finally:

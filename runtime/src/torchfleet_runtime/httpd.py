@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import socket
 import threading
@@ -528,7 +529,7 @@ class Connection(asyncio.Protocol):
                 if isinstance(result, Response):
                     item[1] = resp = result
                 else:
-                    result.add_done_callback(lambda fut, item=item: self._done(item, fut))
+                    result.add_done_callback(functools.partial(self._done, item))
                     return
             self._queue.popleft()
             self._write(req, resp)

@@ -322,13 +322,14 @@ def _load(config: Config, module: Any = None) -> LoadedModel:
     if module is not None:
         fmt = "module"
     else:
+        assert config.model  # checked at the top: no module given means a model file
         fmt = detect_format(config)
         if fmt == "onnx":
             return _load_onnx(config, metadata, device)
         module = (
             _load_torchscript(config.model, device)
             if fmt == "torchscript"
-            else _load_eager(config, device)
+            else _load_eager(config, config.model, device)
         )
         if fmt == "torchscript" and amp is not None:
             compat.dispatcher_autocast_for_torchscript()
@@ -366,7 +367,7 @@ def import_factory(spec: str) -> Callable[[], Any]:
     return obj
 
 
-def _load_eager(config: Config, device: torch.device) -> Any:
+def _load_eager(config: Config, path: str, device: torch.device) -> Any:
     factory = import_factory(str(config.factory))
     module = factory()
     if not isinstance(module, torch.nn.Module):
@@ -374,7 +375,7 @@ def _load_eager(config: Config, device: torch.device) -> Any:
             f"config key 'factory': {config.factory!r} returned {type(module).__name__}, not an nn.Module"
         )
     try:
-        state = torch.load(config.model, map_location="cpu")
+        state = torch.load(path, map_location="cpu")
     except Exception as exc:  # pickle, zip or torch errors: all mean "not a state_dict file"
         raise ModelError(
             f"config key 'model': cannot read a state_dict from {config.model!r} ({exc})"
@@ -406,7 +407,7 @@ def _load_onnx(config: Config, metadata: Metadata, device: torch.device) -> Load
         raise ConfigError(
             "config key 'precision': ONNX models run at the precision they were exported with; use fp32"
         )
-    providers = ["CPUExecutionProvider"]
+    providers: list[str | tuple[str, dict[str, int]]] = ["CPUExecutionProvider"]
     if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
         providers.insert(0, ("CUDAExecutionProvider", {"device_id": device.index or 0}))
     session = ort.InferenceSession(str(config.model), providers=providers)

@@ -27,6 +27,7 @@ set once before the first model loads.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -297,13 +298,12 @@ class Runtime:
         except ApiError as exc:
             raise ModelError(f"the self-test answer failed: {exc.message}") from None
 
+    def _summarise(self, version: str, info: BatchInfo) -> None:
+        self._summary.add(info.size, info.bucket, info.reason, info.model_s, version)
+
     def _activate(self, slot: Slot) -> None:
         slot.batcher.attach_metrics(self.metrics)
-        slot.batcher.on_batch.append(
-            lambda info, v=slot.version: self._summary.add(
-                info.size, info.bucket, info.reason, info.model_s, v
-            )
-        )
+        slot.batcher.on_batch.append(functools.partial(self._summarise, slot.version))
         m = self.metrics
         m.model_load.set(slot.load_s)
         m.warmup.set(slot.warm_s)

@@ -94,7 +94,7 @@ class ThreadTuner:
         """While a choice is held: end the hold (the next `threads()` measures again) once the
         recent batches are a different load from the measured ones."""
         self._recent.append(items)
-        if len(self._recent) < self._recent.maxlen:
+        if len(self._recent) < 2 * self.stretch:  # the deque's maxlen
             return
         recent = max(statistics.median(self._recent), 0.1)
         measured = max(self._measured[0] / self._measured[1], 0.1)
