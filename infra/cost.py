@@ -148,7 +148,8 @@ class _Bill:
     """Collects lines priced from the stack's book."""
 
     def __init__(self, cfg: StackConfig) -> None:
-        self.cfg, self.lines = cfg, []
+        self.cfg = cfg
+        self.lines: list[Line] = []
         self.unpriced: list[str] = []
 
     def add(

@@ -36,7 +36,11 @@ from infra.config import StackConfig
 from infra.lifecycle import HEALTH_GRACE_S, INSTANCE_WARMUP_S
 from infra.nodeboot import fallback_group_name, group_name
 
-GROUP_METRICS = ("GroupDesiredCapacity", "GroupInServiceInstances", "GroupPendingInstances")
+GROUP_METRICS = (
+    aws.autoscaling.Metric.GROUP_DESIRED_CAPACITY,
+    aws.autoscaling.Metric.GROUP_IN_SERVICE_INSTANCES,
+    aws.autoscaling.Metric.GROUP_PENDING_INSTANCES,
+)
 FILL_MINUTES = 5  # spot may take a minute or two to be placed; past this it is not coming
 RETURN_MINUTES = 15  # the spot group whole for this long: its capacity is back
 CAPACITY_TAG = ("torchfleet-capacity", "on-demand-fallback")
@@ -57,7 +61,7 @@ def shortfall_queries(
     """`sign` x shortfall (see the module docstring) as CloudWatch metric math."""
     queries, terms = [], []
     for key, group in (("spot", group_name(cfg)), ("od", fallback_group_name(cfg))):
-        for metric in GROUP_METRICS:
+        for metric in (m.value for m in GROUP_METRICS):
             if key == "od" and metric == "GroupDesiredCapacity":
                 continue
             qid = f"{key}_{metric.removeprefix('Group').removesuffix('Instances').lower()}"

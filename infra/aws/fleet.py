@@ -7,6 +7,7 @@ template changes (instance refresh) and scale on load (infra.aws.scaling)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
@@ -34,6 +35,19 @@ from infra.tags import with_name
 
 # An instance refresh keeps at least this share of the desired nodes serving.
 REFRESH_MIN_HEALTHY_PERCENT = 50
+
+
+@dataclass(frozen=True)
+class _NodeTemplate:
+    """What every launch template of the fleet shares (the spot group's and its fallback's)."""
+
+    image_id: pulumi.Input[str]
+    key_name: pulumi.Input[str]
+    security_group_id: pulumi.Input[str]
+    profile_arn: pulumi.Input[str]
+    node_tags: dict[str, str]
+    tags: dict[str, str]
+    opts: pulumi.ResourceOptions
 
 
 class AwsFleet(pulumi.ComponentResource):
@@ -131,17 +145,8 @@ class AwsFleet(pulumi.ComponentResource):
         spot_instances = cfg.mode == "instances" and cfg.market == "spot"
         # Only a persistent request can be stopped (by a schedule) and restarted.
         self.persistent_spot = spot_instances and cfg.spot.interruption in ("stop", "hibernate")
-        self._template_args = dict(
-            image_id=image_id,
-            key_name=key.key_name,
-            vpc_security_group_ids=[network.node_sg.id],
-            iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=profile.arn),
-            tag_specifications=[
-                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=node_tags)
-                for kind in ("instance", "volume", "network-interface")
-            ],
-            tags=tags,
-            opts=child,
+        self._node = _NodeTemplate(
+            image_id, key.key_name, network.node_sg.id, profile.arn, node_tags, tags, child
         )
         self.template = self.launch_template(f"{name}-lt", self.user_data, spot_instances)
 
@@ -220,10 +225,20 @@ class AwsFleet(pulumi.ComponentResource):
     ) -> aws.ec2.LaunchTemplate:
         """The hardened node template (IMDSv2 only, encrypted gp3 root, the node profile, the
         bootstrap user-data); `spot`: spot market options with the price cap."""
-        cfg = self.cfg
+        cfg, node = self.cfg, self._node
         image = images.query("aws", cfg.image_distro)
         return aws.ec2.LaunchTemplate(
             name,
+            image_id=node.image_id,
+            key_name=node.key_name,
+            vpc_security_group_ids=[node.security_group_id],
+            iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=node.profile_arn),
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=node.node_tags)
+                for kind in ("instance", "volume", "network-interface")
+            ],
+            tags=node.tags,
+            opts=node.opts,
             name_prefix=f"{cfg.name}-",
             description=f"torchfleet {cfg.stack} GPU node",
             instance_type=cfg.instance_type.name,
@@ -253,7 +268,6 @@ class AwsFleet(pulumi.ComponentResource):
             monitoring=aws.ec2.LaunchTemplateMonitoringArgs(enabled=True),
             user_data=node_user_data,
             update_default_version=True,
-            **self._template_args,
         )
 
     def _spot_options(self) -> aws.ec2.LaunchTemplateInstanceMarketOptionsArgs:

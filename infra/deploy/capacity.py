@@ -65,14 +65,14 @@ def provision(
 ) -> T:
     """`up(env)` once with spot; after a spot capacity error, once more on-demand (or the error,
     with `spot.fallback: fail`). `say` tells the user which market the nodes are on and why."""
-    spot = cfg is not None and cfg.mode == "instances" and cfg.spot.enabled
+    if cfg is None or cfg.mode != "instances" or not cfg.spot.enabled:
+        return up({MARKET_ENV: ""})  # on-demand already, or a group: its cloud falls back
     try:
         result = up({MARKET_ENV: ""})
     except StageError as err:
-        code = capacity_error(err) if spot else None
+        code = capacity_error(err)
         if code is None:
             raise
-        assert cfg is not None
         if not can_fall_back(cfg):
             err.fix = (
                 f"no spot capacity for {cfg.instance_type.name} in {', '.join(cfg.zones)} "
@@ -85,6 +85,5 @@ def provision(
         result = up({MARKET_ENV: reason})
         say(f"  nodes: on-demand (spot.fallback: on_demand after {code}); the next `up` tries spot")
         return result
-    if spot:
-        say(f"  nodes: spot (cap {cfg.spot_cap(cfg.instance_type):.4f} {cfg.book.currency}/h)")
+    say(f"  nodes: spot (cap {cfg.spot_cap(cfg.instance_type):.4f} {cfg.book.currency}/h)")
     return result
