@@ -6,8 +6,12 @@ hours (`torchfleet cost STACK --since 7d`).
   `up` activates `stack` through the API (`activate_stack_tag`), and AWS needs up to a day
   before the tag shows in the bill; spend from before that is not attributed to the stack.
   Cost Explorer's data lag up to a day, so the window ends at the start of today (UTC).
-- Alibaba: not read by this version (BSS OpenAPI's QueryInstanceBill by tag would be the source;
-  its SDK is not a dependency yet); `cost` says so and shows the estimate only.
+- Alibaba: BSS `DescribeInstanceBill` (alibabacloud-bssopenapi20171214), one call per day at
+  daily granularity, paged; BSS has no tag filter there, so the lines whose instance tags carry
+  `stack:<stack>` are summed (every labelled resource carries it: infra.tags). Its currency is
+  the account's (CNY on the China site). ALICLOUD_BSS_ENDPOINT (a URL) overrides the endpoint
+  (a local fake in the tests). BSS offers no budget with alerts through this API: an Alibaba
+  stack has no budget (infra.config refuses the key there).
 
 The estimate for the window is the stack's monthly figures (schedule applied: infra.cost) times
 window hours / HOURS_PER_MONTH, typical and worst case; a stack created inside the window, or
@@ -104,6 +108,76 @@ def aws_spend(stack: str, start: date, end: date, client: Any = None) -> Spend:
     )
 
 
+def bss_client(region: str) -> Any:
+    import os
+    from pathlib import Path
+
+    from alibabacloud_bssopenapi20171214.client import Client
+
+    from infra.credentials import alicloud_keys
+
+    keys = alicloud_keys(os.environ, Path(os.environ.get("HOME") or Path.home()))
+    if keys is None:
+        raise StageError("preflight", "no Alibaba Cloud credentials for BSS")
+    return Client(keys.config(region, os.environ.get("ALICLOUD_BSS_ENDPOINT")))
+
+
+def _tagged(tags: str, stack: str) -> bool:
+    """BSS's Tag field: `key:stack value:aws-dev; key:env value:dev` (the console's format)."""
+    pairs = re.findall(r"key:(\S+) value:([^;]*)", tags or "")
+    return (STACK_TAG, stack) in {(k.strip(), v.strip()) for k, v in pairs}
+
+
+def alicloud_spend(stack: str, region: str, start: date, end: date, client: Any = None) -> Spend:
+    """The stack's spend on [start, end) from BSS's daily instance bill."""
+    from alibabacloud_bssopenapi20171214 import models
+    from darabonba.runtime import RuntimeOptions
+
+    bss = client or bss_client(region)
+    runtime = RuntimeOptions(
+        autoretry=False, max_attempts=1, connect_timeout=3000, read_timeout=10000
+    )
+    days: list[tuple[str, float]] = []
+    currencies: set[str] = set()
+    day = start
+    while day < end:
+        total, token = 0.0, None
+        while True:
+            request = models.DescribeInstanceBillRequest(
+                billing_cycle=day.strftime("%Y-%m"),
+                billing_date=day.isoformat(),
+                granularity="DAILY",
+                is_hide_zero_charge=True,
+                max_results=300,
+                next_token=token,
+            )
+            body = bss.describe_instance_bill_with_options(request, runtime).body.to_map()
+            if not body.get("Success", True):
+                raise StageError(
+                    "status",
+                    f"BSS DescribeInstanceBill {day}: {body.get('Code')} {body.get('Message')}",
+                )
+            data = body.get("Data") or {}
+            for item in data.get("Items") or []:
+                if _tagged(item.get("Tag", ""), stack):
+                    total += float(item.get("PretaxAmount") or 0)
+                    currencies.add(str(item.get("Currency") or "CNY"))
+            token = data.get("NextToken")
+            if not token:
+                break
+        days.append((day.isoformat(), round(total, 2)))
+        day += timedelta(days=1)
+    if len(currencies) > 1:
+        raise StageError("status", f"BSS answered in several currencies: {currencies}")
+    return Spend(
+        start,
+        end,
+        round(sum(a for _, a in days), 2),
+        currencies.pop() if currencies else "",
+        days,
+    )
+
+
 def activate_stack_tag(client: Any = None) -> str:
     """Activate the `stack` cost-allocation tag (idempotent) and say what happened; never
     raises: billing is not worth failing a deploy. AWS knows a tag key only once a tagged
@@ -161,25 +235,28 @@ def lines(cfg: StackConfig, spend: Spend | None, cmp: Comparison, why_not: str =
         out.append(f"  measured   not read: {why_not}")
         return out
     note = " (partly estimated by Cost Explorer: not final yet)" if spend.estimated else ""
-    out.append(
-        f"  measured   {spend.amount:10.2f} {spend.currency} by tag {STACK_TAG}={cfg.stack}{note}"
-    )
-    if spend.currency != cmp.currency:
+    currency = spend.currency or cmp.currency  # no line billed: nothing says otherwise
+    out.append(f"  measured   {spend.amount:10.2f} {currency} by tag {STACK_TAG}={cfg.stack}{note}")
+    if currency != cmp.currency:
         out.append(
             f"  difference not computed: billed in {spend.currency}, estimated in {cmp.currency}"
         )
     elif cmp.typical > 0:
         diff = spend.amount - cmp.typical
         out.append(
-            f"  difference {diff:+10.2f} {spend.currency} ({100 * diff / cmp.typical:+.1f} % of "
+            f"  difference {diff:+10.2f} {currency} ({100 * diff / cmp.typical:+.1f} % of "
             "the typical estimate)"
         )
     for day, amount in spend.per_day:
         out.append(f"    {day}  {amount:8.2f}")
     if spend.amount == 0:
         out.append(
-            f"  no spend found by tag {STACK_TAG}: the tag must be an active cost-allocation tag "
-            "(`torchfleet up` activates it; AWS takes up to a day), or the stack ran outside "
-            "the window"
+            f"  no spend found by tag {STACK_TAG}"
+            + (
+                ": the tag must be an active cost-allocation tag (`torchfleet up` activates it; "
+                "AWS takes up to a day), or the stack ran outside the window"
+                if cfg.cloud == "aws"
+                else ": the stack ran outside the window, or BSS has not billed it yet"
+            )
         )
     return out

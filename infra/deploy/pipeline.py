@@ -304,17 +304,24 @@ def cost(stack: str, console: Console, since_days: int, today: date | None = Non
     start, end = spend.window(since_days, today or datetime.now(UTC).date())
     cmp = spend.estimate_for(estimate(cfg), start, end)
     with steps("cost", f"the bill of stack {stack}, {start} to {end} (UTC)"):
-        if cfg.cloud != "aws":
-            return spend.lines(cfg, None, cmp, "Alibaba's bill (BSS) is not read by this version")
-        console.line(f"  {spend.activate_stack_tag()}")
+        if cfg.cloud == "aws":
+            console.line(f"  {spend.activate_stack_tag()}")
+            api, grant = "Cost Explorer GetCostAndUsage", "ce:GetCostAndUsage"
+        else:
+            api, grant = "BSS DescribeInstanceBill", "read access to BSS (AliyunBSSReadOnlyAccess)"
         try:
-            measured = spend.aws_spend(stack, start, end)
-        except Exception as err:  # botocore's errors: access denied, data unavailable, network
+            measured = (
+                spend.aws_spend(stack, start, end)
+                if cfg.cloud == "aws"
+                else spend.alicloud_spend(stack, cfg.region, start, end)
+            )
+        except StageError:
+            raise
+        except Exception as err:  # the SDKs' errors: access denied, no data, the network
             raise StageError(
                 "status",
-                f"Cost Explorer GetCostAndUsage for tag stack={stack} failed: {err}",
-                fix="the credentials need ce:GetCostAndUsage (and "
-                "ce:UpdateCostAllocationTagsStatus to activate the tag); then re-run",
+                f"{api} for tag stack={stack} failed: {err}",
+                fix=f"the credentials need {grant}; then re-run",
             ) from err
         return spend.lines(cfg, measured, cmp)
 

@@ -6,7 +6,9 @@ the activation's request is checked against botocore's service model with botoco
 from __future__ import annotations
 
 import json
+import sys
 from datetime import date
+from pathlib import Path
 
 import boto3
 import pytest
@@ -22,6 +24,9 @@ from infra.cost import HOURS_PER_MONTH, estimate
 from infra.deploy import pipeline
 from infra.deploy.stage import StageError
 from infra.plan import load_stack_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bootstrap"))  # the Alibaba fake
+from fake_alibaba import ACCESS_KEY, SECRET, TOKEN, FakeAlibaba
 
 TODAY = date(2026, 12, 2)
 DAYS = [("2026-11-29", "10.00"), ("2026-11-30", "12.50"), ("2026-12-01", "0.25")]
@@ -111,12 +116,60 @@ def test_since_refused(text):
         spend.parse_since(text)
 
 
-def test_alibaba_is_estimated_only_and_says_why(console, monkeypatch):
-    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", "LTAI-test")
-    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_SECRET", "secret")
-    report = "\n".join(pipeline.cost("alicloud-dev", console, 7, today=TODAY))
-    assert "estimated" in report
-    assert "measured   not read: Alibaba's bill (BSS) is not read by this version" in report
+def bss_bill(calls: list):
+    """BSS DescribeInstanceBill, daily: two of the stack's lines and one of another stack each
+    day, in CNY, over two pages (the SDK must follow NextToken)."""
+
+    def answer(action: str, params: dict[str, str]) -> dict:
+        assert action == "DescribeInstanceBill", action
+        calls.append(params)
+        day = params["BillingDate"]
+        mine = "key:stack value:alicloud-dev; key:env value:dev"
+        if not params.get("NextToken"):
+            items = [
+                {"InstanceID": "i-1", "Tag": mine, "PretaxAmount": 30.5, "Currency": "CNY"},
+                {
+                    "InstanceID": "i-x",
+                    "Tag": "key:stack value:other",
+                    "PretaxAmount": 99.0,
+                    "Currency": "CNY",
+                },
+            ]
+            token = f"{day}-2"
+        else:
+            assert params["NextToken"] == f"{day}-2"
+            items = [{"InstanceID": "d-1", "Tag": mine, "PretaxAmount": 1.25, "Currency": "CNY"}]
+            token = ""
+        return {
+            "Code": "Success",
+            "Success": True,
+            "Data": {"Items": items, "NextToken": token, "BillingCycle": params["BillingCycle"]},
+        }
+
+    return answer
+
+
+def test_alibaba_reads_the_bill_through_bss_by_the_stack_tag(monkeypatch, tmp_path, console):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("ALICLOUD_ACCESS_KEY", ACCESS_KEY)
+    monkeypatch.setenv("ALICLOUD_SECRET_KEY", SECRET)
+    monkeypatch.setenv("ALICLOUD_SECURITY_TOKEN", TOKEN)
+    calls: list = []
+    cfg = load(raw_from_pulumi_config(load_stack_config("alicloud-dev")), "alicloud-dev")
+    with FakeAlibaba(bss_bill(calls), region=cfg.region) as cloud:
+        monkeypatch.setenv("ALICLOUD_BSS_ENDPOINT", cloud.url)
+        report = "\n".join(pipeline.cost("alicloud-dev", console, 2, today=TODAY))
+        assert not cloud.refused  # every call carried a verified ACS3 signature
+    # one day per call, daily granularity, each day paged
+    assert [(c["BillingDate"], c["BillingCycle"], c["Granularity"]) for c in calls[::2]] == [
+        ("2026-11-30", "2026-11", "DAILY"),
+        ("2026-12-01", "2026-12", "DAILY"),
+    ]
+    # the stack's lines only (31.75 a day), in the account's currency
+    assert "measured        63.50 CNY by tag stack=alicloud-dev" in report
+    assert "    2026-11-30     31.75" in report
+    # the estimate is in the reference table's USD: no difference across currencies
+    assert "difference not computed: billed in CNY, estimated in USD" in report
 
 
 def test_activation_request_and_its_answers():
