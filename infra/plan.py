@@ -23,6 +23,7 @@ import yaml
 from infra import config as stack_config
 from infra import healing, pricing
 from infra.config import BOOT_MODES, ConfigError
+from infra.deploy import capacity
 from infra.matrix import REPO_ROOT
 from infra.offline import OfflineRun, Registered, run_offline
 from infra.schedule import deploy_time
@@ -622,6 +623,9 @@ def main(argv: list[str] | None = None) -> int:
                 "\nself-healing (infra/healing.py: the strongest each node's type and purchase allow):"
             )
             print("\n".join("  " + line for line in heals))
+        short = capacity.describe(cfg)
+        if short:
+            print(f"\nwhen spot cannot be had: {short}")
         scaling = scaling_lines(run)
         if scaling:
             print("\nscaling (join when ready, leave when drained, scale on load):")

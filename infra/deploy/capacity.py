@@ -87,3 +87,28 @@ def provision(
         return result
     say(f"  nodes: spot (cap {cfg.spot_cap(cfg.instance_type):.4f} {cfg.book.currency}/h)")
     return result
+
+
+def describe(cfg: StackConfig) -> str | None:
+    """What happens to this stack when spot cannot be had (what `plan` prints), or None."""
+    if not cfg.spot.enabled or cfg.mode == "kubernetes":
+        return None  # kubernetes: the cluster autoscaler's on-demand pool (docs/kubernetes.md)
+    if cfg.spot.fallback == "fail":
+        return (
+            "spot.fallback fail: the nodes stay short (instances: `up` stops) while spot is short"
+        )
+    if cfg.mode == "instances":
+        return (
+            "spot.fallback on_demand: after a spot capacity error `torchfleet up` runs once more "
+            "with the nodes on-demand and says so; the next `up` tries spot again"
+        )
+    if cfg.cloud == "aws":
+        from infra.aws import fallback
+        from infra.nodeboot import fallback_group_name
+
+        return (
+            f"spot.fallback on_demand: {fallback_group_name(cfg)} (on-demand, 0 at rest) adds "
+            f"the spot group's shortfall after {fallback.FILL_MINUTES} min and removes its "
+            f"surplus after {fallback.RETURN_MINUTES} min of spot whole again"
+        )
+    return "spot.fallback on_demand: ESS compensates with pay-as-you-go nodes while spot is short"

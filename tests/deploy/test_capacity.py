@@ -118,3 +118,12 @@ def test_a_group_is_never_retried_here(console):
     with pytest.raises(StageError):
         provision(cfg, stack, console)
     assert stack.markets == ["spot"]
+
+
+def test_the_plan_says_what_each_stack_does_without_spot():
+    dev = stack_config("aws-dev")
+    assert "`torchfleet up` runs once more" in (capacity.describe(dev) or "")
+    fail = dataclasses.replace(dev, spot=dataclasses.replace(dev.spot, fallback="fail"))
+    assert (capacity.describe(fail) or "").startswith("spot.fallback fail: the nodes stay short")
+    assert "ESS compensates" in (capacity.describe(stack_config("alicloud-prod")) or "")
+    assert capacity.describe(stack_config("aws-k8s")) is None

@@ -54,6 +54,8 @@ def test_plan_prints_tree_and_costs_for_every_stack():
     for needle in (
         "hook torchfleet-launch (torchfleet-aws-prod-asg): autoscaling:EC2_INSTANCE_LAUNCHING",
         "hook torchfleet-launch (torchfleet-aws-prod-od-asg): autoscaling:EC2_INSTANCE_LAUNCHING",
+        "when spot cannot be had: spot.fallback on_demand: torchfleet-aws-prod-od-asg (on-demand",
+        "when spot cannot be had: spot.fallback on_demand: after a spot capacity error",
         "policy torchfleet-aws-prod-od-fill: step scaling of torchfleet-aws-prod-od-asg on its "
         "alarm (torchfleet aws-prod: spot group short for 5 min: add on-demand nodes)",
         "hook torchfleet-terminate: SCALE_IN, CONTINUE",
