@@ -198,3 +198,19 @@ def test_up_activates_the_tag(cost_explorer):
         {"CostAllocationTagsStatus": [{"TagKey": "stack", "Status": "Active"}]}
     ]
     assert "active" in line
+
+
+@pytest.mark.parametrize(("stack", "per_day"), [("aws-dev", "0.00"), ("aws-k8s", "5.63")])
+def test_status_says_what_the_ttl_leaves_and_its_cost_a_day(stack, per_day):
+    from infra.deploy.summary import Summary
+    from infra.offline import run_offline
+
+    outputs = run_offline(stack, load_stack_config(stack)).outputs
+    cfg = load(raw_from_pulumi_config(load_stack_config(stack)), stack)
+    (line,) = [x for x in Summary(stack, outputs, cfg).lines() if "after ttl" in x]
+    assert f"after ttl   {per_day} USD/day until `torchfleet down`: " in line
+    assert ("bundle bucket" in line) == (stack == "aws-dev")
+    assert ("cluster control plane: EKS" in line) == (stack == "aws-k8s")
+    # prod stacks have no TTL: nothing is said
+    prod = run_offline("aws-prod", load_stack_config("aws-prod")).outputs
+    assert not [x for x in Summary("aws-prod", prod).lines() if "after ttl" in x]
