@@ -49,3 +49,22 @@ def test_every_example_runs_a_converged_distro_within_support(stack):
         f"scenario under {SCENARIOS.relative_to(REPO)} (converged: {sorted(converged())})"
     )
     assert distro_warning(cfg, TODAY) is None, distro_warning(cfg, TODAY)
+
+
+def test_plan_and_preflight_warn_about_a_distro_past_its_support(tmp_path, capsys):
+    """Ubuntu 20.04 (standard support ended 2025-05-31) still plans, with a warning; the
+    preflight reports it as a note that does not stop `up`."""
+    from infra import plan
+    from infra.deploy.preflight import check_distro
+
+    values = load_stack_config("aws-dev")
+    values["torchfleet:image_distro"] = "ubuntu-20.04"
+    path = tmp_path / "Pulumi.aws-dev.yaml"
+    path.write_text(yaml.safe_dump({"config": values}))
+    assert plan.main(["aws-dev", "--config", str(path)]) == 0
+    warnings = capsys.readouterr().out.split("\nWARNINGS\n", 1)[1]
+    assert "aws-dev: torchfleet:image_distro = ubuntu-20.04: " in warnings
+    assert "2025-05-31" in warnings and "debian-12" in warnings
+    cfg = load(raw_from_pulumi_config(values), "aws-dev")
+    check = check_distro(cfg, TODAY)
+    assert check is not None and not check.ok and not check.required
