@@ -13,8 +13,9 @@ beside these reference figures with its own region and date. Amounts are USD per
 GB-month for disks): the estimates and spot caps add them up, so the loader refuses another
 currency rather than mixing them.
 
-The module-level names (CATALOG, HOST_TYPES, DEFAULT_HOST_TYPE, PRICE_SOURCES, NAT_USD_PER_HOUR,
-DISK_USD_PER_GB_MONTH, EBS_GP3_USD_PER_GB_MONTH) are views of `load()`.
+The module-level names (CATALOG, HOST_TYPES, DEFAULT_HOST_TYPE, PRICE_SOURCES, FEE_PRICES) are
+views of `load()`. These reference figures are the fallback of infra/pricing/, which reads a
+region's own prices from the clouds' price APIs when credentials are at hand.
 """
 
 from __future__ import annotations
@@ -31,11 +32,20 @@ from torchfleet_compat.problems import InvalidInput, Problems
 
 from infra.matrix import REPO_ROOT, GpuModel, load_matrix
 
-FORMAT = 1
+FORMAT = 2
 CATALOG_FILE = REPO_ROOT / "compat" / "catalog.yml"
 # The estimates and caps add amounts up: one currency until a conversion exists.
 CURRENCIES = ("USD",)
-FEES = ("nat_gateway_per_hour", "disk_per_gb_month")
+# The rest of the bill, per cloud (compat/catalog.yml says what each one covers).
+FEES = (
+    "nat_gateway_per_hour",
+    "public_ipv4_per_hour",
+    "disk_per_gb_month",
+    "load_balancer_per_hour",
+    "load_balancer_capacity_unit_per_hour",
+    "bucket_per_gb_month",
+    "cluster_control_plane_per_hour",
+)
 
 _PRICE_FIELDS = ("currency", "region", "source", "date")
 # The keys of each kind of entry, in the order problems are reported.
@@ -45,10 +55,10 @@ _FIELDS = {
     "cloud": ("default_host_type", "families", "instance_types", "host_types", "fees"),
     "family": ("typical_spot_ratio", "source", "date"),
     "instance_type": (
-        *("type", "family", "gpu", "gpus", "vcpu", "ram_gib", "on_demand"),
+        *("type", "family", "gpu", "gpus", "vcpu", "ram_gib", "instance_store", "on_demand"),
         *_PRICE_FIELDS,
     ),
-    "host_type": ("type", "vcpu", "ram_gib", "on_demand", *_PRICE_FIELDS),
+    "host_type": ("type", "vcpu", "ram_gib", "instance_store", "on_demand", *_PRICE_FIELDS),
     "fees": FEES,
     "fee": ("price", *_PRICE_FIELDS),
 }
@@ -72,6 +82,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "gpus": _COUNT,
     "vcpu": _COUNT,
     "ram_gib": _AMOUNT,
+    "instance_store": (lambda v: isinstance(v, bool), "true | false"),
     "on_demand": _AMOUNT,
     "price": _AMOUNT,
     "typical_spot_ratio": (_number(0, 1), "a number in (0, 1]: spot price / on-demand price"),
@@ -125,6 +136,7 @@ class HostType:
     vcpu: int
     ram_gib: float
     price: Price
+    instance_store: bool = False  # local NVMe disks (AWS: no recover action)
 
     @property
     def usd_per_hour(self) -> float:
@@ -142,6 +154,7 @@ class InstanceType:
     ram_gib: float
     price: Price
     typical_spot_ratio: float
+    instance_store: bool = False  # local NVMe disks (AWS: no recover action)
 
     @property
     def usd_per_hour(self) -> float:
@@ -217,7 +230,8 @@ class _Check(Problems):
                 valid, what = value in names[field], " | ".join(names[field]) or "(none)"
             else:
                 check, what = _RULES[field]
-                valid = not isinstance(value, bool) and check(value)
+                # YAML reads yes/no/on/off as booleans: only a boolean field may be one
+                valid = check(value) and (field == "instance_store" or not isinstance(value, bool))
             if not valid:
                 self.fail(f"{key}.{field}", value, what)
         return raw if len(self.problems) == before else None
@@ -268,14 +282,14 @@ def _cloud(c: _Check, cloud: str, raw: Mapping[str, Any], cat: Catalog) -> None:
             entry = c.entry(rkey, row, kind, refs)
             if entry is None or name is None:  # reported: nothing to build
                 continue
-            price = _price(entry, "on_demand", sources)
+            price, store = _price(entry, "on_demand", sources), entry["instance_store"]
             if kind == "host_type":
                 ram = float(entry["ram_gib"])
-                host_types[name] = HostType(cloud, name, entry["vcpu"], ram, price)
+                host_types[name] = HostType(cloud, name, entry["vcpu"], ram, price, store)
                 continue
             gpu_types[name] = InstanceType(
                 *(cloud, name, entry["family"], entry["gpu"], entry["gpus"], entry["vcpu"]),
-                *(float(entry["ram_gib"]), price, ratios[entry["family"]]),
+                *(float(entry["ram_gib"]), price, ratios[entry["family"]], store),
             )
     if raw["default_host_type"] not in named["host_types"]:
         allowed = " | ".join(named["host_types"]) or "(none)"
@@ -340,14 +354,7 @@ DEFAULT_HOST_TYPE: dict[str, str] = load().default_host_type
 PRICE_SOURCES: dict[str, str] = {
     cloud: "; ".join(sorted({p.describe() for p in load().prices(cloud)})) for cloud in CATALOG
 }
-NAT_USD_PER_HOUR: dict[str, float] = {
-    cloud: fees["nat_gateway_per_hour"].amount for cloud, fees in load().fees.items()
-}
-DISK_USD_PER_GB_MONTH: dict[str, float] = {
-    cloud: fees["disk_per_gb_month"].amount for cloud, fees in load().fees.items()
-}
-# A stopped instance costs its volumes only (a warm pool's share of the estimate): AWS gp3.
-EBS_GP3_USD_PER_GB_MONTH = DISK_USD_PER_GB_MONTH["aws"]
+FEE_PRICES: dict[str, dict[str, Price]] = load().fees
 
 
 def instance_types(cloud: str) -> dict[str, InstanceType]:

@@ -6,6 +6,8 @@
                               stack only with --yes
     torchfleet status STACK   outputs, per-node readiness and batch cap, TTL left, cost per hour
     torchfleet plan STACK     the offline plan (mock engine): resource tree and cost
+    torchfleet cost STACK     the measured spend (the cloud's bill, by the stack tag) beside the
+                              estimate for the same days
     torchfleet demo           `up` on this machine with containers as nodes (make demo)
     torchfleet rotate-token STACK [--finish]   a new API token, accepted beside the current
                               until --finish (infra/deploy/rotation.py)
@@ -82,6 +84,15 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="what a stack runs and costs now")
     status.add_argument("stack", help=stack_help)
     status.add_argument("--ssh-key", help="private key for the nodes (as for up)")
+
+    cost = sub.add_parser("cost", help="what a stack has cost (the bill) beside its estimate")
+    cost.add_argument("stack", help=stack_help)
+    cost.add_argument(
+        "--since",
+        default="7d",
+        metavar="N{d,w}",
+        help="the last N whole days (d) or weeks (w) before today, UTC (default 7d)",
+    )
 
     plan = sub.add_parser("plan", help="the offline plan and cost (no cloud, no credentials)")
     plan.add_argument("stack", nargs="+", help=stack_help)
@@ -168,6 +179,11 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
         from infra.rollout import command as rollout
 
         return rollout.run(args, console.line)
+    if args.command == "cost":
+        from infra import spend
+
+        _print_summary(console, pipeline.cost(args.stack, console, spend.parse_since(args.since)))
+        return stage.EXIT_OK
     if args.command == "demo":
         from infra.deploy import containers, demo
 

@@ -13,7 +13,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import time
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from torchfleet_compat import matrix as compat
 from torchfleet_compat.problems import InvalidInput, Problems
 
-from infra import catalog, edge
+from infra import catalog, edge, pricing
 from infra.addressing import BLOCKS, MAX_ZONES
 from infra.catalog import InstanceType
 from infra.constants import PROJECT, SERVICE_PORT
@@ -29,6 +29,7 @@ from infra.k8s import settings as k8s_settings
 from infra.k8s.settings import KubernetesSettings
 from infra.lifecycle import GPU_TARGET_DEFAULT, GPU_TARGET_RANGE, LAUNCH_TIMEOUT_DEFAULT_S
 from infra.matrix import Matrix, load_matrix
+from infra.pricing import PriceBook
 from infra.schedule import DAYS, Schedule
 
 NAMESPACE = PROJECT  # Pulumi namespaces a project's config keys by the project name
@@ -38,6 +39,9 @@ MODES = ("instances", "group", "kubernetes")
 POOL_MODES = ("group", "kubernetes")  # modes whose nodes come from a pool of instance types
 INTERRUPTION = {"aws": ("terminate", "stop", "hibernate"), "alicloud": ("terminate", "stop")}
 MAX_PRICE_RATIO = 1.3  # spot cap ceiling: paying more than 1.3x on-demand is never worth it
+# When spot cannot be had: on-demand fills in (instances: `up` retries the node on-demand; AWS
+# group: the on-demand fallback group; Alibaba group: ESS compensates), or the nodes stay short.
+SPOT_FALLBACKS = ("on_demand", "fail")
 MAX_TTL_HOURS = 24 * 30
 MIN_DISK_OVERHEAD_GB = 30  # OS, driver, toolkit and logs on top of the matrix's free-disk minimum
 RESERVED_TAGS = ("project", "stack", "env", "owner", "ttl-expiry", "torchfleet-role")
@@ -131,7 +135,8 @@ FIELDS: dict[str, Key] = {
         "mapping",
         "spot capacity and its price cap",
         f"enabled, max_price_ratio <= {MAX_PRICE_RATIO} x on-demand, on-demand base and "
-        "percentage, interruption behaviour, on_demand_prices",
+        "percentage, interruption behaviour, on_demand_prices (per hour, the account's "
+        f"currency), fallback {' | '.join(SPOT_FALLBACKS)}",
         subkeys=(
             "enabled",
             "max_price_ratio",
@@ -139,6 +144,7 @@ FIELDS: dict[str, Key] = {
             "on_demand_percentage",
             "interruption",
             "on_demand_prices",
+            "fallback",
         ),
     ),
     "schedule": Key(
@@ -321,6 +327,7 @@ class Spot:
     on_demand_percentage: int
     interruption: str
     on_demand_prices: Mapping[str, float] = field(default_factory=dict)
+    fallback: str = "on_demand"  # SPOT_FALLBACKS
 
 
 @dataclass(frozen=True)
@@ -395,6 +402,12 @@ class StackConfig:
     tls: edge.Tls | None = None  # None: plain HTTP at the load balancer (never public prod)
     api_token: str | None = field(default=None, repr=False)  # None: generated (infra.edge)
     api_token_next: str | None = field(default=None, repr=False)  # during a rotation only
+    # The prices every estimate and spot cap uses (infra.pricing); None: the reference table.
+    # load() never asks a cloud; the program resolves the region's own (with_prices).
+    prices: PriceBook | None = None
+    # Instances mode: why this run's nodes are on-demand although spot is enabled (`up` retries
+    # with spot.fallback: on_demand after a spot capacity error; infra.deploy.capacity).
+    fallback_reason: str = ""
 
     @property
     def bootstrap_mode(self) -> str:
@@ -406,14 +419,65 @@ class StackConfig:
         """Prefix for physical names: the project and the stack."""
         return f"torchfleet-{self.stack}"
 
-    def on_demand_price(self, itype: InstanceType) -> float:
-        return float(self.spot.on_demand_prices.get(itype.name, itype.usd_per_hour))
+    @property
+    def market(self) -> str:
+        """`spot` or `on-demand`: what instances mode buys in this run (a group's split is its
+        instances distribution)."""
+        return "spot" if self.spot.enabled and not self.fallback_reason else "on-demand"
+
+    @property
+    def book(self) -> PriceBook:
+        return self.prices or pricing.reference(self.cloud, self.region)
+
+    @property
+    def currency(self) -> str:
+        """The currency of every price, cap and estimate of this stack (the account's, when the
+        region's own prices were read)."""
+        return self.book.currency
+
+    def on_demand_price(self, itype: InstanceType | catalog.HostType) -> float:
+        """`spot.on_demand_prices` where set, else the book's price."""
+        return float(
+            self.spot.on_demand_prices.get(itype.name, self.book.on_demand_price(itype.name))
+        )
+
+    def typical_spot_price(self, itype: InstanceType) -> float:
+        """The region's recent spot price where it was read, else on-demand x the family's
+        long-run ratio (the estimate's "typical" column; never a cap)."""
+        recent = self.book.spot.get(itype.name)
+        return (
+            recent if recent is not None else self.on_demand_price(itype) * itype.typical_spot_ratio
+        )
 
     def spot_cap(self, itype: InstanceType) -> float:
-        """The most we bid for `itype`: ratio x on-demand, rounded DOWN (Alibaba takes three
-        decimals, AWS four) so the cap never exceeds the ratio."""
+        """The most we bid for `itype`: ratio x the region's on-demand price in the account's
+        currency, rounded DOWN (Alibaba takes three decimals, AWS four) so the cap never exceeds
+        the ratio."""
         scale = 1000 if self.cloud == "alicloud" else 10000
         return math.floor(self.on_demand_price(itype) * self.spot.max_price_ratio * scale) / scale
+
+    def with_prices(self, book: PriceBook) -> StackConfig:
+        return replace(self, prices=book)
+
+    def with_fallback(self, reason: str) -> StackConfig:
+        """Instances mode with spot.fallback: on_demand after spot could not be had."""
+        assert self.mode == "instances" and self.spot.enabled and self.spot.fallback == "on_demand"
+        return replace(self, fallback_reason=reason)
+
+
+def distro_warning(cfg: StackConfig, today: str) -> str | None:
+    """The node distro past its standard support on `today` (the matrix's rule), or None. Mode
+    kubernetes names no node distro: its nodes run the runtime image."""
+    if cfg.mode == "kubernetes":
+        return None
+    verdict = compat.support_verdict(load_matrix(), cfg.image_distro, today)
+    if verdict.ok:
+        return None
+    return (
+        f"{NAMESPACE}:image_distro = {cfg.image_distro}: {verdict.reason}; supported: "
+        f"{', '.join(verdict.distros) or 'none'} (a profile whose Python they run may be needed: "
+        "compat/matrix.yml)"
+    )
 
 
 # -- reading --------------------------------------------------------------------------------------
@@ -881,13 +945,25 @@ def _spot(
     )
     prices = raw.get("on_demand_prices", {})
     if not isinstance(prices, dict):
-        r.fail("spot.on_demand_prices", prices, "a map of instance type -> USD/hour")
+        r.fail(
+            "spot.on_demand_prices",
+            prices,
+            "a map of instance type -> price per hour in the account's currency",
+        )
         prices = {}
     for name, price in prices.items():
         if catalog.lookup(cloud, name) is None:
             r.fail("spot.on_demand_prices", name, "instance types of the catalog")
         r.number(f"spot.on_demand_prices.{name}", price, float, 0.0001, None, "a price > 0")
-    if enabled is None or ratio is None or base is None or pct is None or interruption is None:
+    fallback = r.choice("spot.fallback", raw.get("fallback", "on_demand"), SPOT_FALLBACKS)
+    if (
+        enabled is None
+        or ratio is None
+        or base is None
+        or pct is None
+        or interruption is None
+        or fallback is None
+    ):
         return None
     if mode == "instances" and (base or pct) and enabled:
         r.fail(
@@ -903,6 +979,7 @@ def _spot(
         on_demand_percentage=pct,
         interruption=interruption,
         on_demand_prices={k: float(v) for k, v in prices.items()},
+        fallback=fallback,
     )
 
 
@@ -1218,8 +1295,8 @@ def _budget(r: _Reader, cloud: str) -> Budget | None:
         r.fail(
             "budget",
             raw,
-            "unset on alicloud (use Alibaba's Billing budgets; the provider "
-            "has no budget resource)",
+            "unset on alicloud (neither the provider nor the BSS OpenAPI can create a budget: "
+            "create it in the Billing console; `torchfleet cost` reads the stack's spend)",
         )
         return None
     amount = raw.get("monthly_usd", "auto")

@@ -61,7 +61,7 @@ def instances_deployment(cfg: StackConfig, instances: Sequence[Any], login_user:
             Node(
                 name=f"{cfg.stack}-gpu-{i}",
                 instance_type=cfg.instance_type,
-                spot=cfg.spot.enabled,
+                spot=cfg.market == "spot",
                 public_ip=inst.public_ip,
                 private_ip=inst.private_ip,
             )

@@ -52,7 +52,7 @@ def group_vars(cfg: StackConfig, login_user: str) -> dict[str, Any]:
         "torchfleet_instance_type": itype.name,
         # In a group some nodes may be on-demand (the base); the node's own metadata decides,
         # the runtime's spot watcher only arms itself on spot nodes.
-        "torchfleet_spot": cfg.spot.enabled,
+        "torchfleet_spot": cfg.market == "spot",
         # Auth on by default: each node reads the stack's API tokens from the cloud's secret
         # store with its own role (the agent every node carries); the operator's play and the
         # node's own play alike, so neither turns it off. The token never passes the controller.

@@ -39,6 +39,11 @@ def group_name(cfg: StackConfig) -> str:
     return f"{cfg.name}-asg" if cfg.cloud == "aws" else f"{cfg.name}-ess"
 
 
+def fallback_group_name(cfg: StackConfig) -> str:
+    """AWS: the on-demand group that fills in while spot cannot be had (infra.aws.fallback)."""
+    return f"{cfg.name}-od-asg"
+
+
 _BUNDLES: dict[tuple[str, str], Any] = {}
 
 
@@ -71,9 +76,11 @@ def user_data(
     mode: str,
     group: bool,
     extra: Mapping[str, pulumi.Input[Any]] | None = None,
+    group_name_of_node: str | None = None,
 ) -> pulumi.Output[str]:
     """Base64 of the rendered #cloud-config for this stack's nodes. `extra` holds further
-    BootstrapSpec fields, Outputs allowed (Alibaba's group and metric group ids)."""
+    BootstrapSpec fields, Outputs allowed (Alibaba's group and metric group ids);
+    `group_name_of_node` names another group than the stack's own (AWS's on-demand fallback)."""
     from infra.bootstrap import BootstrapSpec, render_user_data
 
     bundle = stack_bundle(cfg)
@@ -88,7 +95,7 @@ def user_data(
             bundle_key=bundle.key,
             bundle_sha256=bundle.sha256,
             mode=mode,
-            group_name=group_name(cfg) if group else None,
+            group_name=(group_name_of_node or group_name(cfg)) if group else None,
             launch_hook=LAUNCH_HOOK if group else None,
             terminate_hook=TERMINATE_HOOK if group else None,
             service_port=cfg.service_port,

@@ -250,10 +250,14 @@ def config_strings(values: dict[str, Any]) -> dict[str, str]:
 
 
 def run_offline(
-    stack: str, config_values: dict[str, Any], monitor: RecordingMonitor | None = None
+    stack: str,
+    config_values: dict[str, Any],
+    monitor: RecordingMonitor | None = None,
+    prices: str = "offline",
 ) -> OfflineRun:
     """Run the program for `stack` with `config_values` (full keys, e.g. "torchfleet:region").
-    Pass a `monitor` to see what was registered even when the program raises."""
+    Pass a `monitor` to see what was registered even when the program raises. `prices`: the
+    pricing mode (infra.pricing; `offline` by default: the reference table, no cloud call)."""
     from infra import program  # imported here: the caller may set TORCHFLEET_* env first
 
     settings.ROOT.set(None)  # a fresh root stack per run, not the previous run's
@@ -266,7 +270,7 @@ def run_offline(
     exported: dict[str, Any] = {}
 
     def body() -> Any:
-        outputs = program.run()
+        outputs = program.run(prices)
         exported.update(outputs)
         return pulumi.Output.all(**outputs).apply(lambda values: resolved.update(values))
 

@@ -1,13 +1,18 @@
 """Offline plan: `python -m infra.plan STACK` (what `make plan STACK=...` runs).
 
 Runs the program under Pulumi's mock engine with Pulumi.<STACK>.yaml's config and prints the
-resource tree with key properties and the cost estimate. No Pulumi CLI, no credentials, no
-cloud calls; a bad config exits 2 with the validation message."""
+resource tree with key properties, the self-healing each node gets, the whole bill line by line
+and what the TTL leaves billing, and warns about a node distro past its standard support. No
+Pulumi CLI and nothing created; prices (`--prices`): the region's own from the cloud's price
+API when this machine holds credentials (short timeouts, cached a day), else the reference
+table, and the output says which with its date. A bad config exits 2 with the validation
+message."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,12 +20,15 @@ from typing import Any
 
 import yaml
 
-from infra import edge
+from infra import config as stack_config
+from infra import edge, healing, pricing
 from infra.config import BOOT_MODES, ConfigError
+from infra.deploy import capacity
 from infra.matrix import REPO_ROOT
 from infra.offline import OfflineRun, Registered, run_offline
+from infra.schedule import deploy_time
 
-TITLE = "OFFLINE PLAN (mock engine, no cloud calls)"
+TITLE = "OFFLINE PLAN (mock engine: nothing is created)"
 STACKS = ("aws-dev", "aws-prod", "alicloud-dev", "alicloud-prod")
 KUBERNETES_STACKS = ("aws-k8s", "alicloud-k8s")  # mode: kubernetes (EKS, ACK)
 ALL_STACKS = STACKS + KUBERNETES_STACKS
@@ -46,6 +54,7 @@ KEY_PROPERTIES = {
     "priceLimit",
     "spotInterruptionBehavior",
     "autoReleaseTime",
+    "maintenanceAction",
     "instanceChargeType",
     "minSize",
     "maxSize",
@@ -81,6 +90,8 @@ KEY_PROPERTIES = {
     "backendPort",
     "limitAmount",
     "policyArn",
+    "metricName",
+    "alarmActions",
     "type",
     "arn",
     "entry",
@@ -217,28 +228,60 @@ def render_tree(run: OfflineRun) -> list[str]:
 
 def cost_rows(costs: dict[str, dict[str, Any]]) -> list[str]:
     head = (
-        f"{'stack':<14} {'type':<22} {'nodes':>5} {'od/spot':>7} {'$/h on-demand':>13} "
-        f"{'$/h spot cap':>12} {'$/h typical':>11} {'h/month':>7} {'$/mo 24x7 OD':>12} "
-        f"{'$/mo worst':>10} {'$/mo typical':>12}"
+        f"{'stack':<14} {'type':<22} {'nodes':>5} {'od/spot':>7} {'cur':<3} {'/h on-demand':>12} "
+        f"{'/h spot cap':>11} {'/h typical':>10} {'h/month':>7} {'/mo 24x7 OD':>11} "
+        f"{'/mo worst':>10} {'/mo typical':>11}"
     )
     rows = [head, "-" * len(head)]
     for stack, c in costs.items():
         rows.append(
             f"{stack:<14} {c['instance_type']:<22} {c['nodes']:>5} "
-            f"{str(c['on_demand_nodes']) + '/' + str(c['spot_nodes']):>7} "
-            f"{c['on_demand_usd_per_hour']:>13.3f} {c['spot_cap_usd_per_hour']:>12.3f} "
-            f"{c['spot_typical_usd_per_hour']:>11.3f} {c['hours_per_month']:>7.1f} "
-            f"{c['monthly_on_demand_24x7_usd']:>12.2f} {c['monthly_worst_case_usd']:>10.2f} "
-            f"{c['monthly_typical_usd']:>12.2f}"
+            f"{str(c['on_demand_nodes']) + '/' + str(c['spot_nodes']):>7} {c['currency']:<3} "
+            f"{c['on_demand_per_hour']:>12.3f} {c['spot_cap_per_hour']:>11.3f} "
+            f"{c['spot_typical_per_hour']:>10.3f} {c['hours_per_month']:>7.1f} "
+            f"{c['monthly_on_demand_24x7']:>11.2f} {c['monthly_worst_case']:>10.2f} "
+            f"{c['monthly_typical']:>11.2f}"
         )
-    sources = sorted({c["price_source"] for c in costs.values()})
     rows += [
         "",
-        "worst = schedule applied, spot nodes at their cap; typical = schedule applied, "
-        "spot at the family's typical spot/on-demand ratio.",
-        *("prices: " + s for s in sources),
+        "the whole bill (lines below; traffic not priced): worst = schedule applied, spot nodes "
+        "at their cap; typical = schedule applied, spot at the region's recent spot price where "
+        "it was read, else the family's long-run spot/on-demand ratio.",
+        *(f"prices ({stack}): {c['prices']['source']}" for stack, c in costs.items()),
     ]
     return rows
+
+
+def bill_lines(stack: str, cost: dict[str, Any]) -> list[str]:
+    """One stack's whole bill, line by line, and what its TTL leaves billing."""
+    cur = cost["currency"]
+    width = max(len(line["item"]) for line in cost["lines"])
+    out = [f"{stack}: the whole bill in {cur} (per hour while it runs x hours a month)"]
+    for line in cost["lines"]:
+        flag = " NOT PRICED" if line["unpriced"] else ""
+        ttl = "  (stays after the TTL)" if line["after_ttl"] and cost["after_ttl"] else ""
+        out.append(
+            f"  {line['item']:<{width}}  {line['per_hour']:>9.4f}/h x {line['hours_per_month']:>5.1f} h"
+            f" = {line['per_month']:>9.2f}/mo  {line['detail']}{flag}{ttl}"
+        )
+    out.append(f"  {'total':<{width}}  {cost['monthly_worst_case']:>27.2f}/mo (worst case)")
+    out += [f"  {text}" for text in ttl_lines(cost)]
+    if cost["unpriced"]:
+        out.append(
+            f"  not in the total: {', '.join(cost['unpriced'])} (no {cur} price: the reference "
+            "table is in USD)"
+        )
+    return out
+
+
+def ttl_lines(cost: dict[str, Any]) -> list[str]:
+    """What the TTL leaves billing and what that costs a day (nothing without a TTL)."""
+    if not cost.get("after_ttl"):
+        return []
+    return [
+        f"after the TTL: {cost['after_ttl_per_day']:.2f} {cost['currency']}/day until "
+        f"`torchfleet down` for " + "; ".join(cost["after_ttl"])
+    ]
 
 
 def scaling_lines(run: OfflineRun) -> list[str]:
@@ -263,10 +306,21 @@ def scaling_lines(run: OfflineRun) -> list[str]:
     for r in run.of_type("aws:autoscaling/lifecycleHook:LifecycleHook"):
         i = r.inputs
         lines.append(
-            f"hook {i['name']}: {i['lifecycleTransition']}, {i['defaultResult']} after "
-            f"{int(i['heartbeatTimeout'])} s without a heartbeat"
+            f"hook {i['name']} ({i['autoscalingGroupName']}): {i['lifecycleTransition']}, "
+            f"{i['defaultResult']} after {int(i['heartbeatTimeout'])} s without a heartbeat"
         )
+    # a step policy and the alarm that drives it share their name (infra.aws.fallback)
+    alarms = {
+        a.inputs["name"]: a.inputs for a in run.of_type("aws:cloudwatch/metricAlarm:MetricAlarm")
+    }
     for r in run.of_type("aws:autoscaling/policy:Policy"):
+        if r.inputs["policyType"] == "StepScaling":
+            alarm = alarms.get(r.inputs["name"], {})
+            lines.append(
+                f"policy {r.inputs['name']}: step scaling of {r.inputs['autoscalingGroupName']}"
+                f" on its alarm ({alarm.get('alarmDescription', 'none')})"
+            )
+            continue
         tt = r.inputs["targetTrackingConfiguration"]
         metric = tt.get("predefinedMetricSpecification", {}).get(
             "predefinedMetricType"
@@ -384,6 +438,37 @@ def monitoring_lines(run: OfflineRun) -> list[str]:
     return [lines[0], *sorted(lines[1:])]
 
 
+def healing_lines(run: OfflineRun, cfg: stack_config.StackConfig) -> list[str]:
+    """What heals each node, from what was registered: the alarms' EC2 actions (AWS) or the
+    instances' maintenance action (Alibaba), with infra.healing's reason; a group's nodes are
+    replaced by their group."""
+    actions: dict[str, list[str]] = {}
+    for alarm in run.of_type("aws:cloudwatch/metricAlarm:MetricAlarm"):
+        target = (alarm.inputs.get("dimensions") or {}).get("InstanceId")
+        for arn in alarm.inputs.get("alarmActions") or []:
+            if ":automate:" in arn and target:
+                actions.setdefault(target, []).append(arn.rsplit(":", 1)[1])
+    lines = []
+    for typ in ("aws:ec2/instance:Instance", "alicloud:ecs/instance:Instance"):
+        for inst in run.of_type(typ):
+            tags = inst.inputs.get("tags") or {}
+            monitoring = tags.get("torchfleet-role") == "monitoring"
+            itype = (
+                cfg.monitoring.instance_type if monitoring and cfg.monitoring else cfg.instance_type
+            )
+            spot = cfg.market == "spot" and not monitoring
+            got = actions.get(f"{inst.name}-id", [])
+            if inst.inputs.get("maintenanceAction"):
+                got.append(inst.inputs["maintenanceAction"])
+            why = healing.for_instance(cfg.cloud, itype, spot).why
+            node = tags.get("Name") or inst.inputs.get("instanceName") or inst.name
+            done = " + ".join(sorted(got, reverse=True)) or "NOTHING"
+            lines.append(f"{node} ({itype.name}{', spot' if spot else ''}): {done} - {why}")
+    if cfg.mode == "group":
+        lines.append(f"group nodes: {healing.for_group(cfg.cloud).describe()}")
+    return sorted(lines)
+
+
 def estimate_lines() -> list[str]:
     from infra.lifecycle import estimates
 
@@ -394,20 +479,20 @@ def estimate_lines() -> list[str]:
 
 def bounds_rows(costs: dict[str, dict[str, Any]]) -> list[str]:
     head = (
-        f"{'stack':<14} {'min':>4} {'max':>4} {'$/h cap @min':>12} {'$/h cap @max':>12} "
-        f"{'$/mo worst @min':>15} {'$/mo worst @max':>15} {'$/mo warm pool':>14} "
-        f"{'monitoring':<12} {'$/mo monitoring':>15}"
+        f"{'stack':<14} {'min':>4} {'max':>4} {'/h cap @min':>11} {'/h cap @max':>11} "
+        f"{'/mo worst @min':>14} {'/mo worst @max':>14} {'/mo warm pool':>13} "
+        f"{'monitoring':<12} {'/mo monitoring':>14}"
     )
     rows = [head, "-" * len(head)]
     for stack, c in costs.items():
         rows.append(
             f"{stack:<14} {c['min_nodes']:>4} {c['max_nodes']:>4} "
-            f"{c['spot_cap_usd_per_hour_at_min']:>12.3f} "
-            f"{c['spot_cap_usd_per_hour_at_max']:>12.3f} "
-            f"{c['monthly_worst_at_min_usd']:>15.2f} {c['monthly_worst_at_max_usd']:>15.2f} "
-            f"{c['warm_pool_usd_per_month']:>14.2f} "
+            f"{c['spot_cap_per_hour_at_min']:>11.3f} "
+            f"{c['spot_cap_per_hour_at_max']:>11.3f} "
+            f"{c['monthly_worst_at_min']:>14.2f} {c['monthly_worst_at_max']:>14.2f} "
+            f"{c['warm_pool_per_month']:>13.2f} "
             f"{c.get('monitoring_instance_type') or '-':<12} "
-            f"{c.get('monitoring_usd_per_month', 0.0):>15.2f}"
+            f"{c.get('monitoring_per_month', 0.0):>14.2f}"
         )
     return rows
 
@@ -416,27 +501,25 @@ def cluster_rows(clusters: dict[str, dict[str, Any]]) -> list[str]:
     """Kubernetes stacks: the fixed part (control plane, system nodes) and the GPU pool at its
     min and max, beside the steady-size estimate above."""
     head = (
-        f"{'stack':<14} {'$/h control':>11} {'system':>6} {'$/h system':>10} "
-        f"{'$/h fixed':>9} {'GPU min-max':>11} {'$/h GPU min':>11} {'$/h GPU max':>11} "
-        f"{'GPU h/mo':>8} {'$/mo fixed':>10} {'$/mo at min':>11} {'$/mo at max':>11}"
+        f"{'stack':<14} {'cur':<3} {'/h control':>10} {'system':>6} {'/h system':>9} "
+        f"{'/h fixed':>8} {'GPU min-max':>11} {'/h GPU min':>10} {'/h GPU max':>10} "
+        f"{'GPU h/mo':>8} {'/mo fixed':>9} {'/mo at min':>10} {'/mo at max':>10}"
     )
     rows = [head, "-" * len(head)]
     for stack, c in clusters.items():
         rows.append(
-            f"{stack:<14} {c['control_plane_usd_per_hour']:>11.3f} {c['system_nodes']:>6} "
-            f"{c['system_usd_per_hour']:>10.3f} {c['fixed_usd_per_hour']:>9.3f} "
+            f"{stack:<14} {c['currency']:<3} {c['control_plane_per_hour']:>10.3f} "
+            f"{c['system_nodes']:>6} {c['system_per_hour']:>9.3f} {c['fixed_per_hour']:>8.3f} "
             f"{str(c['gpu_nodes_min']) + '-' + str(c['gpu_nodes_max']):>11} "
-            f"{c['gpu_min_usd_per_hour']:>11.3f} {c['gpu_max_usd_per_hour']:>11.3f} "
-            f"{c['gpu_hours_per_month']:>8.1f} {c['monthly_fixed_usd']:>10.2f} "
-            f"{c['monthly_min_usd']:>11.2f} {c['monthly_max_usd']:>11.2f}"
+            f"{c['gpu_min_per_hour']:>10.3f} {c['gpu_max_per_hour']:>10.3f} "
+            f"{c['gpu_hours_per_month']:>8.1f} {c['monthly_fixed']:>9.2f} "
+            f"{c['monthly_min']:>10.2f} {c['monthly_max']:>10.2f}"
         )
-    sources = sorted({c["price_source"] for c in clusters.values()})
     rows += [
         "",
         "fixed = control plane + system nodes, 730 h/month (a schedule or the TTL empties "
         "only the GPU pool; the cluster bills until `pulumi destroy`); GPU spot nodes at "
         "their cap.",
-        *("control plane: " + s for s in sources),
     ]
     return rows
 
@@ -462,6 +545,14 @@ def main(argv: list[str] | None = None) -> int:
         choices=BOOT_MODES,
         help="plan with torchfleet:boot set to this (what `make bake` shows)",
     )
+    parser.add_argument(
+        "--prices",
+        choices=pricing.MODES,
+        default=os.environ.get(pricing.MODE_ENV) or "auto",
+        help="auto: the region's own prices when this machine holds the cloud's credentials "
+        "(cached a day), else the reference table; offline: the reference table "
+        f"(default: ${pricing.MODE_ENV} or auto)",
+    )
     args = parser.parse_args(argv)
     stacks = list(ALL_STACKS) if args.all else args.stacks
     if not stacks:
@@ -471,15 +562,20 @@ def main(argv: list[str] | None = None) -> int:
 
     costs: dict[str, dict[str, Any]] = {}
     clusters: dict[str, dict[str, Any]] = {}
+    warnings: list[str] = []
     for stack in stacks:
         try:
             values = load_stack_config(stack, args.config)
             if args.boot:
                 values = {**values, "torchfleet:boot": args.boot}
-            run = run_offline(stack, values)
+            cfg = stack_config.load(stack_config.raw_from_pulumi_config(values), stack)
+            run = run_offline(stack, values, prices=args.prices)
         except (ConfigError, FileNotFoundError) as err:
             print(f"{TITLE}: stack {stack}: {err}", file=sys.stderr)
             return 2
+        warning = stack_config.distro_warning(cfg, deploy_time().date().isoformat())
+        if warning:
+            warnings.append(f"{stack}: {warning}")
         costs[stack] = run.outputs["cost"]
         if run.outputs.get("cluster_cost"):
             clusters[stack] = run.outputs["cluster_cost"]
@@ -505,6 +601,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(run.resources) - len(run.custom())} components/providers"
         )
         print("=" * 100)
+        if warning:
+            print(f"WARNING: {warning}")
         print("\n".join(render_tree(run)))
         print("\noutputs:")
         for key in (
@@ -535,6 +633,15 @@ def main(argv: list[str] | None = None) -> int:
         if monitoring:
             print("\nmonitoring (Prometheus, Alertmanager, the nodes' journals; roles/monitoring):")
             print("\n".join("  " + line for line in monitoring))
+        heals = healing_lines(run, cfg)
+        if heals:
+            print(
+                "\nself-healing (infra/healing.py: the strongest each node's type and purchase allow):"
+            )
+            print("\n".join("  " + line for line in heals))
+        short = capacity.describe(cfg)
+        if short:
+            print(f"\nwhen spot cannot be had: {short}")
         scaling = scaling_lines(run)
         if scaling:
             print("\nscaling (join when ready, leave when drained, scale on load):")
@@ -544,11 +651,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"COST ESTIMATE ({TITLE})")
         print("\n".join(cost_rows(costs)))
         print(
-            "\nat the scaling bounds (spot at its cap, schedule applied; warm pool: stopped "
-            "root volumes only; every total includes the monitoring host: instance + NAT "
-            "gateway 730 h + disk, traffic not priced)"
+            "\nat the scaling bounds (the GPU nodes at min and max, spot at its cap, schedule "
+            "applied; every total includes the rest of the bill below)"
         )
         print("\n".join(bounds_rows(costs)))
+        for stack, cost in costs.items():
+            print()
+            print("\n".join(bill_lines(stack, cost)))
         print(
             "\nlaunch -> ready per boot path (infra/lifecycle.py: measured parts only, the "
             "rest named)"
@@ -557,6 +666,9 @@ def main(argv: list[str] | None = None) -> int:
         if clusters:
             print(f"\nCLUSTER COST (mode: kubernetes; {TITLE})")
             print("\n".join(cluster_rows(clusters)))
+        if warnings:
+            print("\nWARNINGS")
+            print("\n".join("  " + w for w in warnings))
     return 0
 
 

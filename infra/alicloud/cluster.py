@@ -433,9 +433,10 @@ def deploy_kubernetes(
                 "name": cfg.name,
                 "id": cluster.cluster.id,
                 "version": cluster.cluster.version,
-                "spot_caps_usd_per_hour": {t.name: cfg.spot_cap(t) for t in cfg.instance_types}
+                "spot_caps_per_hour": {t.name: cfg.spot_cap(t) for t in cfg.instance_types}
                 if cfg.spot.enabled
                 else {},
+                "currency": cfg.currency,
             },
             "kubeconfig": cluster.kubeconfig,
             "cluster_cost": cluster_cost(cfg).as_dict(),

@@ -27,7 +27,7 @@ from typing import Any
 import pulumi
 import pulumi_alicloud as alicloud
 
-from infra import edge, images
+from infra import edge, healing, images
 from infra.alicloud import edge as ali_edge
 from infra.alicloud import scaling
 from infra.alicloud.bundle_store import AlicloudBundleStore
@@ -202,7 +202,8 @@ class AlicloudFleet(pulumi.ComponentResource):
         )
 
     def _spot_strategy(self) -> str:
-        return "SpotWithPriceLimit" if self.cfg.spot.enabled else "NoSpot"
+        # market: instances mode buys on-demand after `up` fell back (infra.deploy.capacity)
+        return "SpotWithPriceLimit" if self.cfg.market == "spot" else "NoSpot"
 
     def _instances(
         self, network: AlicloudNetwork, image_id: pulumi.Input[str], expiry: datetime | None
@@ -213,7 +214,7 @@ class AlicloudFleet(pulumi.ComponentResource):
             switch = network.switches[i % len(network.switches)]
             zone = cfg.zones[i % len(cfg.zones)]
             spot: dict[str, Any] = {}
-            if cfg.spot.enabled:
+            if cfg.market == "spot":
                 spot = {
                     "spot_price_limit": cfg.spot_cap(cfg.instance_type),
                     "spot_interruption_behavior": cfg.spot.interruption.capitalize(),
@@ -235,6 +236,8 @@ class AlicloudFleet(pulumi.ComponentResource):
                     spot_strategy=self._spot_strategy(),
                     **spot,
                     auto_release_time=iso_utc(expiry) if expiry else None,
+                    # infra.healing: restarted on a healthy host after a host failure
+                    maintenance_action=healing.AUTO_RECOVER,
                     system_disk_category="cloud_essd",
                     system_disk_size=cfg.disk_gb,
                     system_disk_encrypted=True,
@@ -322,7 +325,8 @@ class AlicloudFleet(pulumi.ComponentResource):
             ),
             spot_instance_pools=len(cfg.instance_types) if cfg.spot.enabled else None,
             spot_instance_remedy=cfg.spot.enabled,  # replace spot before it is reclaimed
-            compensate_with_on_demand=cfg.spot.enabled,  # on-demand when spot is short
+            # on-demand when spot is short (spot.fallback: on_demand, the default)
+            compensate_with_on_demand=cfg.spot.enabled and cfg.spot.fallback == "on_demand",
             # Old-bundle nodes go first (see the module docstring on rolling).
             removal_policies=["OldestScalingConfiguration", "OldestInstance"],
             default_cooldown=300,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_alicloud as alicloud
 
-from infra import monitoring
+from infra import healing, monitoring
 from infra.alicloud.network import AlicloudNetwork
 from infra.config import StackConfig
 from infra.interface import MONITORING_ROLE_TAG, MonitoringHost
@@ -45,6 +45,7 @@ class AlicloudMonitoring(pulumi.ComponentResource):
             key_name=key.key_pair_name,
             instance_charge_type="PostPaid",
             spot_strategy="NoSpot",
+            maintenance_action=healing.AUTO_RECOVER,  # infra.healing
             internet_max_bandwidth_out=0,  # no public address
             system_disk_category="cloud_essd",
             system_disk_size=cfg.monitoring.disk_gb,

@@ -59,7 +59,6 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
     account = aws.get_caller_identity_output(opts=invoke).account_id
     if cfg.mode == "kubernetes":  # an EKS cluster instead of a fleet (infra/aws/cluster.py)
         from infra.aws.cluster import deploy_kubernetes
-        from infra.k8s.cost import cluster_cost
 
         network = AwsNetwork("net", cfg, tags, opts=opts)
         cluster, deployment = deploy_kubernetes(cfg, tags, network, arn_partition, opts)
@@ -72,7 +71,6 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
             arn_partition,
             account,
             opts=opts,
-            monthly_estimate_usd=cluster_cost(cfg).monthly_max_usd,
         )
         return deployment
     image_id = resolve_image(cfg, invoke)
@@ -96,6 +94,7 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
             network,
             fleet.key,
             resolve_image(cfg, invoke, distro=MONITORING_DISTRO),
+            arn_partition,
             opts=opts,
         ).host
     return deployment

@@ -572,9 +572,10 @@ def deploy_kubernetes(
                 "name": cluster.cluster.name,
                 "version": cfg.kubernetes.version,
                 "endpoint": cluster.cluster.endpoint,
-                "spot_caps_usd_per_hour": {t.name: cfg.spot_cap(t) for t in cfg.instance_types}
+                "spot_caps_per_hour": {t.name: cfg.spot_cap(t) for t in cfg.instance_types}
                 if cfg.spot.enabled
                 else {},
+                "currency": cfg.currency,
             },
             "kubeconfig": pulumi.Output.secret(cluster.kubeconfig),
             "cluster_cost": cluster_cost(cfg).as_dict(),

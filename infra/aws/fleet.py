@@ -8,13 +8,14 @@ notice), roll when the launch template changes (instance refresh) and scale on l
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
 
 from infra import edge, images
 from infra.aws import edge as aws_edge
-from infra.aws import scaling
+from infra.aws import fallback, healing, scaling
 from infra.aws.bundle_store import AwsBundleStore
 from infra.aws.iam import assume_role, bundle_read_policy, group_arn, lifecycle_policy
 from infra.aws.network import AwsNetwork
@@ -31,11 +32,24 @@ from infra.lifecycle import (
     LB_HEALTHY_THRESHOLD,
     LB_UNHEALTHY_THRESHOLD,
 )
-from infra.nodeboot import group_name, user_data
+from infra.nodeboot import fallback_group_name, group_name, user_data
 from infra.tags import with_name
 
 # An instance refresh keeps at least this share of the desired nodes serving.
 REFRESH_MIN_HEALTHY_PERCENT = 50
+
+
+@dataclass(frozen=True)
+class _NodeTemplate:
+    """What every launch template of the fleet shares (the spot group's and its fallback's)."""
+
+    image_id: pulumi.Input[str]
+    key_name: pulumi.Input[str]
+    security_group_id: pulumi.Input[str]
+    profile_arn: pulumi.Input[str]
+    node_tags: dict[str, str]
+    tags: dict[str, str]
+    opts: pulumi.ResourceOptions
 
 
 class AwsFleet(pulumi.ComponentResource):
@@ -130,14 +144,18 @@ class AwsFleet(pulumi.ComponentResource):
                 )
             )
         if cfg.mode == "group":
-            arn = pulumi.Output.from_input(account).apply(
-                lambda a: group_arn(arn_partition, cfg.region, a, group_name(cfg))
+            # the nodes of both groups (infra.aws.fallback) complete their own group's hooks
+            groups = [group_name(cfg)] + (
+                [fallback_group_name(cfg)] if fallback.enabled(cfg) else []
+            )
+            arns = pulumi.Output.from_input(account).apply(
+                lambda a: [group_arn(arn_partition, cfg.region, a, g) for g in groups]
             )
             self.grants.append(
                 aws.iam.RolePolicy(
                     f"{name}-node-lifecycle",
                     role=role.id,
-                    policy=arn.apply(lifecycle_policy),
+                    policy=arns.apply(lambda arns: lifecycle_policy(*arns)),
                     opts=child,
                 )
             )
@@ -152,18 +170,107 @@ class AwsFleet(pulumi.ComponentResource):
             group=cfg.mode == "group",
             extra={"target_group_arn": self.target.arn} if self.target is not None else None,
         )
-        spot_instances = cfg.mode == "instances" and cfg.spot.enabled
+        spot_instances = cfg.mode == "instances" and cfg.market == "spot"
         # Only a persistent request can be stopped (by a schedule) and restarted.
         self.persistent_spot = spot_instances and cfg.spot.interruption in ("stop", "hibernate")
-        self.template = aws.ec2.LaunchTemplate(
-            f"{name}-lt",
+        self._node = _NodeTemplate(
+            image_id, key.key_name, network.node_sg.id, profile.arn, node_tags, tags, child
+        )
+        self.template = self.launch_template(f"{name}-lt", self.user_data, spot_instances)
+
+        # A node fetches the bundle at boot: the object and the grants come first.
+        needs = pulumi.ResourceOptions.merge(
+            child, pulumi.ResourceOptions(depends_on=[store.object, *self.grants])
+        )
+        self.fallback_group: aws.autoscaling.Group | None = None
+        if cfg.mode == "instances":
+            self.instances = self._instances(name, node_tags, network, needs)
+            for i, inst in enumerate(self.instances):
+                healing.register(
+                    f"{name}-node-{i}",
+                    cfg,
+                    f"gpu-{i}",
+                    inst,
+                    cfg.instance_type,
+                    cfg.market == "spot",
+                    arn_partition,
+                    child,
+                    tags,
+                )
+            self.deployment = instances_deployment(cfg, self.instances, image.login_user)
+        else:
+            self.group, alb, target = self._group(name, tags, node_tags, network, child, needs)
+            self.policies = scaling.register(name, cfg, self.group, alb, target, child)
+            if fallback.enabled(cfg):
+                od_template = self.launch_template(
+                    f"{name}-od-lt",
+                    user_data(
+                        cfg,
+                        store.bucket.bucket,
+                        mode=cfg.bootstrap_mode,
+                        group=True,
+                        group_name_of_node=fallback_group_name(cfg),
+                        extra={"target_group_arn": target.arn},
+                    ),
+                    spot=False,
+                )
+                self.fallback_group = fallback.register(
+                    name,
+                    cfg,
+                    self._mixed(od_template, on_demand_only=True),
+                    [s.id for s in network.subnets],
+                    target,
+                    node_tags,
+                    tags,
+                    child,
+                    needs,
+                )
+            self.deployment = Deployment(
+                nodes=[],
+                endpoint=alb.dns_name.apply(lambda d: edge.endpoint(cfg, d)),
+                login_user=image.login_user,
+                # running by tag; `group_name` lets an inventory keep the InService ones (a
+                # node still in its launch hook is running but bootstrapping itself)
+                discovery={
+                    "cloud": "aws",
+                    "region": cfg.region,
+                    "filters": {
+                        f"tag:{NODE_ROLE_TAG[0]}": NODE_ROLE_TAG[1],
+                        "tag:stack": cfg.stack,
+                        "instance-state-name": "running",
+                    },
+                    "group_name": group_name(cfg),
+                    **(
+                        {"fallback_group_name": fallback_group_name(cfg)}
+                        if fallback.enabled(cfg)
+                        else {}
+                    ),
+                },
+            )
+        self.register_outputs({"launch_template_id": self.template.id})
+
+    def launch_template(
+        self, name: str, node_user_data: pulumi.Input[str], spot: bool
+    ) -> aws.ec2.LaunchTemplate:
+        """The hardened node template (IMDSv2 only, encrypted gp3 root, the node profile, the
+        bootstrap user-data); `spot`: spot market options with the price cap."""
+        cfg, node = self.cfg, self._node
+        image = images.query("aws", cfg.image_distro)
+        return aws.ec2.LaunchTemplate(
+            name,
+            image_id=node.image_id,
+            key_name=node.key_name,
+            vpc_security_group_ids=[node.security_group_id],
+            iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=node.profile_arn),
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=node.node_tags)
+                for kind in ("instance", "volume", "network-interface")
+            ],
+            tags=node.tags,
+            opts=node.opts,
             name_prefix=f"{cfg.name}-",
             description=f"torchfleet {cfg.stack} GPU node",
-            image_id=image_id,
             instance_type=cfg.instance_type.name,
-            key_name=key.key_name,
-            vpc_security_group_ids=[network.node_sg.id],
-            iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=profile.arn),
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
                 http_endpoint="enabled",
                 http_tokens="required",
@@ -181,51 +288,16 @@ class AwsFleet(pulumi.ComponentResource):
                     ),
                 )
             ],
-            instance_market_options=self._spot_options() if spot_instances else None,
+            instance_market_options=self._spot_options() if spot else None,
             hibernation_options=(
                 aws.ec2.LaunchTemplateHibernationOptionsArgs(configured=True)
-                if spot_instances and cfg.spot.interruption == "hibernate"
+                if spot and cfg.spot.interruption == "hibernate"
                 else None
             ),
             monitoring=aws.ec2.LaunchTemplateMonitoringArgs(enabled=True),
-            user_data=self.user_data,
-            tag_specifications=[
-                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=node_tags)
-                for kind in ("instance", "volume", "network-interface")
-            ],
+            user_data=node_user_data,
             update_default_version=True,
-            tags=tags,
-            opts=child,
         )
-
-        # A node fetches the bundle at boot: the object and the grants come first.
-        needs = pulumi.ResourceOptions.merge(
-            child, pulumi.ResourceOptions(depends_on=[store.object, *self.grants])
-        )
-        if cfg.mode == "instances":
-            self.instances = self._instances(name, node_tags, network, needs)
-            self.deployment = instances_deployment(cfg, self.instances, image.login_user)
-        else:
-            self.group, alb, target = self._group(name, tags, node_tags, network, child, needs)
-            self.policies = scaling.register(name, cfg, self.group, alb, target, child)
-            self.deployment = Deployment(
-                nodes=[],
-                endpoint=alb.dns_name.apply(lambda d: edge.endpoint(cfg, d)),
-                login_user=image.login_user,
-                # running by tag; `group_name` lets an inventory keep the InService ones (a
-                # node still in its launch hook is running but bootstrapping itself)
-                discovery={
-                    "cloud": "aws",
-                    "region": cfg.region,
-                    "filters": {
-                        f"tag:{NODE_ROLE_TAG[0]}": NODE_ROLE_TAG[1],
-                        "tag:stack": cfg.stack,
-                        "instance-state-name": "running",
-                    },
-                    "group_name": group_name(cfg),
-                },
-            )
-        self.register_outputs({"launch_template_id": self.template.id})
 
     def _spot_options(self) -> aws.ec2.LaunchTemplateInstanceMarketOptionsArgs:
         cfg = self.cfg
@@ -337,6 +409,9 @@ class AwsFleet(pulumi.ComponentResource):
             desired_capacity=cfg.nodes.desired,
             vpc_zone_identifiers=subnet_ids,
             capacity_rebalance=cfg.spot.enabled,
+            # the on-demand fallback's alarms read the group's own (free) size metrics
+            enabled_metrics=list(fallback.GROUP_METRICS) if fallback.enabled(cfg) else None,
+            metrics_granularity="1Minute" if fallback.enabled(cfg) else None,
             # The launching hook keeps a node out of service until /readyz is 200, so the grace
             # and the warm-up cover only the ALB's view and one metric period (infra.lifecycle).
             health_check_type="ELB",
@@ -359,7 +434,7 @@ class AwsFleet(pulumi.ComponentResource):
                 if warm
                 else None
             ),
-            mixed_instances_policy=None if warm else self._mixed(version),
+            mixed_instances_policy=None if warm else self._mixed(self.template),
             # Stopped, already-bootstrapped nodes: a scale-out starts one instead of launching
             # and converging a new one; scale-in returns nodes to the pool.
             warm_pool=aws.autoscaling.GroupWarmPoolArgs(
@@ -395,23 +470,30 @@ class AwsFleet(pulumi.ComponentResource):
         )
         return group, alb, target
 
-    def _mixed(self, version: pulumi.Output[str]) -> aws.autoscaling.GroupMixedInstancesPolicyArgs:
+    def _mixed(
+        self, template: aws.ec2.LaunchTemplate, on_demand_only: bool = False
+    ) -> aws.autoscaling.GroupMixedInstancesPolicyArgs:
+        """The group's instance types over `template`, split like the stack's spot settings
+        (or, `on_demand_only`, all on-demand: the fallback group)."""
         cfg = self.cfg
+        spot = cfg.spot.enabled and not on_demand_only
+        # A pinned version, not "$Latest" (see _group on the instance refresh).
+        version = template.latest_version.apply(str)
         # One cap for every type of the group: the lowest per-type cap, so no type is ever
         # bought above ratio x its own on-demand price (larger types then win only when cheap).
         cap = min(cfg.spot_cap(t) for t in cfg.instance_types)
         distribution = aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs(
-            on_demand_base_capacity=cfg.spot.on_demand_base if cfg.spot.enabled else cfg.nodes.max,
+            on_demand_base_capacity=cfg.spot.on_demand_base if spot else cfg.nodes.max,
             on_demand_percentage_above_base_capacity=(
-                cfg.spot.on_demand_percentage if cfg.spot.enabled else 100
+                cfg.spot.on_demand_percentage if spot else 100
             ),
             spot_allocation_strategy="price-capacity-optimized",
-            spot_max_price=f"{cap:.4f}" if cfg.spot.enabled else None,
+            spot_max_price=f"{cap:.4f}" if spot else None,
         )
         return aws.autoscaling.GroupMixedInstancesPolicyArgs(
             launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
                 launch_template_specification=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
-                    launch_template_id=self.template.id, version=version
+                    launch_template_id=template.id, version=version
                 ),
                 overrides=[
                     aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(

@@ -45,7 +45,7 @@ def group_arn(arn_partition: str, region: str, account: str, group: str) -> str:
     )
 
 
-def lifecycle_policy(group: str) -> str:
+def lifecycle_policy(*groups: str) -> str:
     return json.dumps(
         {
             "Version": "2012-10-17",
@@ -57,7 +57,7 @@ def lifecycle_policy(group: str) -> str:
                         "autoscaling:CompleteLifecycleAction",
                         "autoscaling:RecordLifecycleActionHeartbeat",
                     ],
-                    "Resource": [group],
+                    "Resource": list(groups),
                 },
                 # PutMetricData has no resource-level permission: the namespace condition scopes it.
                 {

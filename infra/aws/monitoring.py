@@ -12,6 +12,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra import monitoring
+from infra.aws import healing
 from infra.aws.iam import assume_role
 from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
@@ -45,6 +46,7 @@ class AwsMonitoring(pulumi.ComponentResource):
         network: AwsNetwork,
         key: aws.ec2.KeyPair,
         image_id: pulumi.Input[str],
+        arn_partition: str,
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("torchfleet:aws:Monitoring", name, None, opts)
@@ -84,6 +86,17 @@ class AwsMonitoring(pulumi.ComponentResource):
             tags=host_tags,
             volume_tags=host_tags,
             opts=child,
+        )
+        healing.register(
+            f"{name}-host",
+            cfg,
+            "monitoring",
+            instance,
+            cfg.monitoring.instance_type,
+            False,
+            arn_partition,
+            child,
+            tags,
         )
         self.host = MonitoringHost(
             name=host, private_ip=instance.private_ip, login_user=monitoring.login_user(cfg)

@@ -55,6 +55,20 @@ def queue_target(cfg: StackConfig) -> float:
     )
 
 
+def lifecycle_hooks(
+    name: str, cfg: StackConfig, group: aws.autoscaling.Group, child: pulumi.ResourceOptions
+) -> None:
+    """The hooks as resources of their own, which keep them up to date after the group's
+    creation (its `initial_lifecycle_hooks` serve its first nodes only)."""
+    for hook in hooks(cfg):
+        aws.autoscaling.LifecycleHook(
+            f"{name}-{hook['name'].removeprefix('torchfleet-')}-hook",
+            autoscaling_group_name=group.name,
+            **hook,
+            opts=child,
+        )
+
+
 def register(
     name: str,
     cfg: StackConfig,
@@ -64,13 +78,7 @@ def register(
     child: pulumi.ResourceOptions,
 ) -> list[aws.autoscaling.Policy]:
     assert cfg.scaling is not None
-    for hook in hooks(cfg):
-        aws.autoscaling.LifecycleHook(
-            f"{name}-{hook['name'].removeprefix('torchfleet-')}-hook",
-            autoscaling_group_name=group.name,
-            **hook,
-            opts=child,
-        )
+    lifecycle_hooks(name, cfg, group, child)
     disable_in = not cfg.scaling.scale_in
     requests = aws.autoscaling.Policy(
         f"{name}-requests",

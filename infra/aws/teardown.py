@@ -49,11 +49,7 @@ class AwsTeardown(pulumi.ComponentResource):
         arn_partition: str,
         account: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
-        *,
-        monthly_estimate_usd: float | None = None,
     ):
-        """`monthly_estimate_usd`: the worst-case month the auto budget covers, when the
-        fleet's cost is more than infra/cost.py prices (mode: kubernetes adds its cluster)."""
         super().__init__("torchfleet:aws:Teardown", name, None, opts)
         self.child = pulumi.ResourceOptions(parent=self)
         self.cfg, self.tags, self.name = cfg, tags, name
@@ -68,7 +64,7 @@ class AwsTeardown(pulumi.ComponentResource):
                     f"{name}-{pool.name}", pool.group_name, pool.min, pool.max, pool.desired, expiry
                 )
         if cfg.budget:
-            self._budget(monthly_estimate_usd)
+            self._budget()
         self.register_outputs({})
 
     def _instance_schedules(
@@ -189,6 +185,10 @@ class AwsTeardown(pulumi.ComponentResource):
         self._asg_schedules(
             self.name, fleet.group.name, cfg.nodes.min, cfg.nodes.max, cfg.nodes.desired, expiry
         )
+        if fleet.fallback_group is not None:  # 0..max while working: its alarms size it
+            self._asg_schedules(
+                f"{self.name}-od", fleet.fallback_group.name, 0, cfg.nodes.max, 0, expiry
+            )
 
     def _asg_schedules(
         self,
@@ -240,14 +240,17 @@ class AwsTeardown(pulumi.ComponentResource):
                 opts=child,
             )
 
-    def _budget(self, monthly_estimate_usd: float | None = None) -> None:
+    def _budget(self) -> None:
         cfg = self.cfg
         assert cfg.budget is not None
-        # auto: the worst case at the largest size scaling may reach, plus 10 %.
-        if monthly_estimate_usd is None:
-            cost = estimate(cfg)
-            monthly_estimate_usd = cost.monthly_worst_at_max_usd + cost.warm_pool_usd_per_month
-        limit = cfg.budget.monthly_usd or max(1.0, math.ceil(monthly_estimate_usd * 1.1))
+        # auto: the whole bill at the largest size scaling may reach, plus 10 %; where spot falls
+        # back to on-demand, the GPU nodes at their on-demand price (spot may not be had).
+        cost = estimate(cfg)
+        worst = cost.monthly_worst_at_max
+        if cfg.spot.enabled and cfg.spot.fallback == "on_demand":
+            od = cost.max_nodes * cfg.on_demand_price(cfg.instance_type) * cost.hours_per_month
+            worst = max(worst, od + cost.rest_per_month)
+        limit = cfg.budget.monthly_usd or max(1.0, math.ceil(worst * 1.1))
         notify = [
             aws.budgets.BudgetNotificationArgs(
                 comparison_operator="GREATER_THAN",
@@ -263,9 +266,10 @@ class AwsTeardown(pulumi.ComponentResource):
             name_prefix=f"{cfg.name}-",
             budget_type="COST",
             limit_amount=f"{limit:.2f}",
-            limit_unit="USD",
+            limit_unit=cfg.currency,
             time_unit="MONTHLY",
-            # Needs `stack` activated as a cost allocation tag in the billing console.
+            # Counts once `stack` is an active cost allocation tag: `torchfleet up` activates it
+            # (infra.spend), and billing sees a new tag within a day.
             cost_filters=[
                 aws.budgets.BudgetCostFilterArgs(
                     name="TagKeyValue", values=[f"user:stack${cfg.stack}"]

@@ -13,7 +13,7 @@ a failed run is continued by running `torchfleet up` again."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,9 +94,18 @@ def _failed(verb: str, stack: str, progress: EngineProgress, err: Exception) -> 
     )
 
 
-def up(stack: str, console: Console, opener: Callable[[str], auto.Stack] | None = None) -> Outputs:
+def up(
+    stack: str,
+    console: Console,
+    opener: Callable[[str], auto.Stack] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Outputs:
+    """`env`: variables for the program's process (infra.deploy.capacity's market)."""
     progress = EngineProgress(console)
     handle = _select(stack, opener)
+    if env:
+        workspace = handle.workspace
+        workspace.env_vars = {**(workspace.env_vars or {}), **env}
     try:
         result = handle.up(
             on_event=progress.on_event,

@@ -18,14 +18,15 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from infra import client
+from infra import client, spend
 from infra.config import StackConfig
 from infra.constants import SERVICE_PORT
-from infra.deploy import automation, converge, inventory, preflight, readiness, smoke
+from infra.deploy import automation, capacity, converge, inventory, preflight, readiness, smoke
 from infra.deploy.access import SshTarget, tunnel
 from infra.deploy.progress import Console, shown
 from infra.deploy.stage import StageError
@@ -230,7 +231,7 @@ def up(
         console,
         stack,
         "what `up` needs, checked before anything is created",
-        ("config", "credentials", "pulumi", "ssh"),
+        ("config", "credentials", "prices", "pulumi", "ssh"),
         ssh_key,
     )
     with steps(
@@ -238,12 +239,20 @@ def up(
         f"pulumi up of stack {stack} (Automation API)"
         + (": skipped, reading the current outputs" if skip_provision else ""),
     ):
-        result = automation.outputs(stack) if skip_provision else automation.up(stack, console)
+        result = (
+            automation.outputs(stack)
+            if skip_provision
+            else capacity.provision(
+                pf.cfg, lambda env: automation.up(stack, console, env=env), console.line
+            )
+        )
         (run / "outputs.json").write_text(json.dumps(result.masked(), indent=2, default=str))
         console.line(
             f"  outputs: {', '.join(sorted(result.values))} (saved, secrets masked, in "
             f"{shown(run / 'outputs.json')})"
         )
+        if pf.cfg is not None and pf.cfg.cloud == "aws" and not skip_provision:
+            console.line(f"  {spend.activate_stack_tag()}")
     return node_stages(
         stack,
         result.values,
@@ -294,6 +303,41 @@ def status(stack: str, console: Console, ssh_key: str | None = None) -> Summary:
         console.line(f"  outputs: {', '.join(sorted(result.values))}")
     with steps("status", "per-node readiness and batch cap, or the group's healthy count"):
         return status_of(stack, result.values, cfg, INVENTORIES, pf.ssh_key)
+
+
+def cost(stack: str, console: Console, since_days: int, today: date | None = None) -> list[str]:
+    """`torchfleet cost`: the stack's measured spend over the last `since_days` whole days next
+    to the estimate for the same hours (infra.spend)."""
+    from infra.cost import estimate
+    from infra.program import with_region_prices
+
+    steps = Steps(console, 2)
+    pf = _preflight(steps, console, stack, "what `cost` needs", ("config", "credentials"))
+    assert pf.cfg is not None
+    cfg = with_region_prices(pf.cfg)
+    start, end = spend.window(since_days, today or datetime.now(UTC).date())
+    cmp = spend.estimate_for(estimate(cfg), start, end)
+    with steps("cost", f"the bill of stack {stack}, {start} to {end} (UTC)"):
+        if cfg.cloud == "aws":
+            console.line(f"  {spend.activate_stack_tag()}")
+            api, grant = "Cost Explorer GetCostAndUsage", "ce:GetCostAndUsage"
+        else:
+            api, grant = "BSS DescribeInstanceBill", "read access to BSS (AliyunBSSReadOnlyAccess)"
+        try:
+            measured = (
+                spend.aws_spend(stack, start, end)
+                if cfg.cloud == "aws"
+                else spend.alicloud_spend(stack, cfg.region, start, end)
+            )
+        except StageError:
+            raise
+        except Exception as err:  # the SDKs' errors: access denied, no data, the network
+            raise StageError(
+                "status",
+                f"{api} for tag stack={stack} failed: {err}",
+                fix=f"the credentials need {grant}; then re-run",
+            ) from err
+        return spend.lines(cfg, measured, cmp)
 
 
 def status_of(

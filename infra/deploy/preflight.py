@@ -3,7 +3,10 @@ before anything is created, each missing piece named with how to fix it.
 
 Checks (each a `Check`: ok or not, what was found, the fix):
   stack config      Pulumi.<stack>.yaml through infra.config.load: the same one-pass ConfigError
-                    the program raises, so a bad value never reaches `pulumi up`
+                    the program raises, so a bad value never reaches `pulumi up`; a note when the
+                    nodes' distro is past its standard support (compat/matrix.yml)
+  prices            (`up`) the region's own prices (infra.pricing: cached for the program that
+                    `pulumi up` runs), or the reference table and why; a note, never a refusal
   credentials       for THAT stack's cloud, read locally without calling the cloud:
                     AWS: botocore's credential chain (env vars, AWS_PROFILE + ~/.aws files,
                     SSO/assume-role/process profiles) minus its network providers (instance
@@ -32,15 +35,13 @@ from typing import Any
 from infra import config as stack_config
 from infra.config import ConfigError, StackConfig
 from infra.cost import estimate
+from infra.credentials import ALI_FIX, CredentialsError, alicloud_keys, aws_credentials
 from infra.matrix import REPO_ROOT
 from infra.plan import load_stack_config
+from infra.schedule import deploy_time
 
 KEY_CANDIDATES = ("id_ed25519", "id_ecdsa", "id_rsa")
 SELF_MANAGED = ("file://", "s3://", "gs://", "azblob://", "postgres://")
-ALI_KEY_ENV = (
-    ("ALICLOUD_ACCESS_KEY", "ALICLOUD_SECRET_KEY"),
-    ("ALIBABA_CLOUD_ACCESS_KEY_ID", "ALIBABA_CLOUD_ACCESS_KEY_SECRET"),
-)
 
 
 @dataclass
@@ -115,7 +116,6 @@ def check_config(stack: str, path: Path | None = None) -> tuple[Check, StackConf
             f"Pulumi.{stack}.yaml: {lines}",
             "fix each value above in the stack file (`make plan STACK=...` checks it offline)",
         ), None
-    cost = estimate(cfg)
     size = (
         f"{cfg.nodes.count} node(s)"
         if cfg.mode == "instances"
@@ -126,43 +126,52 @@ def check_config(stack: str, path: Path | None = None) -> tuple[Check, StackConf
         True,
         f"Pulumi.{stack}.yaml valid: {cfg.cloud} {cfg.region}, {cfg.mode} mode, {size} "
         f"x {cfg.instance_type.name} ({cfg.instance_type.gpu_model}"
-        f"{', spot' if cfg.spot.enabled else ''}), at most "
-        f"${cost.spot_cap_usd_per_hour:.3f}/h",
+        f"{', spot' if cfg.spot.enabled else ''})",
     ), cfg
+
+
+def check_distro(cfg: StackConfig, today: str) -> Check | None:
+    """A note (never a refusal) when the nodes' distro is past its standard support."""
+    warning = stack_config.distro_warning(cfg, today)
+    if warning is None:
+        return None
+    return Check(
+        "distro support",
+        False,
+        warning,
+        "move torchfleet:image_distro to a supported distro (`make plan` shows the result)",
+        required=False,
+    )
+
+
+def check_prices(cfg: StackConfig, mode: str | None = None) -> tuple[Check, StackConfig]:
+    """The region's own prices (infra.pricing, cached for the program that `pulumi up` runs
+    next) or the reference table, and what the stack costs at most with them."""
+    from infra.program import with_region_prices
+
+    cfg = with_region_prices(cfg, mode)
+    cost = estimate(cfg)
+    caps = (
+        ", spot cap " + ", ".join(f"{t.name} {cfg.spot_cap(t):g}" for t in cfg.instance_types)
+        if cfg.spot.enabled
+        else ""
+    )
+    found = (
+        f"{cfg.book.describe()}: at most {cost.spot_cap_per_hour:.3f} {cost.currency}/h for the "
+        f"whole bill{caps} {cost.currency}/h"
+    )
+    return Check("prices", cfg.book.origin != "reference", found, required=False), cfg
 
 
 # -- cloud credentials --------------------------------------------------------------------------
 
 
 def check_aws(env: Mapping[str, str]) -> Check:
-    """botocore's chain, read locally: its network providers are removed before it runs."""
-    import botocore.exceptions
-    import botocore.session
-
-    # botocore reads the process environment (and ~/.aws through it), as pulumi-aws will.
+    """botocore's chain, read locally (infra.credentials)."""
     try:
-        resolver = botocore.session.Session().get_component("credential_provider")
-        for name in ("iam-role", "container-role"):
-            if any(name == p.METHOD for p in resolver.providers):
-                resolver.remove(name)
-        creds = resolver.load_credentials()
-    except botocore.exceptions.ProfileNotFound as err:
-        profile = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE")
-        return Check(
-            "AWS credentials",
-            False,
-            f"{err} (AWS_PROFILE={profile})",
-            "name a profile of ~/.aws/config or ~/.aws/credentials "
-            "(`aws configure --profile NAME`), or unset AWS_PROFILE",
-        )
-    except botocore.exceptions.BotoCoreError as err:
-        return Check(
-            "AWS credentials",
-            False,
-            f"the AWS credential chain failed: {err}",
-            "fix the profile in ~/.aws/config (see the error), or export "
-            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
-        )
+        creds = aws_credentials(env)
+    except CredentialsError as err:
+        return Check("AWS credentials", False, err.message, err.fix)
     if creds is None:
         return Check(
             "AWS credentials",
@@ -189,63 +198,21 @@ def check_aws(env: Mapping[str, str]) -> Check:
 
 
 def check_alicloud(env: Mapping[str, str], home: Path) -> Check:
-    for key, secret in ALI_KEY_ENV:
-        if env.get(key) and env.get(secret):
-            return Check("Alibaba credentials", True, f"from {key}/{secret}")
-        if env.get(key) or env.get(secret):
-            return Check(
-                "Alibaba credentials",
-                False,
-                f"only one of {key} and {secret} is set",
-                f"export both {key} and {secret}",
-            )
-    fix = (
-        "export ALICLOUD_ACCESS_KEY and ALICLOUD_SECRET_KEY, or `aliyun configure --profile "
-        "NAME` and export ALICLOUD_PROFILE=NAME"
-    )
-    path = Path(env.get("ALICLOUD_SHARED_CREDENTIALS_FILE") or home / ".aliyun" / "config.json")
-    profile = env.get("ALICLOUD_PROFILE") or env.get("ALIBABA_CLOUD_PROFILE")
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+        keys = alicloud_keys(env, home)
+    except CredentialsError as err:
+        return Check("Alibaba credentials", False, err.message, err.fix)
+    if keys is None:
+        path = env.get("ALICLOUD_SHARED_CREDENTIALS_FILE") or home / ".aliyun" / "config.json"
         return Check(
             "Alibaba credentials",
             False,
-            "no ALICLOUD_ACCESS_KEY/ALICLOUD_SECRET_KEY and no " + str(path),
-            fix,
+            f"no ALICLOUD_ACCESS_KEY/ALICLOUD_SECRET_KEY and no {path}",
+            ALI_FIX,
         )
-    except (OSError, ValueError) as err:
-        return Check("Alibaba credentials", False, f"{path} is unreadable: {err}", fix)
-    profiles = {p.get("name"): p for p in data.get("profiles") or [] if isinstance(p, dict)}
-    if not profile:
-        return Check(
-            "Alibaba credentials",
-            False,
-            f"{path} has profile(s) {', '.join(map(str, profiles)) or 'none'} but "
-            "ALICLOUD_PROFILE is not set (the provider reads a profile only when named)",
-            f"export ALICLOUD_PROFILE={data.get('current') or 'NAME'}",
-        )
-    p = profiles.get(profile)
-    if p is None:
-        return Check(
-            "Alibaba credentials",
-            False,
-            f"ALICLOUD_PROFILE={profile} is not in {path} "
-            f"(profiles: {', '.join(map(str, profiles)) or 'none'})",
-            fix,
-        )
-    if p.get("mode", "AK") == "AK" and not (p.get("access_key_id") and p.get("access_key_secret")):
-        return Check(
-            "Alibaba credentials",
-            False,
-            f"profile {profile} in {path} has no access_key_id/access_key_secret",
-            fix,
-        )
-    return Check(
-        "Alibaba credentials",
-        True,
-        f"profile {profile} ({p.get('mode', 'AK')}) in {path} - not verified until `pulumi up`",
-    )
+    from_env = keys.source.startswith("ALI")
+    found = f"from {keys.source}" if from_env else f"{keys.source} - not verified until `pulumi up`"
+    return Check("Alibaba credentials", True, found)
 
 
 # -- pulumi -------------------------------------------------------------------------------------
@@ -481,6 +448,11 @@ def run(
         result.checks.append(check)
         if result.cfg:
             cloud = result.cfg.cloud
+            distro = check_distro(result.cfg, deploy_time().date().isoformat())
+            result.checks += [distro] if distro else []
+            if "prices" in need:
+                prices, result.cfg = check_prices(result.cfg)
+                result.checks.append(prices)
     if "credentials" in need:
         if cloud == "aws":
             result.checks.append(check_aws(env))

@@ -173,7 +173,12 @@ def aws_group_health(
             f"no Auto Scaling group in {region} carries the tags {filters}",
             fix="check the stack's discovery output and the region",
         )
-    desired = sum(int(g["DesiredCapacity"]) for g in groups)
+    # the on-demand fallback group fills what the spot group lacks: the spot group's desired
+    # size is the target (infra.aws.fallback)
+    fallback = discovery.get("fallback_group_name")
+    desired = sum(
+        int(g["DesiredCapacity"]) for g in groups if g["AutoScalingGroupName"] != fallback
+    )
     return GroupHealth(sum(s == "healthy" for s in states.values()), desired, states)
 
 

@@ -1,8 +1,9 @@
 """What a stack is and costs now: the summary `up` ends with and `status` prints.
 
-Cost per hour comes from the stack's `cost` output (infra.cost: the catalog's reference prices),
+Cost per hour comes from the stack's `cost` output (infra.cost: the whole bill in the stack's
+currency, from the region's own prices or the reference table, which the `prices` line names),
 scaled by whether the working-hours schedule has the nodes running now; the TTL left from the
-`ttl_expiry` output."""
+`ttl_expiry` output, and what the TTL leaves billing with its cost per day."""
 
 from __future__ import annotations
 
@@ -32,21 +33,37 @@ def cost_now(
 ) -> str:
     if not cost:
         return "unknown (the stack has no cost output)"
+    if "spot_typical_per_hour" not in cost:
+        return (
+            "unknown (the stack's cost output predates the whole bill: `torchfleet up` rewrites it)"
+        )
     now = now or deploy_time()
+    cur = cost.get("currency", "USD")
     running = (
         f"{cost['nodes']} node(s): {cost['on_demand_nodes']} on-demand, {cost['spot_nodes']} spot"
     )
     if cfg and cfg.schedule and not in_working_hours(cfg.schedule, now):
         s = cfg.schedule
         return (
-            f"$0.000/h for compute now: outside working hours ({','.join(s.days)} "
-            f"{s.start:%H:%M}-{s.stop:%H:%M} {s.timezone}) the schedule stops the nodes; "
-            f"${cost['spot_typical_usd_per_hour']:.3f}/h typical while running"
+            f"{cost.get('rest_per_hour', 0.0):.3f} {cur}/h now (the rest of the bill): outside "
+            f"working hours ({','.join(s.days)} {s.start:%H:%M}-{s.stop:%H:%M} {s.timezone}) "
+            "the schedule stops the nodes; "
+            f"{cost['spot_typical_per_hour']:.3f} {cur}/h typical while running"
         )
     return (
-        f"${cost['spot_typical_usd_per_hour']:.3f}/h typical, at most "
-        f"${cost['spot_cap_usd_per_hour']:.3f}/h ({running}; "
-        f"${cost['on_demand_usd_per_hour']:.3f}/h all on-demand)"
+        f"{cost['spot_typical_per_hour']:.3f} {cur}/h typical, at most "
+        f"{cost['spot_cap_per_hour']:.3f} {cur}/h ({running}; "
+        f"{cost['on_demand_per_hour']:.3f} {cur}/h all on-demand; the whole bill)"
+    )
+
+
+def after_ttl(cost: dict[str, Any] | None) -> str | None:
+    """What the TTL leaves billing and its cost per day (None without a TTL)."""
+    if not cost or not cost.get("after_ttl"):
+        return None
+    return (
+        f"{cost['after_ttl_per_day']:.2f} {cost['currency']}/day until `torchfleet down`: "
+        + "; ".join(cost["after_ttl"])
     )
 
 
@@ -89,7 +106,12 @@ class Summary:
         if self.group:
             out.append(f"  group       {self.group}")
         out.append(f"  cost now    {cost_now(o.get('cost'), self.cfg)}")
+        if (o.get("cost") or {}).get("prices"):
+            out.append(f"  prices      {o['cost']['prices']['source']}")
         out.append(f"  ttl         {ttl_left(o.get('ttl_expiry'))}")
+        leftovers = after_ttl(o.get("cost"))
+        if leftovers:
+            out.append(f"  after ttl   {leftovers}")
         if self.artifacts:
             out.append(f"  run log     {self.artifacts}")
         out += [f"  {n}" for n in self.notes]

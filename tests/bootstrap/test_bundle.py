@@ -100,7 +100,7 @@ def test_archive_contents_metadata_and_manifest() -> None:
     }
     node = json.loads(read(made.path, "node.json"))
     assert (
-        node["group_vars"]["torchfleet_cuda_profile"] == "cu116"
+        node["group_vars"]["torchfleet_cuda_profile"] == "cu121"  # Pulumi.alicloud-prod.yaml
         and "ansible_user" not in node["group_vars"]
     )
     assert node["instance_types"]["ecs.gn6i-c4g1.xlarge"] == {

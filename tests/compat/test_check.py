@@ -4,6 +4,7 @@ machine, and real runs of the runtime's CLI, which calls torchfleet_compat.check
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -82,8 +83,18 @@ MATRIX_DATA = {
         "H100": {"compute_capability": "9.0", "arch": "hopper", "memory_gib": 80},
     },
     "distros": {
-        "debian-11": {"python": "3.9", "cuda_repo": "debian11", "driver_source": "cuda_repo"},
-        "debian-12": {"python": "3.11", "cuda_repo": "debian12", "driver_source": "distro"},
+        "debian-11": {
+            "python": "3.9",
+            "cuda_repo": "debian11",
+            "driver_source": "cuda_repo",
+            "standard_support_until": "2099-12-31",  # past-support cases set Options.today
+        },
+        "debian-12": {
+            "python": "3.11",
+            "cuda_repo": "debian12",
+            "driver_source": "distro",
+            "standard_support_until": "2099-12-31",
+        },
     },
 }
 MATRIX = compat.parse(MATRIX_DATA, "test-matrix.yml")
@@ -209,6 +220,24 @@ def test_healthy_gpu_node_passes_every_check():
     assert profile.name == "cu116"
     assert {c.name: c.status for c in checks if c.status != OK} == {}
     assert by_name(checks)["cudnn"].value == "8.3.2"
+
+
+def test_distro_past_standard_support_warns_and_names_the_supported_ones():
+    data = copy.deepcopy(MATRIX_DATA)
+    data["distros"]["debian-11"]["standard_support_until"] = "2026-08-31"
+    data["distros"]["debian-12"]["standard_support_until"] = "2028-06-30"
+    matrix = compat.parse(data, "test-matrix.yml")
+    on_the_day = by_name(judge(gpu_facts(), matrix, Options(today="2026-08-31"))[1])["distro"]
+    assert on_the_day.status == OK
+    past = by_name(judge(gpu_facts(), matrix, Options(today="2026-09-01"))[1])["distro"]
+    assert past.status == "warn"
+    assert past.hint == (
+        "debian-11's standard support ended on 2026-08-31 (no free security updates since): "
+        "use distro debian-12"
+    )
+    # before the install too: a warning, never a refusal, even where the distro rule fails
+    bare = Options(today="2026-09-01", installed=False)
+    assert by_name(judge(gpu_facts(), matrix, bare)[1])["distro"].status == "warn"
 
 
 def test_driver_too_old_fails_with_hint_naming_min_driver():

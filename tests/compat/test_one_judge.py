@@ -8,6 +8,7 @@ rule's verdict. These tests judge the same facts at both stages and compare.
 
 from __future__ import annotations
 
+import datetime
 import itertools
 from pathlib import Path
 
@@ -22,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RAW = yaml.safe_load((ROOT / "compat/matrix.yml").read_text())
 MATRIX = compat.parse(RAW)
 RULES = (compat.DISTRO, compat.PYTHON, compat.GPU, compat.DISK)
+TODAY = "2026-12-02"  # ubuntu-20.04 and debian-11 are past their standard support, the others not
 
 
 def test_both_entry_points_call_the_same_probe_and_judge():
@@ -69,8 +71,8 @@ def test_a_rule_has_one_verdict_before_and_after_install(profile):
         if prof != profile:
             continue
         facts = facts_for(gpu, distro, python, free)
-        _, before = judge.judge(facts, MATRIX, Options(profile=prof, installed=False))
-        _, after = judge.judge(facts, MATRIX, Options(profile=prof))
+        _, before = judge.judge(facts, MATRIX, Options(profile=prof, installed=False, today=TODAY))
+        _, after = judge.judge(facts, MATRIX, Options(profile=prof, today=TODAY))
         assert verdicts(before) == verdicts(after), (gpu, prof, distro, python, free)
         # and a status differs only where an installed node has the better witness: a fail
         # before install may be a warning after it, never the other way round, never an ok
@@ -80,8 +82,12 @@ def test_a_rule_has_one_verdict_before_and_after_install(profile):
                 pair = (c.status, after_by_name[c.name].status)
                 seen_statuses.add(pair)
                 assert pair in {(OK, OK), (FAIL, FAIL), (FAIL, WARN)}, (c, after_by_name[c.name])
-    # the table exercises all three
-    assert seen_statuses == {(OK, OK), (FAIL, FAIL), (FAIL, WARN)}
+            # a distro past its standard support warns at both stages (rule `support`)
+            if c.rule == compat.SUPPORT:
+                assert (c.status, after_by_name[c.name].status) == (WARN, WARN)
+                seen_statuses.add("support")
+    # the table exercises all three, and the support warning
+    assert seen_statuses == {(OK, OK), (FAIL, FAIL), (FAIL, WARN), "support"}
 
 
 def test_the_preflight_refuses_exactly_the_rows_the_judge_fails():
@@ -101,3 +107,19 @@ def test_the_preflight_refuses_exactly_the_rows_the_judge_fails():
     # a waived rule is reported, not refused
     waived = dict(params, check_python=False, check_gpu=False)
     assert len(preflight.result(MATRIX, facts, waived)["problems"]) == 1
+
+
+def test_the_preflight_warns_about_a_distro_past_its_standard_support():
+    # ubuntu-20.04's standard support ended on 2025-05-31: past it on any later clock
+    facts = facts_for("A10G", "ubuntu-20.04", "3.8.10", 100.0)
+    params = {k: v.get("default") for k, v in preflight.ARGUMENTS.items()}
+    params.update(profile="cu116", gpu_model="A10G")
+    result = preflight.result(MATRIX, facts, params)
+    assert result["refused"] is False and result["problems"] == []
+    today = datetime.date.today().isoformat()
+    supported = [n for n, d in RAW["distros"].items() if d["standard_support_until"] >= today]
+    assert "debian-12" in supported and "ubuntu-20.04" not in supported
+    assert result["warnings"] == [
+        "distro ubuntu-20.04: ubuntu-20.04's standard support ended on 2025-05-31 (no free "
+        f"security updates since): use distro {' or '.join(supported)}"
+    ]

@@ -19,6 +19,8 @@ HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures"
 VENV_BIN = Path(sys.executable).parent
 CLOUD_ENV = ("AWS_", "ALICLOUD_", "ALIBABA_CLOUD_", "PULUMI_", "SSH_AUTH_SOCK")
+# The reference prices in every stage these tests run, never a price API or a cached quote.
+os.environ["TORCHFLEET_PRICES"] = "offline"
 
 FAKE_PULUMI = """#!/bin/sh
 # A stand-in for the Pulumi CLI: records each call (and its working directory), answers
@@ -130,6 +132,27 @@ def stack_with(monkeypatch):
 def aws_keys(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAIOSFODNN7EXAMPLE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
+
+
+class FakeCostExplorer:
+    """Records `up`'s activation of the stack cost-allocation tag (infra.spend) instead of
+    calling AWS; tests/deploy/test_cost.py checks the real request against botocore's model."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def update_cost_allocation_tags_status(self, **kwargs):
+        self.calls.append(kwargs)
+        return {"Errors": []}
+
+
+@pytest.fixture(autouse=True)
+def cost_explorer(monkeypatch):
+    from infra import spend
+
+    fake = FakeCostExplorer()
+    monkeypatch.setattr(spend, "ce_client", lambda: fake)
+    return fake
 
 
 @pytest.fixture

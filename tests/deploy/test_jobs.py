@@ -144,7 +144,7 @@ def test_the_console_script_is_installed_and_documents_its_exit_codes():
 def test_plan_is_the_offline_plan(capsys):
     assert cli.main(["plan", "alicloud-dev"]) == 0
     out = capsys.readouterr().out
-    assert "OFFLINE PLAN (mock engine, no cloud calls) — stack alicloud-dev" in out
+    assert "OFFLINE PLAN (mock engine: nothing is created) — stack alicloud-dev" in out
     assert "COST ESTIMATE" in out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -28,6 +29,7 @@ class RecordedStack:
     def __init__(self, events, outputs=None, error: Exception | None = None):
         self.events, self.outputs_, self.error = events, outputs, error
         self.calls: list[str] = []
+        self.workspace = SimpleNamespace(env_vars={})  # the program's environment
 
     def up(self, on_event=None, on_output=None, **kwargs):
         self.calls.append("up")
@@ -195,6 +197,8 @@ def test_up_turns_recorded_events_into_the_inventory_the_converge_stage_reads(
     assert seen["inventory"] == recorded("aws-dev.up.outputs.json")["inventory"]["value"]
     assert "wrote " in out and "aws-dev-gpu-0 (203.0.113." in out
     assert "[3/6] inventory" in out and "[4/6] converge" in out
+    # the stack tag activated for `torchfleet cost` (the autouse fake Cost Explorer answered)
+    assert "cost allocation tag `stack` active" in out
     assert "FAILED at stage converge (host aws-dev-gpu-0, task 'site.yml: Gathering Facts')" in out
     run = next((trap_dirs / "runs" / "aws-dev").iterdir())
     assert set(json.loads((run / "outputs.json").read_text())) >= {"inventory", "cost"}

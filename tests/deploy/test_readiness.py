@@ -92,6 +92,30 @@ def test_group_is_ready_when_healthy_targets_reach_desired(aws_group, console, t
     assert "2/2 healthy targets" in text(console)
 
 
+def test_the_on_demand_fallback_group_does_not_raise_the_target(aws_group, console):
+    """Its nodes fill what the spot group lacks (infra.aws.fallback): the spot group's desired
+    size is the target, whatever the fallback group holds."""
+    import boto3
+
+    outputs, _ = aws_group
+    discovery = outputs["discovery"]
+    asg = boto3.client("autoscaling", region_name=discovery["region"])
+    (spot,) = asg.describe_auto_scaling_groups()["AutoScalingGroups"]
+    asg.create_auto_scaling_group(
+        AutoScalingGroupName=discovery["fallback_group_name"],
+        MinSize=0,
+        MaxSize=8,
+        DesiredCapacity=1,  # bootstrapping: not yet a healthy target
+        VPCZoneIdentifier=spot["VPCZoneIdentifier"],
+        LaunchTemplate={"LaunchTemplateName": "fleet-lt"},
+        Tags=[
+            {"Key": t["Key"], "Value": t["Value"], "PropagateAtLaunch": True} for t in spot["Tags"]
+        ],
+    )
+    health = readiness.wait_group("aws-prod", "aws", outputs, console, timeout_s=5, poll_s=0.1)
+    assert (health.healthy, health.desired) == (2, 2)
+
+
 def test_group_short_of_desired_fails_the_readiness_stage(aws_group, console):
     outputs, ec2 = aws_group
     node = ec2.describe_instances()["Reservations"][0]["Instances"][0]["InstanceId"]
@@ -132,12 +156,18 @@ def test_cost_now_follows_the_working_hours(utc, running):
         "nodes": 1,
         "on_demand_nodes": 0,
         "spot_nodes": 1,
-        "on_demand_usd_per_hour": 0.8048,
-        "spot_cap_usd_per_hour": 0.7243,
-        "spot_typical_usd_per_hour": 0.3622,
+        "on_demand_per_hour": 0.8048,
+        "spot_cap_per_hour": 0.7243,
+        "spot_typical_per_hour": 0.3622,
+        "rest_per_hour": 0.0152,
+        "currency": "USD",
     }
     line = summary.cost_now(cost, cfg, now)
-    assert line.startswith("$0.362/h typical, at most $0.724/h" if running else "$0.000/h")
+    assert line.startswith(
+        "0.362 USD/h typical, at most 0.724 USD/h"
+        if running
+        else "0.015 USD/h now (the rest of the bill): outside working hours"
+    )
 
 
 def test_ttl_left():

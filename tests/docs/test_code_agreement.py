@@ -109,6 +109,9 @@ def test_the_preflight_transcript_is_what_up_prints_on_a_bare_machine(
     for key in list(os.environ):
         if key.startswith(("AWS_", "ALICLOUD_", "ALIBABA_CLOUD_", "PULUMI_", "SSH_AUTH_SOCK")):
             monkeypatch.delenv(key)
+    # a bare machine: the reference prices because no credentials, whatever mode another test
+    # directory's conftest pinned for its own process
+    monkeypatch.delenv("TORCHFLEET_PRICES", raising=False)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
     monkeypatch.setattr(pipeline, "RUNS", tmp_path / "runs")  # its run log, out of the checkout
@@ -174,9 +177,9 @@ def test_the_version_tables_are_the_matrix():
             ],
         ),
         "matrix-distros": render(
-            ["distro", "Python", "CUDA repository", "driver from"],
+            ["distro", "Python", "CUDA repository", "driver from", "standard support until"],
             [
-                [name, d["python"], d["cuda_repo"], d["driver_source"]]
+                [name, d["python"], d["cuda_repo"], d["driver_source"], d["standard_support_until"]]
                 for name, d in matrix["distros"].items()
             ],
         ),

@@ -16,6 +16,9 @@ from infra.plan import STACKS
 REPO = Path(__file__).resolve().parents[2]
 PINNED_NOW = "2026-03-02T10:17:00Z"  # a Monday
 os.environ["TORCHFLEET_NOW"] = PINNED_NOW  # the program reads the clock when it runs
+# The reference prices, never a price API, whatever credentials the machine holds (the pricing
+# tests name their mode and their fake endpoints explicitly).
+os.environ["TORCHFLEET_PRICES"] = "offline"
 
 
 def stack_values(stack: str) -> dict[str, Any]:

@@ -32,19 +32,29 @@ def test_the_committed_file_is_what_the_module_serves():
     assert catalog.CATALOG["aws"]["g6.xlarge"].usd_per_hour == 0.8048
     assert catalog.CATALOG["alicloud"]["ecs.gn7i-c8g1.2xlarge"].typical_spot_ratio == 0.35
     assert catalog.HOST_TYPES["aws"][catalog.DEFAULT_HOST_TYPE["aws"]].name == "t3.medium"
-    assert catalog.NAT_USD_PER_HOUR == {"aws": 0.05, "alicloud": 0.05}
-    assert catalog.EBS_GP3_USD_PER_GB_MONTH == catalog.DISK_USD_PER_GB_MONTH["aws"] == 0.08
+    assert (
+        set(catalog.FEE_PRICES["aws"]) == set(catalog.FEE_PRICES["alicloud"]) == set(catalog.FEES)
+    )
+    assert catalog.FEE_PRICES["aws"]["nat_gateway_per_hour"].amount == 0.045
+    assert catalog.FEE_PRICES["aws"]["disk_per_gb_month"].amount == 0.08
+    # AWS's recover action serves EBS-only types: the NVMe families say so
+    stores = {n: t.instance_store for n, t in catalog.CATALOG["aws"].items()}
+    assert {n.split(".")[0] for n, s in stores.items() if not s} == {"p3"}
+    assert not any(t.instance_store for t in catalog.HOST_TYPES["aws"].values())
 
 
 @pytest.mark.parametrize("cloud", ["aws", "alicloud"])
 def test_every_price_says_where_it_comes_from(cloud):
     prices = catalog.load().prices(cloud)
-    assert len(prices) == len(catalog.CATALOG[cloud]) + len(catalog.HOST_TYPES[cloud]) + 2
+    fees = len(catalog.FEES)
+    assert len(prices) == len(catalog.CATALOG[cloud]) + len(catalog.HOST_TYPES[cloud]) + fees
     for p in prices:
         assert p.currency == "USD" and p.region == {"aws": "us-east-1"}.get(cloud, "ap-southeast-1")
         assert p.source.title and p.date.startswith("20")
         assert p.describe() in catalog.PRICE_SOURCES[cloud]
-    assert catalog.PRICE_SOURCES[cloud] == prices[0].describe()  # one source per cloud today
+    # the price list, and the managed cluster's own page for its control plane
+    assert {p.source.key for p in prices} >= {f"{cloud}-price-list"}
+    assert len({p.source.key for p in prices}) == 2
 
 
 def test_a_broken_row_is_refused_naming_the_row_key_value_and_allowed():
@@ -64,10 +74,10 @@ def test_a_broken_row_is_refused_naming_the_row_key_value_and_allowed():
         f'{where}[0] (g4dn.xlarge).date = 202406 is invalid; allowed: a date "YYYY", "YYYY-MM" '
         'or "YYYY-MM-DD" in quotes (YAML reads an unquoted date as a date or a number)',
         f"{where}[1] (g4dn.2xlarge).vcpu = '(missing)' is invalid; allowed: a value: each "
-        "entry has type, family, gpu, gpus, vcpu, ram_gib, on_demand, currency, region, "
-        "source, date",
+        "entry has type, family, gpu, gpus, vcpu, ram_gib, instance_store, on_demand, currency, "
+        "region, source, date",
         f"{where}[2] (g4dn.4xlarge).colour = 'blue' is invalid; allowed: the keys type, family, "
-        "gpu, gpus, vcpu, ram_gib, on_demand, currency, region, source, date",
+        "gpu, gpus, vcpu, ram_gib, instance_store, on_demand, currency, region, source, date",
     ]
 
 
@@ -79,9 +89,9 @@ def test_cross_references_are_checked():
     aws["host_types"][0]["source"] = "a-blog"
     aws["default_host_type"] = "t2.nano"
     del aws["fees"]["disk_per_gb_month"]
-    data["format"] = 2
+    data["format"] = 1
     got = problems(data)
-    assert got[0] == "catalog.yml: format = 2 is invalid; allowed: 1 (what this loader reads)"
+    assert got[0] == "catalog.yml: format = 1 is invalid; allowed: 2 (what this loader reads)"
     assert any(
         p.startswith("catalog.yml: clouds.aws.instance_types[0] (g4dn.xlarge).family = 'g9' ")
         and p.endswith("allowed: g4dn | g5 | g6 | p3 | p4d | p5")
@@ -98,7 +108,7 @@ def test_cross_references_are_checked():
     )
     assert (
         "catalog.yml: clouds.aws.fees.disk_per_gb_month = '(missing)' is invalid; allowed: a "
-        "value: each entry has nat_gateway_per_hour, disk_per_gb_month" in got
+        "value: each entry has " + ", ".join(catalog.FEES) in got
     )
     assert len(got) == 6
 
@@ -147,7 +157,7 @@ def test_each_kind_of_mistake_is_named(edit, expected):
 
 def test_a_file_that_is_not_yaml_names_the_file(tmp_path):
     path = tmp_path / "catalog.yml"
-    path.write_text("format: 1\nsources: [unclosed\n")
+    path.write_text("format: 2\nsources: [unclosed\n")
     with pytest.raises(CatalogError, match=f"^{path}: cannot be read as YAML"):
         catalog.read(path)
     path.write_text(yaml.safe_dump(copy.deepcopy(committed())))

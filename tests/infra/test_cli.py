@@ -31,7 +31,7 @@ def test_plan_prints_tree_and_costs_for_every_stack():
     out = plan("--all")
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert text.count("OFFLINE PLAN (mock engine, no cloud calls) — stack") == 6  # 2 k8s
+    assert text.count("OFFLINE PLAN (mock engine: nothing is created) — stack") == 6  # 2 k8s
     for needle in (
         "aws:ec2/launchTemplate:LaunchTemplate",
         "metadataOptions.httpTokens=required",
@@ -52,7 +52,12 @@ def test_plan_prints_tree_and_costs_for_every_stack():
         assert f"\n{stack} " in table
     # the prod stacks' hooks and load policies, and the cost at the scaling bounds
     for needle in (
-        "hook torchfleet-launch: autoscaling:EC2_INSTANCE_LAUNCHING, ABANDON",
+        "hook torchfleet-launch (torchfleet-aws-prod-asg): autoscaling:EC2_INSTANCE_LAUNCHING",
+        "hook torchfleet-launch (torchfleet-aws-prod-od-asg): autoscaling:EC2_INSTANCE_LAUNCHING",
+        "when spot cannot be had: spot.fallback on_demand: torchfleet-aws-prod-od-asg (on-demand",
+        "when spot cannot be had: spot.fallback on_demand: after a spot capacity error",
+        "policy torchfleet-aws-prod-od-fill: step scaling of torchfleet-aws-prod-od-asg on its "
+        "alarm (torchfleet aws-prod: spot group short for 5 min: add on-demand nodes)",
         "hook torchfleet-terminate: SCALE_IN, CONTINUE",
         "target tracking ALBRequestCountPerTarget = 1200",
         "target tracking torchfleet/QueueDepth (Average)",

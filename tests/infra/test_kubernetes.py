@@ -416,7 +416,7 @@ def test_gpu_pools_have_spot_under_the_cap_and_on_demand(k):
             assert g.inputs["instanceTypes"][0] == cfg["instance_type"]
         # EKS enforces no cap below on-demand: the stack allows only the one EC2 enforces.
         assert cfg["spot"]["max_price_ratio"] == 1.0
-        caps = run.outputs["cluster"]["spot_caps_usd_per_hour"]
+        caps = run.outputs["cluster"]["spot_caps_per_hour"]
         for itype, cap in caps.items():
             assert 0 < cap <= _cap(cfg, itype) + 1e-9
             checked += 1
@@ -573,14 +573,14 @@ def test_plan_shows_the_clusters_fixed_cost(k):
     run, cfg = k
     c = run.outputs["cluster_cost"]
     plane = {"aws": 0.10, "alicloud": 0.09}[cfg["cloud"]]
-    assert c["control_plane_usd_per_hour"] == plane
+    assert c["control_plane_per_hour"] == plane
     system = cfg["kubernetes"].get("system", {}).get("count", 1)
     assert c["system_nodes"] == system
-    assert c["fixed_usd_per_hour"] == pytest.approx(plane + c["system_usd_per_hour"])
-    assert c["monthly_fixed_usd"] == pytest.approx(c["fixed_usd_per_hour"] * 730, abs=0.01)
-    assert c["monthly_fixed_usd"] < c["monthly_min_usd"] <= c["monthly_max_usd"]
+    assert c["fixed_per_hour"] == pytest.approx(plane + c["system_per_hour"])
+    assert c["monthly_fixed"] == pytest.approx(c["fixed_per_hour"] * 730, abs=0.01)
+    assert c["monthly_fixed"] < c["monthly_min"] <= c["monthly_max"]
     assert (
-        c["gpu_max_usd_per_hour"]
+        c["gpu_max_per_hour"]
         <= cfg["nodes"]["max"] * _cap(cfg, cfg["instance_type"])
         + 1e-9
         + cfg["nodes"]["max"] * lookup(cfg["cloud"], cfg["instance_type"]).usd_per_hour
@@ -591,7 +591,19 @@ def test_plan_shows_the_clusters_fixed_cost(k):
     if cfg["cloud"] == "aws":  # the budget covers the cluster, not only the GPU nodes
         (budget,) = run.of_type("aws:budgets/budget:Budget")
         if cfg["budget"]["monthly_usd"] == "auto":
-            assert float(budget.inputs["limitAmount"]) >= c["monthly_max_usd"]
+            assert float(budget.inputs["limitAmount"]) >= c["monthly_max"]
+    # the whole bill lists the same fixed part, the service's load balancer beside it, and it
+    # all keeps billing after the TTL
+    lines = {line["item"]: line for line in run.outputs["cost"]["lines"]}
+    assert lines["cluster control plane"]["per_hour"] == plane
+    assert lines["system nodes"]["per_hour"] == pytest.approx(c["system_per_hour"])
+    assert "load balancer (the service's)" in lines
+    if cfg.get("ttl_hours"):
+        cost = run.outputs["cost"]
+        fixed = sum(line["per_hour"] for line in lines.values() if line["after_ttl"])
+        assert fixed > c["fixed_per_hour"] and cost["after_ttl_per_day"] == pytest.approx(
+            fixed * 24, abs=0.01
+        )
 
 
 # -- configuration ------------------------------------------------------------------------------

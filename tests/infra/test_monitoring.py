@@ -308,6 +308,8 @@ ADDED = {
         "aws:iam/rolePolicy:RolePolicy": 1,
         "aws:iam/instanceProfile:InstanceProfile": 1,
         HOST["aws"]: 1,
+        # its self-healing (infra/healing.py): recover and reboot alarms
+        "aws:cloudwatch/metricAlarm:MetricAlarm": 2,
     },
     "alicloud": {
         "alicloud:vpc/switch:Switch": 1,
@@ -321,7 +323,8 @@ ADDED = {
     },
 }
 # reference prices (compat/catalog.yml, spelled out): instance + NAT gateway per hour, disk per GB
-HOURLY = {"aws": 0.0416 + 0.05, "alicloud": 0.109 + 0.05}
+# the host, its NAT gateway and that gateway's public address (compat/catalog.yml)
+HOURLY = {"aws": 0.0416 + 0.045 + 0.005, "alicloud": 0.109 + 0.045 + 0.005}
 DISK_GB_MONTH = {"aws": 0.08, "alicloud": 0.07}
 
 
@@ -338,7 +341,7 @@ def _without_monitoring(run) -> None:
     assert not [
         g for g in children.values() if "monitoring_logs_server" in (g.get("vars") or {})
     ], run.stack
-    assert run.outputs["cost"]["monitoring_usd_per_month"] == 0
+    assert run.outputs["cost"]["monitoring_per_month"] == 0
     assert run.outputs["cost"]["monitoring_instance_type"] == ""
 
 
@@ -361,17 +364,19 @@ def test_monitoring_is_off_unless_enabled(runs, settings, with_overrides, stack)
     expected = dict(ADDED[cloud])
     expected[AWS_RULE if cloud == "aws" else ALI_RULE] += len(values["admin_cidrs"]) - 1
     assert dict(added) == expected, dict(added)
-    # instance + NAT gateway, all hours, and the disk, in every total
+    # instance + NAT gateway and its address, all hours, and the disk, in every total
     cost, base = on.outputs["cost"], off.outputs["cost"]
     disk = values["monitoring"]["disk_gb"]
-    assert cost["monitoring_usd_per_hour"] == pytest.approx(HOURLY[cloud], abs=1e-4)
-    assert cost["monitoring_usd_per_month"] == pytest.approx(
+    assert cost["monitoring_per_hour"] == pytest.approx(
+        HOURLY[cloud] + disk * DISK_GB_MONTH[cloud] / 730, abs=1e-4
+    )
+    assert cost["monitoring_per_month"] == pytest.approx(
         HOURLY[cloud] * 730 + disk * DISK_GB_MONTH[cloud], abs=0.01
     )
-    for key in ("monthly_worst_case_usd", "monthly_worst_at_max_usd", "monthly_typical_usd"):
-        assert cost[key] == pytest.approx(base[key] + cost["monitoring_usd_per_month"], abs=0.02)
-    assert cost["spot_cap_usd_per_hour"] == pytest.approx(
-        base["spot_cap_usd_per_hour"] + cost["monitoring_usd_per_hour"], abs=1e-4
+    for key in ("monthly_worst_case", "monthly_worst_at_max", "monthly_typical"):
+        assert cost[key] == pytest.approx(base[key] + cost["monitoring_per_month"], abs=0.02)
+    assert cost["spot_cap_per_hour"] == pytest.approx(
+        base["spot_cap_per_hour"] + cost["monitoring_per_hour"], abs=2e-4
     )
 
 

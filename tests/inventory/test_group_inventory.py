@@ -42,7 +42,7 @@ def outputs(cloud: str, discovery: dict[str, Any]) -> dict[str, Any]:
                     "gpu_nodes": {
                         "hosts": {},
                         "vars": {
-                            "ansible_user": "ubuntu",
+                            "ansible_user": "admin",
                             "torchfleet_cloud": cloud,
                             "torchfleet_env": "prod",
                             "torchfleet_gpu_model": "A10G",
@@ -201,7 +201,8 @@ def test_aws_group_inventory_lists_the_running_nodes_of_the_stack(
         zone = described[host]["Placement"]["AvailabilityZone"].replace("-", "_")
         assert host in inv[f"zone_{zone}"]["hosts"], inv
         # ... and the stack's shared facts from stack.yml's gpu_nodes vars.
-        assert hv["torchfleet_cuda_profile"] == "cu116" and hv["ansible_user"] == "ubuntu", hv
+        # aws-prod runs Debian 12 (its group_vars log in as admin)
+        assert hv["torchfleet_cuda_profile"] == "cu116" and hv["ansible_user"] == "admin", hv
 
 
 def describe_instances(action: str, params: dict[str, str]) -> dict[str, Any]:

@@ -12,13 +12,15 @@ Each Check has a status (ok, warn, fail, skip), the value seen, what was expecte
 that says what to change; `rule` names the matrix rule a row reports (distro, python, gpu,
 disk, kernel_headers, gpu_model_match) and `verdict` carries that rule's reason and the
 choices that would satisfy it, so an entry point can name the fix in its own words (a role
-variable, a CLI flag). Stage rules: before install the distro and Python decide whether the
+variable, a CLI flag). A distro past its standard support is a warning row of rule `support`.
+Stage rules: before install the distro and Python decide whether the
 roles can install at all (fail); after install the torch that imports is the better witness
 (warn). A rule in `Options.waived` is reported as a warning, never a failure.
 """
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -71,6 +73,7 @@ class Options:
     compute_capability: str = ""  # the declared capability of a GPU the matrix does not list
     gpu_stack_forced: bool = False  # driver and toolkit installed without a GPU (disk floor)
     waived: frozenset[str] = frozenset()  # rules reported as warnings (preflight_check_*)
+    today: str = ""  # "YYYY-MM-DD" the support dates are judged on; empty: the node's clock
 
 
 def choose_profile(facts: NodeFacts, matrix: Matrix, options: Options) -> tuple[Profile, str]:
@@ -110,6 +113,13 @@ def _check_distro(facts: NodeFacts, matrix: Matrix, options: Options) -> Check:
     verdict = compat.distro_verdict(matrix, facts.distro)
     expected = "a distro of the matrix"
     if verdict.ok:
+        # Past its standard support a distro still installs and serves: a warning, never a
+        # failure, that names where to move.
+        today = options.today or datetime.date.today().isoformat()
+        support = compat.support_verdict(matrix, facts.distro, today)
+        if not support.ok:
+            hint = f"{support.reason}: {fits('distro', support.distros)}"
+            return Check("distro", WARN, facts.distro, expected, hint, compat.SUPPORT, support)
         return Check("distro", OK, facts.distro, expected, rule=compat.DISTRO, verdict=verdict)
     # installed: torch imports or not whatever the distro; the roles are what need the matrix
     status = _broken(options, compat.DISTRO, WARN if options.installed else FAIL)

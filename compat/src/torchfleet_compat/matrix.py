@@ -16,7 +16,8 @@ What it holds:
   `resolve_gpu(...)` (which model and compute capability a node has, from what was probed and
   what the inventory declares);
 - the rules, each returning a `Verdict` (rule, ok, reason and the profiles/distros that would
-  fit): `distro_verdict`, `python_verdict`, `gpu_verdict`, `driver_verdict`, `disk_verdict`
+  fit): `distro_verdict`, `support_verdict` (past the distro's end of standard support: a
+  warning everywhere), `python_verdict`, `gpu_verdict`, `driver_verdict`, `disk_verdict`
   (with `tree_bytes`: what an earlier install occupies counts as room). judge.py applies them
   to a node; infra applies `python_verdict` and `gpu_verdict` to a stack.
   The Python rule includes the runtime's own floor, MIN_PYTHON (its requires-python).
@@ -44,6 +45,7 @@ MIN_PYTHON = "3.8"
 
 # Rule names, as entry points report them.
 DISTRO, PYTHON, GPU, DRIVER, DISK = "distro", "python", "gpu", "driver", "disk"
+SUPPORT = "support"
 
 
 class MatrixError(InvalidInput):
@@ -125,6 +127,7 @@ _CC_RE = re.compile(r"^[0-9]+\.[0-9]$")
 _PY_RE = re.compile(r"^3\.[0-9]+$")
 _VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([+.][0-9A-Za-z.]+)?$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_DATE_RE = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$")
 DRIVER_SOURCES = ("distro", "cuda_repo")
 GPU_ARCHES = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
 
@@ -177,6 +180,8 @@ class Distro:
     python: str
     cuda_repo: str
     driver_source: str
+    # The end of the distro's free security support, "YYYY-MM-DD" (see compat/matrix.yml).
+    standard_support_until: str
 
 
 @dataclass(frozen=True)
@@ -234,7 +239,7 @@ PROFILE_FIELDS = (
     "toolkit_package",
 )
 GPU_FIELDS = ("compute_capability", "arch", "memory_gib")
-DISTRO_FIELDS = ("python", "cuda_repo", "driver_source")
+DISTRO_FIELDS = ("python", "cuda_repo", "driver_source", "standard_support_until")
 TOP_FIELDS = (
     "default_profile",
     "profiles",
@@ -435,9 +440,21 @@ def _distro(s: _Schema, name: str, key: str, raw: Mapping[str, Any]) -> Distro |
     source = raw.get("driver_source")
     if source not in DRIVER_SOURCES:
         s.add(key + ".driver_source", source, " | ".join(DRIVER_SOURCES))
-    if python is None or repo is None:
+    until = s.text(
+        key + ".standard_support_until",
+        raw.get("standard_support_until"),
+        _DATE_RE,
+        'a date "YYYY-MM-DD" in quotes (YAML reads an unquoted date as a date)',
+    )
+    if python is None or repo is None or until is None:
         return None
-    return Distro(name=name, python=python, cuda_repo=repo, driver_source=str(source))
+    return Distro(
+        name=name,
+        python=python,
+        cuda_repo=repo,
+        driver_source=str(source),
+        standard_support_until=until,
+    )
 
 
 def parse(data: Any, source: str = "compat/matrix.yml") -> Matrix:
@@ -633,6 +650,24 @@ def distro_verdict(matrix: Matrix, distro: str) -> Verdict:
         ),
         distros=tuple(matrix.distros),
     )
+
+
+def support_verdict(matrix: Matrix, distro: str, today: str) -> Verdict:
+    """Is the distro still inside its standard support on `today` ("YYYY-MM-DD")? A distro past
+    it still installs and runs: entry points warn, never fail, and name the supported distros."""
+    known = matrix.distros.get(distro)
+    if known is None:
+        return distro_verdict(matrix, distro)
+    until = known.standard_support_until
+    supported = tuple(d.name for d in matrix.distros.values() if d.standard_support_until >= today)
+    if today > until:
+        return Verdict(
+            SUPPORT,
+            False,
+            f"{distro}'s standard support ended on {until} (no free security updates since)",
+            distros=supported,
+        )
+    return Verdict(SUPPORT, True, f"{distro} has standard support until {until}")
 
 
 def below_runtime_floor(python: str) -> bool:

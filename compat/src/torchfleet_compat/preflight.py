@@ -23,7 +23,7 @@ from dataclasses import asdict
 from typing import Any, Mapping
 
 from . import matrix as compat
-from .judge import FAIL, GPU_MODEL_MATCH, KERNEL_HEADERS, Check, Options, judge, min_free_disk
+from .judge import FAIL, GPU_MODEL_MATCH, KERNEL_HEADERS, WARN, Check, Options, judge, min_free_disk
 from .matrix import Matrix, Profile
 from .probe import ROOTS, NodeFacts, probe
 from .problems import Problems
@@ -244,6 +244,8 @@ def result(matrix: Matrix, facts: NodeFacts, params: Mapping[str, Any]) -> dict[
     return {
         "ansible_facts": published,
         "problems": problems,
+        # Ansible shows a module's `warnings`: a distro past its standard support, a waived rule
+        "warnings": [f"{c.name} {c.value}: {c.hint}" for c in checks if c.status == WARN],
         "refused": bool(problems),
         "refusal": " ".join(f"({i}) {p}." for i, p in enumerate(problems, 1)),
         "summary": summary,
