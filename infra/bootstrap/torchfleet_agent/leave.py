@@ -47,6 +47,7 @@ def leave_then_drain(
             boot.log(f"{why}: could not leave {balancer.describe()} ({err}); draining now")
         if left:
             time.sleep(settle_s)
+    boot.log(f"{why}: draining the runtime")
     drain()
     return left
 
