@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 import urllib.parse
 from collections import defaultdict
@@ -27,11 +26,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from infra import client
 from infra.rollout.policy import Figures
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 class SignalError(RuntimeError):
@@ -84,25 +82,22 @@ class Sample:
 
 def parse_metrics(text: str) -> Sample:
     s = Sample()
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue
-        name, labels, value = m.group(1), dict(_LABEL.findall(m.group(2) or "")), m.group(3)
-        if name == "torchfleet_model_info" and float(value) == 1:
-            s.version = labels.get("model_version", "")
-        elif name == "torchfleet_requests_total":
-            s.requests += float(value)
-            if labels.get("code", "").startswith("5"):
-                s.errors += float(value)
-        elif name == "torchfleet_request_duration_seconds_bucket":
-            s.buckets[float(labels["le"])] = float(value)
-        elif name in (
-            "torchfleet_shadow_instances_total",
-            "torchfleet_shadow_argmax_agreements_total",
-        ):
-            key = "instances" if "instances" in name else "agreements"
-            s.shadow.setdefault(labels.get("model_version", ""), {})[key] = float(value)
+    for family in text_string_to_metric_families(text):
+        for name, labels, value, *_ in family.samples:
+            if name == "torchfleet_model_info" and value == 1:
+                s.version = labels.get("model_version", "")
+            elif name == "torchfleet_requests_total":
+                s.requests += value
+                if labels.get("code", "").startswith("5"):
+                    s.errors += value
+            elif name == "torchfleet_request_duration_seconds_bucket":
+                s.buckets[float(labels["le"])] = value
+            elif name in (
+                "torchfleet_shadow_instances_total",
+                "torchfleet_shadow_argmax_agreements_total",
+            ):
+                key = "instances" if "instances" in name else "agreements"
+                s.shadow.setdefault(labels.get("model_version", ""), {})[key] = value
     return s
 
 
