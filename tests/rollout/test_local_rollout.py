@@ -38,8 +38,12 @@ REPO = Path(__file__).resolve().parents[2]
 RT_MODELS = REPO / "tests" / "runtime"
 ADMIN = "admin-token-0123456789abcdef"
 NODES = 3
-LOAD_MAX_REQUESTS = 20000  # per rollout, whatever happens
+LOAD_MAX_REQUESTS = 60000  # per rollout, whatever happens
 LOAD_MAX_S = 120.0
+# Each client pauses this long between requests: a steady few hundred requests a second that
+# neither reaches the count bound before the last step's window on a fast machine nor saturates
+# two cores.
+LOAD_PAUSE_S = 0.002
 BODY = json.dumps({"inputs": [[1.0, 2.0, 3.0, 4.0]]}).encode()  # first value: rt_models.TRIGGER
 # Tiny's answer to BODY (rt_models: y = W x + b with fixed weights), as JSON writes it
 EXPECTED = [[3.0, 5.0, 10.5]]
@@ -178,6 +182,7 @@ class Load:
                 status = 0
                 conn.close()
             self.results.append((time.monotonic(), status))
+            self.stop.wait(LOAD_PAUSE_S)
 
     def __enter__(self) -> Load:
         self.threads = [threading.Thread(target=self.run_client) for _ in range(self.clients)]
