@@ -22,6 +22,7 @@ import argparse
 import os
 import sys
 import traceback
+from contextlib import AbstractContextManager
 
 from infra.deploy import stage
 from infra.deploy.progress import Console
@@ -173,7 +174,13 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
         def up() -> None:
             _print_summary(console, pipeline.up(args.stack, console, ssh_key=args.ssh_key).lines())
 
-        rotation.rotate(args.stack, console, cfg, up, finish=args.finish)
+        def probe() -> AbstractContextManager[rotation.Probe]:
+            group = cfg is not None and cfg.mode == "group"
+            # instances mode reaches a node-owned endpoint through that node's SSH tunnel
+            key = None if group else preflight.run(args.stack, args.ssh_key, need=("ssh",)).ssh_key
+            return pipeline.endpoint_probe(args.stack, cfg, key)
+
+        rotation.rotate(args.stack, console, cfg, up, finish=args.finish, probe=probe)
         return stage.EXIT_OK
     if args.command == "rollout":
         from infra.rollout import command as rollout

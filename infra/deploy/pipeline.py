@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -98,6 +98,37 @@ def endpoint_target(
         if host in (hv.get("private_ip"), hv.get("public_ip"), hv.get("ansible_host")):
             return t
     return None
+
+
+@contextlib.contextmanager
+def endpoint_probe(
+    stack: str, cfg: StackConfig | None, private_key: str | None
+) -> Iterator[Callable[[str], int | None]]:
+    """A probe of the stack's endpoint as its clients use it: one GET /v1/model (which needs the
+    token) with a given token, its status (None: nothing answered). Reached as the smoke stage
+    reaches it: straight, or through the SSH tunnel of the node that owns its address."""
+    outputs = automation.outputs(stack).values
+    endpoint = str(outputs.get("endpoint") or "")
+    auth = auth_of(outputs)
+    owner = None
+    inv = inventory.inventory_of(outputs) if cfg is None or cfg.mode == "instances" else {}
+    if inv and inventory.hosts_of(inv):
+        inventory.write(stack, inv, INVENTORIES, writer="torchfleet rotate-token")
+        hosts = converge.hostvars(INVENTORIES / stack)
+        owner = endpoint_target(endpoint, hosts, targets(hosts, private_key))
+    with (
+        contextlib.nullcontext(endpoint)
+        if owner is None
+        else tunnel(owner, _service_port(outputs, cfg), "rotate-token")
+    ) as base:
+
+        def probe(token: str) -> int | None:
+            code, _, _ = client.request(
+                "GET", base.rstrip("/") + "/v1/model", timeout=30, auth=replace(auth, token=token)
+            )
+            return code
+
+        yield probe
 
 
 def node_stages(

@@ -13,9 +13,11 @@ Exit codes (the CLI's contract, also in `torchfleet --help` and docs/deploy/exit
     4   provision: `pulumi up` / `pulumi destroy` failed
     5   inventory: the stack outputs are not a torchfleet inventory
     6   converge: site.yml or verify.yml failed on a host
-    7   readiness: a node never answered /readyz 200, or the group never reached desired
+    7   readiness: a node never answered /readyz 200, the group never reached desired, or
+            the endpoint never accepted a rotation's next token
     8   smoke: the prediction through the stack's endpoint failed
-    9   refused: a prod stack without --yes, or a demo prefix that is not the demo's
+    9   refused: a prod stack without --yes, a demo prefix that is not the demo's, or a
+            rotation that cannot start or finish
     130 interrupted (Ctrl-C)
 """
 

@@ -12,7 +12,7 @@ import pytest
 from fake_alibaba import FakeAlibaba, role_credentials
 from moto import mock_aws
 
-from infra.bootstrap.torchfleet_agent import leave
+from infra.bootstrap.torchfleet_agent import boot, cli, leave
 from infra.bootstrap.torchfleet_agent.cloud import cloud_of
 
 REGION = "us-east-1"
@@ -70,6 +70,36 @@ def test_an_aws_node_reads_the_stacks_api_tokens_with_its_own_credentials(aws):
     sm.create_secret(Name="torchfleet/aws-prod/api-token", SecretString="tok-a\ntok-b")
     cloud = cloud_of({"cloud": "aws", "region": REGION})
     assert cloud.api_tokens("torchfleet/aws-prod/api-token") == "tok-a\ntok-b"
+
+
+def test_the_api_token_command_replaces_the_file_only_when_the_secret_changed(
+    aws, tmp_path, monkeypatch
+):
+    """What the role's timer runs on every node: a rotation's next token reaches a group's
+    running nodes, and an unchanged secret leaves the file (its inode) alone."""
+    name = "torchfleet/aws-prod/api-token"
+    sm = boto3.client("secretsmanager", region_name=REGION)
+    sm.create_secret(Name=name, SecretString="tok-current")
+    cfg = {"cloud": "aws", "region": REGION, "api_token_secret": name}
+    monkeypatch.setattr(boot, "load_config", lambda: cfg)
+    dest = tmp_path / "api-tokens"
+
+    assert cli.api_token([str(dest)]) == 0
+    first = dest.stat()
+    assert dest.read_text() == "tok-current\n" and first.st_mode & 0o777 == 0o640
+    assert cli.api_token([str(dest)]) == 0
+    assert dest.stat().st_ino == first.st_ino  # not rewritten: the runtime re-reads nothing
+
+    sm.put_secret_value(SecretId=name, SecretString="tok-current\ntok-next")  # rotate-token
+    assert cli.api_token([str(dest)]) == 0
+    assert dest.read_text() == "tok-current\ntok-next\n"
+    assert dest.stat().st_ino != first.st_ino  # replaced whole: never seen half-written
+    assert not (tmp_path / "api-tokens.tmp").exists()
+
+    dest.chmod(0o644)  # a wrong mode alone is repaired
+    assert cli.write_tokens(str(dest), "tok-current\ntok-next") is True
+    assert dest.stat().st_mode & 0o777 == 0o640
+    assert cli.write_tokens(str(dest), "tok-current\ntok-next\n") is False
 
 
 def test_a_failed_leave_still_drains_and_says_so(capsys):

@@ -34,7 +34,9 @@ def fetch(argv: Sequence[str]) -> int:
 def api_token(argv: Sequence[str]) -> int:
     """api-token DEST [GROUP]: the stack's API tokens from the cloud's secret store, read with
     the instance's credentials, into DEST (0640, root:GROUP) for the runtime's api_token_file.
-    Logs how many tokens, never one."""
+    Run at converge and by the inference_runtime role's timer (a rotation reaches a group's
+    nodes that way), so DEST is replaced, atomically, only when the tokens changed: the runtime
+    re-reads the file when its inode or mtime moves. Logs how many tokens, never one."""
     if len(argv) not in (1, 2):
         print("usage: torchfleet-node api-token DEST [GROUP]", file=sys.stderr)
         return 2
@@ -44,17 +46,36 @@ def api_token(argv: Sequence[str]) -> int:
         boot.log(f"no api_token_secret in {boot.CONFIG}: no token to read")
         return 1
     text = cloud_of(cfg).api_tokens(name)
-    dest = argv[0]
     gid = grp.getgrnam(argv[1]).gr_gid if len(argv) == 2 else -1
+    if write_tokens(argv[0], text, gid):
+        count = sum(1 for line in text.splitlines() if line.strip() and not line.startswith("#"))
+        boot.log(f"{count} API token(s) of secret {name} written to {argv[0]}")
+    return 0
+
+
+def write_tokens(dest: str, text: str, gid: int = -1) -> bool:
+    """DEST holds `text` (0640, root:gid) afterwards; False when it already did (not touched)."""
+    data = (text.rstrip("\n") + "\n").encode()
+    try:
+        with open(dest, "rb") as f:
+            st = os.fstat(f.fileno())
+            same = (
+                f.read() == data
+                and st.st_mode & 0o7777 == 0o640
+                and (gid == -1 or st.st_gid == gid)
+                and (os.geteuid() != 0 or st.st_uid == 0)
+            )
+    except FileNotFoundError:
+        same = False
+    if same:
+        return False
     fd = os.open(dest + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-    with os.fdopen(fd, "w") as f:
-        f.write(text.rstrip("\n") + "\n")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
     os.chown(dest + ".tmp", 0 if os.geteuid() == 0 else -1, gid)
     os.chmod(dest + ".tmp", 0o640)
     os.replace(dest + ".tmp", dest)
-    count = sum(1 for line in text.splitlines() if line.strip() and not line.startswith("#"))
-    boot.log(f"{count} API token(s) of secret {name} written to {dest}")
-    return 0
+    return True
 
 
 def status(_argv: Sequence[str]) -> int:
