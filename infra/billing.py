@@ -62,7 +62,7 @@ def ce_client() -> Any:
     return boto3.client("ce", region_name=CE_REGION, config=botocore.config.Config(**AWS_TIMEOUTS))
 
 
-def _one_currency(currencies: set, source: str) -> str:
+def _one_currency(currencies: set[str], source: str) -> str:
     if len(currencies) > 1:
         raise BillError(f"{source} answered in several currencies: {sorted(currencies)}")
     return currencies.pop() if currencies else ""
@@ -70,14 +70,14 @@ def _one_currency(currencies: set, source: str) -> str:
 
 def aws_spend(stack: str, start: date, end: date, client: Any) -> Spend:
     """The stack's spend on [start, end) from Cost Explorer."""
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "TimePeriod": {"Start": start.isoformat(), "End": end.isoformat()},
         "Granularity": "DAILY",
         "Metrics": ["UnblendedCost"],
         "Filter": {"Tags": {"Key": STACK_TAG, "Values": [stack], "MatchOptions": ["EQUALS"]}},
-    }  # type: dict[str, Any]
-    days = []  # type: List[Tuple[str, float]]
-    currencies = set()  # type: set[str]
+    }
+    days: list[tuple[str, float]] = []
+    currencies: set[str] = set()
     estimated = False
     while True:
         page = client.get_cost_and_usage(**kwargs)
@@ -109,8 +109,8 @@ def alicloud_spend(stack: str, start: date, end: date, client: Any) -> Spend:
     runtime = RuntimeOptions(
         autoretry=False, max_attempts=1, connect_timeout=3000, read_timeout=10000
     )
-    days = []  # type: List[Tuple[str, float]]
-    currencies = set()  # type: set[str]
+    days: list[tuple[str, float]] = []
+    currencies: set[str] = set()
     day = start
     while day < end:
         total, token = 0.0, None
@@ -223,7 +223,7 @@ class Exporter:
         today: Callable[[], date] = lambda: datetime.now(timezone.utc).date(),
     ):
         self.stack, self.cloud, self.days, self._read, self._today = stack, cloud, days, read, today
-        self.spend = None  # type: Optional[Spend]
+        self.spend: Spend | None = None
         self.up, self.read_at = False, 0.0
         self.lock = threading.Lock()
 
