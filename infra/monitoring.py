@@ -8,7 +8,9 @@ Contract (roles/monitoring/README.md, "What infra must provide"):
 - Its security group admits the journal receiver's port from the GPU nodes' group and SSH from
   `admin_cidrs`, nothing else. The GPU nodes' group admits the scrape ports (`scrape_ports`)
   from the monitoring group (and the service port from the load balancer, as without it).
-- AWS: an instance profile with exactly `DISCOVERY_ACTIONS` for Prometheus' EC2 discovery.
+- AWS: an instance profile with exactly `DISCOVERY_ACTIONS` for Prometheus' EC2 discovery and
+  `SPEND_ACTIONS["aws"]` for the spend exporter. Alibaba: a RAM role (`ram_role_name`) with
+  exactly `SPEND_ACTIONS["alicloud"]`.
 - Ports are the roles' own settings as the stack's nodes get them (infra.lifecycle
   .node_setting), never restated here.
 """
@@ -24,6 +26,15 @@ DISTRO = "debian-12"
 # Prometheus' ec2_sd_configs call these two; neither has resource-level permissions (the
 # Service Authorization Reference lists no resource type for them), so their resource is "*".
 DISCOVERY_ACTIONS = ("ec2:DescribeAvailabilityZones", "ec2:DescribeInstances")
+# The spend exporter's read of the bill (infra.billing, roles/monitoring tasks/spend.yml). Neither
+# cloud scopes it to a resource or a tag: the host can read the account's whole bill, and sums
+# the stack's lines itself.
+SPEND_ACTIONS = {"aws": ("ce:GetCostAndUsage",), "alicloud": ("bssapi:DescribeInstanceBill",)}
+
+
+def ram_role_name(cfg: StackConfig) -> str:
+    """Alibaba: the monitoring host's RAM role (the role's monitoring_spend_ram_role default)."""
+    return f"{cfg.name}-monitoring"
 
 
 def host_name(cfg: StackConfig) -> str:

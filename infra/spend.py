@@ -1,5 +1,6 @@
 """What a stack has cost, measured by the cloud's bill, next to what the estimate says for the same
-hours (`torchfleet cost STACK --since 7d`).
+hours (`torchfleet cost STACK --since 7d`). Reading the bill is infra.billing's (the monitoring
+host's exporter runs the same code); this module adds the window, the credentials and the report.
 
 - AWS: Cost Explorer `GetCostAndUsage` (daily, UnblendedCost) filtered by the `stack` tag every
   resource carries (infra.tags). Cost Explorer filters only by an ACTIVE cost-allocation tag:
@@ -20,15 +21,17 @@ stopped for part of it, bills less than that."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from datetime import date, timedelta
+from dataclasses import dataclass
+from datetime import date
 from typing import Any
 
+from infra import billing
+from infra.billing import STACK_TAG, Spend, ce_client, window
 from infra.config import StackConfig
 from infra.cost import HOURS_PER_MONTH, CostEstimate
 from infra.deploy.stage import StageError
 
-STACK_TAG = "stack"  # infra.tags.base_tags: on every taggable resource
+__all__ = ["STACK_TAG", "Spend", "ce_client", "window"]  # infra.billing's, re-exported for the CLI
 SINCE = re.compile(r"^(\d{1,3})([dw])$")
 MAX_DAYS = 365  # Cost Explorer's history for daily granularity is 14 months; a year is plenty
 
@@ -46,136 +49,27 @@ def parse_since(text: str) -> int:
     return days
 
 
-def window(days: int, today: date) -> tuple[date, date]:
-    """[start, end): whole UTC days up to, not including, today (its costs are not in yet)."""
-    return today - timedelta(days=days), today
-
-
-@dataclass
-class Spend:
-    start: date
-    end: date
-    amount: float
-    currency: str
-    per_day: list[tuple[str, float]] = field(default_factory=list)
-    estimated: bool = False  # Cost Explorer marks figures still being finalised
-
-
-def ce_client() -> Any:
-    """Cost Explorer (its one endpoint is us-east-1), short timeouts and no retries like the
-    price reads (infra.pricing.aws): a billing call never holds up `up`."""
-    import boto3
-    import botocore.config
-
-    from infra.pricing.aws import TIMEOUTS
-
-    return boto3.client("ce", region_name="us-east-1", config=botocore.config.Config(**TIMEOUTS))
-
-
 def aws_spend(stack: str, start: date, end: date, client: Any = None) -> Spend:
-    """The stack's spend on [start, end) from Cost Explorer."""
-    client = client or ce_client()
-    kwargs: dict[str, Any] = {
-        "TimePeriod": {"Start": start.isoformat(), "End": end.isoformat()},
-        "Granularity": "DAILY",
-        "Metrics": ["UnblendedCost"],
-        "Filter": {"Tags": {"Key": STACK_TAG, "Values": [stack], "MatchOptions": ["EQUALS"]}},
-    }
-    days: list[tuple[str, float]] = []
-    currencies: set[str] = set()
-    estimated = False
-    while True:
-        page = client.get_cost_and_usage(**kwargs)
-        for result in page.get("ResultsByTime", []):
-            cost = result.get("Total", {}).get("UnblendedCost")
-            if cost:
-                days.append((result["TimePeriod"]["Start"], float(cost["Amount"])))
-                currencies.add(cost["Unit"])
-            estimated = estimated or bool(result.get("Estimated"))
-        token = page.get("NextPageToken")
-        if not token:
-            break
-        kwargs["NextPageToken"] = token
-    if len(currencies) > 1:
-        raise StageError("status", f"Cost Explorer answered in several currencies: {currencies}")
-    return Spend(
-        start,
-        end,
-        round(sum(a for _, a in days), 2),
-        currencies.pop() if currencies else "USD",
-        days,
-        estimated,
-    )
+    """The stack's spend on [start, end) from Cost Explorer (infra.billing)."""
+    return billing.aws_spend(stack, start, end, client or ce_client())
 
 
 def bss_client(region: str) -> Any:
+    """BSS with the controller's access key (the one the Pulumi provider uses)."""
     import os
     from pathlib import Path
-
-    from alibabacloud_bssopenapi20171214.client import Client
 
     from infra.credentials import alicloud_keys
 
     keys = alicloud_keys(os.environ, Path(os.environ.get("HOME") or Path.home()))
     if keys is None:
         raise StageError("preflight", "no Alibaba Cloud credentials for BSS")
-    return Client(keys.config(region, os.environ.get("ALICLOUD_BSS_ENDPOINT")))
-
-
-def _tagged(tags: str, stack: str) -> bool:
-    """BSS's Tag field: `key:stack value:aws-dev; key:env value:dev` (the console's format)."""
-    pairs = re.findall(r"key:(\S+) value:([^;]*)", tags or "")
-    return (STACK_TAG, stack) in {(k.strip(), v.strip()) for k, v in pairs}
+    return billing.bss_client(keys.config(region, os.environ.get("ALICLOUD_BSS_ENDPOINT")))
 
 
 def alicloud_spend(stack: str, region: str, start: date, end: date, client: Any = None) -> Spend:
-    """The stack's spend on [start, end) from BSS's daily instance bill."""
-    from alibabacloud_bssopenapi20171214 import models
-    from darabonba.runtime import RuntimeOptions
-
-    bss = client or bss_client(region)
-    runtime = RuntimeOptions(
-        autoretry=False, max_attempts=1, connect_timeout=3000, read_timeout=10000
-    )
-    days: list[tuple[str, float]] = []
-    currencies: set[str] = set()
-    day = start
-    while day < end:
-        total, token = 0.0, None
-        while True:
-            request = models.DescribeInstanceBillRequest(
-                billing_cycle=day.strftime("%Y-%m"),
-                billing_date=day.isoformat(),
-                granularity="DAILY",
-                is_hide_zero_charge=True,
-                max_results=300,
-                next_token=token,
-            )
-            body = bss.describe_instance_bill_with_options(request, runtime).body.to_map()
-            if not body.get("Success", True):
-                raise StageError(
-                    "status",
-                    f"BSS DescribeInstanceBill {day}: {body.get('Code')} {body.get('Message')}",
-                )
-            data = body.get("Data") or {}
-            for item in data.get("Items") or []:
-                if _tagged(item.get("Tag", ""), stack):
-                    total += float(item.get("PretaxAmount") or 0)
-                    currencies.add(str(item.get("Currency") or "CNY"))
-            token = data.get("NextToken")
-            if not token:
-                break
-        days.append((day.isoformat(), round(total, 2)))
-        day += timedelta(days=1)
-    if len(currencies) > 1:
-        raise StageError("status", f"BSS answered in several currencies: {currencies}")
-    return Spend(
-        start,
-        end,
-        round(sum(a for _, a in days), 2),
-        currencies.pop() if currencies else "",
-        days,
-    )
+    """The stack's spend on [start, end) from BSS's daily instance bill (infra.billing)."""
+    return billing.alicloud_spend(stack, start, end, client or bss_client(region))
 
 
 def activate_stack_tag(client: Any = None) -> str:

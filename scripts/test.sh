@@ -17,7 +17,8 @@ run_lint() {
   mypy
   echo "== runtime/, compat/, the node agent and the scripts roles run on nodes parse as Python 3.8"
   python scripts/check_py38.py runtime/src compat/src infra/bootstrap/torchfleet_agent \
-    roles/preflight/library roles/autostop/files roles/gpu_monitoring/files roles/pytorch/files
+    roles/preflight/library roles/autostop/files roles/gpu_monitoring/files roles/pytorch/files \
+    infra/billing.py
   if [ -d roles ] && compgen -G "roles/*/tasks" >/dev/null; then
     echo "== ansible-lint (production profile)"
     ansible-lint --profile production playbooks roles

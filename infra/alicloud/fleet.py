@@ -51,7 +51,7 @@ ESS_NODE_ACTIONS = [
 PUBLIC_BANDWIDTH_MBPS = 100  # pay-by-traffic egress for packages and wheels
 
 
-def _role_policy(service: str) -> str:
+def role_policy(service: str) -> str:
     return json.dumps(
         {
             "Version": "1",
@@ -112,7 +112,7 @@ class AlicloudFleet(pulumi.ComponentResource):
         self.role = alicloud.ram.Role(
             f"{name}-node-role",
             role_name=f"{cfg.name}-node",
-            assume_role_policy_document=_role_policy("ecs.aliyuncs.com"),
+            assume_role_policy_document=role_policy("ecs.aliyuncs.com"),
             description=f"torchfleet {cfg.stack} GPU nodes",
             force=True,
             tags=tags,

@@ -1,16 +1,20 @@
 """The monitoring host on Alibaba Cloud (infra.monitoring): a pay-as-you-go Debian 12 ECS
 instance in the private services vSwitch at the plan's fixed address, no public address
 (egress through the services NAT gateway), hardened metadata (tokens required), an encrypted
-ESSD. No RAM role: Prometheus has no Alibaba discovery, so the role lists the nodes from the
-inventory (file_sd) and calls no cloud API. The role (playbooks/monitoring.yml) configures it
+ESSD. Prometheus has no Alibaba discovery, so the role lists the nodes from the inventory
+(file_sd); the one cloud API the host calls is BSS's DescribeInstanceBill (the spend exporter),
+through a RAM role that may call exactly that. The role (playbooks/monitoring.yml) configures it
 from an operator's controller that reaches the VPC (a VPN or bastion inside `admin_cidrs`)."""
 
 from __future__ import annotations
+
+import json
 
 import pulumi
 import pulumi_alicloud as alicloud
 
 from infra import healing, monitoring
+from infra.alicloud.fleet import role_policy
 from infra.alicloud.network import AlicloudNetwork
 from infra.config import StackConfig
 from infra.interface import MONITORING_ROLE_TAG, MonitoringHost
@@ -32,6 +36,44 @@ class AlicloudMonitoring(pulumi.ComponentResource):
         assert cfg.monitoring and network.monitoring_sg and network.services_switch
         host = monitoring.host_name(cfg)
         host_tags = {**tags, MONITORING_ROLE_TAG[0]: MONITORING_ROLE_TAG[1]}
+        role = alicloud.ram.Role(
+            f"{name}-role",
+            role_name=monitoring.ram_role_name(cfg),
+            assume_role_policy_document=role_policy("ecs.aliyuncs.com"),
+            description=f"torchfleet {cfg.stack} monitoring host (spend)",
+            force=True,
+            tags=tags,
+            opts=child,
+        )
+        # BSS scopes no action to a resource or tag: the host reads the account's instance bill
+        # and keeps the stack's lines itself (infra.billing).
+        policy = alicloud.ram.Policy(
+            f"{name}-spend",
+            policy_name=f"{cfg.name}-monitoring-spend",
+            description="read the instance bill (the spend exporter)",
+            policy_document=json.dumps(
+                {
+                    "Version": "1",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Action": list(monitoring.SPEND_ACTIONS["alicloud"]),
+                            "Resource": ["*"],
+                        }
+                    ],
+                }
+            ),
+            force=True,
+            tags=tags,
+            opts=child,
+        )
+        alicloud.ram.RolePolicyAttachment(
+            f"{name}-spend",
+            policy_name=policy.policy_name,
+            policy_type="Custom",
+            role_name=role.role_name,
+            opts=child,
+        )
         instance = alicloud.ecs.Instance(
             f"{name}-host",
             instance_name=host,
@@ -52,6 +94,7 @@ class AlicloudMonitoring(pulumi.ComponentResource):
             system_disk_encrypted=True,
             http_endpoint="enabled",
             http_tokens="required",
+            role_name=role.role_name,
             tags=host_tags,
             volume_tags=host_tags,
             opts=child,

@@ -1,6 +1,7 @@
 """The monitoring host on AWS (infra.monitoring): a Debian 12 instance in the private services
 subnet at the plan's fixed address, IMDSv2 only, an encrypted gp3 root, and an instance profile
-that may call exactly the two EC2 Describe actions Prometheus' EC2 discovery needs. The role
+that may call exactly the two EC2 Describe actions Prometheus' EC2 discovery needs and Cost
+Explorer's GetCostAndUsage (the spend exporter). The role
 (playbooks/monitoring.yml) configures it from an operator's controller that reaches the VPC
 (a VPN or bastion inside `admin_cidrs`); it runs no bootstrap of its own."""
 
@@ -37,6 +38,25 @@ def discovery_policy() -> str:
     )
 
 
+def spend_policy() -> str:
+    """The spend exporter's read of Cost Explorer (roles/monitoring, infra.billing); `*` because
+    Cost Explorer scopes GetCostAndUsage to no resource and no tag: the host can read the
+    account's whole bill, and keeps the stack's lines only (its tag filter)."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "TorchfleetSpendExporter",
+                    "Effect": "Allow",
+                    "Action": list(monitoring.SPEND_ACTIONS["aws"]),
+                    "Resource": "*",
+                }
+            ],
+        }
+    )
+
+
 class AwsMonitoring(pulumi.ComponentResource):
     def __init__(
         self,
@@ -57,11 +77,12 @@ class AwsMonitoring(pulumi.ComponentResource):
         role = aws.iam.Role(
             f"{name}-role",
             assume_role_policy=assume_role("ec2.amazonaws.com"),
-            description=f"torchfleet {cfg.stack} monitoring host (EC2 discovery)",
+            description=f"torchfleet {cfg.stack} monitoring host (EC2 discovery, spend)",
             tags=tags,
             opts=child,
         )
         aws.iam.RolePolicy(f"{name}-discovery", role=role.id, policy=discovery_policy(), opts=child)
+        aws.iam.RolePolicy(f"{name}-spend", role=role.id, policy=spend_policy(), opts=child)
         profile = aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags, opts=child)
         instance = aws.ec2.Instance(
             f"{name}-host",

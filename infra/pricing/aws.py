@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from statistics import mean
 from typing import Any
 
+from infra.billing import AWS_TIMEOUTS
 from infra.pricing import PricingError, Quote, one_currency
 
 
@@ -28,7 +29,7 @@ class NotListed(PricingError):
     """The Price List answered, but has no such product in the region."""
 
 
-TIMEOUTS = {"connect_timeout": 3, "read_timeout": 8, "retries": {"max_attempts": 1}}
+TIMEOUTS = AWS_TIMEOUTS  # infra.billing: short timeouts, no retries, for every AWS read
 SPOT_WINDOW = timedelta(hours=24)
 
 

@@ -169,12 +169,35 @@ def test_monitoring_host_is_private_encrypted_and_imdsv2(runs, stack):
     else:
         assert i["internetMaxBandwidthOut"] == 0
         assert i["httpTokens"] == "required" and i["systemDiskEncrypted"] is True
-        assert "roleName" not in i  # file discovery calls no cloud API
+        # file discovery calls no cloud API: the one the role may call is BSS's instance bill
+        assert i["roleName"] == f"torchfleet-{stack}-monitoring"  # the role's default
+        (attachment,) = [
+            a
+            for a in run.of_type("alicloud:ram/rolePolicyAttachment:RolePolicyAttachment")
+            if a.inputs["roleName"] == i["roleName"]
+        ]
+        (policy,) = [
+            p
+            for p in run.of_type("alicloud:ram/policy:Policy")
+            if attachment.inputs["policyName"] == p.inputs["policyName"]
+        ]
+        (statement,) = json.loads(policy.inputs["policyDocument"])["Statement"]
+        assert statement == {
+            "Effect": "Allow",
+            "Action": ["bssapi:DescribeInstanceBill"],
+            "Resource": ["*"],
+        }
+        (ram_role,) = [
+            r
+            for r in run.of_type("alicloud:ram/role:Role")
+            if r.inputs["roleName"] == i["roleName"]
+        ]
+        assert "ecs.aliyuncs.com" in ram_role.inputs["assumeRolePolicyDocument"]
         (snat,) = run.of_type("alicloud:vpc/snatEntry:SnatEntry")
         assert snat.inputs["sourceVswitchId"] == i["vswitchId"]  # SNAT for its vSwitch only
 
 
-def test_monitoring_role_may_only_describe(runs):
+def test_monitoring_role_may_only_describe_and_read_the_bill(runs):
     run = runs["aws-prod"]
     (host,) = run.tagged(HOST["aws"], "monitoring")
     (profile,) = [
@@ -186,10 +209,14 @@ def test_monitoring_role_may_only_describe(runs):
     policies = [
         p for p in run.of_type("aws:iam/rolePolicy:RolePolicy") if p.inputs["role"] == f"{role}-id"
     ]
-    assert len(policies) == 1
-    (statement,) = json.loads(policies[0].inputs["policy"])["Statement"]
-    assert statement["Effect"] == "Allow" and statement["Resource"] == "*"
-    assert sorted(statement["Action"]) == ["ec2:DescribeAvailabilityZones", "ec2:DescribeInstances"]
+    statements = [s for p in policies for s in json.loads(p.inputs["policy"])["Statement"]]
+    assert all(s["Effect"] == "Allow" and s["Resource"] == "*" for s in statements)
+    assert "Condition" not in str(statements)
+    # Prometheus' EC2 discovery, and the spend exporter's read of Cost Explorer
+    assert sorted(sorted(s["Action"]) for s in statements) == [
+        ["ce:GetCostAndUsage"],
+        ["ec2:DescribeAvailabilityZones", "ec2:DescribeInstances"],
+    ]
     assert not [
         a
         for a in run.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
@@ -305,7 +332,7 @@ ADDED = {
         SG["aws"]: 1,
         AWS_RULE: 2,
         "aws:iam/role:Role": 1,
-        "aws:iam/rolePolicy:RolePolicy": 1,
+        "aws:iam/rolePolicy:RolePolicy": 2,  # EC2 discovery; the spend exporter's bill
         "aws:iam/instanceProfile:InstanceProfile": 1,
         HOST["aws"]: 1,
         # its self-healing (infra/healing.py): recover and reboot alarms
@@ -320,6 +347,10 @@ ADDED = {
         SG["alicloud"]: 1,
         ALI_RULE: 5,
         HOST["alicloud"]: 1,
+        # the RAM role the spend exporter reads the bill with
+        "alicloud:ram/role:Role": 1,
+        "alicloud:ram/policy:Policy": 1,
+        "alicloud:ram/rolePolicyAttachment:RolePolicyAttachment": 1,
     },
 }
 # reference prices (compat/catalog.yml, spelled out): instance + NAT gateway per hour, disk per GB

@@ -326,9 +326,16 @@ NO_RESOURCE_LEVEL = {"cloudwatch:PutMetricData": "cloudwatch:namespace"}
 # ...or, with no condition key to narrow them, be exactly the monitoring host's read-only EC2
 # discovery (infra.monitoring.DISCOVERY_ACTIONS, spelled out here so the test is independent).
 EC2_DISCOVERY = ["ec2:DescribeAvailabilityZones", "ec2:DescribeInstances"]
+# ...or the monitoring host's read of the bill (Cost Explorer scopes it to no resource or tag).
+COST_READ = ["ce:GetCostAndUsage"]
 # Alibaba: CloudMonitor takes custom metrics without a resource or condition key to scope them;
 # OOS finds the nodes by tag through a region-wide describe.
-RAM_NO_RESOURCE_LEVEL = {"cms:PutCustomMetric", "ecs:DescribeInstances"}
+# The monitoring host reads BSS's instance bill, which RAM scopes to no resource either.
+RAM_NO_RESOURCE_LEVEL = {
+    "cms:PutCustomMetric",
+    "ecs:DescribeInstances",
+    "bssapi:DescribeInstanceBill",
+}
 
 
 def test_least_privilege_roles(runs):
@@ -341,7 +348,7 @@ def test_least_privilege_roles(runs):
             for statement in doc["Statement"]:
                 actions = statement["Action"]
                 assert "*" not in actions and not any(a.endswith(":*") for a in actions)
-                if statement["Resource"] == "*" and sorted(actions) == EC2_DISCOVERY:
+                if statement["Resource"] == "*" and sorted(actions) in (EC2_DISCOVERY, COST_READ):
                     assert "Condition" not in statement and statement["Effect"] == "Allow"
                 elif statement["Resource"] == "*":
                     assert len(actions) == 1 and actions[0] in NO_RESOURCE_LEVEL, statement

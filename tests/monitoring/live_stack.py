@@ -119,11 +119,12 @@ class LiveStack:
         self.for_overrides = for_overrides
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ports = {
-            name: free_port() for name in ("runtime", "node", "prometheus", "alertmanager")
+            name: free_port() for name in ("runtime", "node", "prometheus", "alertmanager", "spend")
         }
         self.prometheus_url = f"http://127.0.0.1:{self.ports['prometheus']}"
         self.runtime_url = f"http://127.0.0.1:{self.ports['runtime']}"
         self.webhook = Webhook()
+        self.spend_server: Any = None
 
     # --- processes --------------------------------------------------------------------------
     def _start(self, name: str, cmd: list[str]) -> None:
@@ -157,6 +158,25 @@ class LiveStack:
         for name in list(self.procs):
             self.stop(name, timeout=10)
         self.webhook.close()
+        if self.spend_server is not None:
+            self.spend_server.shutdown()
+            self.spend_server.server_close()
+
+    def start_spend_exporter(self) -> None:
+        """The role's spend exporter (infra/billing.py) serving a canned bill: no cloud here
+        (tests/monitoring/test_spend_exporter.py reads moto's and the Alibaba fake's)."""
+        from datetime import date, timedelta
+
+        from infra import billing
+
+        def read(start: date, end: date) -> billing.Spend:
+            day = (end - timedelta(days=1)).isoformat()
+            return billing.Spend(start, end, 3.5, "USD", [(day, 3.5)])
+
+        exporter = billing.Exporter(STACK, "aws", 1, read)
+        exporter.refresh()
+        self.spend_server = exporter.server("127.0.0.1", self.ports["spend"])
+        threading.Thread(target=self.spend_server.serve_forever, daemon=True).start()
 
     # --- the node ---------------------------------------------------------------------------
     def start_runtime(self) -> None:
@@ -329,6 +349,7 @@ class LiveStack:
                 "node_exporter_port": self.ports["node"],
                 "prometheus_address": f"127.0.0.1:{self.ports['prometheus']}",
                 "alertmanager_address": f"127.0.0.1:{self.ports['alertmanager']}",
+                "spend_address": f"127.0.0.1:{self.ports['spend']}",
             }
         )
         am = f.torchfleet_alertmanager_config(

@@ -101,6 +101,7 @@ def test_every_panel_has_data_and_not_ready_fires(live: LiveStack, tmp_path: Pat
 
     live.start_runtime()
     live.start_node_exporter()
+    live.start_spend_exporter()
     prom_file, am_file = live.configure()
     live.start_monitoring(prom_file, am_file)
     live.wait_node_ready()

@@ -42,6 +42,14 @@ def run_assert(
     )
 
 
+# What roles/monitoring's tasks/main.yml sets from the distro's vars before its asserts run.
+MONITORING_DISTRO = {
+    "__monitoring_unsupported": "",
+    "__monitoring_prometheus_pin": "2.42.0+ds-5+b5",
+    "__monitoring_alertmanager_pin": "0.25.0-2+b5",
+    "ansible_facts": {"distribution": "Debian", "distribution_major_version": "12"},
+}
+
 CASES = [
     ("pytorch", {}, None),
     ("pytorch", {"pytorch_wheelhouse": "relative/dir"}, "pytorch_wheelhouse=relative/dir"),
@@ -65,6 +73,17 @@ CASES = [
     ("autostop", {}, None),
     ("autostop", {"autostop_idle_minutes": 0}, "autostop_idle_minutes=0"),
     ("autostop", {"autostop_check_interval": "often"}, "autostop_check_interval=often"),
+    ("monitoring", {**MONITORING_DISTRO, "torchfleet_cloud": "aws"}, None),
+    (
+        "monitoring",
+        {**MONITORING_DISTRO, "torchfleet_cloud": "aws", "monitoring_spend_days": 0},
+        "monitoring_spend_days=0",
+    ),
+    (
+        "monitoring",
+        {**MONITORING_DISTRO, "torchfleet_cloud": "alicloud", "monitoring_spend_region": ""},
+        "monitoring_spend_region=''",
+    ),
 ]
 
 

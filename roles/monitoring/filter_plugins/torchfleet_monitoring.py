@@ -145,6 +145,13 @@ def torchfleet_prometheus_config(settings: Mapping[str, Any]) -> dict[str, Any]:
                 ],
             }
         )
+    if settings.get("spend_address"):  # the torchfleet-spend exporter (tasks/spend.yml)
+        jobs.append(
+            {
+                "job_name": "torchfleet-spend",
+                "static_configs": [{"targets": [settings["spend_address"]], "labels": self_labels}],
+            }
+        )
     for job, port_key in NODE_JOBS:
         jobs.append(
             _ec2_job(job, int(settings[port_key]), settings)

@@ -413,6 +413,27 @@ ROWS: tuple[RowSpec, ...] = (
                 (Target(f"stack:torchfleet_cost_usd_per_hour:estimate{{{S}}}", "{{stack}}"),),
                 unit="currencyUSD",
             ),
+            PanelSpec(
+                "Measured spend per day beside the estimate",
+                "timeseries",
+                (
+                    Target(
+                        f"torchfleet_spend_last_day{{{S}}}",
+                        "measured, last whole UTC day ({{stack}}, {{currency}})",
+                    ),
+                    Target(
+                        f"stack:torchfleet_cost_usd:estimate_24h{{{S}}}",
+                        "estimated, last 24 h ({{stack}}, USD)",
+                    ),
+                ),
+                width=24,
+                description="Measured: the cloud's bill by the stack tag (Cost Explorer or "
+                "BSS, read by the torchfleet-spend exporter a few times a day; the bill lags "
+                "up to a day, in the account's currency), the whole bill: nodes, load "
+                "balancers, NAT, disks, buckets. Estimated: the nodes' hourly estimate "
+                "summed over the last 24 h, in USD; `torchfleet cost` sets the whole bill's "
+                "estimate beside the measured spend.",
+            ),
         ),
     ),
 )
