@@ -36,6 +36,7 @@ NAMESPACE = PROJECT  # Pulumi namespaces a project's config keys by the project 
 CLOUDS = ("aws", "alicloud")
 ENVS = ("dev", "prod")
 MODES = ("instances", "group", "kubernetes")
+ROLLOUT_SUBKEYS = ("candidate_weight", "sticky_s", "candidate_model")
 POOL_MODES = ("group", "kubernetes")  # modes whose nodes come from a pool of instance types
 INTERRUPTION = {"aws": ("terminate", "stop", "hibernate"), "alicloud": ("terminate", "stop")}
 MAX_PRICE_RATIO = 1.3  # spot cap ceiling: paying more than 1.3x on-demand is never worth it
@@ -278,6 +279,16 @@ FIELDS: dict[str, Key] = {
         "enabled, instance_type, disk_gb",
         subkeys=("enabled", "instance_type", "disk_gb"),
     ),
+    "rollout": Key(
+        "mapping",
+        "a candidate model beside the stable one at the load balancer (docs/rollouts.md); "
+        "unset: one version, today's plan",
+        "candidate_weight 0..100 (percent of requests), sticky_s 0..604800 (AWS: ALB "
+        "stickiness across the two target groups), candidate_model (kubernetes: the candidate's "
+        "file in the model volume, default candidate.pt); aws in mode: group, or mode: "
+        "kubernetes",
+        subkeys=ROLLOUT_SUBKEYS,
+    ),
 }
 KEYS = tuple(FIELDS)
 # Sub-keys of the structured values, for the same "unknown key" check one level down.
@@ -365,6 +376,21 @@ class Monitoring:
 
 
 @dataclass(frozen=True)
+class RolloutSplit:
+    """The `rollout` block: the candidate's share of requests at the load balancer."""
+
+    candidate_weight: int  # percent; the stable version gets the rest
+    sticky_s: int = 0  # AWS: a client stays on its target group this long (0: off)
+    candidate_model: str = "candidate.pt"  # kubernetes: the candidate's file in the model volume
+
+    def candidate_replicas(self, stable: int) -> int:
+        """Kubernetes splits by replicas: beside `stable` replicas, as many candidate ones as
+        give the weight (at least one while it is above 0; 100 % is a promotion, not a split)."""
+        w = self.candidate_weight
+        return 0 if w == 0 else max(1, round(stable * w / (100 - w)))
+
+
+@dataclass(frozen=True)
 class StackConfig:
     stack: str
     cloud: str
@@ -399,6 +425,7 @@ class StackConfig:
 
     kubernetes: KubernetesSettings | None = None  # mode: kubernetes only
     monitoring: Monitoring | None = None  # None: no monitoring host
+    rollout: RolloutSplit | None = None  # None: one version behind the load balancer
     tls: edge.Tls | None = None  # None: plain HTTP at the load balancer (never public prod)
     api_token: str | None = field(default=None, repr=False)  # None: generated (infra.edge)
     api_token_next: str | None = field(default=None, repr=False)  # during a rotation only
@@ -715,6 +742,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
     _fleet_checks(r, image, boot, nodes, spot, warm_pool)
     kubernetes = _kubernetes(r, cloud, mode, zones, itypes, nodes, spot, image, bucket)
     monitoring = _monitoring(r, cloud, mode)
+    rollout = _rollout(r, cloud, mode)
     tls = edge.parse_tls(
         r,
         r.structured("tls", dict),
@@ -762,6 +790,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
         warm_pool=warm_pool,
         kubernetes=kubernetes,
         monitoring=monitoring,
+        rollout=rollout,
         tls=tls,
         api_token=token,
         api_token_next=token_next,
@@ -1085,6 +1114,59 @@ def _monitoring(r: _Reader, cloud: str, mode: str | None) -> Monitoring | None:
     if itype is None or disk is None:
         return None
     return Monitoring(instance_type=itype, disk_gb=disk)
+
+
+def _rollout(r: _Reader, cloud: str, mode: str | None) -> RolloutSplit | None:
+    raw = r.structured("rollout", dict)
+    if raw is None:
+        return None
+    if cloud == "alicloud" and mode == "group":
+        r.fail(
+            "rollout",
+            raw,
+            "unset on alicloud in mode: group (its CLB splits by each backend server's weight, "
+            "which the program does not declare yet)",
+        )
+        return None
+    if mode not in ("group", "kubernetes"):
+        r.fail(
+            "rollout",
+            raw,
+            "unset in mode: instances (no load balancer to split at: "
+            "`torchfleet rollout` on the local fleet)",
+        )
+        return None
+    weight = r.number(
+        "rollout.candidate_weight",
+        raw.get("candidate_weight", 0),
+        int,
+        0,
+        100,
+        "an integer percent 0..100",
+    )
+    sticky = r.number(
+        "rollout.sticky_s",
+        raw.get("sticky_s", 0),
+        int,
+        0,
+        604800,
+        "0 (off) or seconds up to 604800 (the ALB's limit)",
+    )
+    model = raw.get("candidate_model", RolloutSplit.candidate_model)
+    if not isinstance(model, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,128}\.pt", model):
+        r.fail("rollout.candidate_model", model, "a file name ending .pt, such as candidate.pt")
+        return None
+    if weight == 100 and mode == "kubernetes":
+        r.fail(
+            "rollout.candidate_weight",
+            weight,
+            "0..99 in mode: kubernetes (the split is by replicas beside the stable Deployment; "
+            "100 % is the stable Deployment on the candidate's model)",
+        )
+        return None
+    if weight is None or sticky is None:
+        return None
+    return RolloutSplit(candidate_weight=weight, sticky_s=sticky, candidate_model=model)
 
 
 def _boot(r: _Reader, cloud: str) -> str | None:

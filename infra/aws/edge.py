@@ -1,7 +1,10 @@
 """The AWS edge of a stack: the ALB's listeners (HTTPS with an ELB TLS policy; HTTP only
 redirecting, 301) and the API token in Secrets Manager, readable by the node role alone (IAM:
 GetSecretValue on that secret and nothing else; the operator's own credentials are the only
-other reader). The policies and ports are infra.edge's."""
+other reader). The policies and ports are infra.edge's.
+With the stack's `rollout` block, the listener forwards to two target groups by weight: the
+stable one (the group's) and the candidate one (nodes the rollout moved there), optionally
+sticky; without it, to the stable group alone, as before."""
 
 from __future__ import annotations
 
@@ -23,8 +26,9 @@ def listeners(
     target: aws.lb.TargetGroup,
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
+    candidate: aws.lb.TargetGroup | None = None,
 ) -> None:
-    forward = [aws.lb.ListenerDefaultActionArgs(type="forward", target_group_arn=target.arn)]
+    forward = [_forward(cfg, target, candidate)]
     if cfg.tls is None:  # no certificate: a dev or VPC-internal stack (infra.edge.parse_tls)
         aws.lb.Listener(
             f"{name}-http",
@@ -64,6 +68,30 @@ def listeners(
             tags=tags,
             opts=opts,
         )
+
+
+def _forward(
+    cfg: StackConfig, target: aws.lb.TargetGroup, candidate: aws.lb.TargetGroup | None
+) -> aws.lb.ListenerDefaultActionArgs:
+    split = cfg.rollout
+    if split is None or candidate is None:
+        return aws.lb.ListenerDefaultActionArgs(type="forward", target_group_arn=target.arn)
+    Group = aws.lb.ListenerDefaultActionForwardTargetGroupArgs
+    return aws.lb.ListenerDefaultActionArgs(
+        type="forward",
+        forward=aws.lb.ListenerDefaultActionForwardArgs(
+            target_groups=[
+                Group(arn=target.arn, weight=100 - split.candidate_weight),
+                Group(arn=candidate.arn, weight=split.candidate_weight),
+            ],
+            # A sticky client keeps the group it first reached (an A/B that holds per client).
+            stickiness=aws.lb.ListenerDefaultActionForwardStickinessArgs(
+                enabled=True, duration=split.sticky_s
+            )
+            if split.sticky_s
+            else None,
+        ),
+    )
 
 
 def token_store(

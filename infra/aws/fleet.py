@@ -342,12 +342,18 @@ class AwsFleet(pulumi.ComponentResource):
         return out
 
     def _target_group(
-        self, name: str, tags: dict[str, str], network: AwsNetwork, child: pulumi.ResourceOptions
+        self,
+        name: str,
+        tags: dict[str, str],
+        network: AwsNetwork,
+        child: pulumi.ResourceOptions,
+        suffix: str = "tg",
     ) -> aws.lb.TargetGroup:
-        """Before the launch template: the nodes' user-data names it (they leave it first)."""
+        """Before the launch template: the nodes' user-data names it (they leave it first).
+        `suffix` "tg-candidate": the rollout's candidate group, the same checks."""
         cfg = self.cfg
         return aws.lb.TargetGroup(
-            f"{name}-tg",
+            f"{name}-{suffix}",
             port=cfg.service_port,
             protocol="HTTP",
             vpc_id=network.vpc.id,
@@ -392,7 +398,12 @@ class AwsFleet(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        aws_edge.listeners(name, cfg, alb, target, tags, child)
+        candidate = (
+            self._target_group(name, tags, network, child, "tg-candidate")
+            if cfg.rollout is not None
+            else None
+        )
+        aws_edge.listeners(name, cfg, alb, target, tags, child, candidate)
 
         # A pinned version, not "$Latest": only a changed version number in the group's launch
         # template makes the provider start an instance refresh (a new bundle -> new user-data

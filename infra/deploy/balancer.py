@@ -5,6 +5,9 @@ Contract. `Balancer(folder, backends)` owns one HAProxy process whose files live
   made for the run, `issue_certificates`) and an HTTP frontend that only redirects (301) to it,
   as the clouds' listeners do; one backend of `Backend`s health-checked on /readyz (two failures
   out, two passes in); the runtime API on a unix stats socket (`level admin`, mode 0600).
+  `sticky_header` (an A/B that holds per client): requests go by a consistent hash of that
+  header, weighted, so one value keeps its server while the weights hold (runtime weight
+  changes still apply: hash-type consistent); a request without it goes round robin.
 - `start()` checks the configuration (`haproxy -c`) and starts HAProxy as a daemon with a pid
   file (so it outlives the command that started it, as the demo's nodes do); `stop()` (or
   `stop(folder)`, without the rest) ends that pid and nothing else; `running()` says whether it
@@ -21,6 +24,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,12 +32,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchfleet_compat.problems import sentence
+
 from infra.constants import HEALTH_PATH
 
 BACKEND = "runtimes"
 HEALTH_INTERVAL_MS = 1000
 DEFAULT_WAIT_S = 30.0
 PIDFILE, SOCKET = "haproxy.pid", "haproxy.sock"  # in the balancer's folder
+HEADER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
 
 
 class BalancerError(RuntimeError):
@@ -88,7 +95,13 @@ class Balancer:
         https_port: int,
         http_port: int | None = None,
         bind: str = "127.0.0.1",
+        sticky_header: str | None = None,
     ) -> None:
+        if sticky_header is not None and not HEADER_RE.fullmatch(sticky_header):
+            raise BalancerError(
+                sentence("sticky_header", sticky_header, "a header name (letters, digits, -)")
+            )
+        self.sticky_header = sticky_header
         self.folder = folder
         self.backends = backends
         self.certificates = certificates
@@ -104,6 +117,11 @@ class Balancer:
 
     def render(self) -> str:
         servers = "\n".join(f"    server {b.name} {b.host}:{b.port} check" for b in self.backends)
+        balance = (
+            f"balance hdr({self.sticky_header})\n    hash-type consistent"
+            if self.sticky_header
+            else "balance roundrobin"
+        )
         redirect = (
             f"""
 frontend http
@@ -136,7 +154,7 @@ frontend https
     default_backend {BACKEND}
 {redirect}
 backend {BACKEND}
-    balance roundrobin
+    {balance}
     option httpchk GET {HEALTH_PATH}
     http-check expect status 200
     default-server inter {HEALTH_INTERVAL_MS}ms fall 2 rise 2

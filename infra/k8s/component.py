@@ -133,6 +133,14 @@ class KubernetesApp(pulumi.ComponentResource):
             manifest,
             after(ns, account, tokens, *claims, self.releases.get("device_plugin")),
         )
+        candidate = workload.candidate_deployment(cfg, placement)
+        if candidate is not None:
+            candidate["metadata"]["annotations"] = dict(manifest["metadata"]["annotations"])
+            register(
+                f"{name}-candidate",
+                candidate,
+                after(ns, account, tokens, *claims, self.releases.get("device_plugin")),
+            )
         self.service = register(f"{name}-service", workload.service(cfg, placement), after(ns))
         register(f"{name}-pdb", workload.disruption_budget(cfg), after(ns))
         register(

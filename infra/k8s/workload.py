@@ -273,6 +273,32 @@ def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
     }
 
 
+def candidate_deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any] | None:
+    """The rollout's candidate beside the stable Deployment: the same pods on the candidate's
+    file in the model volume, `track: candidate`, as many replicas as the split gives beside
+    the stable's minimum. The Service selects both (by name); the stable Deployment's own
+    selector is left as it is (changing a selector replaces a Deployment), its ReplicaSets
+    keep to their pods by pod-template-hash. None without a `rollout` block."""
+    k, split = cfg.kubernetes, cfg.rollout
+    if k is None or split is None:
+        return None
+    manifest = deployment(cfg, placement)
+    spec = manifest["spec"]
+    manifest["metadata"]["name"] = f"{APP}-candidate"
+    spec["replicas"] = split.candidate_replicas(k.replicas.min)
+    spec["selector"]["matchLabels"]["track"] = "candidate"
+    spec["template"]["metadata"]["labels"]["track"] = "candidate"
+    (container,) = spec["template"]["spec"]["containers"]
+    model_var = runtime_env(model="")[0]["name"]
+    for var in container["env"]:
+        if var["name"] == model_var:
+            var["value"] = f"{MODEL_DIR}/{split.candidate_model}"
+    # spread the candidate's pods by their own labels, not the stable's
+    for rule in spec["template"]["spec"]["topologySpreadConstraints"]:
+        rule["labelSelector"] = {"matchLabels": {**SELECTOR, "track": "candidate"}}
+    return manifest
+
+
 def token_secret(cfg: StackConfig, tokens: Any) -> dict[str, Any]:
     """The Secret of the API tokens (`tokens`: a Pulumi secret Output); only the runtime's pods
     mount it (no role of the namespace reads Secrets)."""

@@ -1,6 +1,6 @@
 """`torchfleet rollout`: the command's arguments, turned into an engine run or a control.
 
-    torchfleet rollout STACK --model LOCATION@sha256:HEX [--strategy canary|linear|all-at-once|shadow]
+    torchfleet rollout STACK --model LOCATION@sha256:HEX [--strategy canary|linear|all-at-once|ab|shadow]
                        [--steps 10,50,100] [--bake 5m] [--window 30s] [--guard KEY=VALUE ...]
                        [--prometheus URL [--selector 'stack="local"']] [--fleet DIR]
     torchfleet rollout status|pause|resume|abort|rollback STACK [--fleet DIR]
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from infra.deploy import stage
 from infra.matrix import REPO_ROOT
 from infra.rollout.engine import Options, Rollout, RolloutError
 from infra.rollout.local import LocalFleet, SwitchError
-from infra.rollout.policy import STRATEGIES, guard_settings, parse_duration
+from infra.rollout.policy import AB, STRATEGIES, guard_settings, parse_duration
 from infra.rollout.ref import ModelRef, RefError
 from infra.rollout.signals import PrometheusSource, ScrapeSource, SignalError
 from infra.rollout.state import ACTIVE, engine_alive
@@ -53,10 +54,14 @@ def add_parser(sub: Any, stack_help: str) -> None:
     p.add_argument(
         "--strategy",
         default="canary",
-        choices=[*STRATEGIES, "shadow"],
-        help="shadow: the candidate beside the serving model on every node, compared, never answering",
+        choices=[*STRATEGIES, AB, "shadow"],
+        help="ab: hold --steps PERCENT (an A/B) until `rollout abort` or a guard fires; "
+        "shadow: the candidate beside the serving model on every node, compared, never answering",
     )
-    p.add_argument("--steps", help="traffic percents, increasing, ending at 100 (e.g. 10,50,100)")
+    p.add_argument(
+        "--steps",
+        help="traffic percents, increasing, ending at 100 (e.g. 10,50,100); ab: one, 1-99",
+    )
     p.add_argument("--bake", default="5m", help="how long each step is watched (default 5m)")
     p.add_argument("--window", default="30s", help="one evaluation window (default 30s)")
     p.add_argument(
@@ -109,7 +114,8 @@ def _options(args: argparse.Namespace) -> Options:
     return Options(
         strategy="canary" if args.strategy == "shadow" else args.strategy,
         steps=args.steps,
-        bake_s=parse_duration("--bake", args.bake),
+        # an A/B holds its split: its one step never ends on its own
+        bake_s=math.inf if args.strategy == AB else parse_duration("--bake", args.bake),
         window_s=parse_duration("--window", args.window),
         guards=guard_settings(raw, where="--guard"),
     )

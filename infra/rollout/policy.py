@@ -3,7 +3,8 @@
 Contract.
 - `steps(strategy, given)`: the traffic shares (percent) a strategy walks through, ending at 100:
   canary 10,100; linear 25,50,75,100; all-at-once 100; `--steps` replaces them (increasing,
-  1-100, ending at 100).
+  1-100, ending at 100). `ab` (an A/B that holds): one share 1-99, `--steps` required; the
+  engine holds it (no promotion) until `rollout abort` or a guard fires.
 - `split(share, nodes)`: how many of `nodes` serve the candidate at `share` percent (at least
   one, and one stable node left below 100) and the integer HAProxy weights (1-256) that give
   that share; `Split.share` is the share those weights really give.
@@ -60,10 +61,19 @@ def parse_steps(text: str) -> tuple[int, ...]:
     return values
 
 
+AB = "ab"  # a fixed split held until aborted: no steps after it, no promotion
+
+
 def steps(strategy: str, given: str | None = None) -> tuple[int, ...]:
+    if strategy == AB:
+        if not given or not given.strip().isdigit() or not 1 <= int(given) <= 99:
+            raise RolloutSettingsError(
+                sentence("steps", given, "one percent 1-99 with --strategy ab, such as 10")
+            )
+        return (int(given),)
     if strategy not in STRATEGIES:
         raise RolloutSettingsError(
-            sentence("strategy", strategy, "one of " + ", ".join(STRATEGIES))
+            sentence("strategy", strategy, "one of " + ", ".join([*STRATEGIES, AB]))
         )
     return parse_steps(given) if given else STRATEGIES[strategy]
 

@@ -192,3 +192,25 @@ def test_every_role_option_is_documented() -> None:
     assert defaults == options, (
         f"only in defaults {defaults - options}, only in specs {options - defaults}"
     )
+
+
+def test_the_versions_row_compares_each_version_by_recorded_series() -> None:
+    """The A/B row reads one recorded series per panel, each by model_version, and each is a
+    rule of the role (promtool's ab_versions.test.yml checks their values)."""
+    board = json.loads(DASHBOARD_JSON.read_text())
+    recorded = {
+        r["record"]
+        for path in RULE_FILES
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for r in group["rules"]
+        if "record" in r
+    }
+    titles = [p["title"] for p in board["panels"]]
+    start = titles.index("Versions compared")
+    row = board["panels"][start + 1 : start + 4]
+    assert board["panels"][start]["type"] == "row" and len(row) == 3
+    for panel in row:
+        (target,) = panel["targets"]
+        series = target["expr"].split("{", 1)[0]
+        assert series.startswith("stack_version:") and series in recorded, series
+        assert target["legendFormat"] == "{{model_version}}"

@@ -5,6 +5,7 @@ tests/rollout/test_local_rollout.py runs the same engine on real runtimes behind
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 
 import pytest
@@ -190,6 +191,37 @@ def test_abort_and_pause_are_read_between_windows(setup):
     assert all(fleet.serving(n)[1] == "v1" for n in fleet.files)
 
 
+def test_an_ab_split_holds_until_aborted(setup):
+    fleet, ref, state, lines, make = setup
+
+    class Held(Windows):
+        def end(self) -> dict[str, Figures]:
+            if self.opened == 40:  # long past any bake: still held, then the operator ends it
+                assert state.read()["status"] == "running"
+                state.update(lambda d: d.update(control="abort"))
+            return super().end()
+
+    w = Held([])
+    r = make(w, strategy="ab", steps="10")
+    r.options.bake_s = math.inf  # what the command sets for --strategy ab
+    assert r.start(ref) == "aborted"
+    assert w.opened == 40
+    held = [e[1] for e in fleet.events if e[0] == "weights"]
+    assert held.count({"node-0": 20, "node-1": 90, "node-2": 90}) == 1  # set once, kept
+    assert sum(1 for e in state.read()["timeline"] if e["decision"] == "ok") == 40
+    assert all(fleet.serving(n)[1] == "v1" for n in fleet.files)  # abort: back to stable
+
+
+def test_an_ab_split_is_rolled_back_by_a_guard(setup):
+    fleet, ref, state, lines, make = setup
+    r = make(Windows([(100, 0, 0.05)] * 5 + [(100, 30, 0.05)]), strategy="ab", steps="10")
+    r.options.bake_s = math.inf
+    assert r.start(ref) == "rolled_back"
+    last = state.read()["timeline"][-1]
+    assert (last["guard"], last["decision"]) == ("error_ratio", "rolled_back")
+    assert sum(1 for e in state.read()["timeline"] if e["decision"] == "ok") == 5
+
+
 def test_rollback_after_a_promotion_returns_to_the_previous_version(setup):
     fleet, ref, state, lines, make = setup
     make(Windows([]), strategy="all-at-once").start(ref)
@@ -263,3 +295,14 @@ def test_the_candidate_must_be_another_version(setup, tmp_path):
     assert make(Windows([])).start(ref) == "rolled_back"
     assert state.read()["timeline"][-1]["guard"] == "version"
     assert fleet.weights == {n: EQUAL_WEIGHT for n in fleet.files}
+
+
+def test_the_command_gives_an_ab_split_no_end():
+    import argparse
+
+    from infra.rollout.command import _options
+
+    args = argparse.Namespace(guard=[], strategy="ab", steps="10", bake="5m", window="30s")
+    options = _options(args)
+    assert (options.strategy, options.bake_s, options.window_s) == ("ab", math.inf, 30.0)
+    assert _options(argparse.Namespace(**{**vars(args), "strategy": "canary"})).bake_s == 300

@@ -147,3 +147,10 @@ def test_a_reference_is_checked_before_it_is_kept(tmp_path):
     assert not store.file(wrong).exists()
     with pytest.raises(RefError, match="--model = 'm.pt' is invalid"):
         ModelRef.parse("m.pt")
+
+
+def test_ab_holds_one_share_below_100():
+    assert steps("ab", "10") == (10,)
+    for bad in (None, "100", "0", "10,100", "ten"):
+        with pytest.raises(RolloutSettingsError, match="one percent 1-99 with --strategy ab"):
+            steps("ab", bad)

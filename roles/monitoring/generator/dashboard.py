@@ -239,19 +239,6 @@ ROWS: tuple[RowSpec, ...] = (
                 ),
             ),
             PanelSpec(
-                "p99 latency by model version",
-                "timeseries",
-                (
-                    Target(
-                        f"stack_version:torchfleet_request_duration_seconds:p99_rate1m{{{S}}}",
-                        "{{model_version}}",
-                    ),
-                ),
-                unit="s",
-                threshold=0.2,
-                description="Compare a new model version with the one it replaces.",
-            ),
-            PanelSpec(
                 "Model on each node",
                 "table",
                 (
@@ -263,6 +250,52 @@ ROWS: tuple[RowSpec, ...] = (
                 width=24,
                 height=5,
                 description="torchfleet_model_info: version, name, format, device, precision.",
+            ),
+        ),
+    ),
+    RowSpec(
+        "Versions compared",
+        (
+            PanelSpec(
+                "Share of requests by model version",
+                "timeseries",
+                (
+                    Target(
+                        f"stack_version:torchfleet_requests:share_rate1m{{{S}}}",
+                        "{{model_version}}",
+                    ),
+                ),
+                unit="percentunit",
+                stacking="percent",
+                description="The split an A/B or a canary holds (torchfleet rollout, the "
+                "stack's rollout.candidate_weight, HAProxy weights).",
+            ),
+            PanelSpec(
+                "5xx ratio by model version",
+                "timeseries",
+                (
+                    Target(
+                        f"stack_version:torchfleet_request_errors:ratio_rate5m{{{S}}}",
+                        "{{model_version}}",
+                    ),
+                ),
+                unit="percentunit",
+                threshold=0.001,
+                description="Each version's errors over 5 minutes: the rollout's error guard "
+                "compares the candidate with the stable version the same way.",
+            ),
+            PanelSpec(
+                "p99 latency by model version",
+                "timeseries",
+                (
+                    Target(
+                        f"stack_version:torchfleet_request_duration_seconds:p99_rate1m{{{S}}}",
+                        "{{model_version}}",
+                    ),
+                ),
+                unit="s",
+                threshold=0.2,
+                description="Compare a new model version with the one it replaces.",
             ),
         ),
     ),

@@ -1,0 +1,99 @@
+"""A cloud stack's side of a rollout: the split at the cloud's load balancer, moved through the
+stack's `rollout` config block and `up`.
+
+Contract. `CloudSplit(handle, up, tracks, cloud_limit)` is an engine.Fleet whose two "nodes" are
+the stack's tracks, `candidate` then `stable` (AWS: the stable and candidate target groups behind
+the listener's weighted forward; Kubernetes: the stable and candidate Deployments, split by
+replicas). The engine's weights for the two become the block's `candidate_weight`, the percent
+they give (policy.split's weights: 20 / 180 is 10 %), written with `set_config` on the stack
+(the Automation API's `Stack`, or any object with its get_all_config / set_config) and applied
+by `up` (the caller's `torchfleet up`); equal weights mean no split (every track serves the same
+version: 0 %). A weight the stack already has runs no `up`. The block's other keys
+(sticky_s, candidate_model) are kept. `cloud_limit` caps the percent (Kubernetes: 99, the
+stable Deployment keeps its replicas). Which model a track serves is the `tracks` object's
+(serving / switch: a cloud's way to place a file on a track's nodes). Shadow testing needs
+each node's runtime: a cloud stack refuses it here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from pulumi import automation as auto
+
+from infra.config import NAMESPACE
+
+KEY = f"{NAMESPACE}:rollout"
+# The engine switches its nodes in this order: the candidate track first (the split), the
+# stable track last (100 %: the promotion).
+TRACKS = ("candidate", "stable")
+
+
+class StackHandle(Protocol):
+    def get_all_config(self) -> Mapping[str, auto.ConfigValue]: ...
+
+    def set_config(self, key: str, value: auto.ConfigValue, *, path: bool = False) -> None: ...
+
+
+class TrackModels(Protocol):
+    def serving(self, track: str) -> tuple[Path, str]: ...
+
+    def switch(self, track: str, model: Path) -> str: ...
+
+
+def weight_of(weights: Mapping[str, int]) -> int:
+    """The candidate track's percent of requests for the engine's two weights."""
+    stable, candidate = weights.get("stable", 0), weights.get("candidate", 0)
+    if stable == candidate:
+        return 0  # no split: both tracks serve one version, the stable track takes it all
+    return round(100 * candidate / (stable + candidate))
+
+
+class CloudSplit:
+    def __init__(
+        self,
+        handle: StackHandle,
+        up: Callable[[], Any],
+        tracks: TrackModels,
+        cloud_limit: int = 100,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.handle, self.up, self.tracks = handle, up, tracks
+        self.cloud_limit, self.say = cloud_limit, say
+
+    def block(self) -> dict[str, Any]:
+        value = self.handle.get_all_config().get(KEY)
+        if value is None:
+            return {}
+        parsed = json.loads(value.value) if isinstance(value.value, str) else value.value
+        return dict(parsed or {})
+
+    # --- engine.Fleet --------------------------------------------------------------------------
+
+    def nodes(self) -> list[str]:
+        return list(TRACKS)
+
+    def serving(self, node: str) -> tuple[Path, str]:
+        return self.tracks.serving(node)
+
+    def switch(self, node: str, model: Path) -> str:
+        return self.tracks.switch(node, model)
+
+    def set_weights(self, weights: dict[str, int]) -> None:
+        weight = min(self.cloud_limit, weight_of(weights))
+        block = self.block()
+        if block.get("candidate_weight", 0) == weight and block:
+            return
+        block["candidate_weight"] = weight
+        self.handle.set_config(KEY, auto.ConfigValue(json.dumps(block, sort_keys=True)))
+        self.say(f"  stack config {KEY}.candidate_weight = {weight}: `up` moves the split")
+        self.up()
+
+    def set_shadow(self, node: str, model: Path | None) -> str | None:
+        raise NotImplementedError(
+            "shadow testing runs in each node's runtime: on a cloud stack, run the candidate as "
+            "the nodes' shadow_model (runtime/README.md), it has no split to move"
+        )
