@@ -81,7 +81,10 @@ def _assert_live_answers_exact(results: list[Any]) -> None:
         assert status == 200, (status, outputs)
         assert version == "module"  # the serving model answered, never the candidate
         want = rt_models.expected(torch.tensor([x]))
-        assert torch.equal(torch.tensor(outputs), want), (x, outputs)
+        # Within a few float32 ulps, not bit for bit: the dynamic batcher runs this row inside
+        # a batch, and the CPU's matmul kernel may sum a batch's rows in another order than one
+        # row alone (seen on an AVX-512 machine). Any candidate's answer is off by whole units.
+        torch.testing.assert_close(torch.tensor(outputs), want, rtol=1e-6, atol=1e-6)
 
 
 def test_a_differing_candidate_is_found_and_no_client_sees_its_outputs(
@@ -124,7 +127,8 @@ def test_an_identical_candidate_agrees_everywhere(start_runtime, client_for):
     assert shadow["requests"]["compared"] == 10  # one client: the live queue never backs up
     assert shadow["argmax_agreement"] == 1.0
     assert shadow["topk_overlap"] == 1.0
-    assert shadow["max_abs_diff"] == 0.0
+    # float32 rounding only: the shadow batches its samples apart from the live batches
+    assert shadow["max_abs_diff"] <= 1e-6
 
 
 @pytest.mark.parametrize("mode", ["raise", "hang", "slow"])
