@@ -94,6 +94,14 @@ def test_alibaba_spend_from_bss_with_the_hosts_credential_chain(monkeypatch, tmp
     monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_SECRET", SECRET)
     monkeypatch.setenv("ALIBABA_CLOUD_SECURITY_TOKEN", TOKEN)
+    # The SDK reads these variables once, when alibabacloud_credentials is first imported (the
+    # exporter's service has them before it starts); another test in this process may have
+    # imported it already.
+    from alibabacloud_credentials.utils import auth_util
+
+    monkeypatch.setattr(auth_util, "environment_access_key_id", ACCESS_KEY)
+    monkeypatch.setattr(auth_util, "environment_access_key_secret", SECRET)
+    monkeypatch.setattr(auth_util, "environment_security_token", TOKEN)
     calls: list = []
     with FakeAlibaba(bss_bill(calls), region="ap-southeast-1") as cloud:
         read = billing.reader("alicloud", "alicloud-dev", "ap-southeast-1", cloud.url)
