@@ -36,7 +36,7 @@ NAMESPACE = PROJECT  # Pulumi namespaces a project's config keys by the project 
 CLOUDS = ("aws", "alicloud")
 ENVS = ("dev", "prod")
 MODES = ("instances", "group", "kubernetes")
-ROLLOUT_SUBKEYS = ("candidate_weight", "sticky_s", "candidate_model")
+ROLLOUT_SUBKEYS = ("candidate_weight", "sticky_s", "candidate_model", "stable_model")
 POOL_MODES = ("group", "kubernetes")  # modes whose nodes come from a pool of instance types
 INTERRUPTION = {"aws": ("terminate", "stop", "hibernate"), "alicloud": ("terminate", "stop")}
 MAX_PRICE_RATIO = 1.3  # spot cap ceiling: paying more than 1.3x on-demand is never worth it
@@ -285,8 +285,9 @@ FIELDS: dict[str, Key] = {
         "unset: one version, today's plan",
         "candidate_weight 0..100 (percent of requests), sticky_s 0..604800 (AWS: ALB "
         "stickiness across the two target groups), candidate_model (kubernetes: the candidate's "
-        "file in the model volume, default candidate.pt); aws in mode: group, or mode: "
-        "kubernetes",
+        "file in the model volume, default candidate.pt), stable_model (kubernetes: the stable "
+        "Deployment's file there, default model.pt; a promotion moves it); aws in mode: group, "
+        "or mode: kubernetes",
         subkeys=ROLLOUT_SUBKEYS,
     ),
 }
@@ -382,6 +383,7 @@ class RolloutSplit:
     candidate_weight: int  # percent; the stable version gets the rest
     sticky_s: int = 0  # AWS: a client stays on its target group this long (0: off)
     candidate_model: str = "candidate.pt"  # kubernetes: the candidate's file in the model volume
+    stable_model: str = "model.pt"  # kubernetes: the stable Deployment's file there (promotion)
 
     def candidate_replicas(self, stable: int) -> int:
         """Kubernetes splits by replicas: beside `stable` replicas, as many candidate ones as
@@ -1152,10 +1154,14 @@ def _rollout(r: _Reader, cloud: str, mode: str | None) -> RolloutSplit | None:
         604800,
         "0 (off) or seconds up to 604800 (the ALB's limit)",
     )
-    model = raw.get("candidate_model", RolloutSplit.candidate_model)
-    if not isinstance(model, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,128}\.pt", model):
-        r.fail("rollout.candidate_model", model, "a file name ending .pt, such as candidate.pt")
-        return None
+    files = {}
+    for sub, example in (("candidate_model", "candidate.pt"), ("stable_model", "model.pt")):
+        files[sub] = raw.get(sub, getattr(RolloutSplit, sub))
+        if not isinstance(files[sub], str) or not re.fullmatch(
+            r"[A-Za-z0-9._-]{1,128}\.pt", files[sub]
+        ):
+            r.fail(f"rollout.{sub}", files[sub], f"a file name ending .pt, such as {example}")
+            return None
     if weight == 100 and mode == "kubernetes":
         r.fail(
             "rollout.candidate_weight",
@@ -1166,7 +1172,12 @@ def _rollout(r: _Reader, cloud: str, mode: str | None) -> RolloutSplit | None:
         return None
     if weight is None or sticky is None:
         return None
-    return RolloutSplit(candidate_weight=weight, sticky_s=sticky, candidate_model=model)
+    return RolloutSplit(
+        candidate_weight=weight,
+        sticky_s=sticky,
+        candidate_model=files["candidate_model"],
+        stable_model=files["stable_model"],
+    )
 
 
 def _boot(r: _Reader, cloud: str) -> str | None:

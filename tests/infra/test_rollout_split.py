@@ -106,6 +106,25 @@ def test_kubernetes_runs_a_candidate_deployment_split_by_replicas(stack, with_ov
     assert cand_spec == stable_spec
 
 
+@pytest.mark.parametrize("stack", ["aws-k8s", "alicloud-k8s"])
+def test_kubernetes_exports_where_its_workload_is_and_serves_the_stable_model(
+    stack, with_overrides
+):
+    """`torchfleet up|status|rollout` find the Deployments and the Service by the `workload`
+    output; a promotion's stable_model is the stable Deployment's file."""
+    run = run_offline(stack, with_overrides(stack, rollout={"stable_model": "v2.pt"}))
+    names = run.outputs["workload"]
+    deployments = {d.inputs["metadata"]["name"]: d.inputs for d in run.of_type(DEPLOYMENT)}
+    assert set(deployments) == {names["deployment"], names["candidate_deployment"]}
+    (svc,) = run.of_type("kubernetes:core/v1:Service")
+    assert svc.inputs["metadata"]["name"] == names["service"]
+    assert {d["metadata"]["namespace"] for d in deployments.values()} == {names["namespace"]}
+    (c,) = deployments[names["deployment"]]["spec"]["template"]["spec"]["containers"]
+    assert {v["name"]: v["value"] for v in c["env"]}["TORCHFLEET_MODEL"] == "/models/v2.pt"
+    # and the kubeconfig the command reads is a secret output
+    assert "kubeconfig" in run.secret_outputs
+
+
 def test_candidate_replicas_give_the_weight():
     split = config.RolloutSplit
     assert split(0).candidate_replicas(3) == 0
@@ -125,6 +144,7 @@ def test_candidate_replicas_give_the_weight():
         ("aws-prod", {"weight": 5}, "rollout.weight", "candidate_weight"),
         ("aws-k8s", {"candidate_weight": 100}, "rollout.candidate_weight", "0..99"),
         ("aws-k8s", {"candidate_model": "../x.pt"}, "rollout.candidate_model", ".pt"),
+        ("aws-k8s", {"stable_model": "model"}, "rollout.stable_model", "model.pt"),
     ],
 )
 def test_a_bad_rollout_block_names_the_key(stack, block, key, says, settings):
