@@ -22,6 +22,7 @@ import argparse
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from infra.deploy import stage
@@ -186,7 +187,10 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
     if args.command == "rollout":
         from infra.rollout import command as rollout
 
-        return rollout.run(args, console.line)
+        def up_of(stack: str) -> Callable[[], None]:
+            return lambda: _print_summary(console, pipeline.up(stack, console).lines())
+
+        return rollout.run(args, console.line, up_of)
     if args.command == "cost":
         from infra import spend
 

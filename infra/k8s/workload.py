@@ -297,16 +297,20 @@ def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
 def candidate_deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any] | None:
     """The rollout's candidate beside the stable Deployment: the same pods on the candidate's
     file in the model volume, `track: candidate`, as many replicas as the split gives beside
-    the stable's minimum. The Service selects both (by name); the stable Deployment's own
-    selector is left as it is (changing a selector replaces a Deployment), its ReplicaSets
-    keep to their pods by pod-template-hash. None without a `rollout` block."""
+    the stable's minimum (at most replicas.max less that minimum). The Service selects both
+    (by name); the stable Deployment's own selector is left as it is (changing a selector
+    replaces a Deployment), its ReplicaSets keep to their pods by pod-template-hash. None without a `rollout` block."""
     k, split = cfg.kubernetes, cfg.rollout
     if k is None or split is None:
         return None
     manifest = deployment(cfg, placement)
     spec = manifest["spec"]
     manifest["metadata"]["name"] = CANDIDATE
-    spec["replicas"] = split.candidate_replicas(k.replicas.min)
+    # at most the GPUs the stable's minimum leaves below replicas.max: a split near 100 %
+    # (a promotion's step) would otherwise ask for pods no node pool can place
+    spec["replicas"] = min(
+        split.candidate_replicas(k.replicas.min), max(1, k.replicas.max - k.replicas.min)
+    )
     spec["selector"]["matchLabels"][TRACK_LABEL] = "candidate"
     spec["template"]["metadata"]["labels"][TRACK_LABEL] = "candidate"
     (container,) = spec["template"]["spec"]["containers"]

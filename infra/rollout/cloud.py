@@ -9,9 +9,10 @@ they give (policy.split's weights: 20 / 180 is 10 %), written with `set_config` 
 (the Automation API's `Stack`, or any object with its get_all_config / set_config) and applied
 by `up` (the caller's `torchfleet up`); equal weights mean no split (every track serves the same
 version: 0 %). A weight the stack already has runs no `up`. The block's other keys
-(sticky_s, candidate_model) are kept. `cloud_limit` caps the percent (Kubernetes: 99, the
+(sticky_s, candidate_model, stable_model) are kept. `cloud_limit` caps the percent (Kubernetes: 99, the
 stable Deployment keeps its replicas). Which model a track serves is the `tracks` object's
-(serving / switch: a cloud's way to place a file on a track's nodes). Shadow testing needs
+(serving / switch: a cloud's way to place a file on a track's nodes; Kubernetes:
+infra/rollout/k8s.py, the Deployments' files in the model volume). Shadow testing needs
 each node's runtime: a cloud stack refuses it here.
 """
 
@@ -44,6 +45,19 @@ class TrackModels(Protocol):
     def switch(self, track: str, model: Path) -> str: ...
 
 
+def block_of(handle: StackHandle) -> dict[str, Any]:
+    """The stack's `rollout` block as a dict ({} without one)."""
+    value = handle.get_all_config().get(KEY)
+    if value is None:
+        return {}
+    parsed = json.loads(value.value) if isinstance(value.value, str) else value.value
+    return dict(parsed or {})
+
+
+def write_block(handle: StackHandle, block: dict[str, Any]) -> None:
+    handle.set_config(KEY, auto.ConfigValue(json.dumps(block, sort_keys=True)))
+
+
 def weight_of(weights: Mapping[str, int]) -> int:
     """The candidate track's percent of requests for the engine's two weights."""
     stable, candidate = weights.get("stable", 0), weights.get("candidate", 0)
@@ -65,11 +79,7 @@ class CloudSplit:
         self.cloud_limit, self.say = cloud_limit, say
 
     def block(self) -> dict[str, Any]:
-        value = self.handle.get_all_config().get(KEY)
-        if value is None:
-            return {}
-        parsed = json.loads(value.value) if isinstance(value.value, str) else value.value
-        return dict(parsed or {})
+        return block_of(self.handle)
 
     # --- engine.Fleet --------------------------------------------------------------------------
 
@@ -88,7 +98,7 @@ class CloudSplit:
         if block.get("candidate_weight", 0) == weight and block:
             return
         block["candidate_weight"] = weight
-        self.handle.set_config(KEY, auto.ConfigValue(json.dumps(block, sort_keys=True)))
+        write_block(self.handle, block)
         self.say(f"  stack config {KEY}.candidate_weight = {weight}: `up` moves the split")
         self.up()
 
