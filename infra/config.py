@@ -285,9 +285,11 @@ FIELDS: dict[str, Key] = {
         "unset: one version, today's plan",
         "candidate_weight 0..100 (percent of requests), sticky_s 0..604800 (AWS: ALB "
         "stickiness across the two target groups), candidate_model (kubernetes: the candidate's "
-        "file in the model volume, default candidate.pt), stable_model (kubernetes: the stable "
-        "Deployment's file there, default model.pt; a promotion moves it); aws in mode: group, "
-        "or mode: kubernetes",
+        "file in the model volume, default candidate.pt; aws group: <sha256>.pt in model_bucket "
+        "under models/, served by a candidate Auto Scaling group while candidate_weight > 0), "
+        "stable_model (kubernetes: the stable Deployment's file there, default model.pt; aws "
+        "group: <sha256>.pt there, served by the stable group instead of the bundle's model; "
+        "a promotion moves it); aws in mode: group, or mode: kubernetes",
         subkeys=ROLLOUT_SUBKEYS,
     ),
 }
@@ -390,6 +392,24 @@ class RolloutSplit:
         give the weight (at least one while it is above 0; 100 % is a promotion, not a split)."""
         w = self.candidate_weight
         return 0 if w == 0 else max(1, round(stable * w / (100 - w)))
+
+    def candidate_size(self, stable_min: int, most: int) -> int:
+        """The candidate track's size beside a stable track of at least `stable_min` (replicas
+        or nodes) within `most` in all: as many as give the weight, at least one while it is
+        above 0, at most `most` less `stable_min` (a split near 100 % would otherwise ask for
+        more than the fleet may hold); 100 % (group mode's promotion step) is that cap."""
+        w = self.candidate_weight
+        if w == 0:
+            return 0
+        cap = max(1, most - stable_min)
+        return cap if w == 100 else min(cap, self.candidate_replicas(stable_min))
+
+
+def model_digest(name: str) -> str | None:
+    """The SHA-256 a content-addressed model file's name carries (`<64 hex>.pt`, the name
+    `torchfleet rollout` places a checked copy under), or None for another name."""
+    m = re.fullmatch(r"([0-9a-f]{64})\.pt", name)
+    return m.group(1) if m else None
 
 
 @dataclass(frozen=True)
@@ -1162,6 +1182,25 @@ def _rollout(r: _Reader, cloud: str, mode: str | None) -> RolloutSplit | None:
         ):
             r.fail(f"rollout.{sub}", files[sub], f"a file name ending .pt, such as {example}")
             return None
+    if mode == "group":
+        # group mode: the block's files are what nodes download and verify, so their names are
+        # the stack's content-addressed copies (the digest is the checksum) in model_bucket
+        for sub in ("candidate_model", "stable_model"):
+            if sub in raw and model_digest(files[sub]) is None:
+                r.fail(
+                    f"rollout.{sub}",
+                    files[sub],
+                    "in mode: group, <sha256 of the file, 64 lowercase hex>.pt: the copy "
+                    "`torchfleet rollout` places in model_bucket under models/",
+                )
+                return None
+            if sub in raw and not r.get("model_bucket"):
+                r.fail(
+                    f"rollout.{sub}",
+                    files[sub],
+                    "unset without model_bucket (the nodes download the file from it)",
+                )
+                return None
     if weight == 100 and mode == "kubernetes":
         r.fail(
             "rollout.candidate_weight",

@@ -308,9 +308,7 @@ def candidate_deployment(cfg: StackConfig, placement: Placement) -> dict[str, An
     manifest["metadata"]["name"] = CANDIDATE
     # at most the GPUs the stable's minimum leaves below replicas.max: a split near 100 %
     # (a promotion's step) would otherwise ask for pods no node pool can place
-    spec["replicas"] = min(
-        split.candidate_replicas(k.replicas.min), max(1, k.replicas.max - k.replicas.min)
-    )
+    spec["replicas"] = split.candidate_size(k.replicas.min, k.replicas.max)
     spec["selector"]["matchLabels"][TRACK_LABEL] = "candidate"
     spec["template"]["metadata"]["labels"][TRACK_LABEL] = "candidate"
     (container,) = spec["template"]["spec"]["containers"]
