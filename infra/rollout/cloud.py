@@ -2,18 +2,18 @@
 stack's `rollout` config block and `up`.
 
 Contract. `CloudSplit(handle, up, tracks, cloud_limit)` is an engine.Fleet whose two "nodes" are
-the stack's tracks, `candidate` then `stable` (AWS: the stable and candidate target groups behind
-the listener's weighted forward; Kubernetes: the stable and candidate Deployments, split by
-replicas). The engine's weights for the two become the block's `candidate_weight`, the percent
+the stack's tracks, `candidate` then `stable` (AWS group mode: the stable and candidate target
+groups behind the listener's weighted forward, each with its Auto Scaling group; Kubernetes:
+the stable and candidate Deployments, split by replicas). The engine's weights for the two become the block's `candidate_weight`, the percent
 they give (policy.split's weights: 20 / 180 is 10 %), written with `set_config` on the stack
 (the Automation API's `Stack`, or any object with its get_all_config / set_config) and applied
 by `up` (the caller's `torchfleet up`); equal weights mean no split (every track serves the same
 version: 0 %). A weight the stack already has runs no `up`. The block's other keys
-(sticky_s, candidate_model, stable_model) are kept. `cloud_limit` caps the percent (Kubernetes: 99, the
-stable Deployment keeps its replicas). Which model a track serves is the `tracks` object's
-(serving / switch: a cloud's way to place a file on a track's nodes; Kubernetes:
-infra/rollout/k8s.py, the Deployments' files in the model volume). Shadow testing needs
-each node's runtime: a cloud stack refuses it here.
+(sticky_s, candidate_model, stable_model) are kept. `cloud_limit` caps the percent (Kubernetes:
+99, the stable Deployment keeps its replicas; AWS group mode: 100). Which model a track serves
+is the `tracks` object's (serving / switch: a cloud's way to place a file on a track's nodes:
+infra/rollout/tracks.py, the Deployments' or the Auto Scaling groups' files in the model
+store). Shadow testing needs each node's runtime: a cloud stack refuses it here.
 """
 
 from __future__ import annotations

@@ -7,10 +7,11 @@
 
 The local fleet is the one built here: its description and the rollout's record live in
 `--fleet DIR` (default .cache/fleet/STACK, written by whoever starts the fleet: fleet.json). A
-mode: kubernetes stack (no fleet.json) rolls out by its two Deployments: the split through its
-`rollout` block and `torchfleet up` (cloud.py), the files in its model volume (k8s.py), the
-record in .cache/fleet/STACK; it needs --prometheus. Group and instances stacks on the clouds
-are refused, nothing moved (switching their nodes' model is not built).
+mode: kubernetes stack (no fleet.json) rolls out by its two Deployments, a mode: group stack on
+AWS by its stable and candidate Auto Scaling groups: the split through its `rollout` block and
+`torchfleet up` (cloud.py), the files in its model store (tracks.py), the record in
+.cache/fleet/STACK; both need --prometheus. Instances stacks, and group stacks on Alibaba, are
+refused, nothing moved.
 Exit codes: 0 promoted (or the control was done), 2 bad arguments or settings, 10 rolled back or
 aborted.
 """
@@ -32,12 +33,12 @@ from infra.k8s.addons import ADDON_NAMESPACE
 from infra.matrix import REPO_ROOT
 from infra.rollout.cloud import CloudSplit
 from infra.rollout.engine import Fleet, Options, Rollout, RolloutError
-from infra.rollout.k8s import KubernetesTracks, VolumeError, volume_of
 from infra.rollout.local import FLEET_FILE, LocalFleet, SwitchError
 from infra.rollout.policy import AB, STRATEGIES, guard_settings, parse_duration
 from infra.rollout.ref import ModelRef, RefError, Store
 from infra.rollout.signals import PrometheusSource, ScrapeSource, SignalError, Source
 from infra.rollout.state import ACTIVE, RolloutState, engine_alive
+from infra.rollout.tracks import ModelTracks, VolumeError, bundle_model, volume_of
 
 ACTIONS = ("status", "pause", "resume", "abort", "rollback")
 FLEETS = REPO_ROOT / ".cache" / "fleet"
@@ -50,7 +51,7 @@ def add_parser(sub: Any, stack_help: str) -> None:
     p = sub.add_parser(
         "rollout",
         help="roll a model out by canary steps with guards that roll back (local fleet, "
-        "mode: kubernetes)",
+        "mode: kubernetes, mode: group on aws)",
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -85,7 +86,7 @@ def add_parser(sub: Any, stack_help: str) -> None:
     )
     p.add_argument(
         "--prometheus",
-        help="the stack's Prometheus (default: the nodes' /metrics; required on kubernetes)",
+        help="the stack's Prometheus (default: the nodes' /metrics; required on a cloud stack)",
     )
     p.add_argument("--selector", default="", help="PromQL label matchers of the stack's series")
     p.add_argument(
@@ -111,17 +112,13 @@ def run(
     stack = words[0]
     if args.fleet is None and not (FLEETS / stack / FLEET_FILE).is_file():
         cfg = preflight.check_config(stack)[1]
-        if cfg is not None and cfg.mode != "kubernetes":
-            say(
-                f"rollout {stack}: a stack in mode: {cfg.mode} ({cfg.cloud}) does not roll out yet: "
-                "switching its nodes to a model is not built (the split at its load balancer "
-                "is: the `rollout` block, docs/rollouts.md); `torchfleet rollout` covers "
-                "mode: kubernetes stacks and the local fleet. Nothing was changed"
-            )
+        refusal = _not_built(cfg) if cfg is not None else None
+        if refusal:
+            say(f"rollout {stack}: {refusal}. Nothing was changed")
             return stage.EXIT_USAGE
         if cfg is not None:
             try:
-                return _kubernetes(action, args, stack, cfg, say, up_of)
+                return _cloud(action, args, stack, cfg, say, up_of)
             except (InvalidInput, RefError, RolloutError, SignalError, VolumeError) as exc:
                 say(f"rollout {stack}: {exc}")
                 return stage.EXIT_USAGE
@@ -157,7 +154,24 @@ class _NoFigures:
         raise SignalError("this control judges no window: run the rollout with --prometheus URL")
 
 
-def _kubernetes(
+def _not_built(cfg: StackConfig) -> str | None:
+    """Why `torchfleet rollout` cannot move this cloud stack, or None when it can."""
+    if cfg.mode == "instances":
+        return (
+            f"a stack in mode: instances ({cfg.cloud}) has no load balancer to split at: a "
+            "rollout needs mode: group (aws) or mode: kubernetes, or the local fleet "
+            "(docs/rollouts.md)"
+        )
+    if cfg.mode == "group" and cfg.cloud != "aws":
+        return (
+            f"a stack in mode: group ({cfg.cloud}) does not roll out yet: its candidate "
+            "scaling group and the model copy in OSS are not built (docs/rollouts.md); "
+            "`torchfleet rollout` covers mode: group on aws, mode: kubernetes and the local fleet"
+        )
+    return None
+
+
+def _cloud(
     action: str,
     args: argparse.Namespace,
     stack: str,
@@ -165,23 +179,30 @@ def _kubernetes(
     say: Callable[[str], None],
     up_of: Callable[[str], Callable[[], Any]] | None,
 ) -> int:
-    """A mode: kubernetes stack: its two Deployments as the engine's two nodes (cloud.py), their
-    files switched in the model volume (k8s.py), the record in .cache/fleet/STACK."""
+    """A cloud stack: its two tracks as the engine's two nodes (cloud.py; kubernetes: the two
+    Deployments, group: the stable and candidate Auto Scaling groups), their files switched in
+    the model store (tracks.py), the record in .cache/fleet/STACK."""
     folder = FLEETS / stack
     state, store = RolloutState(folder / "rollout.json"), Store(folder / "models")
     if action == "status":
         return _control(action, None, state, store, _NoFigures(), say)
     if action == "start" and args.strategy == "shadow":
         raise RolloutError(
-            "--strategy shadow is not built on mode: kubernetes (a pod's shadow_model needs a "
+            f"--strategy shadow is not built on mode: {cfg.mode} (a node's shadow_model needs a "
             "file beside its model and a reload: a canary or an ab split instead)"
         )
     if action == "start" and not args.prometheus:
-        raise RolloutError(
-            "--prometheus URL is required on a mode: kubernetes stack: the guards compare "
-            "per-version figures, and a scrape of the Service's endpoint reaches one random pod. "
+        where = (
             f"The cluster's Prometheus: `kubectl -n {ADDON_NAMESPACE} port-forward "
             "svc/prometheus-server 9090:80`, then --prometheus http://127.0.0.1:9090"
+            if cfg.mode == "kubernetes"
+            else "The stack's Prometheus is its monitoring host's (the `monitoring` block, "
+            "port 9090, reached from admin_cidrs)"
+        )
+        raise RolloutError(
+            f"--prometheus URL is required on a mode: {cfg.mode} stack: the guards compare "
+            "per-version figures, and a scrape of the load balancer's endpoint reaches one "
+            f"random {'pod' if cfg.mode == 'kubernetes' else 'node'}. {where}"
         )
     source: PrometheusSource | _NoFigures = (
         PrometheusSource(args.prometheus, args.selector) if args.prometheus else _NoFigures()
@@ -189,8 +210,16 @@ def _kubernetes(
     volume = volume_of(cfg, folder / "volume")
     handle = automation.open_stack(stack)
     up = up_of(stack) if up_of else _default_up(stack)
-    tracks = KubernetesTracks(handle, up, volume, say)
-    split = CloudSplit(handle, up, tracks, cloud_limit=KUBERNETES_LIMIT, say=say)
+    if cfg.mode == "kubernetes":
+        tracks = ModelTracks(handle, up, volume, say)
+        limit = KUBERNETES_LIMIT
+    else:  # the listener's weights give any share, 100 % included (the promotion's step)
+        cache = folder / "bundle-model"
+        tracks = ModelTracks(
+            handle, up, volume, say, stable_default=bundle_model(stack, cache, cfg.region)
+        )
+        limit = 100
+    split = CloudSplit(handle, up, tracks, cloud_limit=limit, say=say)
     if action == "start":
         return _start(args, split, state, store, source, say)
     return _control(action, split, state, store, source, say)

@@ -1,5 +1,5 @@
 """`torchfleet rollout` on a mode: kubernetes stack: the engine drives aws-k8s's two Deployments
-through CloudSplit (the split: `candidate_weight` and `up`) and KubernetesTracks (which file each
+through CloudSplit (the split: `candidate_weight` and `up`) and ModelTracks (which file each
 Deployment serves: `candidate_model` / `stable_model` in the model volume). The fake stack's `up`
 runs the real aws-k8s program under the mock engine and keeps what each Deployment got, so the
 replicas and files asserted are the program's own. Also: the command's refusals (no
@@ -21,7 +21,7 @@ from infra.offline import run_offline
 from infra.rollout import command
 from infra.rollout.cloud import KEY, CloudSplit
 from infra.rollout.engine import Options, Rollout
-from infra.rollout.k8s import FolderVolume, KubernetesTracks, runtime_version
+from infra.rollout.tracks import FolderVolume, ModelTracks, runtime_version
 from infra.rollout.policy import Figures, GuardSettings
 from infra.rollout.ref import ModelRef, Store
 from infra.rollout.state import RolloutState
@@ -90,7 +90,7 @@ def _setup(tmp_path: Path):
     cand = tmp_path / "cand.pt"
     cand.write_bytes(CAND_BYTES)
     stack = FakeStack()
-    tracks = KubernetesTracks(stack, stack.up, volume, say=lambda _: None)
+    tracks = ModelTracks(stack, stack.up, volume, say=lambda _: None)
     split = CloudSplit(stack, stack.up, tracks, cloud_limit=command.KUBERNETES_LIMIT, say=print)
     ref = ModelRef(str(cand), hashlib.sha256(CAND_BYTES).hexdigest())
     return stack, volume, split, ref
@@ -169,7 +169,7 @@ def test_a_failing_candidate_on_aws_k8s_goes_back_to_no_candidate_pods(tmp_path)
 
 
 def test_runtime_version_is_the_runtimes_own(tmp_path):
-    """The rule restated in infra/rollout/k8s.py agrees with the runtime's."""
+    """The rule restated in infra/rollout/tracks.py agrees with the runtime's."""
     from torchfleet_runtime.model import file_version
 
     model = tmp_path / "m.pt"
@@ -190,7 +190,11 @@ REF = "model.pt@sha256:" + "a" * 64
             ["rollout", "aws-k8s", "--model", REF, "--strategy", "shadow", "--prometheus", "x"],
             "--strategy shadow is not built on mode: kubernetes",
         ),
-        (["rollout", "aws-prod", "--model", REF], "mode: group (aws) does not roll out yet"),
+        (["rollout", "aws-prod", "--model", REF], "--prometheus URL is required on a mode: group"),
+        (
+            ["rollout", "aws-prod", "--model", REF, "--strategy", "shadow", "--prometheus", "x"],
+            "--strategy shadow is not built on mode: group",
+        ),
         (["rollout", "alicloud-prod", "--model", REF], "mode: group (alicloud)"),
         (["rollout", "aws-dev", "--model", REF], "mode: instances (aws)"),
         (
@@ -226,7 +230,7 @@ def test_the_s3_model_volume_places_and_fetches_by_name(tmp_path):
     import boto3
     from moto import mock_aws
 
-    from infra.rollout.k8s import S3Volume
+    from infra.rollout.tracks import S3Volume
 
     with mock_aws():
         s3 = boto3.client("s3", region_name="eu-central-1")
@@ -242,7 +246,7 @@ def test_the_s3_model_volume_places_and_fetches_by_name(tmp_path):
         assert keys == {"resnet50/v3/abc.pt", "resnet50/v3/abc.json"}
         fetched = volume.fetch("abc.pt")
         assert fetched.read_bytes() == b"weights" and runtime_version(fetched) == "v9"
-        from infra.rollout.k8s import VolumeError
+        from infra.rollout.tracks import VolumeError
 
         with pytest.raises(VolumeError, match="s3://models/resnet50/v3/missing.pt"):
             volume.fetch("missing.pt")
