@@ -161,7 +161,7 @@ def bundle_model(stack: str, cache: Path, region: str) -> Callable[[], Path]:
         ref = bundle.stack_model(stack)
         source, checksum = ref.get("model_source", "demo"), ref.get("model_checksum", "")
         m = re.fullmatch(r"s3://([^/]+)/(.*/)?([^/]+)", source)
-        if m is None or not checksum.startswith("sha256:"):
+        if m is None or not re.fullmatch(r"sha256:[0-9a-f]{64}", checksum):
             raise VolumeError(
                 f"rollout.stable_model is unset and inventories/{stack}/group_vars names "
                 f"inference_runtime_model_source {source!r} (checksum {checksum or 'none'}): the "
