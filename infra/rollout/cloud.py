@@ -4,8 +4,9 @@ stack's `rollout` config block and `up`.
 Contract. `CloudSplit(handle, up, tracks, cloud_limit)` is an engine.Fleet whose two "nodes" are
 the stack's tracks, `candidate` then `stable` (AWS group mode: the stable and candidate target
 groups behind the listener's weighted forward, each with its Auto Scaling group; Kubernetes:
-the stable and candidate Deployments, split by replicas). The engine's weights for the two become the block's `candidate_weight`, the percent
-they give (policy.split's weights: 20 / 180 is 10 %), written with `set_config` on the stack
+the stable and candidate Deployments, split by replicas). The engine's weights for the two
+become the block's `candidate_weight`, the percent they give (policy.split's weights: 20 / 180
+is 10 %), written with `set_config` on the stack
 (the Automation API's `Stack`, or any object with its get_all_config / set_config) and applied
 by `up` (the caller's `torchfleet up`); equal weights mean no split (every track serves the same
 version: 0 %). A weight the stack already has runs no `up`. The block's other keys

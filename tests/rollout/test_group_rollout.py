@@ -239,7 +239,9 @@ def test_the_stable_file_must_be_readable_or_named(tmp_path, s3):
     and the message says which key to set; nothing was switched."""
     stack = FakeStack()
     split = _split(tmp_path, stack, s3)
-    with pytest.raises(VolumeError, match="rollout.stable_model is unset .* 's3://REPLACE-with-your-bucket"):
+    with pytest.raises(
+        VolumeError, match="rollout.stable_model is unset .* 's3://REPLACE-with-your-bucket"
+    ):
         _engine(tmp_path, split, Windows()).start(_candidate(tmp_path))
     assert stack.ups == []
 

@@ -21,10 +21,10 @@ from infra.offline import run_offline
 from infra.rollout import command
 from infra.rollout.cloud import KEY, CloudSplit
 from infra.rollout.engine import Options, Rollout
-from infra.rollout.tracks import FolderVolume, ModelTracks, runtime_version
 from infra.rollout.policy import Figures, GuardSettings
 from infra.rollout.ref import ModelRef, Store
 from infra.rollout.state import RolloutState
+from infra.rollout.tracks import FolderVolume, ModelTracks, runtime_version
 
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"
 STABLE_BYTES, CAND_BYTES = b"stable model", b"candidate model"
