@@ -213,6 +213,7 @@ class AwsFleet(pulumi.ComponentResource):
             child, pulumi.ResourceOptions(depends_on=[store.object, *self.grants])
         )
         self.fallback_group: aws.autoscaling.Group | None = None
+        self.candidate_group: aws.autoscaling.Group | None = None
         if cfg.mode == "instances":
             self.instances = self._instances(name, node_tags, network, needs)
             for i, inst in enumerate(self.instances):

@@ -175,3 +175,23 @@ def test_group_mode_names_the_files_by_digest(with_overrides, overrides, key, sa
     with pytest.raises(config.ConfigError) as err:
         config.load(raw, "aws-prod")
     assert key in str(err.value) and says in str(err.value)
+
+
+def test_working_hours_stop_the_candidate_group_too(with_overrides):
+    """A schedule's stop sets every group of the stack to 0, the candidate's included; its start
+    gives the candidate group the split's size again."""
+    hours = {"timezone": "Europe/Berlin", "start": "08:00", "stop": "20:00", "days": "MON-FRI"}
+    values = with_overrides(
+        "aws-prod",
+        schedule=hours,
+        rollout={"candidate_weight": 10, "candidate_model": f"{CAND_SHA}.pt"},
+    )
+    run = run_offline("aws-prod", values)
+    actions = {
+        (s.inputs["autoscalingGroupName"], s.inputs["scheduledActionName"]): s.inputs
+        for s in run.of_type("aws:autoscaling/schedule:Schedule")
+    }
+    group = "torchfleet-aws-prod-candidate-asg"
+    assert actions[(group, "work-stop")]["desiredCapacity"] == 0
+    start = actions[(group, "work-start")]
+    assert (start["minSize"], start["maxSize"], start["desiredCapacity"]) == (1, 1, 1)
