@@ -286,7 +286,8 @@ FIELDS: dict[str, Key] = {
         "candidate_weight 0..100 (percent of requests), sticky_s 0..604800 (AWS: ALB "
         "stickiness across the two target groups), candidate_model (kubernetes: the candidate's "
         "file in the model volume, default candidate.pt; aws group: <sha256>.pt in model_bucket "
-        "under models/, served by a candidate Auto Scaling group while candidate_weight > 0), "
+        "under models/, served by a candidate Auto Scaling group; required while candidate_weight > "
+        "0), "
         "stable_model (kubernetes: the stable Deployment's file there, default model.pt; aws "
         "group: <sha256>.pt there, served by the stable group instead of the bundle's model; "
         "a promotion moves it); aws in mode: group, or mode: kubernetes",
@@ -1201,6 +1202,15 @@ def _rollout(r: _Reader, cloud: str, mode: str | None) -> RolloutSplit | None:
                     "unset without model_bucket (the nodes download the file from it)",
                 )
                 return None
+    if mode == "group" and weight and "candidate_model" not in raw:
+        # a share for a candidate target group without nodes: that share would get 503s
+        r.fail(
+            "rollout.candidate_model",
+            None,
+            "set while candidate_weight is above 0 in mode: group (the candidate group's "
+            "model, <sha256>.pt in model_bucket under models/), or candidate_weight 0",
+        )
+        return None
     if weight == 100 and mode == "kubernetes":
         r.fail(
             "rollout.candidate_weight",

@@ -122,7 +122,7 @@ def test_without_a_share_or_a_model_there_is_no_candidate_group(with_overrides, 
     before = runs["aws-prod"]
     for block in (
         {"candidate_weight": 0, "candidate_model": f"{CAND_SHA}.pt"},  # rolled back / promoted
-        {"candidate_weight": 10},  # the split alone (no model named): no nodes to move
+        {"sticky_s": 60},  # the block alone: the candidate target group without traffic
     ):
         run = _run(with_overrides, **block)
         assert (
@@ -162,6 +162,11 @@ def test_stable_model_moves_the_stable_groups_nodes(with_overrides, runs):
     [
         ({"rollout": {"candidate_model": "v2.pt"}}, "rollout.candidate_model", "<sha256"),
         ({"rollout": {"stable_model": "model.pt"}}, "rollout.stable_model", "64 lowercase hex"),
+        (
+            {"rollout": {"candidate_weight": 10}},  # a share for a target group without nodes
+            "rollout.candidate_model",
+            "set while candidate_weight is above 0",
+        ),
         (
             {"rollout": {"candidate_model": f"{CAND_SHA}.pt"}, "model_bucket": None},
             "rollout.candidate_model",

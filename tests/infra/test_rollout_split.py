@@ -46,7 +46,7 @@ def test_without_a_rollout_block_nothing_of_it_exists(every):
 
 
 def test_aws_forwards_by_weight_to_the_stable_and_candidate_groups(with_overrides):
-    split = {"candidate_weight": 10, "sticky_s": 3600}
+    split = {"candidate_weight": 10, "sticky_s": 3600, "candidate_model": "c" * 64 + ".pt"}
     run = run_offline("aws-prod", with_overrides("aws-prod", rollout=split))
     groups = {r.name: r for r in run.of_type(TARGET_GROUP)}
     stable = next(r for n, r in groups.items() if n.endswith("-tg"))
@@ -58,12 +58,16 @@ def test_aws_forwards_by_weight_to_the_stable_and_candidate_groups(with_override
     weights = {_group_of(tg["arn"]): tg["weight"] for tg in action["forward"]["targetGroups"]}
     assert weights == {stable.name: 90, candidate.name: 10}
     assert action["forward"]["stickiness"] == {"enabled": True, "duration": 3600}
-    # the Auto Scaling groups (spot and fallback) still register their nodes in the stable one
-    groups_of_asgs = [
-        [_group_of(a) for a in g.inputs["targetGroupArns"]]
+    # the Auto Scaling groups (spot and fallback) still register their nodes in the stable one,
+    # the candidate group (tests/infra/test_rollout_groups.py) in the candidate one
+    groups_of_asgs = {
+        g.name: [_group_of(a) for a in g.inputs["targetGroupArns"]]
         for g in run.of_type("aws:autoscaling/group:Group")
-    ]
-    assert groups_of_asgs and all(names == [stable.name] for names in groups_of_asgs)
+    }
+    candidates = {n: v for n, v in groups_of_asgs.items() if "candidate" in n}
+    assert list(candidates.values()) == [[candidate.name]]
+    stables = [v for n, v in groups_of_asgs.items() if n not in candidates]
+    assert stables and all(names == [stable.name] for names in stables)
 
 
 def test_aws_weight_zero_keeps_the_candidate_group_without_traffic(with_overrides):
