@@ -97,6 +97,13 @@ def stack_facts(stack: str, cfg: StackConfig | None = None) -> dict[str, Any]:
     return {"group_vars": shared, "instance_types": inventory.gpu_types(cfg.cloud)}
 
 
+def stack_model(stack: str) -> dict[str, str]:
+    """The model the stack's inventories/<stack>/group_vars name ({"model_source": ...,
+    "model_checksum": ...}, as the manifest's): what a node serves without a rollout's
+    override (infra/rollout/tracks.py reads the stable track's file from it)."""
+    return _model_reference(REPO_ROOT / "inventories" / stack / "group_vars")
+
+
 def _model_reference(group_vars: Path) -> dict[str, str]:
     """The model the stack's group vars name (what a node will fetch), for the manifest."""
     found: dict[str, str] = {}

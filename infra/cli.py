@@ -22,6 +22,7 @@ import argparse
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from infra.deploy import stage
@@ -73,9 +74,10 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--ready-timeout",
         type=float,
-        default=900.0,
+        default=None,
         metavar="S",
-        help="seconds to wait for every node's /readyz (default 900)",
+        help="seconds to wait for every node's /readyz (default 900), or on a kubernetes stack "
+        "for the Deployment's replicas and the load balancer's address (default 1500)",
     )
 
     down = sub.add_parser("down", help="destroy a stack")
@@ -164,7 +166,7 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
     if args.command == "status":
         summary = pipeline.status(args.stack, console, ssh_key=args.ssh_key)
         _print_summary(console, summary.lines())
-        down = [n.host for n in summary.nodes if not n.ready]
+        down = [n.host for n in summary.nodes if not n.ready] + summary.unready
         return stage.STAGES["readiness"] if down else stage.EXIT_OK
     if args.command == "rotate-token":
         from infra.deploy import preflight, rotation
@@ -185,7 +187,10 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
     if args.command == "rollout":
         from infra.rollout import command as rollout
 
-        return rollout.run(args, console.line)
+        def up_of(stack: str) -> Callable[[], None]:
+            return lambda: _print_summary(console, pipeline.up(stack, console).lines())
+
+        return rollout.run(args, console.line, up_of)
     if args.command == "cost":
         from infra import spend
 

@@ -36,7 +36,7 @@ NAMESPACE = PROJECT  # Pulumi namespaces a project's config keys by the project 
 CLOUDS = ("aws", "alicloud")
 ENVS = ("dev", "prod")
 MODES = ("instances", "group", "kubernetes")
-ROLLOUT_SUBKEYS = ("candidate_weight", "sticky_s", "candidate_model")
+ROLLOUT_SUBKEYS = ("candidate_weight", "sticky_s", "candidate_model", "stable_model")
 POOL_MODES = ("group", "kubernetes")  # modes whose nodes come from a pool of instance types
 INTERRUPTION = {"aws": ("terminate", "stop", "hibernate"), "alicloud": ("terminate", "stop")}
 MAX_PRICE_RATIO = 1.3  # spot cap ceiling: paying more than 1.3x on-demand is never worth it
@@ -285,8 +285,12 @@ FIELDS: dict[str, Key] = {
         "unset: one version, today's plan",
         "candidate_weight 0..100 (percent of requests), sticky_s 0..604800 (AWS: ALB "
         "stickiness across the two target groups), candidate_model (kubernetes: the candidate's "
-        "file in the model volume, default candidate.pt); aws in mode: group, or mode: "
-        "kubernetes",
+        "file in the model volume, default candidate.pt; aws group: <sha256>.pt in model_bucket "
+        "under models/, served by a candidate Auto Scaling group; required while candidate_weight > "
+        "0), "
+        "stable_model (kubernetes: the stable Deployment's file there, default model.pt; aws "
+        "group: <sha256>.pt there, served by the stable group instead of the bundle's model; "
+        "a promotion moves it); aws in mode: group, or mode: kubernetes",
         subkeys=ROLLOUT_SUBKEYS,
     ),
 }
@@ -382,12 +386,31 @@ class RolloutSplit:
     candidate_weight: int  # percent; the stable version gets the rest
     sticky_s: int = 0  # AWS: a client stays on its target group this long (0: off)
     candidate_model: str = "candidate.pt"  # kubernetes: the candidate's file in the model volume
+    stable_model: str = "model.pt"  # kubernetes: the stable Deployment's file there (promotion)
 
     def candidate_replicas(self, stable: int) -> int:
         """Kubernetes splits by replicas: beside `stable` replicas, as many candidate ones as
         give the weight (at least one while it is above 0; 100 % is a promotion, not a split)."""
         w = self.candidate_weight
         return 0 if w == 0 else max(1, round(stable * w / (100 - w)))
+
+    def candidate_size(self, stable_min: int, most: int) -> int:
+        """The candidate track's size beside a stable track of at least `stable_min` (replicas
+        or nodes) within `most` in all: as many as give the weight, at least one while it is
+        above 0, at most `most` less `stable_min` (a split near 100 % would otherwise ask for
+        more than the fleet may hold); 100 % (group mode's promotion step) is that cap."""
+        w = self.candidate_weight
+        if w == 0:
+            return 0
+        cap = max(1, most - stable_min)
+        return cap if w == 100 else min(cap, self.candidate_replicas(stable_min))
+
+
+def model_digest(name: str) -> str | None:
+    """The SHA-256 a content-addressed model file's name carries (`<64 hex>.pt`, the name
+    `torchfleet rollout` places a checked copy under), or None for another name."""
+    m = re.fullmatch(r"([0-9a-f]{64})\.pt", name)
+    return m.group(1) if m else None
 
 
 @dataclass(frozen=True)
@@ -1152,9 +1175,41 @@ def _rollout(r: _Reader, cloud: str, mode: str | None) -> RolloutSplit | None:
         604800,
         "0 (off) or seconds up to 604800 (the ALB's limit)",
     )
-    model = raw.get("candidate_model", RolloutSplit.candidate_model)
-    if not isinstance(model, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,128}\.pt", model):
-        r.fail("rollout.candidate_model", model, "a file name ending .pt, such as candidate.pt")
+    files = {}
+    for sub, example in (("candidate_model", "candidate.pt"), ("stable_model", "model.pt")):
+        files[sub] = raw.get(sub, getattr(RolloutSplit, sub))
+        if not isinstance(files[sub], str) or not re.fullmatch(
+            r"[A-Za-z0-9._-]{1,128}\.pt", files[sub]
+        ):
+            r.fail(f"rollout.{sub}", files[sub], f"a file name ending .pt, such as {example}")
+            return None
+    if mode == "group":
+        # group mode: the block's files are what nodes download and verify, so their names are
+        # the stack's content-addressed copies (the digest is the checksum) in model_bucket
+        for sub in ("candidate_model", "stable_model"):
+            if sub in raw and model_digest(files[sub]) is None:
+                r.fail(
+                    f"rollout.{sub}",
+                    files[sub],
+                    "in mode: group, <sha256 of the file, 64 lowercase hex>.pt: the copy "
+                    "`torchfleet rollout` places in model_bucket under models/",
+                )
+                return None
+            if sub in raw and not r.get("model_bucket"):
+                r.fail(
+                    f"rollout.{sub}",
+                    files[sub],
+                    "unset without model_bucket (the nodes download the file from it)",
+                )
+                return None
+    if mode == "group" and weight and "candidate_model" not in raw:
+        # a share for a candidate target group without nodes: that share would get 503s
+        r.fail(
+            "rollout.candidate_model",
+            None,
+            "set while candidate_weight is above 0 in mode: group (the candidate group's "
+            "model, <sha256>.pt in model_bucket under models/), or candidate_weight 0",
+        )
         return None
     if weight == 100 and mode == "kubernetes":
         r.fail(
@@ -1166,7 +1221,12 @@ def _rollout(r: _Reader, cloud: str, mode: str | None) -> RolloutSplit | None:
         return None
     if weight is None or sticky is None:
         return None
-    return RolloutSplit(candidate_weight=weight, sticky_s=sticky, candidate_model=model)
+    return RolloutSplit(
+        candidate_weight=weight,
+        sticky_s=sticky,
+        candidate_model=files["candidate_model"],
+        stable_model=files["stable_model"],
+    )
 
 
 def _boot(r: _Reader, cloud: str) -> str | None:

@@ -44,6 +44,46 @@ def fallback_group_name(cfg: StackConfig) -> str:
     return f"{cfg.name}-od-asg"
 
 
+def candidate_group_name(cfg: StackConfig) -> str:
+    """AWS group mode: the rollout's candidate group (infra.aws.fleet), in the candidate target
+    group only, its nodes on the `rollout` block's candidate_model."""
+    return f"{cfg.name}-candidate-asg"
+
+
+# Where `torchfleet rollout` places a group stack's checked model copies in model_bucket
+# (infra/rollout/tracks.py) and where the nodes the block names download them from.
+MODEL_PREFIX = "models/"
+
+
+def model_override(cfg: StackConfig, name: str) -> dict[str, str] | None:
+    """The node config's `model` for the `rollout` block's file `name` (a content-addressed
+    `<sha256>.pt` in model_bucket): the source and checksum the node agent hands Ansible as
+    extra vars (inference_runtime_model_source / _checksum), which win over the bundle's group
+    vars. None for another name (the block's defaults): the nodes serve the bundle's model."""
+    from infra.config import model_digest
+
+    digest = model_digest(name)
+    if digest is None or not cfg.model_bucket:
+        return None
+    return {
+        "source": bundle_url(cfg, cfg.model_bucket, MODEL_PREFIX + name),
+        "checksum": f"sha256:{digest}",
+    }
+
+
+def track_models(cfg: StackConfig) -> dict[str, dict[str, str] | None]:
+    """Group mode with a `rollout` block: each track's model override (model_override), the
+    candidate's only while candidate_weight is above 0 (below, the candidate group does not
+    exist, like the kubernetes candidate Deployment's 0 replicas). {} otherwise."""
+    split = cfg.rollout
+    if split is None or cfg.mode != "group":
+        return {}
+    return {
+        "candidate": model_override(cfg, split.candidate_model) if split.candidate_weight else None,
+        "stable": model_override(cfg, split.stable_model),
+    }
+
+
 _BUNDLES: dict[tuple[str, str], Any] = {}
 
 

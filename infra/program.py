@@ -68,6 +68,10 @@ def run(prices: str | None = None) -> dict[str, Any]:
     }
     if deployment.discovery:
         outputs["discovery"] = deployment.discovery
+    if cfg.mode == "kubernetes":
+        from infra.k8s.workload import names
+
+        outputs["workload"] = names(cfg)  # where torchfleet up|status|rollout look
     for key, value in outputs.items():
         pulumi.export(key, value)
     return outputs

@@ -32,15 +32,11 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.aws import scaling
+from infra.aws.scaling import GROUP_METRICS
 from infra.config import StackConfig
-from infra.lifecycle import HEALTH_GRACE_S, INSTANCE_WARMUP_S
+from infra.lifecycle import INSTANCE_WARMUP_S
 from infra.nodeboot import fallback_group_name, group_name
 
-GROUP_METRICS = (
-    aws.autoscaling.Metric.GROUP_DESIRED_CAPACITY,
-    aws.autoscaling.Metric.GROUP_IN_SERVICE_INSTANCES,
-    aws.autoscaling.Metric.GROUP_PENDING_INSTANCES,
-)
 FILL_MINUTES = 5  # spot may take a minute or two to be placed; past this it is not coming
 RETURN_MINUTES = 15  # the spot group whole for this long: its capacity is back
 CAPACITY_TAG = ("torchfleet-capacity", "on-demand-fallback")
@@ -119,39 +115,21 @@ def register(
 ) -> aws.autoscaling.Group:
     """The fallback group, its two policies and their alarms; `mixed`: an on-demand-only
     mixed instances policy over the fallback's launch template."""
-    group = aws.autoscaling.Group(
+    group = scaling.sibling_group(
         f"{name}-od-asg",
-        name=fallback_group_name(cfg),
-        min_size=0,
-        max_size=cfg.nodes.max,
-        desired_capacity=0,
-        vpc_zone_identifiers=subnet_ids,
-        health_check_type="ELB",
-        health_check_grace_period=HEALTH_GRACE_S,
-        default_instance_warmup=INSTANCE_WARMUP_S,
-        target_group_arns=[target.arn],
-        initial_lifecycle_hooks=[
-            aws.autoscaling.GroupInitialLifecycleHookArgs(**hook) for hook in scaling.hooks(cfg)
-        ],
-        mixed_instances_policy=mixed,
-        enabled_metrics=list(GROUP_METRICS),
-        metrics_granularity="1Minute",
-        instance_refresh=aws.autoscaling.GroupInstanceRefreshArgs(
-            strategy="Rolling",
-            preferences=aws.autoscaling.GroupInstanceRefreshPreferencesArgs(
-                min_healthy_percentage=0, skip_matching=True, auto_rollback=True
-            ),
-        ),
-        tags=[
-            aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=True)
-            for k, v in {**node_tags, CAPACITY_TAG[0]: CAPACITY_TAG[1]}.items()
-        ],
-        # its alarms move the desired size; a deploy must not move it back
-        opts=pulumi.ResourceOptions.merge(
-            needs, pulumi.ResourceOptions(ignore_changes=["desiredCapacity"])
-        ),
+        cfg,
+        group=fallback_group_name(cfg),
+        size=(0, cfg.nodes.max, 0),
+        mixed=mixed,
+        subnet_ids=subnet_ids,
+        target=target,
+        node_tags={**node_tags, CAPACITY_TAG[0]: CAPACITY_TAG[1]},
+        min_healthy=0,
+        child=child,
+        needs=needs,
+        metrics=True,
+        own_desired=True,  # its alarms move the desired size; a deploy must not move it back
     )
-    scaling.lifecycle_hooks(f"{name}-od", cfg, group, child)
     for action, sign, minutes in (("fill", 1, FILL_MINUTES), ("return", -1, RETURN_MINUTES)):
         policy = aws.autoscaling.Policy(
             f"{name}-od-{action}",

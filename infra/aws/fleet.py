@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -32,11 +33,19 @@ from infra.lifecycle import (
     LB_HEALTHY_THRESHOLD,
     LB_UNHEALTHY_THRESHOLD,
 )
-from infra.nodeboot import fallback_group_name, group_name, user_data
+from infra.nodeboot import (
+    candidate_group_name,
+    fallback_group_name,
+    group_name,
+    track_models,
+    user_data,
+)
 from infra.tags import with_name
 
 # An instance refresh keeps at least this share of the desired nodes serving.
 REFRESH_MIN_HEALTHY_PERCENT = 50
+# The rollout's candidate nodes carry this tag beside the node tags (per-version inventories).
+CANDIDATE_TAG = ("torchfleet-track", "candidate")
 
 
 @dataclass(frozen=True)
@@ -134,6 +143,15 @@ class AwsFleet(pulumi.ComponentResource):
         self.target = (
             self._target_group(name, tags, network, child) if cfg.mode == "group" else None
         )
+        # The rollout's candidate target group (the same checks) and, while the split gives it
+        # a share and names its model, the candidate group's nodes in it (_candidate_group).
+        self.candidate_target = (
+            self._target_group(name, tags, network, child, "tg-candidate")
+            if cfg.mode == "group" and cfg.rollout is not None
+            else None
+        )
+        self.models = track_models(cfg)
+        candidate_model = self.models.get("candidate")
         if self.target is not None:
             self.grants.append(
                 aws.iam.RolePolicy(
@@ -143,10 +161,22 @@ class AwsFleet(pulumi.ComponentResource):
                     opts=child,
                 )
             )
+        if self.candidate_target is not None and candidate_model:
+            self.grants.append(
+                aws.iam.RolePolicy(
+                    f"{name}-node-leave-candidate",
+                    role=role.id,
+                    policy=self.candidate_target.arn.apply(aws_edge.leave_policy),
+                    opts=child,
+                )
+            )
         if cfg.mode == "group":
-            # the nodes of both groups (infra.aws.fallback) complete their own group's hooks
-            groups = [group_name(cfg)] + (
-                [fallback_group_name(cfg)] if fallback.enabled(cfg) else []
+            # the nodes of every group (infra.aws.fallback, the rollout's candidate group)
+            # complete their own group's hooks
+            groups = (
+                [group_name(cfg)]
+                + ([fallback_group_name(cfg)] if fallback.enabled(cfg) else [])
+                + ([candidate_group_name(cfg)] if candidate_model else [])
             )
             arns = pulumi.Output.from_input(account).apply(
                 lambda a: [group_arn(arn_partition, cfg.region, a, g) for g in groups]
@@ -168,7 +198,7 @@ class AwsFleet(pulumi.ComponentResource):
             store.bucket.bucket,
             mode=cfg.bootstrap_mode,
             group=cfg.mode == "group",
-            extra={"target_group_arn": self.target.arn} if self.target is not None else None,
+            extra=self._node_extra(self.target, "stable"),
         )
         spot_instances = cfg.mode == "instances" and cfg.market == "spot"
         # Only a persistent request can be stopped (by a schedule) and restarted.
@@ -183,6 +213,7 @@ class AwsFleet(pulumi.ComponentResource):
             child, pulumi.ResourceOptions(depends_on=[store.object, *self.grants])
         )
         self.fallback_group: aws.autoscaling.Group | None = None
+        self.candidate_group: aws.autoscaling.Group | None = None
         if cfg.mode == "instances":
             self.instances = self._instances(name, node_tags, network, needs)
             for i, inst in enumerate(self.instances):
@@ -210,7 +241,7 @@ class AwsFleet(pulumi.ComponentResource):
                         mode=cfg.bootstrap_mode,
                         group=True,
                         group_name_of_node=fallback_group_name(cfg),
-                        extra={"target_group_arn": target.arn},
+                        extra=self._node_extra(target, "stable"),
                     ),
                     spot=False,
                 )
@@ -225,6 +256,9 @@ class AwsFleet(pulumi.ComponentResource):
                     child,
                     needs,
                 )
+            self.candidate_group = self._candidate_group(
+                name, store, network, node_tags, child, needs
+            )
             self.deployment = Deployment(
                 nodes=[],
                 endpoint=alb.dns_name.apply(lambda d: edge.endpoint(cfg, d)),
@@ -248,6 +282,62 @@ class AwsFleet(pulumi.ComponentResource):
                 },
             )
         self.register_outputs({"launch_template_id": self.template.id})
+
+    def _node_extra(
+        self, target: aws.lb.TargetGroup | None, track: str
+    ) -> dict[str, pulumi.Input[Any]] | None:
+        """The user-data's further fields of a group's nodes: the target group they leave before
+        a drain and, under a `rollout` block naming one, their track's model (the node agent
+        hands it to Ansible over the bundle's; no credential, an object key and a digest)."""
+        if target is None:
+            return None
+        model = self.models.get(track)
+        return {"target_group_arn": target.arn, **({"model": model} if model else {})}
+
+    def _candidate_group(
+        self,
+        name: str,
+        store: AwsBundleStore,
+        network: AwsNetwork,
+        node_tags: dict[str, str],
+        child: pulumi.ResourceOptions,
+        needs: pulumi.ResourceOptions,
+    ) -> aws.autoscaling.Group | None:
+        """The rollout's candidate group while the `rollout` block gives it a share and a model
+        (infra.nodeboot.track_models): the stable group's nodes (launch template family, types,
+        subnets, spot settings, hooks) on the candidate's model, registered in the candidate
+        target group only (the listener's weights give the share). Its size: as many nodes as
+        the weight needs beside the stable group's minimum, at least one, at most nodes.max
+        less that minimum (RolloutSplit.candidate_size, the kubernetes candidate's rule)."""
+        cfg, target = self.cfg, self.candidate_target
+        if cfg.rollout is None or target is None or not self.models.get("candidate"):
+            return None
+        n = cfg.rollout.candidate_size(cfg.nodes.min, cfg.nodes.max)
+        template = self.launch_template(
+            f"{name}-candidate-lt",
+            user_data(
+                cfg,
+                store.bucket.bucket,
+                mode=cfg.bootstrap_mode,
+                group=True,
+                group_name_of_node=candidate_group_name(cfg),
+                extra=self._node_extra(target, "candidate"),
+            ),
+            spot=False,  # the group's mixed instances policy buys spot, as the stable group's
+        )
+        return scaling.sibling_group(
+            f"{name}-candidate-asg",
+            cfg,
+            group=candidate_group_name(cfg),
+            size=(n, n, n),
+            mixed=self._mixed(template),
+            subnet_ids=[s.id for s in network.subnets],
+            target=target,
+            node_tags={**node_tags, CANDIDATE_TAG[0]: CANDIDATE_TAG[1]},
+            min_healthy=REFRESH_MIN_HEALTHY_PERCENT,
+            child=child,
+            needs=needs,
+        )
 
     def launch_template(
         self, name: str, node_user_data: pulumi.Input[str], spot: bool
@@ -398,12 +488,7 @@ class AwsFleet(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        candidate = (
-            self._target_group(name, tags, network, child, "tg-candidate")
-            if cfg.rollout is not None
-            else None
-        )
-        aws_edge.listeners(name, cfg, alb, target, tags, child, candidate)
+        aws_edge.listeners(name, cfg, alb, target, tags, child, self.candidate_target)
 
         # A pinned version, not "$Latest": only a changed version number in the group's launch
         # template makes the provider start an instance refresh (a new bundle -> new user-data

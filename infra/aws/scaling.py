@@ -19,7 +19,12 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.config import StackConfig
-from infra.lifecycle import queue_depth_target, terminate_timeout_s
+from infra.lifecycle import (
+    HEALTH_GRACE_S,
+    INSTANCE_WARMUP_S,
+    queue_depth_target,
+    terminate_timeout_s,
+)
 from infra.nodeboot import (
     GPU_METRIC,
     LAUNCH_HOOK,
@@ -27,6 +32,13 @@ from infra.nodeboot import (
     QUEUE_METRIC,
     TERMINATE_HOOK,
     group_name,
+)
+
+# A group's own 1-minute size metrics (free), which the on-demand fallback's alarms read.
+GROUP_METRICS = (
+    aws.autoscaling.Metric.GROUP_DESIRED_CAPACITY,
+    aws.autoscaling.Metric.GROUP_IN_SERVICE_INSTANCES,
+    aws.autoscaling.Metric.GROUP_PENDING_INSTANCES,
 )
 
 
@@ -46,6 +58,66 @@ def hooks(cfg: StackConfig) -> list[dict[str, Any]]:
             "heartbeat_timeout": terminate_timeout_s(cfg.stack),
         },
     ]
+
+
+def sibling_group(
+    name: str,
+    cfg: StackConfig,
+    *,
+    group: str,
+    size: tuple[int, int, int],
+    mixed: aws.autoscaling.GroupMixedInstancesPolicyArgs,
+    subnet_ids: list[pulumi.Output[str]],
+    target: aws.lb.TargetGroup,
+    node_tags: dict[str, str],
+    min_healthy: int,
+    child: pulumi.ResourceOptions,
+    needs: pulumi.ResourceOptions,
+    metrics: bool = False,
+    own_desired: bool = False,
+) -> aws.autoscaling.Group:
+    """A group of the stack's nodes beside its main one (`name`: the resource, `group`: the
+    fixed name the nodes' user-data reports to): `size` (min, max, desired), the same subnets,
+    ELB health check, lifecycle hooks (initial and as resources) and rolling instance refresh,
+    its nodes registered in `target` only. Two are built: the on-demand fallback
+    (infra.aws.fallback: its alarms own the desired size, `own_desired`) and the rollout's
+    candidate group (infra.aws.fleet: the split declares its size). `metrics`: the group's
+    1-minute size metrics (the fallback's alarms read them)."""
+    low, high, desired = size
+    out = aws.autoscaling.Group(
+        name,
+        name=group,
+        min_size=low,
+        max_size=high,
+        desired_capacity=desired,
+        vpc_zone_identifiers=subnet_ids,
+        health_check_type="ELB",
+        health_check_grace_period=HEALTH_GRACE_S,
+        default_instance_warmup=INSTANCE_WARMUP_S,
+        target_group_arns=[target.arn],
+        initial_lifecycle_hooks=[
+            aws.autoscaling.GroupInitialLifecycleHookArgs(**hook) for hook in hooks(cfg)
+        ],
+        mixed_instances_policy=mixed,
+        enabled_metrics=list(GROUP_METRICS) if metrics else None,
+        metrics_granularity="1Minute" if metrics else None,
+        instance_refresh=aws.autoscaling.GroupInstanceRefreshArgs(
+            strategy="Rolling",
+            preferences=aws.autoscaling.GroupInstanceRefreshPreferencesArgs(
+                min_healthy_percentage=min_healthy, skip_matching=True, auto_rollback=True
+            ),
+        ),
+        tags=[
+            aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=True)
+            for k, v in node_tags.items()
+        ],
+        opts=pulumi.ResourceOptions.merge(
+            needs,
+            pulumi.ResourceOptions(ignore_changes=["desiredCapacity"] if own_desired else None),
+        ),
+    )
+    lifecycle_hooks(name.removesuffix("-asg"), cfg, out, child)
+    return out
 
 
 def queue_target(cfg: StackConfig) -> float:

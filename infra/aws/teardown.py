@@ -189,6 +189,12 @@ class AwsTeardown(pulumi.ComponentResource):
             self._asg_schedules(
                 f"{self.name}-od", fleet.fallback_group.name, 0, cfg.nodes.max, 0, expiry
             )
+        if fleet.candidate_group is not None and cfg.rollout is not None:
+            # a rollout's candidate group: the split's size while working, 0 outside and after
+            n = cfg.rollout.candidate_size(cfg.nodes.min, cfg.nodes.max)
+            self._asg_schedules(
+                f"{self.name}-candidate", fleet.candidate_group.name, n, n, n, expiry
+            )
 
     def _asg_schedules(
         self,

@@ -81,6 +81,11 @@ class BootstrapSpec:
     # (AWS group mode), the CLB (Alibaba group mode).
     target_group_arn: str | None = None
     load_balancer_id: str | None = None
+    # The model this node serves instead of the bundle's group vars (a rollout's candidate group,
+    # or the stable group after a promotion): {"source": "s3://..." | "oss://...", "checksum":
+    # "sha256:<hex>"}, handed to Ansible as extra vars (torchfleet_agent/inventory.py). An
+    # object key and a digest, never a credential. None: the bundle's model.
+    model: Mapping[str, str] | None = None
 
 
 def _problems(spec: BootstrapSpec) -> Problems:
@@ -113,6 +118,13 @@ def _problems(spec: BootstrapSpec) -> Problems:
             found.add(f"endpoints[{key!r}]", url, f"keys for {spec.cloud}: {', '.join(allowed)}")
         elif not re.match(r"^https?://", str(url)):
             found.add(f"endpoints[{key!r}]", url, "an http(s) URL")
+    if spec.model is not None:
+        if set(spec.model) != {"source", "checksum"}:
+            found.add("model", dict(spec.model), "exactly the keys source and checksum")
+        elif not re.fullmatch(r"(s3|oss)://[^/\s]+/\S+", spec.model["source"]):
+            found.add("model.source", spec.model["source"], "s3://BUCKET/KEY or oss://BUCKET/KEY")
+        elif not re.fullmatch(r"sha256:[0-9a-f]{64}", spec.model["checksum"]):
+            found.add("model.checksum", spec.model["checksum"], "sha256:<64 lowercase hex>")
     if isinstance(spec.pip_args, str):
         found.add("pip_args", spec.pip_args, "a sequence of arguments, not one string")
     return found
@@ -139,6 +151,12 @@ def render_user_data(spec: BootstrapSpec) -> str:
         "endpoints": dict(sorted(spec.endpoints.items())),
         "pip_args": list(spec.pip_args),
     }
+    # without an override the node config is byte for byte what it was before the key existed
+    # (an unchanged stack does not roll its group)
+    if spec.model is None:
+        del settings["model"]
+    else:
+        settings["model"] = dict(spec.model)
     # mtime=0: the compressed stub, and so the user-data, depends on the stub's text only.
     stub = base64.b64encode(gzip.compress(STUB.read_bytes(), compresslevel=9, mtime=0)).decode()
     template = "".join(

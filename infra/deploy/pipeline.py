@@ -1,10 +1,12 @@
 """The jobs: `up`, `down`, `status`, and the node stages `up` and the demo share.
 
     up STACK   preflight -> provision (pulumi up, Automation API) -> inventory -> converge
-               (site.yml, verify.yml through ansible-runner) -> readiness -> smoke -> summary
+               (site.yml, verify.yml through ansible-runner) -> readiness -> smoke -> summary;
+               mode: kubernetes: kubeconfig (no inventory, no converge) -> the Deployment's
+               replicas and the Service's load balancer -> smoke (infra/deploy/kubernetes.py)
     down STACK preflight -> destroy (pulumi destroy; a prod stack only with --yes)
-    status     outputs -> per-node readiness and batch cap (or the group's healthy count) ->
-               cost per hour now, TTL left
+    status     outputs -> per-node readiness and batch cap (or the group's healthy count, or
+               the Deployments' replicas and the Service) -> cost per hour now, TTL left
 
 `node_stages` is everything after the outputs exist: the demo calls it with the mock-engine
 outputs of aws-dev whose addresses point at container nodes, `up` with the real ones, so the
@@ -26,7 +28,16 @@ from urllib.parse import urlsplit
 from infra import client, spend
 from infra.config import StackConfig
 from infra.constants import SERVICE_PORT
-from infra.deploy import automation, capacity, converge, inventory, preflight, readiness, smoke
+from infra.deploy import (
+    automation,
+    capacity,
+    converge,
+    inventory,
+    kubernetes,
+    preflight,
+    readiness,
+    smoke,
+)
 from infra.deploy.access import SshTarget, tunnel
 from infra.deploy.progress import Console, shown
 from infra.deploy.stage import StageError
@@ -70,6 +81,13 @@ class NodeOptions:
     # the smoke prediction goes to the endpoint itself even when its address is a node's (the
     # demo's load balancer listens on the loopback address its nodes' SSH ports are on)
     smoke_direct: bool = False
+    # mode: kubernetes: the readiness wait's bounds (infra/deploy/kubernetes.py)
+    kubernetes: kubernetes.Options | None = None
+
+
+def is_kubernetes(outputs: dict[str, Any], cfg: StackConfig | None) -> bool:
+    """A mode: kubernetes stack (by its config, or by the kubeconfig output without one)."""
+    return cfg.mode == "kubernetes" if cfg else "kubeconfig" in outputs
 
 
 def auth_of(outputs: dict[str, Any], cafile: str | None = None) -> client.Auth:
@@ -141,6 +159,10 @@ def node_stages(
     opts: NodeOptions,
 ) -> Summary:
     summary = Summary(stack, outputs, cfg, artifacts=shown(run))
+    if is_kubernetes(outputs, cfg):
+        return kubernetes.stages(
+            outputs, cfg, steps, console, summary, auth_of(outputs, opts.cafile), opts.kubernetes
+        )
     with steps("inventory", f"stack outputs -> {shown(opts.inventory_root / stack / 'stack.yml')}"):
         try:
             inv = inventory.inventory_of(outputs)
@@ -252,8 +274,9 @@ def up(
     console: Console,
     ssh_key: str | None = None,
     skip_provision: bool = False,
-    ready_timeout_s: float = READY_TIMEOUT_S,
+    ready_timeout_s: float | None = None,
 ) -> Summary:
+    """`ready_timeout_s` None: the mode's own bound (READY_TIMEOUT_S, or kubernetes')."""
     run = run_dir(stack)
     console.open_log(run / "up.log")
     steps = Steps(console, 6)
@@ -292,7 +315,12 @@ def up(
         console,
         run,
         NodeOptions(
-            inventory_root=INVENTORIES, private_key=pf.ssh_key, ready_timeout_s=ready_timeout_s
+            inventory_root=INVENTORIES,
+            private_key=pf.ssh_key,
+            ready_timeout_s=READY_TIMEOUT_S if ready_timeout_s is None else ready_timeout_s,
+            kubernetes=kubernetes.Options(
+                timeout_s=kubernetes.READY_TIMEOUT_S if ready_timeout_s is None else ready_timeout_s
+            ),
         ),
     )
 
@@ -301,20 +329,31 @@ def is_prod(stack: str, cfg: StackConfig | None) -> bool:
     return (cfg.env if cfg else stack.rpartition("-")[2]) == "prod"
 
 
+def what_down_destroys(cfg: StackConfig | None) -> str:
+    """What `pulumi destroy` of the stack removes, in words (the refusal and the stage say it)."""
+    if cfg is not None and cfg.mode == "kubernetes":
+        return (
+            "the cluster (control plane, system and GPU node pools, add-ons), the runtime's "
+            "Deployments and its Service's load balancer, the network, schedules, TTL and budget"
+        )
+    if cfg is not None and cfg.mode == "group":
+        return "its load balancer, group and every node, the network, schedules, TTL and budget"
+    return "every node, the network, schedules, TTL and budget"
+
+
 def down(stack: str, console: Console, yes: bool = False) -> None:
     run = run_dir(stack)
     console.open_log(run / "down.log")
     steps = Steps(console, 2)
     pf = _preflight(steps, console, stack, "what `down` needs", ("config", "credentials", "pulumi"))
+    destroys = what_down_destroys(pf.cfg)
     if is_prod(stack, pf.cfg) and not yes:
         raise StageError(
             "refused",
-            f"{stack} is a prod stack: `down` destroys its load balancer, group and every node",
+            f"{stack} is a prod stack: `down` destroys {destroys}",
             fix=f"torchfleet down {stack} --yes",
         )
-    with steps(
-        "destroy", f"pulumi destroy of stack {stack}: nodes, network, schedules, TTL, budget"
-    ):
+    with steps("destroy", f"pulumi destroy of stack {stack}: {destroys}"):
         automation.destroy(stack, console)
         stale = INVENTORIES / stack / "stack.yml"
         if stale.exists():
@@ -324,15 +363,22 @@ def down(stack: str, console: Console, yes: bool = False) -> None:
 
 def status(stack: str, console: Console, ssh_key: str | None = None) -> Summary:
     steps = Steps(console, 3)
-    group = (cfg := preflight.check_config(stack)[1]) is not None and cfg.mode == "group"
+    cfg = preflight.check_config(stack)[1]
     # the cloud's credentials only for a group (its healthy count comes from the cloud's API)
-    need = ("config", "pulumi", "ssh") + (("credentials",) if group else ())
+    # or a cluster (EKS's kubeconfig gets its token with them)
+    cloudy = cfg is not None and cfg.mode in ("group", "kubernetes")
+    need = ("config", "pulumi", "ssh") + (("credentials",) if cloudy else ())
     pf = _preflight(steps, console, stack, "what `status` needs", need, ssh_key)
     cfg = pf.cfg
     with steps("outputs", f"the current outputs of stack {stack}"):
         result = automation.outputs(stack)
         console.line(f"  outputs: {', '.join(sorted(result.values))}")
-    with steps("status", "per-node readiness and batch cap, or the group's healthy count"):
+    with steps(
+        "status",
+        "the Deployments' replicas and the load balancer"
+        if is_kubernetes(result.values, cfg)
+        else "per-node readiness and batch cap, or the group's healthy count",
+    ):
         return status_of(stack, result.values, cfg, INVENTORIES, pf.ssh_key)
 
 
@@ -378,9 +424,12 @@ def status_of(
     inventory_root: Path,
     private_key: str | None,
 ) -> Summary:
-    """What the stack's nodes say now: one look at each (no waiting), or the group's count."""
-    inv = inventory.inventory_of(outputs)
+    """What the stack's nodes say now: one look at each (no waiting), or the group's count, or
+    the cluster's Deployments and Service."""
     summary = Summary(stack, outputs, cfg)
+    if is_kubernetes(outputs, cfg):
+        return kubernetes.status_of(outputs, cfg, summary)
+    inv = inventory.inventory_of(outputs)
     if inventory.hosts_of(inv):
         inventory.write(stack, inv, inventory_root, writer="torchfleet status")
         hosts = converge.hostvars(inventory_root / stack)

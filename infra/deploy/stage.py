@@ -11,10 +11,12 @@ Exit codes (the CLI's contract, also in `torchfleet --help` and docs/deploy/exit
     2   usage: unknown command, stack or option
     3   preflight: something is missing; nothing was created
     4   provision: `pulumi up` / `pulumi destroy` failed
-    5   inventory: the stack outputs are not a torchfleet inventory
+    5   inventory: the stack outputs are not a torchfleet inventory (kubernetes: no kubeconfig
+            or workload output)
     6   converge: site.yml or verify.yml failed on a host
-    7   readiness: a node never answered /readyz 200, the group never reached desired, or
-            the endpoint never accepted a rotation's next token
+    7   readiness: a node never answered /readyz 200, the group never reached desired, the
+            cluster's Deployment or its Service's load balancer never did, or the endpoint never
+            accepted a rotation's next token
     8   smoke: the prediction through the stack's endpoint failed
     9   refused: a prod stack without --yes, a demo prefix that is not the demo's, or a
             rotation that cannot start or finish

@@ -86,6 +86,8 @@ class Summary:
     nodes: list[NodeState] = field(default_factory=list)
     prediction: Prediction | None = None
     group: str | None = None
+    pods: list[str] = field(default_factory=list)  # kubernetes: Deployments and the Service
+    unready: list[str] = field(default_factory=list)  # what is not serving (status's exit code)
     artifacts: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -105,6 +107,8 @@ class Summary:
             )
         if self.group:
             out.append(f"  group       {self.group}")
+        for i, line in enumerate(self.pods):
+            out.append(f"  {'workload' if i == 0 else '':<10}  {line}")
         out.append(f"  cost now    {cost_now(o.get('cost'), self.cfg)}")
         if (o.get("cost") or {}).get("prices"):
             out.append(f"  prices      {o['cost']['prices']['source']}")

@@ -10,7 +10,8 @@ GET /readyz (200 only when warmed and not draining), GET /livez, GET /metrics
 (`torchfleet_queue_depth`); SIGTERM drains within `drain_timeout_s`, whose default is read
 from the runtime's settings contract (torchfleet_compat.runtime_settings, one source).
 Contract with the image (runtime/Containerfile): uid/gid 10001, the model at /models/model.pt
-(mounted here, or baked in), a writable HOME only where this module mounts one.
+(mounted here, or baked in; with a `rollout` block, its stable_model), a writable HOME only
+where this module mounts one.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from torchfleet_compat import runtime_settings
 from torchfleet_compat.runtime_settings import ENV_PREFIX, FIELDS
 
 from infra import edge
-from infra.config import StackConfig
+from infra.config import RolloutSplit, StackConfig
 from infra.constants import HEALTH_PATH, PROJECT
 from infra.interface import NODE_ROLE_TAG
 
 APP = "torchfleet-runtime"
+CANDIDATE = f"{APP}-candidate"  # the rollout's candidate Deployment beside the stable one
+TRACK_LABEL = "track"  # the candidate's pods carry track: candidate
 LABELS = {"app.kubernetes.io/name": APP, "app.kubernetes.io/part-of": PROJECT}
 SELECTOR = {"app.kubernetes.io/name": APP}
 IMAGE_UID = 10001  # runtime/Containerfile ARG UID/GID
@@ -80,6 +83,24 @@ class Placement:
     service_annotations: dict[str, str]  # the cloud controller's load-balancer settings
     service_account_annotations: dict[str, str] = field(default_factory=dict)
     model_claim: str | None = None  # a PersistentVolumeClaim holding the model, read-only
+
+
+def names(cfg: StackConfig) -> dict[str, str]:
+    """Where the runtime's objects are, as the stack exports them (output `workload`): what
+    `torchfleet up|status|rollout` read on the cluster (infra/deploy/kubernetes.py)."""
+    assert cfg.kubernetes
+    return {
+        "namespace": cfg.kubernetes.namespace,
+        "deployment": APP,
+        "candidate_deployment": CANDIDATE,
+        "service": APP,
+    }
+
+
+def stable_model(cfg: StackConfig) -> str:
+    """The stable Deployment's file in the model volume: the rollout block's stable_model (a
+    promotion moves it to the candidate's file), model.pt without a block."""
+    return cfg.rollout.stable_model if cfg.rollout else RolloutSplit.stable_model
 
 
 def gpu_node_labels() -> dict[str, str]:
@@ -176,7 +197,7 @@ def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
                 host="0.0.0.0",
                 port=cfg.service_port,
                 device="cuda",
-                model=f"{MODEL_DIR}/model.pt",
+                model=f"{MODEL_DIR}/{stable_model(cfg)}",
                 api_token_file=f"{TOKEN_DIR}/{TOKEN_KEY}",
                 # A pod cannot reach the instance metadata (IMDSv2 hop limit 1 on
                 # EKS, hardened mode on ACK): the node's handler drains it instead.
@@ -276,18 +297,20 @@ def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
 def candidate_deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any] | None:
     """The rollout's candidate beside the stable Deployment: the same pods on the candidate's
     file in the model volume, `track: candidate`, as many replicas as the split gives beside
-    the stable's minimum. The Service selects both (by name); the stable Deployment's own
-    selector is left as it is (changing a selector replaces a Deployment), its ReplicaSets
-    keep to their pods by pod-template-hash. None without a `rollout` block."""
+    the stable's minimum (at most replicas.max less that minimum). The Service selects both
+    (by name); the stable Deployment's own selector is left as it is (changing a selector
+    replaces a Deployment), its ReplicaSets keep to their pods by pod-template-hash. None without a `rollout` block."""
     k, split = cfg.kubernetes, cfg.rollout
     if k is None or split is None:
         return None
     manifest = deployment(cfg, placement)
     spec = manifest["spec"]
-    manifest["metadata"]["name"] = f"{APP}-candidate"
-    spec["replicas"] = split.candidate_replicas(k.replicas.min)
-    spec["selector"]["matchLabels"]["track"] = "candidate"
-    spec["template"]["metadata"]["labels"]["track"] = "candidate"
+    manifest["metadata"]["name"] = CANDIDATE
+    # at most the GPUs the stable's minimum leaves below replicas.max: a split near 100 %
+    # (a promotion's step) would otherwise ask for pods no node pool can place
+    spec["replicas"] = split.candidate_size(k.replicas.min, k.replicas.max)
+    spec["selector"]["matchLabels"][TRACK_LABEL] = "candidate"
+    spec["template"]["metadata"]["labels"][TRACK_LABEL] = "candidate"
     (container,) = spec["template"]["spec"]["containers"]
     model_var = runtime_env(model="")[0]["name"]
     for var in container["env"]:
@@ -295,7 +318,7 @@ def candidate_deployment(cfg: StackConfig, placement: Placement) -> dict[str, An
             var["value"] = f"{MODEL_DIR}/{split.candidate_model}"
     # spread the candidate's pods by their own labels, not the stable's
     for rule in spec["template"]["spec"]["topologySpreadConstraints"]:
-        rule["labelSelector"] = {"matchLabels": {**SELECTOR, "track": "candidate"}}
+        rule["labelSelector"] = {"matchLabels": {**SELECTOR, TRACK_LABEL: "candidate"}}
     return manifest
 
 

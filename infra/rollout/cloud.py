@@ -2,17 +2,19 @@
 stack's `rollout` config block and `up`.
 
 Contract. `CloudSplit(handle, up, tracks, cloud_limit)` is an engine.Fleet whose two "nodes" are
-the stack's tracks, `candidate` then `stable` (AWS: the stable and candidate target groups behind
-the listener's weighted forward; Kubernetes: the stable and candidate Deployments, split by
-replicas). The engine's weights for the two become the block's `candidate_weight`, the percent
-they give (policy.split's weights: 20 / 180 is 10 %), written with `set_config` on the stack
+the stack's tracks, `candidate` then `stable` (AWS group mode: the stable and candidate target
+groups behind the listener's weighted forward, each with its Auto Scaling group; Kubernetes:
+the stable and candidate Deployments, split by replicas). The engine's weights for the two
+become the block's `candidate_weight`, the percent they give (policy.split's weights: 20 / 180
+is 10 %), written with `set_config` on the stack
 (the Automation API's `Stack`, or any object with its get_all_config / set_config) and applied
 by `up` (the caller's `torchfleet up`); equal weights mean no split (every track serves the same
 version: 0 %). A weight the stack already has runs no `up`. The block's other keys
-(sticky_s, candidate_model) are kept. `cloud_limit` caps the percent (Kubernetes: 99, the
-stable Deployment keeps its replicas). Which model a track serves is the `tracks` object's
-(serving / switch: a cloud's way to place a file on a track's nodes). Shadow testing needs
-each node's runtime: a cloud stack refuses it here.
+(sticky_s, candidate_model, stable_model) are kept. `cloud_limit` caps the percent (Kubernetes:
+99, the stable Deployment keeps its replicas; AWS group mode: 100). Which model a track serves
+is the `tracks` object's (serving / switch: a cloud's way to place a file on a track's nodes:
+infra/rollout/tracks.py, the Deployments' or the Auto Scaling groups' files in the model
+store). Shadow testing needs each node's runtime: a cloud stack refuses it here.
 """
 
 from __future__ import annotations
@@ -44,6 +46,19 @@ class TrackModels(Protocol):
     def switch(self, track: str, model: Path) -> str: ...
 
 
+def block_of(handle: StackHandle) -> dict[str, Any]:
+    """The stack's `rollout` block as a dict ({} without one)."""
+    value = handle.get_all_config().get(KEY)
+    if value is None:
+        return {}
+    parsed = json.loads(value.value) if isinstance(value.value, str) else value.value
+    return dict(parsed or {})
+
+
+def write_block(handle: StackHandle, block: dict[str, Any]) -> None:
+    handle.set_config(KEY, auto.ConfigValue(json.dumps(block, sort_keys=True)))
+
+
 def weight_of(weights: Mapping[str, int]) -> int:
     """The candidate track's percent of requests for the engine's two weights."""
     stable, candidate = weights.get("stable", 0), weights.get("candidate", 0)
@@ -65,11 +80,7 @@ class CloudSplit:
         self.cloud_limit, self.say = cloud_limit, say
 
     def block(self) -> dict[str, Any]:
-        value = self.handle.get_all_config().get(KEY)
-        if value is None:
-            return {}
-        parsed = json.loads(value.value) if isinstance(value.value, str) else value.value
-        return dict(parsed or {})
+        return block_of(self.handle)
 
     # --- engine.Fleet --------------------------------------------------------------------------
 
@@ -88,7 +99,7 @@ class CloudSplit:
         if block.get("candidate_weight", 0) == weight and block:
             return
         block["candidate_weight"] = weight
-        self.handle.set_config(KEY, auto.ConfigValue(json.dumps(block, sort_keys=True)))
+        write_block(self.handle, block)
         self.say(f"  stack config {KEY}.candidate_weight = {weight}: `up` moves the split")
         self.up()
 

@@ -7,7 +7,11 @@
 
 The local fleet is the one built here: its description and the rollout's record live in
 `--fleet DIR` (default .cache/fleet/STACK, written by whoever starts the fleet: fleet.json). A
-cloud stack's traffic split is not built yet: its rollout stops with that said, nothing moved.
+mode: kubernetes stack (no fleet.json) rolls out by its two Deployments, a mode: group stack on
+AWS by its stable and candidate Auto Scaling groups: the split through its `rollout` block and
+`torchfleet up` (cloud.py), the files in its model store (tracks.py), the record in
+.cache/fleet/STACK; both need --prometheus. Instances stacks, and group stacks on Alibaba, are
+refused, nothing moved.
 Exit codes: 0 promoted (or the control was done), 2 bad arguments or settings, 10 rolled back or
 aborted.
 """
@@ -23,23 +27,31 @@ from typing import Any
 
 from torchfleet_compat.problems import InvalidInput
 
-from infra.deploy import stage
+from infra.config import StackConfig
+from infra.deploy import automation, preflight, stage
+from infra.k8s.addons import ADDON_NAMESPACE
 from infra.matrix import REPO_ROOT
-from infra.rollout.engine import Options, Rollout, RolloutError
-from infra.rollout.local import LocalFleet, SwitchError
+from infra.rollout.cloud import CloudSplit
+from infra.rollout.engine import Fleet, Options, Rollout, RolloutError
+from infra.rollout.local import FLEET_FILE, LocalFleet, SwitchError
 from infra.rollout.policy import AB, STRATEGIES, guard_settings, parse_duration
-from infra.rollout.ref import ModelRef, RefError
-from infra.rollout.signals import PrometheusSource, ScrapeSource, SignalError
-from infra.rollout.state import ACTIVE, engine_alive
+from infra.rollout.ref import ModelRef, RefError, Store
+from infra.rollout.signals import PrometheusSource, ScrapeSource, SignalError, Source
+from infra.rollout.state import ACTIVE, RolloutState, engine_alive
+from infra.rollout.tracks import ModelTracks, VolumeError, bundle_model, volume_of
 
 ACTIONS = ("status", "pause", "resume", "abort", "rollback")
 FLEETS = REPO_ROOT / ".cache" / "fleet"
+# The candidate Deployment's share stops below 100: a promotion is the stable Deployment on the
+# candidate's file (config.py refuses candidate_weight 100 in mode: kubernetes).
+KUBERNETES_LIMIT = 99
 
 
 def add_parser(sub: Any, stack_help: str) -> None:
     p = sub.add_parser(
         "rollout",
-        help="roll a model out by canary steps with guards that roll back (local fleet)",
+        help="roll a model out by canary steps with guards that roll back (local fleet, "
+        "mode: kubernetes, mode: group on aws)",
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -72,14 +84,23 @@ def add_parser(sub: Any, stack_help: str) -> None:
         help="a guard threshold: max_error_ratio_increase, max_p99_ratio, "
         "min_p99_increase_s, min_requests, min_shadow_agreement",
     )
-    p.add_argument("--prometheus", help="the stack's Prometheus (default: the nodes' /metrics)")
+    p.add_argument(
+        "--prometheus",
+        help="the stack's Prometheus (default: the nodes' /metrics; required on a cloud stack)",
+    )
     p.add_argument("--selector", default="", help="PromQL label matchers of the stack's series")
     p.add_argument(
         "--fleet", type=Path, help="the local fleet's folder (default .cache/fleet/STACK)"
     )
 
 
-def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
+def run(
+    args: argparse.Namespace,
+    say: Callable[[str], None],
+    up_of: Callable[[str], Callable[[], Any]] | None = None,
+) -> int:
+    """`up_of(stack)`: the `up` a cloud stack's split runs after each config change (the CLI's
+    `torchfleet up`)."""
     words = list(args.words)
     action = words.pop(0) if words[0] in ACTIONS else "start"
     if len(words) != 1:
@@ -89,21 +110,126 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> int:
         )
         return stage.EXIT_USAGE
     stack = words[0]
+    if args.fleet is None and not (FLEETS / stack / FLEET_FILE).is_file():
+        cfg = preflight.check_config(stack)[1]
+        refusal = _not_built(cfg) if cfg is not None else None
+        if refusal:
+            say(f"rollout {stack}: {refusal}. Nothing was changed")
+            return stage.EXIT_USAGE
+        if cfg is not None:
+            try:
+                return _cloud(action, args, stack, cfg, say, up_of)
+            except (InvalidInput, RefError, RolloutError, SignalError, VolumeError) as exc:
+                say(f"rollout {stack}: {exc}")
+                return stage.EXIT_USAGE
     try:
         fleet = LocalFleet.load(args.fleet or FLEETS / stack)
     except SwitchError as exc:
         say(
-            f"rollout {stack}: {exc}; a cloud stack's traffic split (target groups, backend "
-            "weights) is not built yet, so nothing was changed"
+            f"rollout {stack}: {exc}; and Pulumi.{stack}.yaml is not a valid mode: kubernetes "
+            "stack (`make plan STACK=...` says why), so nothing was changed"
         )
         return stage.EXIT_USAGE
+    source: PrometheusSource | ScrapeSource = (
+        PrometheusSource(args.prometheus, args.selector)
+        if args.prometheus
+        else ScrapeSource(fleet.urls, fleet.auth)
+    )
     try:
         if action == "start":
-            return _start(args, stack, fleet, say)
-        return _control(action, fleet, say)
+            return _start(args, fleet, fleet.state(), fleet.store(), source, say)
+        return _control(action, fleet, fleet.state(), fleet.store(), source, say)
     except (InvalidInput, RefError, RolloutError, SignalError) as exc:
         say(f"rollout {stack}: {exc}")
         return stage.EXIT_USAGE
+
+
+class _NoFigures:
+    """The source of a control that judges nothing (rollback, abort of a dead engine)."""
+
+    def begin(self) -> None:
+        raise SignalError("this control judges no window: run the rollout with --prometheus URL")
+
+    def end(self) -> dict[str, Any]:
+        raise SignalError("this control judges no window: run the rollout with --prometheus URL")
+
+
+def _not_built(cfg: StackConfig) -> str | None:
+    """Why `torchfleet rollout` cannot move this cloud stack, or None when it can."""
+    if cfg.mode == "instances":
+        return (
+            f"a stack in mode: instances ({cfg.cloud}) has no load balancer to split at: a "
+            "rollout needs mode: group (aws) or mode: kubernetes, or the local fleet "
+            "(docs/rollouts.md)"
+        )
+    if cfg.mode == "group" and cfg.cloud != "aws":
+        return (
+            f"a stack in mode: group ({cfg.cloud}) does not roll out yet: its candidate "
+            "scaling group and the model copy in OSS are not built (docs/rollouts.md); "
+            "`torchfleet rollout` covers mode: group on aws, mode: kubernetes and the local fleet"
+        )
+    return None
+
+
+def _cloud(
+    action: str,
+    args: argparse.Namespace,
+    stack: str,
+    cfg: StackConfig,
+    say: Callable[[str], None],
+    up_of: Callable[[str], Callable[[], Any]] | None,
+) -> int:
+    """A cloud stack: its two tracks as the engine's two nodes (cloud.py; kubernetes: the two
+    Deployments, group: the stable and candidate Auto Scaling groups), their files switched in
+    the model store (tracks.py), the record in .cache/fleet/STACK."""
+    folder = FLEETS / stack
+    state, store = RolloutState(folder / "rollout.json"), Store(folder / "models")
+    if action == "status":
+        return _control(action, None, state, store, _NoFigures(), say)
+    if action == "start" and args.strategy == "shadow":
+        raise RolloutError(
+            f"--strategy shadow is not built on mode: {cfg.mode} (a node's shadow_model needs a "
+            "file beside its model and a reload: a canary or an ab split instead)"
+        )
+    if action == "start" and not args.prometheus:
+        where = (
+            f"The cluster's Prometheus: `kubectl -n {ADDON_NAMESPACE} port-forward "
+            "svc/prometheus-server 9090:80`, then --prometheus http://127.0.0.1:9090"
+            if cfg.mode == "kubernetes"
+            else "The stack's Prometheus is its monitoring host's (the `monitoring` block, "
+            "port 9090, reached from admin_cidrs)"
+        )
+        raise RolloutError(
+            f"--prometheus URL is required on a mode: {cfg.mode} stack: the guards compare "
+            "per-version figures, and a scrape of the load balancer's endpoint reaches one "
+            f"random {'pod' if cfg.mode == 'kubernetes' else 'node'}. {where}"
+        )
+    source: PrometheusSource | _NoFigures = (
+        PrometheusSource(args.prometheus, args.selector) if args.prometheus else _NoFigures()
+    )
+    volume = volume_of(cfg, folder / "volume")
+    handle = automation.open_stack(stack)
+    up = up_of(stack) if up_of else _default_up(stack)
+    if cfg.mode == "kubernetes":
+        tracks = ModelTracks(handle, up, volume, say)
+        limit = KUBERNETES_LIMIT
+    else:  # the listener's weights give any share, 100 % included (the promotion's step)
+        cache = folder / "bundle-model"
+        tracks = ModelTracks(
+            handle, up, volume, say, stable_default=bundle_model(stack, cache, cfg.region)
+        )
+        limit = 100
+    split = CloudSplit(handle, up, tracks, cloud_limit=limit, say=say)
+    if action == "start":
+        return _start(args, split, state, store, source, say)
+    return _control(action, split, state, store, source, say)
+
+
+def _default_up(stack: str) -> Callable[[], Any]:
+    from infra.deploy import pipeline
+    from infra.deploy.progress import Console
+
+    return lambda: pipeline.up(stack, Console())
 
 
 def _options(args: argparse.Namespace) -> Options:
@@ -122,36 +248,42 @@ def _options(args: argparse.Namespace) -> Options:
 
 
 def _start(
-    args: argparse.Namespace, stack: str, fleet: LocalFleet, say: Callable[[str], None]
+    args: argparse.Namespace,
+    fleet: Fleet,
+    state: RolloutState,
+    store: Store,
+    source: Source,
+    say: Callable[[str], None],
 ) -> int:
     if not args.model:
         say("rollout: --model LOCATION@sha256:<hex> is required to start a rollout")
         return stage.EXIT_USAGE
     ref = ModelRef.parse(args.model)
     options = _options(args)
-    source: PrometheusSource | ScrapeSource = (
-        PrometheusSource(args.prometheus, args.selector)
-        if args.prometheus
-        else ScrapeSource(fleet.urls, fleet.auth)
-    )
-    engine = Rollout(fleet, fleet.state(), fleet.store(), source, options, say)
+    engine = Rollout(fleet, state, store, source, options, say)
     if args.strategy == "shadow":
+        assert isinstance(source, PrometheusSource | ScrapeSource)
         counts = source.shadow
         return stage.EXIT_OK if engine.shadow(ref, counts) == "agrees" else stage.EXIT_ROLLED_BACK
     result = engine.start(ref)
     return stage.EXIT_OK if result == "promoted" else stage.EXIT_ROLLED_BACK
 
 
-def _control(action: str, fleet: LocalFleet, say: Callable[[str], None]) -> int:
-    state = fleet.state()
+def _control(
+    action: str,
+    fleet: Fleet | None,
+    state: RolloutState,
+    store: Store,
+    source: Source,
+    say: Callable[[str], None],
+) -> int:
     doc = state.read()
     if action == "status":
         for line in status_lines(doc):
             say(line)
         return stage.EXIT_OK
-    engine = Rollout(
-        fleet, state, fleet.store(), ScrapeSource(fleet.urls, fleet.auth), Options(), say
-    )
+    assert fleet is not None
+    engine = Rollout(fleet, state, store, source, Options(), say)
     active = doc["status"] in ACTIVE and engine_alive(doc)
     if action == "rollback" or (action == "abort" and not active):
         engine.revert()

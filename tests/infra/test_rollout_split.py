@@ -46,7 +46,7 @@ def test_without_a_rollout_block_nothing_of_it_exists(every):
 
 
 def test_aws_forwards_by_weight_to_the_stable_and_candidate_groups(with_overrides):
-    split = {"candidate_weight": 10, "sticky_s": 3600}
+    split = {"candidate_weight": 10, "sticky_s": 3600, "candidate_model": "c" * 64 + ".pt"}
     run = run_offline("aws-prod", with_overrides("aws-prod", rollout=split))
     groups = {r.name: r for r in run.of_type(TARGET_GROUP)}
     stable = next(r for n, r in groups.items() if n.endswith("-tg"))
@@ -58,12 +58,16 @@ def test_aws_forwards_by_weight_to_the_stable_and_candidate_groups(with_override
     weights = {_group_of(tg["arn"]): tg["weight"] for tg in action["forward"]["targetGroups"]}
     assert weights == {stable.name: 90, candidate.name: 10}
     assert action["forward"]["stickiness"] == {"enabled": True, "duration": 3600}
-    # the Auto Scaling groups (spot and fallback) still register their nodes in the stable one
-    groups_of_asgs = [
-        [_group_of(a) for a in g.inputs["targetGroupArns"]]
+    # the Auto Scaling groups (spot and fallback) still register their nodes in the stable one,
+    # the candidate group (tests/infra/test_rollout_groups.py) in the candidate one
+    groups_of_asgs = {
+        g.name: [_group_of(a) for a in g.inputs["targetGroupArns"]]
         for g in run.of_type("aws:autoscaling/group:Group")
-    ]
-    assert groups_of_asgs and all(names == [stable.name] for names in groups_of_asgs)
+    }
+    candidates = {n: v for n, v in groups_of_asgs.items() if "candidate" in n}
+    assert list(candidates.values()) == [[candidate.name]]
+    stables = [v for n, v in groups_of_asgs.items() if n not in candidates]
+    assert stables and all(names == [stable.name] for names in stables)
 
 
 def test_aws_weight_zero_keeps_the_candidate_group_without_traffic(with_overrides):
@@ -106,6 +110,25 @@ def test_kubernetes_runs_a_candidate_deployment_split_by_replicas(stack, with_ov
     assert cand_spec == stable_spec
 
 
+@pytest.mark.parametrize("stack", ["aws-k8s", "alicloud-k8s"])
+def test_kubernetes_exports_where_its_workload_is_and_serves_the_stable_model(
+    stack, with_overrides
+):
+    """`torchfleet up|status|rollout` find the Deployments and the Service by the `workload`
+    output; a promotion's stable_model is the stable Deployment's file."""
+    run = run_offline(stack, with_overrides(stack, rollout={"stable_model": "v2.pt"}))
+    names = run.outputs["workload"]
+    deployments = {d.inputs["metadata"]["name"]: d.inputs for d in run.of_type(DEPLOYMENT)}
+    assert set(deployments) == {names["deployment"], names["candidate_deployment"]}
+    (svc,) = run.of_type("kubernetes:core/v1:Service")
+    assert svc.inputs["metadata"]["name"] == names["service"]
+    assert {d["metadata"]["namespace"] for d in deployments.values()} == {names["namespace"]}
+    (c,) = deployments[names["deployment"]]["spec"]["template"]["spec"]["containers"]
+    assert {v["name"]: v["value"] for v in c["env"]}["TORCHFLEET_MODEL"] == "/models/v2.pt"
+    # and the kubeconfig the command reads is a secret output
+    assert "kubeconfig" in run.secret_outputs
+
+
 def test_candidate_replicas_give_the_weight():
     split = config.RolloutSplit
     assert split(0).candidate_replicas(3) == 0
@@ -125,6 +148,7 @@ def test_candidate_replicas_give_the_weight():
         ("aws-prod", {"weight": 5}, "rollout.weight", "candidate_weight"),
         ("aws-k8s", {"candidate_weight": 100}, "rollout.candidate_weight", "0..99"),
         ("aws-k8s", {"candidate_model": "../x.pt"}, "rollout.candidate_model", ".pt"),
+        ("aws-k8s", {"stable_model": "model"}, "rollout.stable_model", "model.pt"),
     ],
 )
 def test_a_bad_rollout_block_names_the_key(stack, block, key, says, settings):

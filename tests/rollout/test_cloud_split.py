@@ -21,6 +21,7 @@ from infra.rollout.ref import ModelRef, Store
 from infra.rollout.state import RolloutState
 
 LISTENER = "aws:lb/listener:Listener"
+CANDIDATE_FILE = hashlib.sha256(b"candidate").hexdigest() + ".pt"  # group mode: by digest
 
 
 class FakeStack:
@@ -118,24 +119,29 @@ def _ref(tmp_path: Path) -> ModelRef:
 
 def test_a_canary_on_aws_moves_the_listener_weights_by_config_and_up(tmp_path):
     stack, tracks = FakeStack("aws-prod"), FakeTracks(tmp_path)
+    # the block names the candidate group's model (config.py refuses a share without one); the
+    # tracks here are fakes, so the file never changes
+    stack.values[KEY] = {"candidate_model": CANDIDATE_FILE}
     split = CloudSplit(stack, stack.up, tracks, say=lambda _: None)
     assert _engine(tmp_path, split, Windows()).start(_ref(tmp_path)) == "promoted"
-    # the candidate group out of the rotation (0 %) while its nodes load, the canary's 10 %;
+    # 0 % already (no `up` before the switch), the canary's 10 %;
     # at 100 % the stable group out while its nodes load the candidate, then no split: every
     # request to the stable group, which now serves the candidate's model
     assert stack.ups == [
-        {"tg": 100, "candidate": 0},
         {"tg": 90, "candidate": 10},
         {"tg": 0, "candidate": 100},
         {"tg": 100, "candidate": 0},
     ]
     assert tracks.switches == [("candidate", "v2"), ("stable", "v2")]
-    assert json.loads(str(stack.values[KEY])) == {"candidate_weight": 0}
+    assert json.loads(str(stack.values[KEY])) == {
+        "candidate_weight": 0,
+        "candidate_model": CANDIDATE_FILE,
+    }
 
 
 def test_a_failing_candidate_on_aws_is_rolled_back_to_no_split(tmp_path):
     stack, tracks = FakeStack("aws-prod"), FakeTracks(tmp_path)
-    stack.values[KEY] = {"candidate_weight": 0, "sticky_s": 600}
+    stack.values[KEY] = {"candidate_weight": 0, "sticky_s": 600, "candidate_model": CANDIDATE_FILE}
     split = CloudSplit(stack, stack.up, tracks, say=lambda _: None)
     assert _engine(tmp_path, split, Windows(cand_errors=30)).start(_ref(tmp_path)) == (
         "rolled_back"
@@ -143,7 +149,11 @@ def test_a_failing_candidate_on_aws_is_rolled_back_to_no_split(tmp_path):
     # 0 % already: no `up` before the switch; the canary's 10 %, then out at once
     assert stack.ups == [{"tg": 90, "candidate": 10}, {"tg": 100, "candidate": 0}]
     assert tracks.switches == [("candidate", "v2"), ("candidate", "v1")]
-    assert json.loads(str(stack.values[KEY])) == {"candidate_weight": 0, "sticky_s": 600}
+    assert json.loads(str(stack.values[KEY])) == {
+        "candidate_weight": 0,
+        "sticky_s": 600,
+        "candidate_model": CANDIDATE_FILE,
+    }
 
 
 @pytest.mark.parametrize(

@@ -168,6 +168,8 @@ class NodeConfig(TypedDict, total=False):
     api_token_secret: str | None
     target_group_arn: str | None
     load_balancer_id: str | None
+    # a rollout track's model instead of the bundle's: {"source": URL, "checksum": "sha256:.."}
+    model: Mapping[str, str]
 
 
 class Failure(Exception):

@@ -16,7 +16,8 @@ def write_inventory(cfg: NodeConfig, ident: Identity, tree: str) -> str:
     """gpu_nodes with the stack facts as group vars, this node's facts (from its metadata) as
     host vars, the stack's group_vars/ beside it; node-vars.json with what must win over the
     stack's settings: the bundle's wheel, model downloads through this agent, the port the load
-    balancer checks. Returns the inventory's path."""
+    balancer checks, and the node config's `model` (a rollout's track) when it has one.
+    Returns the inventory's path."""
     node = boot.read_json(os.path.join(tree, "node.json"))
     manifest = boot.read_json(os.path.join(tree, "manifest.json"))
     # A type node.json's table does not know gets empty GPU facts: preflight detects the GPU.
@@ -52,5 +53,9 @@ def write_inventory(cfg: NodeConfig, ident: Identity, tree: str) -> str:
     }
     if cfg.get("group_name"):  # the lifecycle watcher leaves the balancer, then drains
         node_vars["inference_runtime_spot_watch"] = "off"
+    model = cfg.get("model")
+    if model:  # a rollout's track: its model wins over the bundle's group vars
+        node_vars["inference_runtime_model_source"] = model["source"]
+        node_vars["inference_runtime_model_checksum"] = model["checksum"]
     boot.write_json(os.path.join(boot.WORK, "node-vars.json"), node_vars)
     return os.path.join(inv, "hosts.json")

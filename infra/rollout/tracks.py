@@ -1,0 +1,229 @@
+"""The tracks of a cloud stack: which model file each track serves, switched through the
+stack's `rollout` block and `up` (infra/rollout/cloud.py's `TrackModels`). One rule for both
+shapes of a cloud fleet:
+- mode: kubernetes: the tracks are the stable and candidate Deployments (infra/k8s/workload.py),
+  the files in the model volume the pods mount (`model_bucket`/`kubernetes.model_prefix`);
+- mode: group (AWS): the tracks are the stable Auto Scaling group (with its on-demand fallback)
+  and the rollout's candidate group (infra/aws/fleet.py), the files in `model_bucket` under
+  models/ (infra.nodeboot.MODEL_PREFIX), named by their digest (`<sha256>.pt`), which the
+  nodes download and verify through their node config's model override.
+
+Contract. `ModelTracks(handle, up, volume, stable_default=...)`:
+- the candidate track's file is the block's `candidate_model`; while `candidate_weight` is 0 it
+  has no pods or nodes and the track's requests are the stable's, so it serves the stable's file;
+- the stable track's file is the block's `stable_model`; without one, `stable_default`: a name
+  in the volume (kubernetes: model.pt), or a callable giving a local copy of what the stable
+  nodes serve without an override (group mode: the bundle's model, `bundle_model`);
+- `switch(track, model)` places the checked file in the volume (`volume.put`: the store's
+  `<sha256>.pt` and, kubernetes only, its sidecar), writes its name to the track's key with
+  `set_config`, and runs `up` (the caller's `torchfleet up`: the Deployment's rollout, or the
+  group's creation or instance refresh); the stable track switched is the promotion, and the
+  engine's equal weights then put candidate_weight back to 0 (no candidate pods or group).
+- `serving(track)` is the track's file fetched from the volume (`volume.fetch`) and the
+  model_version the runtime reports for it.
+
+`S3Volume` is s3://bucket/prefix (AWS); `FolderVolume` a folder (the tests, or a bucket mounted
+here). A kubernetes stack whose model is baked into the image has no volume to place a
+candidate in; OSS (Alibaba) is not built: `volume_of` refuses both, naming why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from infra import bundle
+from infra.config import RolloutSplit, StackConfig
+from infra.nodeboot import MODEL_PREFIX
+from infra.rollout.cloud import KEY, StackHandle, block_of, write_block
+from infra.rollout.ref import sha256_of
+
+TRACK_KEYS = {"candidate": "candidate_model", "stable": "stable_model"}
+
+
+class VolumeError(RuntimeError):
+    """A model file that could not be placed in or read from the model volume."""
+
+
+def runtime_version(model: Path) -> str:
+    """The model_version the runtime reports for `model`: its sidecar's `version`, else
+    "sha256:" + the file's first 12 hex digits (runtime/src/torchfleet_runtime/model.py,
+    `_versioned` and `file_version`; that module needs torch, so the rule is restated here and
+    tests/rollout/test_kubernetes_rollout.py checks the two agree)."""
+    sidecar = model.with_suffix(".json")
+    if sidecar.is_file():
+        version = json.loads(sidecar.read_text()).get("version")
+        if version not in (None, ""):
+            return str(version)
+    return "sha256:" + sha256_of(model)[:12]
+
+
+class ModelVolume(Protocol):
+    def fetch(self, name: str) -> Path:
+        """A local copy of the volume's file `name` (with its sidecar when it has one)."""
+        ...
+
+    def put(self, model: Path) -> str:
+        """`model` (and its sidecar, or none) in the volume under its own name; that name."""
+        ...
+
+
+class FolderVolume:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def fetch(self, name: str) -> Path:
+        path = self.folder / name
+        if not path.is_file():
+            raise VolumeError(f"the model volume has no {name} (in {self.folder})")
+        return path
+
+    def put(self, model: Path) -> str:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for src in (model, model.with_suffix(".json")):
+            if src.is_file() and src.resolve() != (self.folder / src.name).resolve():
+                shutil.copyfile(src, self.folder / src.name)
+        return model.name
+
+
+class S3Volume:
+    """s3://bucket/prefix: what the EKS pods mount (the S3 CSI driver, infra/aws/cluster.py)."""
+
+    def __init__(self, bucket: str, prefix: str, cache: Path, region: str, s3: Any = None) -> None:
+        if s3 is None:
+            import boto3
+
+            s3 = boto3.client("s3", region_name=region)
+        self.bucket, self.prefix, self.cache, self.s3 = bucket, prefix, cache, s3
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def fetch(self, name: str) -> Path:
+        self.cache.mkdir(parents=True, exist_ok=True)
+        local = self.cache / name
+        try:
+            self.s3.download_file(self.bucket, self._key(name), str(local))
+        except Exception as err:
+            raise VolumeError(f"s3://{self.bucket}/{self._key(name)}: {err}") from err
+        sidecar = Path(name).with_suffix(".json").name
+        try:
+            self.s3.download_file(self.bucket, self._key(sidecar), str(self.cache / sidecar))
+        except Exception:  # no sidecar: the runtime versions the file by its digest
+            (self.cache / sidecar).unlink(missing_ok=True)
+        return local
+
+    def put(self, model: Path) -> str:
+        try:
+            for src in (model, model.with_suffix(".json")):
+                if src.is_file():
+                    self.s3.upload_file(str(src), self.bucket, self._key(src.name))
+        except Exception as err:
+            raise VolumeError(f"uploading {model.name} to s3://{self.bucket}: {err}") from err
+        return model.name
+
+
+def volume_of(cfg: StackConfig, cache: Path) -> ModelVolume:
+    """The stack's model volume; VolumeError naming the key when it has none or it is not built."""
+    if cfg.mode == "kubernetes":
+        k = cfg.kubernetes
+        if k is None or not k.model_prefix or not cfg.model_bucket:
+            raise VolumeError(
+                "kubernetes.model_prefix is unset: the model is baked into the image, so there "
+                "is no model volume to place a candidate in (set model_bucket and "
+                "kubernetes.model_prefix)"
+            )
+        prefix = k.model_prefix
+    else:
+        if not cfg.model_bucket:
+            raise VolumeError(
+                "model_bucket is unset: a group stack's candidate is placed there (under "
+                f"{MODEL_PREFIX}) for its nodes to download; set model_bucket"
+            )
+        prefix = MODEL_PREFIX
+    if cfg.cloud != "aws":
+        raise VolumeError(
+            f"placing a model file in the model volume is built for aws only, not {cfg.cloud} "
+            "(OSS): nothing was changed"
+        )
+    return S3Volume(cfg.model_bucket, prefix, cache, cfg.region)
+
+
+def bundle_model(stack: str, cache: Path, region: str) -> Callable[[], Path]:
+    """Group mode's stable file without `rollout.stable_model`: the model the stack's group vars
+    name (infra.bundle.stack_model), fetched from S3 and checked against its checksum."""
+
+    def fetch() -> Path:
+        ref = bundle.stack_model(stack)
+        source, checksum = ref.get("model_source", "demo"), ref.get("model_checksum", "")
+        m = re.fullmatch(r"s3://([^/]+)/(.*/)?([^/]+)", source)
+        if m is None or not re.fullmatch(r"sha256:[0-9a-f]{64}", checksum):
+            raise VolumeError(
+                f"rollout.stable_model is unset and inventories/{stack}/group_vars names "
+                f"inference_runtime_model_source {source!r} (checksum {checksum or 'none'}): the "
+                "stable nodes' file cannot be read here. Set rollout.stable_model to "
+                "<sha256>.pt of the stable model placed in model_bucket under "
+                f"{MODEL_PREFIX}, or the group vars to s3://BUCKET/KEY with a sha256: checksum"
+            )
+        path = S3Volume(m.group(1), m.group(2) or "", cache, region).fetch(m.group(3))
+        got = sha256_of(path)
+        if "sha256:" + got != checksum:
+            raise VolumeError(f"{source} has sha256 {got}, not the group vars' {checksum}")
+        return path
+
+    return fetch
+
+
+class ModelTracks:
+    def __init__(
+        self,
+        handle: StackHandle,
+        up: Callable[[], Any],
+        volume: ModelVolume,
+        say: Callable[[str], None] = print,
+        stable_default: str | Callable[[], Path] = RolloutSplit.stable_model,
+    ) -> None:
+        self.handle, self.up, self.volume, self.say = handle, up, volume, say
+        self.stable_default = stable_default
+        # group mode (a callable default): the nodes get the .pt alone, named by its digest
+        self.sidecars = isinstance(stable_default, str)
+
+    def file_of(self, track: str) -> str | None:
+        """The track's file in the volume; None: the stable nodes' own (stable_default)."""
+        block = block_of(self.handle)
+        default = self.stable_default if isinstance(self.stable_default, str) else None
+        stable = block.get("stable_model", default)
+        if track == "stable" or not block.get("candidate_weight"):
+            return None if stable is None else str(stable)  # no candidate: the stable's requests
+        return str(block.get("candidate_model", RolloutSplit.candidate_model))
+
+    def serving(self, track: str) -> tuple[Path, str]:
+        name = self.file_of(track)
+        if name is None:
+            assert callable(self.stable_default)
+            path = self.stable_default()
+        else:
+            path = self.volume.fetch(name)
+        return path, runtime_version(path)
+
+    def switch(self, track: str, model: Path) -> str:
+        if not self.sidecars and model.with_suffix(".json").is_file():
+            raise VolumeError(
+                f"{model.name} has a sidecar ({model.with_suffix('.json').name}): a group "
+                "stack's nodes get the model file alone (the metadata stays the group vars' "
+                "inference_runtime_metadata_source), so the runtime would not report the "
+                "sidecar's version; roll out the .pt without it (its version: sha256:<12 hex>)"
+            )
+        name = self.volume.put(model)
+        block = block_of(self.handle)
+        key = TRACK_KEYS[track]
+        if block.get(key) != name:
+            block[key] = name
+            write_block(self.handle, block)
+            self.say(f"  stack config {KEY}.{key} = {name}: `up` rolls the {track} track")
+            self.up()
+        return runtime_version(model)

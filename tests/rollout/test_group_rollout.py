@@ -1,0 +1,286 @@
+"""`torchfleet rollout` on an AWS group stack: the engine drives aws-prod's stable and candidate
+Auto Scaling groups through CloudSplit (the split: `candidate_weight` and `up`) and ModelTracks
+(which file each group's nodes serve: `candidate_model` / `stable_model`, placed by digest in
+the stack's model_bucket under models/, here moto's S3). The fake stack's `up` runs the real
+aws-prod program under the mock engine and keeps, per `up`, the candidate group's size, the
+model in each group's node config and the listener's candidate weight, so what is asserted is
+the program's own. Also the command itself on aws-prod (its wiring, --prometheus required)."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+import yaml
+from moto import mock_aws
+from pulumi import automation as auto
+
+from infra import bundle, config
+from infra.bootstrap.torchfleet_agent import boot
+from infra.matrix import REPO_ROOT
+from infra.offline import run_offline
+from infra.rollout import command
+from infra.rollout.cloud import KEY, CloudSplit
+from infra.rollout.engine import Options, Rollout
+from infra.rollout.policy import Figures, GuardSettings
+from infra.rollout.ref import ModelRef, Store
+from infra.rollout.state import RolloutState
+from infra.rollout.tracks import ModelTracks, VolumeError, bundle_model, volume_of
+
+STACK = "aws-prod"
+BUCKET, REGION = "example-torchfleet-models", "us-east-1"  # Pulumi.aws-prod.yaml's
+STABLE_BYTES, CAND_BYTES = b"stable model", b"candidate model"
+STABLE_SHA = hashlib.sha256(STABLE_BYTES).hexdigest()
+CAND_SHA = hashlib.sha256(CAND_BYTES).hexdigest()
+CANDIDATE_GROUP = "torchfleet-aws-prod-candidate-asg"
+
+
+def _node_model(run, group: dict) -> str | None:
+    """The digest of the model a group's node config names (None: the bundle's)."""
+    templates = {
+        f"{t.name}-id": t.inputs for t in run.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    }
+    spec = group["mixedInstancesPolicy"]["launchTemplate"]["launchTemplateSpecification"]
+    doc = yaml.safe_load(base64.b64decode(templates[spec["launchTemplateId"]]["userData"]))
+    (entry,) = [f for f in doc["write_files"] if f["path"] == boot.CONFIG]
+    model = json.loads(entry["content"]).get("model")
+    if model is None:
+        return None
+    digest = model["checksum"].removeprefix("sha256:")
+    assert model["source"] == f"s3://{BUCKET}/models/{digest}.pt"
+    return digest
+
+
+class FakeStack:
+    """The Automation API's Stack as the split uses it; `up` runs aws-prod offline and records
+    (candidate nodes, candidate model, stable model, the listener's candidate weight)."""
+
+    def __init__(self, block: dict | None = None) -> None:
+        doc = yaml.safe_load((REPO_ROOT / f"Pulumi.{STACK}.yaml").read_text())
+        self.values: dict[str, object] = doc["config"]
+        if block is not None:
+            self.values[KEY] = block
+        self.ups: list[tuple[int, str | None, str | None, int]] = []
+
+    def get_all_config(self) -> dict[str, auto.ConfigValue]:
+        return {
+            k: auto.ConfigValue(v if isinstance(v, str) else json.dumps(v))
+            for k, v in self.values.items()
+        }
+
+    def set_config(self, key: str, value: auto.ConfigValue, *, path: bool = False) -> None:
+        assert not path
+        self.values[key] = json.loads(value.value)
+
+    def up(self) -> None:
+        run = run_offline(STACK, dict(self.values))
+        groups = {g.inputs["name"]: g.inputs for g in run.of_type("aws:autoscaling/group:Group")}
+        cand = groups.get(CANDIDATE_GROUP)
+        stable_models = {_node_model(run, g) for n, g in groups.items() if n != CANDIDATE_GROUP}
+        assert len(stable_models) == 1  # the spot group and its on-demand fallback agree
+        (forward,) = [
+            a
+            for li in run.of_type("aws:lb/listener:Listener")
+            for a in li.inputs["defaultActions"]
+            if a["type"] == "forward"
+        ]
+        weights = {
+            tg["arn"].endswith("candidate-id"): int(tg["weight"])
+            for tg in forward["forward"]["targetGroups"]
+        }
+        if cand is not None:  # a candidate group is registered in the candidate target group
+            assert [a.endswith("tg-candidate-id") for a in cand["targetGroupArns"]] == [True]
+        self.ups.append(
+            (
+                int(cand["desiredCapacity"]) if cand else 0,
+                _node_model(run, cand) if cand else None,
+                stable_models.pop(),
+                weights[True],
+            )
+        )
+
+
+class Windows:
+    def __init__(self, cand_errors: int = 0) -> None:
+        self.cand_errors = cand_errors
+        self.stable = "sha256:" + STABLE_SHA[:12]  # no sidecars: the files' digests
+        self.candidate = "sha256:" + CAND_SHA[:12]
+
+    def begin(self) -> None:
+        pass
+
+    def end(self) -> dict[str, Figures]:
+        return {
+            self.stable: Figures(self.stable, 900, 0, 0.05),
+            self.candidate: Figures(self.candidate, 100, self.cand_errors, 0.05),
+        }
+
+
+@pytest.fixture
+def s3() -> Iterator[object]:
+    with mock_aws():
+        client = boto3.client("s3", region_name=REGION)
+        client.create_bucket(Bucket=BUCKET)
+        yield client
+
+
+def _cfg(stack: FakeStack) -> config.StackConfig:
+    raw = {k.split(":", 1)[1]: v for k, v in stack.values.items()}
+    return config.load(raw, STACK)
+
+
+def _engine(tmp_path: Path, split: CloudSplit, windows: Windows) -> Rollout:
+    clock = [0.0]
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+
+    return Rollout(
+        split,
+        RolloutState(tmp_path / "rollout.json"),
+        Store(tmp_path / "store"),
+        windows,
+        Options(strategy="canary", bake_s=10, window_s=5, guards=GuardSettings()),
+        say=lambda _: None,
+        clock=lambda: clock[0],
+        sleep=sleep,
+    )
+
+
+def _candidate(tmp_path: Path) -> ModelRef:
+    cand = tmp_path / "cand.pt"
+    cand.write_bytes(CAND_BYTES)
+    return ModelRef(str(cand), CAND_SHA)
+
+
+def _split(tmp_path: Path, stack: FakeStack, s3: object, stable_default=None) -> CloudSplit:
+    volume = volume_of(_cfg(stack), tmp_path / "volume")
+    tracks = ModelTracks(
+        stack,
+        stack.up,
+        volume,
+        say=lambda _: None,
+        stable_default=stable_default or bundle_model(STACK, tmp_path / "bundle", REGION),
+    )
+    return CloudSplit(stack, stack.up, tracks, cloud_limit=100, say=lambda _: None)
+
+
+def test_a_canary_on_aws_prod_grows_a_candidate_group_then_rolls_the_stable_group(
+    tmp_path, s3, monkeypatch
+):
+    """The stable nodes serve the bundle's model (the group vars name it in model_bucket)."""
+    s3.put_object(Bucket=BUCKET, Key="models/model.pt", Body=STABLE_BYTES)
+    monkeypatch.setattr(
+        bundle,
+        "stack_model",
+        lambda stack: {
+            "model_source": f"s3://{BUCKET}/models/model.pt",
+            "model_checksum": f"sha256:{STABLE_SHA}",
+        },
+    )
+    stack = FakeStack()  # no rollout block yet: the first `up` adds it at weight 0
+    split = _split(tmp_path, stack, s3)
+    assert _engine(tmp_path, split, Windows()).start(_candidate(tmp_path)) == "promoted"
+    # the checked copy in the bucket by its digest, what the nodes download and verify
+    body = s3.get_object(Bucket=BUCKET, Key=f"models/{CAND_SHA}.pt")["Body"].read()
+    assert body == CAND_BYTES
+    # aws-prod: nodes min 2, max 8. The block written (the candidate target group, weight 0),
+    # the candidate file named (no candidate group at 0 %), the
+    # canary's 10 % (one candidate node), at 100 % the candidate group as large as nodes.max
+    # leaves beside the stable minimum (6) with every request while the stable groups roll to
+    # the candidate's model (instance refresh), then no split: the candidate group gone, the
+    # stable groups on the candidate's model
+    assert stack.ups == [
+        (0, None, None, 0),
+        (0, None, None, 0),
+        (1, CAND_SHA, None, 10),
+        (6, CAND_SHA, None, 100),
+        (6, CAND_SHA, CAND_SHA, 100),
+        (0, None, CAND_SHA, 0),
+    ]
+    assert stack.values[KEY] == {
+        "candidate_weight": 0,
+        "candidate_model": f"{CAND_SHA}.pt",
+        "stable_model": f"{CAND_SHA}.pt",
+    }
+    doc = RolloutState(tmp_path / "rollout.json").read()
+    assert doc["status"] == "promoted" and doc["stable"]["version"] == Windows().candidate
+    assert doc["previous"]["version"] == Windows().stable
+
+
+def test_a_failing_candidate_on_aws_prod_is_rolled_back_and_its_group_removed(tmp_path, s3):
+    """A stack whose stable group already serves a placed file (stable_model)."""
+    s3.put_object(Bucket=BUCKET, Key=f"models/{STABLE_SHA}.pt", Body=STABLE_BYTES)
+    stack = FakeStack({"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
+    split = _split(tmp_path, stack, s3)
+    result = _engine(tmp_path, split, Windows(cand_errors=30)).start(_candidate(tmp_path))
+    assert result == "rolled_back"
+    # the canary's node, out at once (weight 0: its group removed), then the candidate track
+    # named on the stable's file (no group at weight 0); the stable groups never moved
+    assert stack.ups == [
+        (0, None, STABLE_SHA, 0),
+        (1, CAND_SHA, STABLE_SHA, 10),
+        (0, None, STABLE_SHA, 0),
+        (0, None, STABLE_SHA, 0),
+    ]
+    assert stack.values[KEY]["candidate_weight"] == 0
+    assert stack.values[KEY]["candidate_model"] == f"{STABLE_SHA}.pt"
+    assert RolloutState(tmp_path / "rollout.json").read()["status"] == "rolled_back"
+
+
+def test_the_stable_file_must_be_readable_or_named(tmp_path, s3):
+    """aws-prod's example group vars name a placeholder bucket: the stable track cannot be read,
+    and the message says which key to set; nothing was switched."""
+    stack = FakeStack()
+    split = _split(tmp_path, stack, s3)
+    with pytest.raises(
+        VolumeError, match="rollout.stable_model is unset .* 's3://REPLACE-with-your-bucket"
+    ):
+        _engine(tmp_path, split, Windows()).start(_candidate(tmp_path))
+    assert stack.ups == []
+
+
+def test_a_model_with_a_sidecar_is_refused_on_a_group_stack(tmp_path, s3):
+    s3.put_object(Bucket=BUCKET, Key=f"models/{STABLE_SHA}.pt", Body=STABLE_BYTES)
+    stack = FakeStack({"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
+    split = _split(tmp_path, stack, s3)
+    ref = _candidate(tmp_path)
+    Path(ref.location).with_suffix(".json").write_text(json.dumps({"version": "v2"}))
+    assert _engine(tmp_path, split, Windows()).start(ref) == "rolled_back"  # guard "load"
+    assert all(up[0] == 0 for up in stack.ups)  # no candidate node ever started
+    timeline = RolloutState(tmp_path / "rollout.json").read()["timeline"]
+    assert "sidecar" in timeline[-1]["reason"]
+
+
+def test_the_command_drives_aws_prod(tmp_path, s3, monkeypatch, capsys):
+    """`torchfleet rollout aws-prod --model ... --prometheus URL` through command.run: the
+    group-mode wiring (the S3 volume under models/, the stack's `up`), a canary promoted."""
+    s3.put_object(Bucket=BUCKET, Key=f"models/{STABLE_SHA}.pt", Body=STABLE_BYTES)
+    stack = FakeStack({"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
+    monkeypatch.setattr(command, "FLEETS", tmp_path / "fleets")
+    monkeypatch.setattr(command.automation, "open_stack", lambda name: stack)
+    monkeypatch.setattr(command.preflight, "check_config", lambda name: (None, _cfg(stack)))
+    monkeypatch.setattr(command, "PrometheusSource", lambda url, selector: Windows())
+    ref = _candidate(tmp_path)
+    args = argparse.Namespace(
+        words=[STACK],
+        model=str(ref),
+        strategy="canary",
+        steps=None,
+        bake="0.01s",
+        window="0.01s",
+        guard=[],
+        prometheus="http://127.0.0.1:9090",
+        selector="",
+        fleet=None,
+    )
+    assert command.run(args, print, up_of=lambda name: stack.up) == 0, capsys.readouterr().out
+    assert stack.ups[-1] == (0, None, CAND_SHA, 0)
+    doc = RolloutState(tmp_path / "fleets" / STACK / "rollout.json").read()
+    assert doc["status"] == "promoted"

@@ -1,0 +1,252 @@
+"""`torchfleet rollout` on a mode: kubernetes stack: the engine drives aws-k8s's two Deployments
+through CloudSplit (the split: `candidate_weight` and `up`) and ModelTracks (which file each
+Deployment serves: `candidate_model` / `stable_model` in the model volume). The fake stack's `up`
+runs the real aws-k8s program under the mock engine and keeps what each Deployment got, so the
+replicas and files asserted are the program's own. Also: the command's refusals (no
+--prometheus, shadow, group/instances stacks) with their exit code."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from pulumi import automation as auto
+
+from infra.cli import main
+from infra.matrix import REPO_ROOT
+from infra.offline import run_offline
+from infra.rollout import command
+from infra.rollout.cloud import KEY, CloudSplit
+from infra.rollout.engine import Options, Rollout
+from infra.rollout.policy import Figures, GuardSettings
+from infra.rollout.ref import ModelRef, Store
+from infra.rollout.state import RolloutState
+from infra.rollout.tracks import FolderVolume, ModelTracks, runtime_version
+
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+STABLE_BYTES, CAND_BYTES = b"stable model", b"candidate model"
+
+
+class FakeStack:
+    """The Automation API's Stack as the split uses it; `up` runs aws-k8s offline and records
+    (candidate replicas, candidate file, stable file) from the Deployments it registered."""
+
+    def __init__(self, stack: str = "aws-k8s") -> None:
+        self.stack = stack
+        doc = yaml.safe_load((REPO_ROOT / f"Pulumi.{stack}.yaml").read_text())
+        self.values: dict[str, object] = doc["config"]
+        self.ups: list[tuple[int, str | None, str]] = []
+
+    def get_all_config(self) -> dict[str, auto.ConfigValue]:
+        return {
+            k: auto.ConfigValue(v if isinstance(v, str) else json.dumps(v))
+            for k, v in self.values.items()
+        }
+
+    def set_config(self, key: str, value: auto.ConfigValue, *, path: bool = False) -> None:
+        assert not path
+        self.values[key] = json.loads(value.value)
+
+    def up(self) -> None:
+        run = run_offline(self.stack, dict(self.values))
+        by_name = {d.inputs["metadata"]["name"]: d.inputs for d in run.of_type(DEPLOYMENT)}
+        names = run.outputs["workload"]
+
+        def model(d: dict) -> str:
+            (c,) = d["spec"]["template"]["spec"]["containers"]
+            return {v["name"]: v["value"] for v in c["env"]}["TORCHFLEET_MODEL"]
+
+        cand = by_name.get(names["candidate_deployment"])
+        self.ups.append(
+            (
+                int(cand["spec"]["replicas"]) if cand else 0,
+                model(cand).removeprefix("/models/") if cand else None,
+                model(by_name[names["deployment"]]).removeprefix("/models/"),
+            )
+        )
+
+
+class Windows:
+    def __init__(self, stable: str, candidate: str, cand_errors: int = 0) -> None:
+        self.stable, self.candidate, self.cand_errors = stable, candidate, cand_errors
+
+    def begin(self) -> None:
+        pass
+
+    def end(self) -> dict[str, Figures]:
+        return {
+            self.stable: Figures(self.stable, 900, 0, 0.05),
+            self.candidate: Figures(self.candidate, 100, self.cand_errors, 0.05),
+        }
+
+
+def _setup(tmp_path: Path):
+    volume = FolderVolume(tmp_path / "volume")
+    volume.folder.mkdir()
+    (volume.folder / "model.pt").write_bytes(STABLE_BYTES)
+    cand = tmp_path / "cand.pt"
+    cand.write_bytes(CAND_BYTES)
+    stack = FakeStack()
+    tracks = ModelTracks(stack, stack.up, volume, say=lambda _: None)
+    split = CloudSplit(stack, stack.up, tracks, cloud_limit=command.KUBERNETES_LIMIT, say=print)
+    ref = ModelRef(str(cand), hashlib.sha256(CAND_BYTES).hexdigest())
+    return stack, volume, split, ref
+
+
+def _engine(tmp_path: Path, split: CloudSplit, windows: Windows) -> Rollout:
+    clock = [0.0]
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+
+    return Rollout(
+        split,
+        RolloutState(tmp_path / "rollout.json"),
+        Store(tmp_path / "store"),
+        windows,
+        Options(strategy="canary", bake_s=10, window_s=5, guards=GuardSettings()),
+        say=lambda _: None,
+        clock=lambda: clock[0],
+        sleep=sleep,
+    )
+
+
+def _versions(tmp_path: Path) -> tuple[str, str]:
+    stable, cand = tmp_path / "s.pt", tmp_path / "c.pt"
+    stable.write_bytes(STABLE_BYTES)
+    cand.write_bytes(CAND_BYTES)
+    return runtime_version(stable), runtime_version(cand)
+
+
+def test_a_canary_on_aws_k8s_moves_candidate_replicas_then_the_stable_deployments_model(
+    tmp_path,
+):
+    stack, volume, split, ref = _setup(tmp_path)
+    stable_v, cand_v = _versions(tmp_path)
+    assert _engine(tmp_path, split, Windows(stable_v, cand_v)).start(ref) == "promoted"
+    placed = f"{ref.sha256}.pt"
+    assert (volume.folder / placed).read_bytes() == CAND_BYTES  # the checked copy, by digest
+    # aws-k8s: replicas min 1, max 4. The block written (weight 0: no candidate pods), the
+    # candidate file named, the canary's 10 % (one candidate pod beside the stable one), at
+    # 100 % the candidate as large as replicas.max leaves (3) while the stable Deployment rolls
+    # to the candidate's file, then no split: the stable Deployment serves the candidate's
+    # model, the candidate has no pods
+    assert stack.ups == [
+        (0, "candidate.pt", "model.pt"),
+        (0, placed, "model.pt"),
+        (1, placed, "model.pt"),
+        (3, placed, "model.pt"),
+        (3, placed, placed),
+        (0, placed, placed),
+    ]
+    block = stack.values[KEY]
+    assert block == {"candidate_weight": 0, "candidate_model": placed, "stable_model": placed}
+    doc = RolloutState(tmp_path / "rollout.json").read()
+    assert doc["status"] == "promoted" and doc["stable"]["version"] == cand_v
+    assert doc["previous"]["version"] == stable_v
+
+
+def test_a_failing_candidate_on_aws_k8s_goes_back_to_no_candidate_pods(tmp_path):
+    stack, _, split, ref = _setup(tmp_path)
+    stable_v, cand_v = _versions(tmp_path)
+    windows = Windows(stable_v, cand_v, cand_errors=30)
+    assert _engine(tmp_path, split, windows).start(ref) == "rolled_back"
+    placed = f"{ref.sha256}.pt"
+    # the canary's pod, out at once (weight 0), then the candidate track back on the stable's
+    # file (stored by digest); the stable Deployment never moved
+    stable_copy = f"{hashlib.sha256(STABLE_BYTES).hexdigest()}.pt"
+    assert stack.ups == [
+        (0, "candidate.pt", "model.pt"),
+        (0, placed, "model.pt"),
+        (1, placed, "model.pt"),
+        (0, placed, "model.pt"),
+        (0, stable_copy, "model.pt"),
+    ]
+    assert stack.values[KEY]["candidate_weight"] == 0
+
+
+def test_runtime_version_is_the_runtimes_own(tmp_path):
+    """The rule restated in infra/rollout/tracks.py agrees with the runtime's."""
+    from torchfleet_runtime.model import file_version
+
+    model = tmp_path / "m.pt"
+    model.write_bytes(b"weights")
+    assert runtime_version(model) == file_version(str(model))
+    model.with_suffix(".json").write_text(json.dumps({"version": "2026-12-03.1"}))
+    assert runtime_version(model) == "2026-12-03.1"
+
+
+REF = "model.pt@sha256:" + "a" * 64
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["rollout", "aws-k8s", "--model", REF], "--prometheus URL is required"),
+        (
+            ["rollout", "aws-k8s", "--model", REF, "--strategy", "shadow", "--prometheus", "x"],
+            "--strategy shadow is not built on mode: kubernetes",
+        ),
+        (["rollout", "aws-prod", "--model", REF], "--prometheus URL is required on a mode: group"),
+        (
+            ["rollout", "aws-prod", "--model", REF, "--strategy", "shadow", "--prometheus", "x"],
+            "--strategy shadow is not built on mode: group",
+        ),
+        (["rollout", "alicloud-prod", "--model", REF], "mode: group (alicloud)"),
+        (["rollout", "aws-dev", "--model", REF], "mode: instances (aws)"),
+        (
+            ["rollout", "alicloud-k8s", "--model", REF, "--prometheus", "http://127.0.0.1:9"],
+            "built for aws only, not alicloud",
+        ),
+    ],
+)
+def test_the_command_refuses_what_it_cannot_do_with_exit_2(argv, says, capsys, monkeypatch):
+    monkeypatch.setattr(command, "FLEETS", Path("/nonexistent-fleets"))
+    assert main(argv) == 2
+    out = capsys.readouterr().out
+    assert says in out and "Traceback" not in out, out
+
+
+def test_status_of_a_kubernetes_rollout_reads_its_record(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(command, "FLEETS", tmp_path)
+    RolloutState(tmp_path / "aws-k8s" / "rollout.json").write(
+        {
+            "status": "promoted",
+            "stable": {"version": "v2", "sha256": "b" * 64},
+            "candidate": None,
+            "previous": {"version": "v1", "sha256": "a" * 64},
+            "timeline": [],
+        }
+    )
+    assert main(["rollout", "status", "aws-k8s"]) == 0
+    assert "status promoted" in capsys.readouterr().out
+
+
+def test_the_s3_model_volume_places_and_fetches_by_name(tmp_path):
+    """The volume EKS's pods mount, through real boto3 calls against moto's S3."""
+    import boto3
+    from moto import mock_aws
+
+    from infra.rollout.tracks import S3Volume
+
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="eu-central-1")
+        s3.create_bucket(
+            Bucket="models", CreateBucketConfiguration={"LocationConstraint": "eu-central-1"}
+        )
+        volume = S3Volume("models", "resnet50/v3/", tmp_path / "cache", "eu-central-1", s3=s3)
+        model = tmp_path / "abc.pt"
+        model.write_bytes(b"weights")
+        model.with_suffix(".json").write_text(json.dumps({"version": "v9"}))
+        assert volume.put(model) == "abc.pt"
+        keys = {o["Key"] for o in s3.list_objects_v2(Bucket="models")["Contents"]}
+        assert keys == {"resnet50/v3/abc.pt", "resnet50/v3/abc.json"}
+        fetched = volume.fetch("abc.pt")
+        assert fetched.read_bytes() == b"weights" and runtime_version(fetched) == "v9"
+        from infra.rollout.tracks import VolumeError
+
+        with pytest.raises(VolumeError, match="s3://models/resnet50/v3/missing.pt"):
+            volume.fetch("missing.pt")
