@@ -29,12 +29,13 @@ candidate in; OSS (Alibaba) is not built: `volume_of` refuses both, naming why.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
+
+from torchfleet_compat.model_version import model_version, sidecar_version
 
 from infra import bundle
 from infra.config import RolloutSplit, StackConfig
@@ -50,16 +51,8 @@ class VolumeError(RuntimeError):
 
 
 def runtime_version(model: Path) -> str:
-    """The model_version the runtime reports for `model`: its sidecar's `version`, else
-    "sha256:" + the file's first 12 hex digits (runtime/src/torchfleet_runtime/model.py,
-    `_versioned` and `file_version`; that module needs torch, so the rule is restated here and
-    tests/rollout/test_kubernetes_rollout.py checks the two agree)."""
-    sidecar = model.with_suffix(".json")
-    if sidecar.is_file():
-        version = json.loads(sidecar.read_text()).get("version")
-        if version not in (None, ""):
-            return str(version)
-    return "sha256:" + sha256_of(model)[:12]
+    """The model_version a runtime will report for `model` (torchfleet_compat.model_version)."""
+    return model_version(sidecar_version(model), model)
 
 
 class ModelVolume(Protocol):

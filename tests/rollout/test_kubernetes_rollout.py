@@ -168,15 +168,20 @@ def test_a_failing_candidate_on_aws_k8s_goes_back_to_no_candidate_pods(tmp_path)
     assert stack.values[KEY]["candidate_weight"] == 0
 
 
-def test_runtime_version_is_the_runtimes_own(tmp_path):
-    """The rule restated in infra/rollout/tracks.py agrees with the runtime's."""
-    from torchfleet_runtime.model import file_version
+def test_runtime_version_is_what_the_runtime_reports(tmp_path):
+    """The version the rollout predicts for a file is the one the runtime reports once it has
+    loaded it (both call torchfleet_compat.model_version): by digest, then by sidecar."""
+    import torch
+    from torchfleet_runtime.config import load_config
+    from torchfleet_runtime.model import load
 
     model = tmp_path / "m.pt"
-    model.write_bytes(b"weights")
-    assert runtime_version(model) == file_version(str(model))
+    torch.jit.script(torch.nn.Linear(4, 2)).save(str(model))
+    cfg, _ = load_config({"model": str(model), "input_shape": "4", "device": "cpu"}, env={})
+    assert runtime_version(model).startswith("sha256:")
+    assert runtime_version(model) == load(cfg).version
     model.with_suffix(".json").write_text(json.dumps({"version": "2026-12-03.1"}))
-    assert runtime_version(model) == "2026-12-03.1"
+    assert runtime_version(model) == load(cfg).version == "2026-12-03.1"
 
 
 REF = "model.pt@sha256:" + "a" * 64

@@ -7,7 +7,6 @@ owns device placement, precision (autocast) and inference_mode, so callers never
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import logging
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from torchfleet_compat.model_version import model_version
 from torchfleet_compat.problems import sentence
 
 from . import compat
@@ -222,22 +222,8 @@ class LoadedModel:
     optimization: dict[str, Any] = field(default_factory=dict)  # what optimize.py did, and why
 
 
-def file_version(path: str) -> str:
-    """ "sha256:" + the first 12 hex digits of the file's SHA-256 (read in 1 MiB blocks)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return "sha256:" + h.hexdigest()[:12]
-
-
 def _versioned(loaded: LoadedModel, config: Config) -> LoadedModel:
-    if loaded.metadata.version:
-        loaded.version = loaded.metadata.version
-    elif config.model and Path(config.model).is_file():
-        loaded.version = file_version(config.model)
-    else:
-        loaded.version = "module"
+    loaded.version = model_version(loaded.metadata.version, config.model)
     return loaded
 
 
