@@ -46,10 +46,12 @@ from infra.rollout.policy import (
     steps,
 )
 from infra.rollout.ref import ModelRef, Store, sha256_of
-from infra.rollout.signals import ShadowCounts, Source
+from infra.rollout.signals import ShadowCounts, SignalError, Source
 from infra.rollout.state import ACTIVE, RolloutState, engine_alive
 
 EQUAL_WEIGHT = 100  # every node's weight outside a split
+# Windows in a row whose figures could not be read before a rollout backs out (fails safe).
+UNREADABLE_WINDOWS = 3
 
 
 class RolloutError(RuntimeError):
@@ -112,6 +114,7 @@ class Rollout:
         self.say, self.clock, self.sleep = say, clock, sleep
         self.started = clock()
         self._baseline: Figures | None = None  # the last stable window with requests
+        self._unreadable_windows = 0  # windows in a row without figures
 
     # --- start -------------------------------------------------------------------------------
 
@@ -262,9 +265,17 @@ class Rollout:
     def _window(self, step: int, share: float) -> Verdict:
         doc = self.state.read()
         stable_v, cand_v = doc["stable"]["version"], doc["candidate"]["version"]
-        self.source.begin()
+        try:
+            self.source.begin()
+        except SignalError as exc:
+            self.sleep(self.options.window_s)  # a window's time passes either way
+            return self._unreadable(step, share, exc)
         self.sleep(self.options.window_s)
-        figures = self.source.end()
+        try:
+            figures = self.source.end()
+        except SignalError as exc:
+            return self._unreadable(step, share, exc)
+        self._unreadable_windows = 0
         stable = figures.get(stable_v)
         if stable is not None and stable.requests >= self.options.guards.min_requests:
             self._baseline = stable
@@ -273,6 +284,25 @@ class Rollout:
         cand = figures.get(cand_v) or Figures(cand_v, 0, 0, None)
         verdict = judge(stable, cand, self.options.guards)
         self._log(step, share, verdict, stable, cand)
+        return verdict
+
+    def _unreadable(self, step: int, share: float, exc: SignalError) -> Verdict:
+        """A window whose figures could not be read (a scrape, Prometheus or CloudWatch failed)
+        judges nothing; UNREADABLE_WINDOWS of them in a row roll back: a rollout that cannot see
+        the candidate does not keep sending it traffic."""
+        self._unreadable_windows += 1
+        n = self._unreadable_windows
+        if n >= UNREADABLE_WINDOWS:
+            verdict = Verdict(
+                "rollback", "signals", f"{n} windows in a row without figures; the last: {exc}"
+            )
+        else:
+            verdict = Verdict(
+                "wait",
+                "signals",
+                f"no figures this window ({n} of {UNREADABLE_WINDOWS} before a rollback): {exc}",
+            )
+        self._record(step, share, verdict, "no figures")
         return verdict
 
     def _control(self) -> str | None:
@@ -290,10 +320,14 @@ class Rollout:
     def _log(
         self, step: int, share: float, v: Verdict, stable: Figures | None, cand: Figures
     ) -> None:
-        at = round(self.clock() - self.started, 1)
         base = stable.text() if stable is not None else "stable: no window yet"
+        self._record(step, share, v, f"{cand.text()} | {base}")
+
+    def _record(self, step: int, share: float, v: Verdict, figures: str) -> None:
+        """One window's line and timeline entry: what was seen, the decision and its numbers."""
+        at = round(self.clock() - self.started, 1)
         self.say(
-            f"  t+{at:g}s step {step} {share:g} %: {cand.text()} | {base} -> {v.decision}"
+            f"  t+{at:g}s step {step} {share:g} %: {figures} -> {v.decision}"
             + (f" ({v.guard}: {v.reason})" if v.decision != "ok" else "")
         )
         entry = {

@@ -13,6 +13,7 @@ import pytest
 from infra.rollout.engine import EQUAL_WEIGHT, Options, Rollout, RolloutError
 from infra.rollout.policy import Figures, GuardSettings
 from infra.rollout.ref import ModelRef, RefError, Store
+from infra.rollout.signals import SignalError
 from infra.rollout.state import RolloutState
 
 
@@ -159,6 +160,36 @@ def test_a_candidate_that_does_not_load_leaves_the_stable_serving(setup):
     assert make(Windows([])).start(ref) == "rolled_back"
     assert state.read()["timeline"][-1]["guard"] == "load"
     assert fleet.weights == {n: EQUAL_WEIGHT for n in fleet.files}
+
+
+def test_figures_that_cannot_be_read_roll_back_after_three_windows_in_a_row(setup):
+    fleet, ref, state, lines, make = setup
+
+    class Blind(Windows):
+        """The source fails in the 2nd window, recovers, then fails from the 4th on."""
+
+        def end(self) -> dict[str, Figures]:
+            if self.opened == 2 or self.opened >= 4:
+                raise SignalError(
+                    f"Prometheus at http://mon:9090: timed out (window {self.opened})"
+                )
+            return super().end()
+
+    # linear: 4 steps of 2 windows; a step whose bake had an ok window ends at its deadline
+    assert make(Blind([]), strategy="linear").start(ref) == "rolled_back"
+    timeline = [e for e in state.read()["timeline"] if "step" in e]
+    assert [(e["decision"], e["guard"]) for e in timeline] == [
+        ("ok", ""),
+        ("wait", "signals"),  # one blind window judges nothing
+        ("ok", ""),  # and a readable one resets the count
+        ("wait", "signals"),
+        ("wait", "signals"),
+        ("rollback", "signals"),
+        ("rolled_back", "signals"),  # the rollback's own entry, once every node is back
+    ]
+    rollback = next(line for line in lines if line.startswith("ROLLBACK"))
+    assert "3 windows in a row without figures; the last: Prometheus at http://mon:9090" in rollback
+    assert all(fleet.serving(n)[1] == "v1" for n in fleet.files)
 
 
 def test_abort_and_pause_are_read_between_windows(setup):
