@@ -10,6 +10,10 @@ one of them under its own name assigns it from here, never restates the literal.
   Kubernetes probes and the controller's readiness wait ask it.
 - `SERVICE_PORT`: the runtime's default port (the runtime's `port` default and the
   inference_runtime role's `inference_runtime_port`); the stack key `service_port` overrides it.
+- `ROLLOUT_METRICS_OUTPUT`: the stack output of an AWS group stack that says where a rollout
+  reads each track's figures in CloudWatch (`ALB_NAMESPACE`, the ALB's and each target group's
+  ARN suffix: the metrics' LoadBalancer and TargetGroup dimensions): written by
+  infra/aws/edge.py, read by infra/rollout/signals.py's CloudWatchSource.
 """
 
 from __future__ import annotations
@@ -17,3 +21,5 @@ from __future__ import annotations
 PROJECT = "torchfleet"
 HEALTH_PATH = "/readyz"
 SERVICE_PORT = 8080
+ROLLOUT_METRICS_OUTPUT = "rollout_metrics"
+ALB_NAMESPACE = "AWS/ApplicationELB"

@@ -4,7 +4,10 @@ GetSecretValue on that secret and nothing else; the operator's own credentials a
 other reader). The policies and ports are infra.edge's.
 With the stack's `rollout` block, the listener forwards to two target groups by weight: the
 stable one (the group's) and the candidate one (nodes the rollout moved there), optionally
-sticky; without it, to the stable group alone, as before."""
+sticky; without it, to the stable group alone, as before.
+`rollout_metrics` is what a rollout reads its per-track figures by (the stack output
+ROLLOUT_METRICS_OUTPUT): the ALB's CloudWatch dimensions, LoadBalancer (its ARN suffix) and, per
+track, TargetGroup (each target group's ARN suffix)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import pulumi_aws as aws
 from infra import edge
 from infra.aws.iam import allow
 from infra.config import StackConfig
+from infra.constants import ALB_NAMESPACE
 
 # A deleted secret's name stays taken this long; 7 days is the shortest recovery AWS allows.
 RECOVERY_DAYS = 7
@@ -92,6 +96,20 @@ def _forward(
             else None,
         ),
     )
+
+
+def rollout_metrics(
+    alb: aws.lb.LoadBalancer,
+    target: aws.lb.TargetGroup,
+    candidate: aws.lb.TargetGroup | None,
+) -> dict[str, object]:
+    """The CloudWatch dimensions of each track's requests (infra/rollout/signals.py's
+    CloudWatchSource): {namespace, load_balancer, target_groups: {stable, candidate}}; the
+    candidate only while the stack has a `rollout` block (its target group exists)."""
+    groups = {"stable": target.arn_suffix}
+    if candidate is not None:
+        groups["candidate"] = candidate.arn_suffix
+    return {"namespace": ALB_NAMESPACE, "load_balancer": alb.arn_suffix, "target_groups": groups}
 
 
 def token_store(

@@ -21,7 +21,7 @@ from infra.aws.bundle_store import AwsBundleStore
 from infra.aws.iam import assume_role, bundle_read_policy, group_arn, lifecycle_policy
 from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
-from infra.constants import HEALTH_PATH
+from infra.constants import HEALTH_PATH, ROLLOUT_METRICS_OUTPUT
 from infra.interface import NODE_ROLE_TAG, Deployment, instances_deployment
 from infra.lifecycle import (
     COLD_BOOTSTRAP_BUDGET_S,
@@ -280,6 +280,9 @@ class AwsFleet(pulumi.ComponentResource):
                         else {}
                     ),
                 },
+            )
+            self.deployment.extra_outputs[ROLLOUT_METRICS_OUTPUT] = aws_edge.rollout_metrics(
+                alb, target, self.candidate_target
             )
         self.register_outputs({"launch_template_id": self.template.id})
 

@@ -10,8 +10,10 @@ The local fleet is the one built here: its description and the rollout's record 
 mode: kubernetes stack (no fleet.json) rolls out by its two Deployments, a mode: group stack on
 AWS by its stable and candidate Auto Scaling groups: the split through its `rollout` block and
 `torchfleet up` (cloud.py), the files in its model store (tracks.py), the record in
-.cache/fleet/STACK; both need --prometheus. Instances stacks, and group stacks on Alibaba, are
-refused, nothing moved.
+.cache/fleet/STACK. The figures: --prometheus URL when given; else on an AWS group stack its
+ALB's per-target-group metrics in CloudWatch (--window 60s at least), while a kubernetes stack
+needs --prometheus (CloudMonitor, Alibaba's, is not built). Instances stacks, and group stacks
+on Alibaba, are refused, nothing moved.
 Exit codes: 0 promoted (or the control was done), 2 bad arguments or settings, 10 rolled back or
 aborted.
 """
@@ -28,15 +30,25 @@ from typing import Any
 from torchfleet_compat.problems import InvalidInput
 
 from infra.config import StackConfig
+from infra.constants import ROLLOUT_METRICS_OUTPUT
 from infra.deploy import automation, preflight, stage
+from infra.deploy.stage import StageError
 from infra.k8s.addons import ADDON_NAMESPACE
 from infra.matrix import REPO_ROOT
-from infra.rollout.cloud import CloudSplit
+from infra.rollout.cloud import TRACKS, CloudSplit
 from infra.rollout.engine import Fleet, Options, Rollout, RolloutError
 from infra.rollout.local import FLEET_FILE, LocalFleet, SwitchError
 from infra.rollout.policy import AB, STRATEGIES, guard_settings, parse_duration
 from infra.rollout.ref import ModelRef, RefError, Store
-from infra.rollout.signals import PrometheusSource, ScrapeSource, SignalError, Source
+from infra.rollout.signals import (
+    CLOUDWATCH_PERIOD_S,
+    CloudWatchSource,
+    PrometheusSource,
+    ScrapeSource,
+    SignalError,
+    Source,
+    cloudwatch_period,
+)
 from infra.rollout.state import ACTIVE, RolloutState, engine_alive
 from infra.rollout.tracks import ModelTracks, VolumeError, bundle_model, volume_of
 
@@ -45,6 +57,7 @@ FLEETS = REPO_ROOT / ".cache" / "fleet"
 # The candidate Deployment's share stops below 100: a promotion is the stable Deployment on the
 # candidate's file (config.py refuses candidate_weight 100 in mode: kubernetes).
 KUBERNETES_LIMIT = 99
+DEFAULT_WINDOW = "30s"
 
 
 def add_parser(sub: Any, stack_help: str) -> None:
@@ -75,7 +88,11 @@ def add_parser(sub: Any, stack_help: str) -> None:
         help="traffic percents, increasing, ending at 100 (e.g. 10,50,100); ab: one, 1-99",
     )
     p.add_argument("--bake", default="5m", help="how long each step is watched (default 5m)")
-    p.add_argument("--window", default="30s", help="one evaluation window (default 30s)")
+    p.add_argument(
+        "--window",
+        help=f"one evaluation window (default {DEFAULT_WINDOW}; with figures from CloudWatch "
+        f"{CLOUDWATCH_PERIOD_S}s, its minimum)",
+    )
     p.add_argument(
         "--guard",
         action="append",
@@ -86,7 +103,8 @@ def add_parser(sub: Any, stack_help: str) -> None:
     )
     p.add_argument(
         "--prometheus",
-        help="the stack's Prometheus (default: the nodes' /metrics; required on a cloud stack)",
+        help="the stack's Prometheus (default: the nodes' /metrics on the local fleet, CloudWatch "
+        "on an AWS group stack; required on a kubernetes stack)",
     )
     p.add_argument("--selector", default="", help="PromQL label matchers of the stack's series")
     p.add_argument(
@@ -191,20 +209,20 @@ def _cloud(
             f"--strategy shadow is not built on mode: {cfg.mode} (a node's shadow_model needs a "
             "file beside its model and a reload: a canary or an ab split instead)"
         )
-    if action == "start" and not args.prometheus:
-        where = (
-            f"The cluster's Prometheus: `kubectl -n {ADDON_NAMESPACE} port-forward "
-            "svc/prometheus-server 9090:80`, then --prometheus http://127.0.0.1:9090"
-            if cfg.mode == "kubernetes"
-            else "The stack's Prometheus is its monitoring host's (the `monitoring` block, "
-            "port 9090, reached from admin_cidrs)"
-        )
+    cloudwatch = action == "start" and not args.prometheus and cfg.mode == "group"
+    if action == "start" and not args.prometheus and not cloudwatch:
         raise RolloutError(
             f"--prometheus URL is required on a mode: {cfg.mode} stack: the guards compare "
             "per-version figures, and a scrape of the load balancer's endpoint reaches one "
-            f"random {'pod' if cfg.mode == 'kubernetes' else 'node'}. {where}"
+            f"random pod; figures from {'CloudMonitor' if cfg.cloud == 'alicloud' else 'the cloud'}"
+            " are not built for it (CloudWatch is, for mode: group on aws). The cluster's "
+            f"Prometheus: `kubectl -n {ADDON_NAMESPACE} port-forward svc/prometheus-server "
+            "9090:80`, then --prometheus http://127.0.0.1:9090"
         )
-    source: PrometheusSource | _NoFigures = (
+    if cloudwatch:  # refused before anything is opened: a window CloudWatch cannot resolve
+        args.window = args.window or f"{CLOUDWATCH_PERIOD_S}s"
+        cloudwatch_period(parse_duration("--window", args.window))
+    source: PrometheusSource | CloudWatchSource | _NoFigures = (
         PrometheusSource(args.prometheus, args.selector) if args.prometheus else _NoFigures()
     )
     volume = volume_of(cfg, folder / "volume")
@@ -220,9 +238,38 @@ def _cloud(
         )
         limit = 100
     split = CloudSplit(handle, up, tracks, cloud_limit=limit, say=say)
+    if cloudwatch:
+        source = CloudWatchSource(
+            dimensions=lambda: _rollout_metrics(stack, handle),
+            versions=lambda: {track: tracks.version(track) for track in TRACKS},
+            window_s=parse_duration("--window", args.window),
+            region=cfg.region,
+        )
+        hint = (
+            "; the stack's monitoring host has per-version figures without the delay: "
+            "--prometheus http://HOST:9090"
+            if cfg.monitoring
+            else ""
+        )
+        say(f"rollout {stack}: figures from {source.describe()} (no --prometheus){hint}")
     if action == "start":
         return _start(args, split, state, store, source, say)
     return _control(action, split, state, store, source, say)
+
+
+def _rollout_metrics(stack: str, handle: Any) -> dict[str, Any]:
+    """The stack output CloudWatchSource reads its dimensions from (infra/aws/edge.py)."""
+    try:
+        outputs = automation.outputs(stack, opener=lambda _: handle)
+    except StageError as err:
+        raise SignalError(f"{err.message}: {err.fix or ''}") from err
+    value = outputs.values.get(ROLLOUT_METRICS_OUTPUT)
+    if not isinstance(value, dict):
+        raise SignalError(
+            f"stack {stack} has no output {ROLLOUT_METRICS_OUTPUT} (the ALB's CloudWatch "
+            f"dimensions): `torchfleet up {stack}` exports it, or give --prometheus URL"
+        )
+    return value
 
 
 def _default_up(stack: str) -> Callable[[], Any]:
@@ -242,7 +289,7 @@ def _options(args: argparse.Namespace) -> Options:
         steps=args.steps,
         # an A/B holds its split: its one step never ends on its own
         bake_s=math.inf if args.strategy == AB else parse_duration("--bake", args.bake),
-        window_s=parse_duration("--window", args.window),
+        window_s=parse_duration("--window", args.window or DEFAULT_WINDOW),
         guards=guard_settings(raw, where="--guard"),
     )
 

@@ -11,6 +11,16 @@ compared over the same seconds:
 - `ScrapeSource(nodes)`: where there is no Prometheus, the nodes' own /metrics read at both
   ends of the window; a node's figures go to the version it served at the end (the engine
   opens a new window after it switches a node, so a window never spans a switch).
+- `CloudWatchSource(dimensions, versions, window_s, region)`: an AWS group stack without a
+  Prometheus: its ALB's per-target-group metrics (namespace AWS/ApplicationELB, dimensions
+  LoadBalancer + TargetGroup, the stack output ROLLOUT_METRICS_OUTPUT), one GetMetricData call
+  per window: RequestCount (Sum), HTTPCode_Target_5XX_Count (Sum) and TargetResponseTime (p99)
+  of each track's target group, a track's figures going to the version it serves (`versions`,
+  read at `begin`). CloudWatch keeps these metrics in 1-minute periods and publishes a minute
+  after it ends, so a window reads one period of its whole minutes (`cloudwatch_period`: a
+  --window under 60 s is refused) ending `delay_s` (60) before `end`: the figures trail the
+  window by about a minute. HTTPCode_ELB_5XX_Count (the ALB's own 5xx, such as a 502 from a
+  node that reset the connection) has no TargetGroup dimension, so no version: not judged.
 `quantile(q, buckets)` is Prometheus' histogram_quantile over cumulative buckets (linear
 interpolation inside the bucket, the lowest bucket from 0).
 """
@@ -22,14 +32,17 @@ import math
 import time
 import urllib.parse
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
+from torchfleet_compat.problems import sentence
 
 from infra import client
-from infra.rollout.policy import Figures
+from infra.constants import ALB_NAMESPACE, ROLLOUT_METRICS_OUTPUT
+from infra.rollout.policy import Figures, RolloutSettingsError
 
 
 class SignalError(RuntimeError):
@@ -219,3 +232,164 @@ class PrometheusSource:
             )
             for v, f in got.items()
         }
+
+
+# --- CloudWatch (an AWS group stack's ALB) ------------------------------------------------------
+
+CLOUDWATCH_PERIOD_S = 60  # the ALB's metrics: 1-minute data points, nothing finer
+CLOUDWATCH_DELAY_S = 60  # a minute is read this long after it ends (CloudWatch publishes late)
+# metric -> (statistic, Figures field); one query of each per track's target group
+ALB_METRICS = {
+    "requests": ("RequestCount", "Sum"),
+    "errors": ("HTTPCode_Target_5XX_Count", "Sum"),
+    "p99": ("TargetResponseTime", "p99"),
+}
+
+
+def cloudwatch_period(window_s: float) -> int:
+    """The metric period a window reads on CloudWatch: its whole minutes (a --window of 150 s:
+    120 s); RolloutSettingsError naming --window when the window is under a minute."""
+    if window_s < CLOUDWATCH_PERIOD_S:
+        raise RolloutSettingsError(
+            sentence(
+                "--window",
+                f"{window_s:g}s",
+                f"at least {CLOUDWATCH_PERIOD_S}s with figures from CloudWatch (the ALB's "
+                "metrics come in 1-minute periods), such as 60s or 2m; or --prometheus URL",
+            )
+        )
+    return int(window_s // CLOUDWATCH_PERIOD_S) * CLOUDWATCH_PERIOD_S
+
+
+def cloudwatch_client(region: str) -> Any:
+    """boto3's CloudWatch client of the stack's region, with timeouts (no call hangs a window)."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(connect_timeout=5, read_timeout=15, retries={"max_attempts": 3})
+    return boto3.client("cloudwatch", region_name=region, config=config)
+
+
+class CloudWatchSource:
+    def __init__(
+        self,
+        dimensions: Callable[[], Mapping[str, Any]],
+        versions: Callable[[], dict[str, str]],
+        window_s: float,
+        region: str,
+        cloudwatch: Any = None,
+        clock: Callable[[], float] = time.time,
+        delay_s: float = CLOUDWATCH_DELAY_S,
+    ) -> None:
+        """`dimensions()`: the stack output ROLLOUT_METRICS_OUTPUT (read at the first `end`:
+        the candidate's target group exists once the rollout's first `up` ran);
+        `versions()`: track -> the model_version it serves."""
+        self.period_s = cloudwatch_period(window_s)
+        self.region, self.delay_s = region, delay_s
+        self._dimensions, self._versions_of, self._clock = dimensions, versions, clock
+        self._cw = cloudwatch
+        self._dims: Mapping[str, Any] | None = None
+        self._versions: dict[str, str] = {}
+
+    def describe(self) -> str:
+        return (
+            f"CloudWatch (AWS/ApplicationELB per target group, {self.region}): each window "
+            f"reads a {self.period_s} s metric period of whole minutes, ending "
+            f"{self.delay_s:g} s before the window does"
+        )
+
+    def dims(self) -> Mapping[str, Any]:
+        if self._dims is None:
+            dims = self._dimensions()
+            groups = dims.get("target_groups") or {}
+            if not dims.get("load_balancer") or not groups.get("candidate"):
+                raise SignalError(
+                    f"the stack output {ROLLOUT_METRICS_OUTPUT} names no candidate target group "
+                    f"({dict(dims)}): `torchfleet up` with the stack's `rollout` block exports it"
+                )
+            self._dims = dims
+        return self._dims
+
+    def queries(self) -> list[dict[str, Any]]:
+        dims = self.dims()
+        out = []
+        for track, target_group in sorted(dims["target_groups"].items()):
+            for key, (metric, stat) in ALB_METRICS.items():
+                out.append(
+                    {
+                        "Id": f"{track}_{key}",
+                        "MetricStat": {
+                            "Metric": {
+                                "Namespace": dims.get("namespace", ALB_NAMESPACE),
+                                "MetricName": metric,
+                                "Dimensions": [
+                                    {"Name": "LoadBalancer", "Value": dims["load_balancer"]},
+                                    {"Name": "TargetGroup", "Value": target_group},
+                                ],
+                            },
+                            "Period": self.period_s,
+                            "Stat": stat,
+                        },
+                        "ReturnData": True,
+                    }
+                )
+        return out
+
+    def span(self, now: float) -> tuple[datetime, datetime]:
+        """The period a window ending `now` reads: whole minutes, `delay_s` behind."""
+        end = math.floor((now - self.delay_s) / CLOUDWATCH_PERIOD_S) * CLOUDWATCH_PERIOD_S
+        return (
+            datetime.fromtimestamp(end - self.period_s, UTC),
+            datetime.fromtimestamp(end, UTC),
+        )
+
+    def begin(self) -> None:
+        self._versions = self._versions_of()  # the engine never switches a track in a window
+
+    def end(self) -> dict[str, Figures]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        start, end = self.span(self._clock())
+        queries = self.queries()  # the stack's dimensions first: no call without them
+        if self._cw is None:
+            self._cw = cloudwatch_client(self.region)
+        try:
+            doc = self._cw.get_metric_data(MetricDataQueries=queries, StartTime=start, EndTime=end)
+        except (BotoCoreError, ClientError) as err:
+            raise SignalError(f"CloudWatch GetMetricData ({self.region}): {err}") from err
+        got: dict[str, list[float]] = {}
+        for result in doc.get("MetricDataResults", []):
+            if result.get("StatusCode", "Complete") != "Complete":
+                raise SignalError(
+                    f"CloudWatch GetMetricData ({self.region}): {result['Id']} is "
+                    f"{result['StatusCode']} {result.get('Messages', [])}"
+                )
+            got[result["Id"]] = [float(v) for v in result.get("Values", [])]
+        by_version: dict[str, list[Figures]] = defaultdict(list)
+        for track in sorted(self.dims()["target_groups"]):
+            version = self._versions.get(track)
+            if version is None:
+                continue
+            requests = sum(got.get(f"{track}_requests", []))
+            p99 = got.get(f"{track}_p99", [])
+            by_version[version].append(
+                Figures(
+                    version,
+                    requests,
+                    sum(got.get(f"{track}_errors", [])),
+                    max(p99) if p99 and requests else None,
+                )
+            )
+        return {v: _together(v, figs) for v, figs in by_version.items()}
+
+
+def _together(version: str, figures: list[Figures]) -> Figures:
+    """Two tracks on one version (no split, or the promotion): counts add up; a p99 cannot be
+    combined from two, so the higher one (a guard errs towards the rollback)."""
+    p99s = [f.p99_s for f in figures if f.p99_s is not None]
+    return Figures(
+        version,
+        sum(f.requests for f in figures),
+        sum(f.errors for f in figures),
+        max(p99s) if p99s else None,
+    )

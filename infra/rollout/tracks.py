@@ -20,7 +20,8 @@ Contract. `ModelTracks(handle, up, volume, stable_default=...)`:
   group's creation or instance refresh); the stable track switched is the promotion, and the
   engine's equal weights then put candidate_weight back to 0 (no candidate pods or group).
 - `serving(track)` is the track's file fetched from the volume (`volume.fetch`) and the
-  model_version the runtime reports for it.
+  model_version the runtime reports for it; `version(track)` that version alone, fetched once
+  per file (a window's figures ask it each window: CloudWatchSource).
 
 `S3Volume` is s3://bucket/prefix (AWS); `FolderVolume` a folder (the tests, or a bucket mounted
 here). A kubernetes stack whose model is baked into the image has no volume to place a
@@ -184,6 +185,7 @@ class ModelTracks:
         self.stable_default = stable_default
         # group mode (a callable default): the nodes get the .pt alone, named by its digest
         self.sidecars = isinstance(stable_default, str)
+        self._versions: dict[str | None, str] = {}  # file_of -> its model_version
 
     def file_of(self, track: str) -> str | None:
         """The track's file in the volume; None: the stable nodes' own (stable_default)."""
@@ -201,7 +203,14 @@ class ModelTracks:
             path = self.stable_default()
         else:
             path = self.volume.fetch(name)
-        return path, runtime_version(path)
+        self._versions[name] = runtime_version(path)
+        return path, self._versions[name]
+
+    def version(self, track: str) -> str:
+        """The model_version `track` serves; its file is fetched only the first time (a file the
+        rollout placed is named by its digest, so a name keeps its version)."""
+        name = self.file_of(track)
+        return self._versions[name] if name in self._versions else self.serving(track)[1]
 
     def switch(self, track: str, model: Path) -> str:
         if not self.sidecars and model.with_suffix(".json").is_file():

@@ -200,3 +200,28 @@ def test_working_hours_stop_the_candidate_group_too(with_overrides):
     assert actions[(group, "work-stop")]["desiredCapacity"] == 0
     start = actions[(group, "work-start")]
     assert (start["minSize"], start["maxSize"], start["desiredCapacity"]) == (1, 1, 1)
+
+
+def test_the_stack_outputs_name_each_track_s_cloudwatch_dimensions(with_overrides):
+    """`rollout_metrics`: what CloudWatchSource reads a window by (the ALB's ARN suffix, each
+    target group's), the very values the requests-per-node scaling policy's resource label
+    joins; the candidate's only while a `rollout` block makes its target group."""
+    run = _run(with_overrides, candidate_weight=10, candidate_model=f"{CAND_SHA}.pt")
+    out = run.outputs["rollout_metrics"]
+    assert out["namespace"] == "AWS/ApplicationELB"
+    assert set(out["target_groups"]) == {"stable", "candidate"}
+    assert (
+        out["load_balancer"].startswith("app/") and "candidate" in out["target_groups"]["candidate"]
+    )
+    (policy,) = [
+        p.inputs
+        for p in run.of_type("aws:autoscaling/policy:Policy")
+        if p.inputs.get("policyType") == "TargetTrackingScaling" and "requests" in p.inputs["name"]
+    ]
+    spec = policy["targetTrackingConfiguration"]["predefinedMetricSpecification"]
+    assert spec["resourceLabel"] == f"{out['load_balancer']}/{out['target_groups']['stable']}"
+    assert out["target_groups"]["candidate"] != out["target_groups"]["stable"]
+
+    without = run_offline("aws-prod", with_overrides("aws-prod", rollout=None)).outputs
+    assert without["rollout_metrics"]["target_groups"] == {"stable": out["target_groups"]["stable"]}
+    assert "rollout_metrics" not in run_offline("aws-dev", with_overrides("aws-dev")).outputs

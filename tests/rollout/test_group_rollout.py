@@ -4,7 +4,8 @@ Auto Scaling groups through CloudSplit (the split: `candidate_weight` and `up`) 
 the stack's model_bucket under models/, here moto's S3). The fake stack's `up` runs the real
 aws-prod program under the mock engine and keeps, per `up`, the candidate group's size, the
 model in each group's node config and the listener's candidate weight, so what is asserted is
-the program's own. Also the command itself on aws-prod (its wiring, --prometheus required)."""
+the program's own. Also the command itself on aws-prod (its wiring, with --prometheus, and
+without it the figures from CloudWatch: moto's, the dimensions the program's outputs)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import base64
 import hashlib
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -25,7 +29,7 @@ from infra import bundle, config
 from infra.bootstrap.torchfleet_agent import boot
 from infra.matrix import REPO_ROOT
 from infra.offline import run_offline
-from infra.rollout import command
+from infra.rollout import command, signals
 from infra.rollout.cloud import KEY, CloudSplit
 from infra.rollout.engine import Options, Rollout
 from infra.rollout.policy import Figures, GuardSettings
@@ -67,6 +71,7 @@ class FakeStack:
         if block is not None:
             self.values[KEY] = block
         self.ups: list[tuple[int, str | None, str | None, int]] = []
+        self.outputs_of_up: dict[str, object] = {}
 
     def get_all_config(self) -> dict[str, auto.ConfigValue]:
         return {
@@ -74,12 +79,16 @@ class FakeStack:
             for k, v in self.values.items()
         }
 
+    def outputs(self) -> dict[str, auto.OutputValue]:
+        return {k: auto.OutputValue(v, False) for k, v in self.outputs_of_up.items()}
+
     def set_config(self, key: str, value: auto.ConfigValue, *, path: bool = False) -> None:
         assert not path
         self.values[key] = json.loads(value.value)
 
     def up(self) -> None:
         run = run_offline(STACK, dict(self.values))
+        self.outputs_of_up = dict(run.outputs)
         groups = {g.inputs["name"]: g.inputs for g in run.of_type("aws:autoscaling/group:Group")}
         cand = groups.get(CANDIDATE_GROUP)
         stable_models = {_node_model(run, g) for n, g in groups.items() if n != CANDIDATE_GROUP}
@@ -284,3 +293,102 @@ def test_the_command_drives_aws_prod(tmp_path, s3, monkeypatch, capsys):
     assert stack.ups[-1] == (0, None, CAND_SHA, 0)
     doc = RolloutState(tmp_path / "fleets" / STACK / "rollout.json").read()
     assert doc["status"] == "promoted"
+
+
+class NoPercentiles:
+    """moto's CloudWatch cannot compute a "p99" (tests/rollout/test_cloudwatch_source.py): those
+    queries get no data point here, the counts are moto's."""
+
+    def __init__(self, cw: Any) -> None:
+        self.cw = cw
+
+    def get_metric_data(self, MetricDataQueries: list[dict], **kw: Any) -> dict:
+        counted = [q for q in MetricDataQueries if q["MetricStat"]["Stat"] != "p99"]
+        doc = dict(self.cw.get_metric_data(MetricDataQueries=counted, **kw))
+        doc["MetricDataResults"] += [
+            {"Id": q["Id"], "Values": [], "StatusCode": "Complete"}
+            for q in MetricDataQueries
+            if q not in counted
+        ]
+        return doc
+
+
+def test_without_prometheus_the_command_judges_aws_prod_by_cloudwatch(
+    tmp_path, s3, monkeypatch, capsys
+):
+    """No --prometheus: CloudWatchSource over the ALB's target groups named by the stack's
+    outputs (as `up` left them); the candidate's target group answers 30 % 5xx in the window,
+    so the canary's first window rolls it back (exit 10). The engine's clock and sleep are fake:
+    the "traffic" is put into moto's CloudWatch while the window sleeps."""
+    s3.put_object(Bucket=BUCKET, Key=f"models/{STABLE_SHA}.pt", Body=STABLE_BYTES)
+    stack = FakeStack({"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
+    minute = datetime(2026, 12, 3, 3, 0, tzinfo=UTC)
+    now = (minute + timedelta(seconds=125)).timestamp()  # reads [minute, minute + 60 s)
+    cw = boto3.client("cloudwatch", region_name=REGION)
+
+    def traffic() -> None:
+        dims = stack.outputs_of_up["rollout_metrics"]
+        for track, requests, errors in (("stable", 900, 0), ("candidate", 100, 30)):
+            tg = [
+                {"Name": "LoadBalancer", "Value": dims["load_balancer"]},
+                {"Name": "TargetGroup", "Value": dims["target_groups"][track]},
+            ]
+            at = minute + timedelta(seconds=20)
+            cw.put_metric_data(
+                Namespace=dims["namespace"],
+                MetricData=[
+                    {
+                        "MetricName": "RequestCount",
+                        "Dimensions": tg,
+                        "Timestamp": at,
+                        "Value": requests,
+                    },
+                    {
+                        "MetricName": "HTTPCode_Target_5XX_Count",
+                        "Dimensions": tg,
+                        "Timestamp": at,
+                        "Value": errors,
+                    },
+                ],
+            )
+
+    clock = [0.0]
+
+    def sleep(s: float) -> None:
+        if clock[0] == 0.0:
+            traffic()
+        clock[0] += s
+
+    monkeypatch.setattr(command, "FLEETS", tmp_path / "fleets")
+    monkeypatch.setattr(command.automation, "open_stack", lambda name: stack)
+    monkeypatch.setattr(command.preflight, "check_config", lambda name: (None, _cfg(stack)))
+    monkeypatch.setattr(command, "Rollout", partial(Rollout, clock=lambda: clock[0], sleep=sleep))
+    monkeypatch.setattr(
+        command,
+        "CloudWatchSource",
+        partial(signals.CloudWatchSource, cloudwatch=NoPercentiles(cw), clock=lambda: now),
+    )
+    args = argparse.Namespace(
+        words=[STACK],
+        model=str(_candidate(tmp_path)),
+        strategy="canary",
+        steps=None,
+        bake="60s",
+        window=None,  # CloudWatch's default: 60s
+        guard=[],
+        prometheus=None,
+        selector="",
+        fleet=None,
+    )
+    lines: list[str] = []
+    assert command.run(args, lines.append, up_of=lambda name: stack.up) == 10, lines
+    assert lines[0].startswith(
+        f"rollout {STACK}: figures from CloudWatch (AWS/ApplicationELB per target group, "
+        f"{REGION}): each window reads a 60 s metric period"
+    ), lines
+    judged = [line for line in lines if "step 1 10 %" in line]
+    assert "100 req, 30.00 % 5xx" in judged[0] and "900 req, 0.00 % 5xx" in judged[0], lines
+    assert "error_ratio" in judged[0]
+    doc = RolloutState(tmp_path / "fleets" / STACK / "rollout.json").read()
+    assert doc["status"] == "rolled_back"
+    assert stack.values[KEY]["candidate_weight"] == 0

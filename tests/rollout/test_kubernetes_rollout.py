@@ -195,7 +195,11 @@ REF = "model.pt@sha256:" + "a" * 64
             ["rollout", "aws-k8s", "--model", REF, "--strategy", "shadow", "--prometheus", "x"],
             "--strategy shadow is not built on mode: kubernetes",
         ),
-        (["rollout", "aws-prod", "--model", REF], "--prometheus URL is required on a mode: group"),
+        (["rollout", "alicloud-k8s", "--model", REF], "CloudMonitor"),
+        (
+            ["rollout", "aws-prod", "--model", REF, "--window", "30s"],
+            "--window = '30s' is invalid; allowed: at least 60s with figures from CloudWatch",
+        ),
         (
             ["rollout", "aws-prod", "--model", REF, "--strategy", "shadow", "--prometheus", "x"],
             "--strategy shadow is not built on mode: group",
