@@ -14,8 +14,9 @@ through Alibaba's official SDKs: the fake checks the requests those SDKs really 
 
     with FakeAlibaba(answer) as cloud: cloud.url ...
 
-`answer(action, params)` gives the JSON reply of an OpenAPI call; every verified call is kept
-in `calls` as {"action", "version", "params"}, every refusal in `refused`."""
+`answer(action, params)` gives the JSON reply of an OpenAPI call (one with an error `Code` is
+answered 400, as the cloud refuses a call); every verified call is kept in `calls` as
+{"action", "version", "params"}, every refusal of a request in `refused`."""
 
 from __future__ import annotations
 
@@ -137,7 +138,10 @@ class FakeAlibaba:
             params.update(urllib.parse.parse_qsl(body.decode(), keep_blank_values=True))
         action = h["x-acs-action"]
         self.calls.append({"action": action, "version": h["x-acs-version"], "params": params})
-        return 200, json.dumps({"RequestId": secrets.token_hex(8), **self.answer(action, params)})
+        reply = self.answer(action, params)
+        # an answer with an error Code is the cloud's refusal (HTTP 400, the SDK raises)
+        status = 400 if reply.get("Code") not in (None, "Success", "200") else 200
+        return status, json.dumps({"RequestId": secrets.token_hex(8), **reply})
 
     # -- OSS (path style, V4 signature) ----------------------------------------------------
     def oss_reply(self, handler: BaseHTTPRequestHandler) -> tuple[int, bytes]:
