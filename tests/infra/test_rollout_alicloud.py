@@ -213,3 +213,27 @@ def test_backend_weight_rule(stable_min, most, weight, size, per_node):
     assert split.candidate_size(stable_min, most) == size
     assert split.backend_weight(stable_min, most) == per_node
     assert RolloutSplit(candidate_weight=0).backend_weight(stable_min, most) == 0
+
+
+def test_working_hours_stop_the_candidate_group_too(with_overrides):
+    """A schedule's stop sets every group of the stack to 0, the candidate's included; its start
+    gives the candidate group the split's size again."""
+    hours = {"timezone": "Asia/Shanghai", "start": "08:00", "stop": "20:00", "days": "MON-FRI"}
+    values = with_overrides(
+        "alicloud-prod",
+        model_bucket=BUCKET,
+        schedule=hours,
+        rollout={"candidate_weight": 50, "candidate_model": f"{CAND_SHA}.pt"},
+    )
+    run = run_offline("alicloud-prod", values)
+    tasks = {
+        (t.inputs["scalingGroupId"], t.inputs["scheduledTaskName"].rsplit("-", 1)[1]): t.inputs
+        for t in run.of_type("alicloud:ess/scheduledTask:ScheduledTask")
+    }
+    stop, start = (
+        tasks[("fleet-candidate-group-id", "stop")],
+        tasks[("fleet-candidate-group-id", "start")],
+    )
+    assert (stop["minValue"], stop["maxValue"], stop["desiredCapacity"]) == (0, 0, 0)
+    assert (start["minValue"], start["maxValue"], start["desiredCapacity"]) == (2, 2, 2)
+    assert ("fleet-group-id", "stop") in tasks
