@@ -6,7 +6,9 @@ shapes of a cloud fleet:
 - mode: group (AWS): the tracks are the stable Auto Scaling group (with its on-demand fallback)
   and the rollout's candidate group (infra/aws/fleet.py), the files in `model_bucket` under
   models/ (infra.nodeboot.MODEL_PREFIX), named by their digest (`<sha256>.pt`), which the
-  nodes download and verify through their node config's model override.
+  nodes download and verify through their node config's model override; on Alibaba the same
+  with the stable and candidate ESS groups in one VServer group and the files in OSS
+  (infra/alicloud/fleet.py; `torchfleet rollout` refuses it until a promotion is built).
 
 Contract. `ModelTracks(handle, up, volume, stable_default=...)`:
 - the candidate track's file is the block's `candidate_model`; while `candidate_weight` is 0 it
