@@ -285,12 +285,14 @@ FIELDS: dict[str, Key] = {
         "unset: one version, today's plan",
         "candidate_weight 0..100 (percent of requests), sticky_s 0..604800 (AWS: ALB "
         "stickiness across the two target groups), candidate_model (kubernetes: the candidate's "
-        "file in the model volume, default candidate.pt; aws group: <sha256>.pt in model_bucket "
-        "under models/, served by a candidate Auto Scaling group; required while candidate_weight > "
-        "0), "
-        "stable_model (kubernetes: the stable Deployment's file there, default model.pt; aws "
+        "file in the model volume, default candidate.pt; group: <sha256>.pt in model_bucket "
+        "under models/, served by a candidate Auto Scaling / ESS group; required while "
+        "candidate_weight > 0), "
+        "stable_model (kubernetes: the stable Deployment's file there, default model.pt; "
         "group: <sha256>.pt there, served by the stable group instead of the bundle's model; "
-        "a promotion moves it); aws in mode: group, or mode: kubernetes",
+        "a promotion moves it); mode: group (aws; alicloud: a candidate ESS group in the CLB's "
+        "VServer group, candidate_weight up to the share its weights reach, sticky_s 0), or "
+        "mode: kubernetes",
         subkeys=ROLLOUT_SUBKEYS,
     ),
 }
@@ -379,6 +381,11 @@ class Monitoring:
     disk_gb: int
 
 
+# Alibaba group mode: each stable node's weight in the CLB's VServer group, ESS's default
+# LoadBalancerWeight (what the nodes had in the default server group before the VServer group).
+STABLE_BACKEND_WEIGHT = 50
+
+
 @dataclass(frozen=True)
 class RolloutSplit:
     """The `rollout` block: the candidate's share of requests at the load balancer."""
@@ -404,6 +411,37 @@ class RolloutSplit:
             return 0
         cap = max(1, most - stable_min)
         return cap if w == 100 else min(cap, self.candidate_replicas(stable_min))
+
+    def backend_weight(self, stable_min: int, most: int) -> int:
+        """Alibaba group mode splits in one VServer group by a weight per scaling group: each
+        stable node at STABLE_BACKEND_WEIGHT, each of the candidate_size nodes at the weight
+        returned (1..100), so that n_c * w_c / (n_c * w_c + n_s * w_s), with n_s the stable
+        group's minimum, is the candidate_weight (rounded; backend_share gives the exact one).
+        0 without candidate nodes; 100 (the CLB's most) when the stable minimum is 0 or the
+        weight asks for more, which max_backend_share (the config check) refuses."""
+        n, p = self.candidate_size(stable_min, most), self.candidate_weight
+        if n == 0:
+            return 0
+        if p == 100 or stable_min == 0:
+            return 100
+        want = STABLE_BACKEND_WEIGHT * stable_min * p / (n * (100 - p))
+        return max(1, min(100, round(want)))
+
+    def backend_share(self, stable_min: int, most: int) -> float:
+        """The candidate's percent of requests the VServer group's weights give beside a stable
+        group at its minimum (more stable nodes: a smaller share)."""
+        n, w = self.candidate_size(stable_min, most), self.backend_weight(stable_min, most)
+        total = n * w + stable_min * STABLE_BACKEND_WEIGHT
+        return 100 * n * w / total if total else 0.0
+
+    @staticmethod
+    def max_backend_share(stable_min: int, most: int) -> int:
+        """The largest candidate_weight the VServer group's weights can give (whole percent):
+        the candidate_size cap (most less stable_min) at weight 100 beside the stable minimum at
+        STABLE_BACKEND_WEIGHT (the stable group's weight never moves: ESS detaches and
+        re-attaches a group whose weight changes, all its nodes at once)."""
+        cap = max(1, most - stable_min)
+        return 100 * cap * 100 // (cap * 100 + stable_min * STABLE_BACKEND_WEIGHT)
 
 
 def model_digest(name: str) -> str | None:
@@ -765,7 +803,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
     _fleet_checks(r, image, boot, nodes, spot, warm_pool)
     kubernetes = _kubernetes(r, cloud, mode, zones, itypes, nodes, spot, image, bucket)
     monitoring = _monitoring(r, cloud, mode)
-    rollout = _rollout(r, cloud, mode)
+    rollout = _rollout(r, cloud, mode, nodes)
     tls = edge.parse_tls(
         r,
         r.structured("tls", dict),
@@ -1139,17 +1177,9 @@ def _monitoring(r: _Reader, cloud: str, mode: str | None) -> Monitoring | None:
     return Monitoring(instance_type=itype, disk_gb=disk)
 
 
-def _rollout(r: _Reader, cloud: str, mode: str | None) -> RolloutSplit | None:
+def _rollout(r: _Reader, cloud: str, mode: str | None, nodes: Nodes | None) -> RolloutSplit | None:
     raw = r.structured("rollout", dict)
     if raw is None:
-        return None
-    if cloud == "alicloud" and mode == "group":
-        r.fail(
-            "rollout",
-            raw,
-            "unset on alicloud in mode: group (its CLB splits by each backend server's weight, "
-            "which the program does not declare yet)",
-        )
         return None
     if mode not in ("group", "kubernetes"):
         r.fail(
@@ -1219,6 +1249,27 @@ def _rollout(r: _Reader, cloud: str, mode: str | None) -> RolloutSplit | None:
             "100 % is the stable Deployment on the candidate's model)",
         )
         return None
+    if cloud == "alicloud" and mode == "group" and sticky:
+        r.fail(
+            "rollout.sticky_s",
+            sticky,
+            "0 on alicloud in mode: group (the CLB listener's cookie persistence, which would "
+            "keep a client on one node and so on its track, is not declared by the program)",
+        )
+        return None
+    if cloud == "alicloud" and mode == "group" and weight is not None and nodes is not None:
+        most = RolloutSplit.max_backend_share(nodes.min, nodes.max)
+        if weight > most:
+            r.fail(
+                "rollout.candidate_weight",
+                weight,
+                f"0..{most} on alicloud in mode: group with nodes.min {nodes.min} and nodes.max "
+                f"{nodes.max} (the most the VServer group's weights give: "
+                f"{max(1, nodes.max - nodes.min)} candidate nodes at weight 100 beside "
+                f"{nodes.min} stable ones at {STABLE_BACKEND_WEIGHT}; a promotion is "
+                "stable_model)",
+            )
+            return None
     if weight is None or sticky is None:
         return None
     return RolloutSplit(

@@ -45,9 +45,14 @@ def fallback_group_name(cfg: StackConfig) -> str:
 
 
 def candidate_group_name(cfg: StackConfig) -> str:
-    """AWS group mode: the rollout's candidate group (infra.aws.fleet), in the candidate target
-    group only, its nodes on the `rollout` block's candidate_model."""
-    return f"{cfg.name}-candidate-asg"
+    """Group mode: the rollout's candidate group, its nodes on the `rollout` block's
+    candidate_model: AWS's in the candidate target group only (infra.aws.fleet), Alibaba's in
+    the CLB's VServer group beside the stable group at its own weight (infra.alicloud.fleet)."""
+    return f"{cfg.name}-candidate-asg" if cfg.cloud == "aws" else f"{cfg.name}-candidate-ess"
+
+
+# The rollout's candidate nodes carry this tag beside the node tags (per-version inventories).
+CANDIDATE_TAG = ("torchfleet-track", "candidate")
 
 
 # Where `torchfleet rollout` places a group stack's checked model copies in model_bucket

@@ -1,6 +1,7 @@
 """The Alibaba Cloud edge of a stack: the CLB's listeners (HTTPS with the stack's server
-certificate and a TLS policy refusing 1.0/1.1; HTTP only redirecting) and the API token as a
-KMS secret, which only the node role may read (RAM: kms:GetSecretValue on that secret)."""
+certificate and a TLS policy refusing 1.0/1.1, forwarding to the VServer group; HTTP only
+redirecting) and the API token as a KMS secret, which only the node role may read (RAM:
+kms:GetSecretValue on that secret)."""
 
 from __future__ import annotations
 
@@ -31,11 +32,15 @@ def listeners(
     name: str,
     cfg: StackConfig,
     clb: alicloud.slb.ApplicationLoadBalancer,
+    backends: alicloud.slb.ServerGroup,
     acl_args: dict[str, Any],
     opts: pulumi.ResourceOptions,
 ) -> None:
+    """The listeners; the serving one forwards to `backends`, the VServer group the scaling
+    groups attach their nodes to (each group at its own weight: the rollout's split)."""
     forward = {
         "load_balancer_id": clb.id,
+        "server_group_id": backends.id,
         "backend_port": cfg.service_port,
         "bandwidth": -1,
         "health_check_connect_port": cfg.service_port,
@@ -104,15 +109,21 @@ def read_policy(cfg: StackConfig) -> str:
     )
 
 
+# What a node calls to leave before it drains: its own weight to 0 in the VServer group the
+# listeners forward to (torchfleet_agent/alicloud.py). RAM authorises VServer group calls on the
+# load balancer the group belongs to.
+LEAVE_ACTION = "slb:SetVServerGroupAttribute"
+
+
 def leave_policy(cfg: StackConfig, load_balancer_id: str) -> str:
-    """What a node needs to set its own backend weight to 0 before it drains."""
+    """What a node needs to set its own weight in the VServer group to 0 before it drains."""
     return json.dumps(
         {
             "Version": "1",
             "Statement": [
                 {
                     "Effect": "Allow",
-                    "Action": ["slb:SetBackendServers"],
+                    "Action": [LEAVE_ACTION],
                     "Resource": [f"acs:slb:{cfg.region}:*:loadbalancer/{load_balancer_id}"],
                 }
             ],

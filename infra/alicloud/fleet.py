@@ -1,11 +1,14 @@
 """GPU nodes on Alibaba Cloud: ECS spot instances with SpotWithPriceLimit and a computed cap
 (PostPaid, encrypted ESSD, hardened metadata, RAM role, auto-release as the dev TTL), or an ESS
 scaling group (per-type spot caps, on-demand base, spot remedy, on-demand compensation) behind
-a CLB that health-checks /readyz, whose nodes join through a lifecycle hook once ready, leave
-the CLB (weight 0) and drain before the group takes them (terminating hook, spot notice), are
-replaced when the CLB finds them unhealthy, and scale on load (infra.alicloud.scaling). Every
-node carries the bootstrap user-data. The CLB's listeners and the API token's KMS secret are
-infra.alicloud.edge's.
+a CLB that health-checks /readyz, whose nodes join the CLB's VServer group (the listeners'
+backends, each group's nodes at its own weight) through a lifecycle hook once ready, leave it
+(weight 0) and drain before the group takes them (terminating hook, spot notice), are replaced
+when the CLB finds them unhealthy, and scale on load (infra.alicloud.scaling). Under a
+`rollout` block giving a share, a candidate ESS group of the same nodes on the candidate's
+model sits in the same VServer group at the weight that gives the share (_candidate_group).
+Every node carries the bootstrap user-data. The CLB's listeners and the API token's KMS secret
+are infra.alicloud.edge's.
 
 Rolling on a new bundle: ESS has no instance refresh for this group. pulumi_alicloud 4.0.0's
 ess.InstanceRefresh targets an image or a launch template only (no scaling configuration), and
@@ -32,9 +35,9 @@ from infra.alicloud import edge as ali_edge
 from infra.alicloud import scaling
 from infra.alicloud.bundle_store import AlicloudBundleStore
 from infra.alicloud.network import AlicloudNetwork
-from infra.config import StackConfig
+from infra.config import STABLE_BACKEND_WEIGHT, StackConfig
 from infra.interface import NODE_ROLE_TAG, Deployment, instances_deployment
-from infra.nodeboot import group_name, user_data
+from infra.nodeboot import CANDIDATE_TAG, candidate_group_name, group_name, track_models, user_data
 from infra.schedule import iso_utc
 
 # What a node may call on its own group (docs/contracts/node.md): find and complete its lifecycle
@@ -62,8 +65,11 @@ def role_policy(service: str) -> str:
     )
 
 
-def _lifecycle_policy(cfg: StackConfig) -> Callable[[str], str]:
-    def document(group_id: str) -> str:
+def _lifecycle_policy(cfg: StackConfig) -> Callable[[list[str]], str]:
+    """The nodes' lifecycle grant over the stack's groups (the stable group and, during a
+    rollout, the candidate group): each node completes its own group's actions."""
+
+    def document(group_ids: list[str]) -> str:
         return json.dumps(
             {
                 "Version": "1",
@@ -71,7 +77,10 @@ def _lifecycle_policy(cfg: StackConfig) -> Callable[[str], str]:
                     {
                         "Effect": "Allow",
                         "Action": ESS_NODE_ACTIONS,
-                        "Resource": [f"acs:ess:{cfg.region}:*:scalinggroup/{group_id}"],
+                        "Resource": [
+                            f"acs:ess:{cfg.region}:*:scalinggroup/{group_id}"
+                            for group_id in group_ids
+                        ],
                     },
                     # No DescribeScalingGroups: the user-data hands the agent its group id
                     # (docs/contracts/node.md, "What the user-data hands the node").
@@ -99,6 +108,8 @@ class AlicloudFleet(pulumi.ComponentResource):
         super().__init__("torchfleet:alicloud:Fleet", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.cfg, self.name, self.child, self.store = cfg, name, child, store
+        self.network, self.models = network, track_models(cfg)
+        self.candidate_group: alicloud.ess.ScalingGroup | None = None
         self.node_tags = {**tags, NODE_ROLE_TAG[0]: NODE_ROLE_TAG[1]}
         image = images.query("alicloud", cfg.image_distro)
 
@@ -294,7 +305,15 @@ class AlicloudFleet(pulumi.ComponentResource):
                 opts=child,
             )
             acl_args = {"acl_status": "on", "acl_type": "white", "acl_id": acl.id}
-        ali_edge.listeners(name, cfg, clb, acl_args, child)
+        # The VServer group the listeners forward to; each scaling group attaches its nodes to
+        # it at its own weight (the rollout's split, _attach).
+        self.backends = alicloud.slb.ServerGroup(
+            f"{name}-backends",
+            load_balancer_id=clb.id,
+            name=f"{cfg.name}-backends",
+            tags=self.node_tags,
+            opts=child,
+        )
         self.grants.append(
             self._grant(
                 "leave",
@@ -304,14 +323,122 @@ class AlicloudFleet(pulumi.ComponentResource):
         )
 
         assert cfg.scaling is not None
-        group = alicloud.ess.ScalingGroup(
+        group = self._ess_group(
             f"{name}-group",
-            scaling_group_name=group_name(cfg),
-            min_size=cfg.nodes.min,
-            max_size=cfg.nodes.max,
-            desired_capacity=cfg.nodes.desired,
+            group_name(cfg),
+            (cfg.nodes.min, cfg.nodes.max, cfg.nodes.desired),
+            self.node_tags,
+            # Scaling rules and scheduled tasks move the desired size; a deploy must not move
+            # it back.
+            own_desired=True,
+        )
+        stable = self._attach(f"{name}-group", clb, group, STABLE_BACKEND_WEIGHT)
+        # The listeners forward to the VServer group once it holds the stable nodes (a running
+        # stack's move from the default server group: ESS adds its nodes on the attachment).
+        ali_edge.listeners(
+            name,
+            cfg,
+            clb,
+            self.backends,
+            acl_args,
+            pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[stable])),
+        )
+        metrics = alicloud.cms.MonitorGroup(
+            f"{name}-metrics",
+            monitor_group_name=f"{cfg.name}-metrics",
+            tags=self.node_tags,
+            opts=child,
+        )
+        self.candidate_group = self._candidate_group(clb)
+        groups = [group] + ([self.candidate_group] if self.candidate_group else [])
+        self.grants.append(
+            self._grant(
+                "lifecycle",
+                "complete own lifecycle actions, publish load metrics",
+                pulumi.Output.all(*[g.id for g in groups]).apply(_lifecycle_policy(cfg)),
+            )
+        )
+        hooks = scaling.lifecycle_hooks(name, cfg, group, child)
+        self.rules = scaling.register(name, cfg, group, metrics, child)
+        bundle = self.store.bundle
+        # One configuration per bundle (see the module docstring on rolling).
+        self._configuration(
+            f"{name}-config",
+            f"{cfg.name}-{bundle.sha256[:12]}",
+            group,
+            image_id,
+            network,
+            user_data(
+                cfg,
+                self.store.bucket.bucket,
+                mode=cfg.bootstrap_mode,
+                group=True,
+                extra=self._node_extra(group, metrics, clb, "stable"),
+            ),
+            self.node_tags,
+            hooks,
+        )
+        if self.candidate_group is not None:
+            self._configuration(
+                f"{name}-candidate-config",
+                f"{cfg.name}-candidate-{bundle.sha256[:12]}",
+                self.candidate_group,
+                image_id,
+                network,
+                user_data(
+                    cfg,
+                    self.store.bucket.bucket,
+                    mode=cfg.bootstrap_mode,
+                    group=True,
+                    group_name_of_node=candidate_group_name(cfg),
+                    extra=self._node_extra(self.candidate_group, metrics, clb, "candidate"),
+                ),
+                {**self.node_tags, CANDIDATE_TAG[0]: CANDIDATE_TAG[1]},
+                scaling.lifecycle_hooks(f"{name}-candidate", cfg, self.candidate_group, child),
+            )
+        return group, clb
+
+    def _node_extra(
+        self,
+        group: alicloud.ess.ScalingGroup,
+        metrics: alicloud.cms.MonitorGroup,
+        clb: alicloud.slb.ApplicationLoadBalancer,
+        track: str,
+    ) -> dict[str, pulumi.Input[Any]]:
+        """The user-data's further fields of a group's nodes: their group and metric group, the
+        CLB and VServer group they leave before a drain and, under a `rollout` block naming one,
+        their track's model (infra.nodeboot.track_models: an object key and a digest, no
+        credential; the node agent hands it to Ansible over the bundle's)."""
+        model = self.models.get(track)
+        return {
+            "group_id": group.id,
+            "metrics_group_id": metrics.id,
+            "load_balancer_id": clb.id,
+            "vserver_group_id": self.backends.id,
+            **({"model": model} if model else {}),
+        }
+
+    def _ess_group(
+        self,
+        resource: str,
+        scaling_group_name: str,
+        size: tuple[int, int, int],
+        node_tags: dict[str, str],
+        own_desired: bool,
+    ) -> alicloud.ess.ScalingGroup:
+        """A scaling group of the stack's nodes: `size` (min, max, desired) over the stack's
+        vSwitches, the CLB's health check, the spot settings and the removal policy; its nodes
+        join the VServer group through _attach. `own_desired`: the desired size is the group's
+        (scaling rules, schedules), not the plan's."""
+        cfg, network = self.cfg, self.network
+        low, high, desired = size
+        return alicloud.ess.ScalingGroup(
+            resource,
+            scaling_group_name=scaling_group_name,
+            min_size=low,
+            max_size=high,
+            desired_capacity=desired,
             vswitch_ids=[s.id for s in network.switches],
-            loadbalancer_ids=[clb.id],
             # The CLB's /readyz check decides health: a node that stops being ready is
             # replaced (the ECS default only notices a stopped instance). A node joins the CLB
             # when it enters service, i.e. after its launch hook, so no grace period is needed.
@@ -330,28 +457,83 @@ class AlicloudFleet(pulumi.ComponentResource):
             # Old-bundle nodes go first (see the module docstring on rolling).
             removal_policies=["OldestScalingConfiguration", "OldestInstance"],
             default_cooldown=300,
-            tags=self.node_tags,
-            # Scaling rules and scheduled tasks move the desired size; a deploy must not move it
-            # back.
+            tags=node_tags,
             opts=pulumi.ResourceOptions.merge(
-                child, pulumi.ResourceOptions(ignore_changes=["desiredCapacity"])
+                self.child,
+                pulumi.ResourceOptions(ignore_changes=["desiredCapacity"] if own_desired else None),
             ),
         )
-        metrics = alicloud.cms.MonitorGroup(
-            f"{name}-metrics",
-            monitor_group_name=f"{cfg.name}-metrics",
-            tags=self.node_tags,
-            opts=child,
+
+    def _attach(
+        self,
+        resource: str,
+        clb: alicloud.slb.ApplicationLoadBalancer,
+        group: alicloud.ess.ScalingGroup,
+        weight: int,
+    ) -> alicloud.ess.ScalingGroupVServerGroups:
+        """`group`'s nodes in the VServer group at the service port, each at `weight` (ESS adds
+        the group's running nodes when attached, and each node it starts from then on; a new
+        weight is a detach and a re-attach, so the stable group's never moves)."""
+        return alicloud.ess.ScalingGroupVServerGroups(
+            f"{resource}-backends",
+            scaling_group_id=group.id,
+            vserver_groups=[
+                alicloud.ess.ScalingGroupVServerGroupsVserverGroupArgs(
+                    loadbalancer_id=clb.id,
+                    vserver_attributes=[
+                        alicloud.ess.ScalingGroupVServerGroupsVserverGroupVserverAttributeArgs(
+                            vserver_group_id=self.backends.id,
+                            port=self.cfg.service_port,
+                            weight=weight,
+                        )
+                    ],
+                )
+            ],
+            opts=self.child,
         )
-        self.grants.append(
-            self._grant(
-                "lifecycle",
-                "complete own lifecycle actions, publish load metrics",
-                group.id.apply(_lifecycle_policy(cfg)),
-            )
+
+    def _candidate_group(
+        self, clb: alicloud.slb.ApplicationLoadBalancer
+    ) -> alicloud.ess.ScalingGroup | None:
+        """The rollout's candidate group while the `rollout` block gives it a share and names its
+        model (infra.nodeboot.track_models): the stable group's nodes (types, vSwitches, spot
+        settings, hooks, scaling configuration shape) on the candidate's model, in the same
+        VServer group at the weight that gives the share beside the stable group's minimum
+        (RolloutSplit.candidate_size nodes at RolloutSplit.backend_weight, the stable ones at
+        STABLE_BACKEND_WEIGHT). No scaling rules: the split declares its size."""
+        cfg = self.cfg
+        if cfg.rollout is None or not self.models.get("candidate"):
+            return None
+        n = cfg.rollout.candidate_size(cfg.nodes.min, cfg.nodes.max)
+        group = self._ess_group(
+            f"{self.name}-candidate-group",
+            candidate_group_name(cfg),
+            (n, n, n),
+            {**self.node_tags, CANDIDATE_TAG[0]: CANDIDATE_TAG[1]},
+            own_desired=False,
         )
-        hooks = scaling.lifecycle_hooks(name, cfg, group, child)
-        self.rules = scaling.register(name, cfg, group, metrics, child)
+        self._attach(
+            f"{self.name}-candidate-group",
+            clb,
+            group,
+            cfg.rollout.backend_weight(cfg.nodes.min, cfg.nodes.max),
+        )
+        return group
+
+    def _configuration(
+        self,
+        resource: str,
+        configuration_name: str,
+        group: alicloud.ess.ScalingGroup,
+        image_id: pulumi.Input[str],
+        network: AlicloudNetwork,
+        node_user_data: pulumi.Input[str],
+        node_tags: dict[str, str],
+        hooks: list[alicloud.ess.LifecycleHook],
+    ) -> alicloud.ess.ScalingConfiguration:
+        """The group's active scaling configuration: the hardened node (encrypted ESSD, the
+        node role, spot caps per type) with `node_user_data`."""
+        cfg = self.cfg
         spot_limits = None
         if cfg.spot.enabled:
             spot_limits = [
@@ -360,12 +542,10 @@ class AlicloudFleet(pulumi.ComponentResource):
                 )
                 for t in cfg.instance_types
             ]
-        bundle = self.store.bundle
-        alicloud.ess.ScalingConfiguration(
-            f"{name}-config",
+        return alicloud.ess.ScalingConfiguration(
+            resource,
             scaling_group_id=group.id,
-            # One configuration per bundle (see the module docstring on rolling).
-            scaling_configuration_name=f"{cfg.name}-{bundle.sha256[:12]}",
+            scaling_configuration_name=configuration_name,
             image_id=image_id,
             instance_types=[t.name for t in cfg.instance_types],
             instance_name=f"{cfg.stack}-gpu",
@@ -380,29 +560,18 @@ class AlicloudFleet(pulumi.ComponentResource):
             internet_charge_type="PayByTraffic",
             internet_max_bandwidth_out=PUBLIC_BANDWIDTH_MBPS,
             http_endpoint="enabled",
-            user_data=user_data(
-                cfg,
-                self.store.bucket.bucket,
-                mode=cfg.bootstrap_mode,
-                group=True,
-                extra={
-                    "group_id": group.id,
-                    "metrics_group_id": metrics.id,
-                    "load_balancer_id": clb.id,
-                },
-            ),
-            tags=self.node_tags,
+            user_data=node_user_data,
+            tags=node_tags,
             active=True,
             enable=True,
             force_delete=True,
             # This configuration enables the group: its first nodes need the bundle, the
             # grants and the hooks in place.
             opts=pulumi.ResourceOptions.merge(
-                child,
+                self.child,
                 pulumi.ResourceOptions(
                     replace_on_changes=["userData", "imageId"],
                     depends_on=[self.store.object, *self.grants, *hooks],
                 ),
             ),
         )
-        return group, clb

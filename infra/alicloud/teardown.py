@@ -175,6 +175,19 @@ class AlicloudTeardown(pulumi.ComponentResource):
             now,
             expiry,
         )
+        if fleet.candidate_group is not None and cfg.rollout is not None:
+            # the rollout's candidate group stops and starts with the stable one, at its size
+            n = cfg.rollout.candidate_size(cfg.nodes.min, cfg.nodes.max)
+            self._group_tasks(
+                f"{self.name}-candidate",
+                f"{cfg.name}-candidate",
+                fleet.candidate_group.id,
+                n,
+                n,
+                n,
+                now,
+                expiry,
+            )
 
     def _group_tasks(
         self,

@@ -34,6 +34,7 @@ from infra.lifecycle import (
     LB_UNHEALTHY_THRESHOLD,
 )
 from infra.nodeboot import (
+    CANDIDATE_TAG,
     candidate_group_name,
     fallback_group_name,
     group_name,
@@ -44,8 +45,6 @@ from infra.tags import with_name
 
 # An instance refresh keeps at least this share of the desired nodes serving.
 REFRESH_MIN_HEALTHY_PERCENT = 50
-# The rollout's candidate nodes carry this tag beside the node tags (per-version inventories).
-CANDIDATE_TAG = ("torchfleet-track", "candidate")
 
 
 @dataclass(frozen=True)

@@ -78,9 +78,11 @@ class BootstrapSpec:
     # node reads with its own credentials; never the token itself.
     api_token_secret: str | None = None
     # What the node leaves before it drains (torchfleet_agent/leave.py): the ALB's target group
-    # (AWS group mode), the CLB (Alibaba group mode).
+    # (AWS group mode), the CLB and its VServer group the listeners forward to (Alibaba group
+    # mode: the node's weight there goes to 0, at service_port).
     target_group_arn: str | None = None
     load_balancer_id: str | None = None
+    vserver_group_id: str | None = None
     # The model this node serves instead of the bundle's group vars (a rollout's candidate group,
     # or the stable group after a promotion): {"source": "s3://..." | "oss://...", "checksum":
     # "sha256:<hex>"}, handed to Ansible as extra vars (torchfleet_agent/inventory.py). An

@@ -182,9 +182,14 @@ def _not_built(cfg: StackConfig) -> str | None:
         )
     if cfg.mode == "group" and cfg.cloud != "aws":
         return (
-            f"a stack in mode: group ({cfg.cloud}) does not roll out yet: its candidate "
-            "scaling group and the model copy in OSS are not built (docs/rollouts.md); "
-            "`torchfleet rollout` covers mode: group on aws, mode: kubernetes and the local fleet"
+            f"a stack in mode: group ({cfg.cloud}) does not roll out by this command yet: the "
+            "split is built (the stack's `rollout` block: a candidate ESS group in the CLB's "
+            "VServer group, its model placed in OSS under models/, then `torchfleet up`), but "
+            "the promotion is not: ESS has no instance refresh for a scaling configuration, so "
+            "rollout.stable_model would reach only the nodes ESS starts afterwards while the "
+            "running stable nodes keep the old model, and the VServer group's weights reach "
+            "less than 100 % (docs/rollouts.md). `torchfleet rollout` covers mode: group on "
+            "aws, mode: kubernetes and the local fleet"
         )
     return None
 

@@ -6,7 +6,9 @@ shapes of a cloud fleet:
 - mode: group (AWS): the tracks are the stable Auto Scaling group (with its on-demand fallback)
   and the rollout's candidate group (infra/aws/fleet.py), the files in `model_bucket` under
   models/ (infra.nodeboot.MODEL_PREFIX), named by their digest (`<sha256>.pt`), which the
-  nodes download and verify through their node config's model override.
+  nodes download and verify through their node config's model override; on Alibaba the same
+  with the stable and candidate ESS groups in one VServer group and the files in OSS
+  (infra/alicloud/fleet.py; `torchfleet rollout` refuses it until a promotion is built).
 
 Contract. `ModelTracks(handle, up, volume, stable_default=...)`:
 - the candidate track's file is the block's `candidate_model`; while `candidate_weight` is 0 it
@@ -23,9 +25,11 @@ Contract. `ModelTracks(handle, up, volume, stable_default=...)`:
   model_version the runtime reports for it; `version(track)` that version alone, fetched once
   per file (a window's figures ask it each window: CloudWatchSource).
 
-`S3Volume` is s3://bucket/prefix (AWS); `FolderVolume` a folder (the tests, or a bucket mounted
-here). A kubernetes stack whose model is baked into the image has no volume to place a
-candidate in; OSS (Alibaba) is not built: `volume_of` refuses both, naming why.
+`S3Volume` is s3://bucket/prefix (AWS), `OssVolume` oss://bucket/prefix (an Alibaba group
+stack's models/, alibabacloud_oss_v2), both an `ObjectVolume`; `FolderVolume` a folder (the
+tests, or a bucket mounted here). A kubernetes stack whose model is baked into the image has no
+volume to place a candidate in, and the ACK pods' OSS mount is not built: `volume_of` refuses
+both, naming why.
 """
 
 from __future__ import annotations
@@ -84,29 +88,35 @@ class FolderVolume:
         return model.name
 
 
-class S3Volume:
-    """s3://bucket/prefix: what the EKS pods mount (the S3 CSI driver, infra/aws/cluster.py)."""
+class ObjectVolume:
+    """A bucket under a prefix as the model volume: `<scheme>://bucket/prefix`. The one rule for
+    both clouds' object stores (a file and its sidecar under the prefix, a missing sidecar is
+    none); S3Volume and OssVolume give the download and the upload."""
 
-    def __init__(self, bucket: str, prefix: str, cache: Path, region: str, s3: Any = None) -> None:
-        if s3 is None:
-            import boto3
+    scheme = ""
 
-            s3 = boto3.client("s3", region_name=region)
-        self.bucket, self.prefix, self.cache, self.s3 = bucket, prefix, cache, s3
+    def __init__(self, bucket: str, prefix: str, cache: Path) -> None:
+        self.bucket, self.prefix, self.cache = bucket, prefix, cache
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}{name}"
+
+    def _download(self, key: str, dest: Path) -> None:
+        raise NotImplementedError
+
+    def _upload(self, src: Path, key: str) -> None:
+        raise NotImplementedError
 
     def fetch(self, name: str) -> Path:
         self.cache.mkdir(parents=True, exist_ok=True)
         local = self.cache / name
         try:
-            self.s3.download_file(self.bucket, self._key(name), str(local))
+            self._download(self._key(name), local)
         except Exception as err:
-            raise VolumeError(f"s3://{self.bucket}/{self._key(name)}: {err}") from err
+            raise VolumeError(f"{self.scheme}://{self.bucket}/{self._key(name)}: {err}") from err
         sidecar = Path(name).with_suffix(".json").name
         try:
-            self.s3.download_file(self.bucket, self._key(sidecar), str(self.cache / sidecar))
+            self._download(self._key(sidecar), self.cache / sidecar)
         except Exception:  # no sidecar: the runtime versions the file by its digest
             (self.cache / sidecar).unlink(missing_ok=True)
         return local
@@ -115,10 +125,85 @@ class S3Volume:
         try:
             for src in (model, model.with_suffix(".json")):
                 if src.is_file():
-                    self.s3.upload_file(str(src), self.bucket, self._key(src.name))
+                    self._upload(src, self._key(src.name))
         except Exception as err:
-            raise VolumeError(f"uploading {model.name} to s3://{self.bucket}: {err}") from err
+            raise VolumeError(
+                f"uploading {model.name} to {self.scheme}://{self.bucket}: {err}"
+            ) from err
         return model.name
+
+
+class S3Volume(ObjectVolume):
+    """s3://bucket/prefix: what the EKS pods mount (the S3 CSI driver, infra/aws/cluster.py), or
+    an AWS group stack's models/ (the nodes download from it)."""
+
+    scheme = "s3"
+
+    def __init__(self, bucket: str, prefix: str, cache: Path, region: str, s3: Any = None) -> None:
+        super().__init__(bucket, prefix, cache)
+        if s3 is None:
+            import boto3
+
+            s3 = boto3.client("s3", region_name=region)
+        self.s3 = s3
+
+    def _download(self, key: str, dest: Path) -> None:
+        self.s3.download_file(self.bucket, key, str(dest))
+
+    def _upload(self, src: Path, key: str) -> None:
+        self.s3.upload_file(str(src), self.bucket, key)
+
+
+def oss_client(region: str, endpoint: str | None = None) -> Any:
+    """An alibabacloud_oss_v2 client (V4 signatures) with this machine's Alibaba keys (the ones
+    the Pulumi provider reads: infra.credentials.alicloud_keys), read when a call first needs
+    them; the region's public endpoint unless `endpoint` (a URL) overrides it. The node agent
+    builds its own from its RAM role (torchfleet_agent/boot.py's oss_client)."""
+    import os
+
+    import alibabacloud_oss_v2 as oss
+
+    from infra.credentials import ALI_FIX, alicloud_keys
+
+    def current() -> oss.credentials.Credentials:
+        keys = alicloud_keys(os.environ, Path.home())
+        if keys is None:
+            raise VolumeError(f"no Alibaba Cloud credentials to reach OSS: {ALI_FIX}")
+        return oss.credentials.Credentials(
+            keys.access_key_id, keys.access_key_secret, keys.security_token
+        )
+
+    config = oss.config.load_default()
+    config.credentials_provider = oss.credentials.CredentialsProviderFunc(current)
+    config.region = region
+    if endpoint:
+        config.endpoint = endpoint
+    return oss.Client(config)
+
+
+class OssVolume(ObjectVolume):
+    """oss://bucket/prefix: an Alibaba group stack's models/ (the nodes download from it with
+    their RAM role, torchfleet_agent/boot.py's fetch_object)."""
+
+    scheme = "oss"
+
+    def __init__(
+        self, bucket: str, prefix: str, cache: Path, region: str, client: Any = None
+    ) -> None:
+        super().__init__(bucket, prefix, cache)
+        self.client = client if client is not None else oss_client(region)
+
+    def _download(self, key: str, dest: Path) -> None:
+        import alibabacloud_oss_v2 as oss
+
+        self.client.get_object_to_file(oss.GetObjectRequest(bucket=self.bucket, key=key), str(dest))
+
+    def _upload(self, src: Path, key: str) -> None:
+        import alibabacloud_oss_v2 as oss
+
+        self.client.put_object_from_file(
+            oss.PutObjectRequest(bucket=self.bucket, key=key), str(src)
+        )
 
 
 def volume_of(cfg: StackConfig, cache: Path) -> ModelVolume:
@@ -139,12 +224,14 @@ def volume_of(cfg: StackConfig, cache: Path) -> ModelVolume:
                 f"{MODEL_PREFIX}) for its nodes to download; set model_bucket"
             )
         prefix = MODEL_PREFIX
-    if cfg.cloud != "aws":
+    if cfg.cloud == "aws":
+        return S3Volume(cfg.model_bucket, prefix, cache, cfg.region)
+    if cfg.mode == "kubernetes":
         raise VolumeError(
-            f"placing a model file in the model volume is built for aws only, not {cfg.cloud} "
-            "(OSS): nothing was changed"
+            "placing a model file in the ACK pods' model volume (OSS mounted by the CSI driver) "
+            "is built for aws only, not alicloud: nothing was changed"
         )
-    return S3Volume(cfg.model_bucket, prefix, cache, cfg.region)
+    return OssVolume(cfg.model_bucket, prefix, cache, cfg.region)
 
 
 def bundle_model(stack: str, cache: Path, region: str) -> Callable[[], Path]:

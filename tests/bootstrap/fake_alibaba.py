@@ -10,12 +10,13 @@ through Alibaba's official SDKs: the fake checks the requests those SDKs really 
   signed, the query, the method and path) with the OpenAPI SDK's own signer and the account's
   secret. A request that does not verify gets the cloud's 400 SignatureDoesNotMatch.
 - OSS, path-style (an IP endpoint): the OSS4-HMAC-SHA256 Authorization header is recomputed with
-  the OSS SDK's own V4 signer; objects come from `objects`.
+  the OSS SDK's own V4 signer; GETs read `objects`, PUTs (PutObject) write it.
 
     with FakeAlibaba(answer) as cloud: cloud.url ...
 
-`answer(action, params)` gives the JSON reply of an OpenAPI call; every verified call is kept
-in `calls` as {"action", "version", "params"}, every refusal in `refused`."""
+`answer(action, params)` gives the JSON reply of an OpenAPI call (one with an error `Code` is
+answered 400, as the cloud refuses a call); every verified call is kept in `calls` as
+{"action", "version", "params"}, every refusal of a request in `refused`."""
 
 from __future__ import annotations
 
@@ -137,10 +138,13 @@ class FakeAlibaba:
             params.update(urllib.parse.parse_qsl(body.decode(), keep_blank_values=True))
         action = h["x-acs-action"]
         self.calls.append({"action": action, "version": h["x-acs-version"], "params": params})
-        return 200, json.dumps({"RequestId": secrets.token_hex(8), **self.answer(action, params)})
+        reply = self.answer(action, params)
+        # an answer with an error Code is the cloud's refusal (HTTP 400, the SDK raises)
+        status = 400 if reply.get("Code") not in (None, "Success", "200") else 200
+        return status, json.dumps({"RequestId": secrets.token_hex(8), **reply})
 
     # -- OSS (path style, V4 signature) ----------------------------------------------------
-    def oss_reply(self, handler: BaseHTTPRequestHandler) -> tuple[int, bytes]:
+    def oss_reply(self, handler: BaseHTTPRequestHandler, body: bytes = b"") -> tuple[int, bytes]:
         h = handler.headers
         bucket, _, key = urllib.parse.unquote(urllib.parse.urlsplit(handler.path).path)[
             1:
@@ -163,6 +167,16 @@ class FakeAlibaba:
         if request.headers["Authorization"] != h.get("Authorization"):
             self.refused.append(f"OSS signature of {handler.path}")
             return 403, b"<Error><Code>SignatureDoesNotMatch</Code></Error>"
+        if handler.command == "PUT":
+            declared = h.get("x-oss-content-sha256", "UNSIGNED-PAYLOAD")
+            if declared != "UNSIGNED-PAYLOAD" and declared != hashlib.sha256(body).hexdigest():
+                self.refused.append(f"OSS content digest of {handler.path}")
+                return 400, b"<Error><Code>InvalidDigest</Code></Error>"
+            self.objects[(bucket, key)] = body
+            self.calls.append(
+                {"action": "PutObject", "version": "oss", "params": {"bucket": bucket, "key": key}}
+            )
+            return 200, b""
         found = self.objects.get((bucket, key))
         if found is None:
             return 404, b"<Error><Code>NoSuchKey</Code></Error>"
@@ -205,7 +219,7 @@ class FakeAlibaba:
                     )
                 if "x-acs-action" in self.headers:
                     return self._send(*fake.openapi_reply(self, body))
-                status, data = fake.oss_reply(self)
+                status, data = fake.oss_reply(self, body)
                 self._send(
                     status, data, "application/octet-stream" if status == 200 else "application/xml"
                 )

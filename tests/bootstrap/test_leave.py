@@ -117,9 +117,24 @@ def test_a_failed_leave_still_drains_and_says_so(capsys):
 
 
 class Slb:
+    """SLB and KMS as far as a leaving node calls them. SetVServerGroupAttribute answers as the
+    cloud does: only a server already in the VServer group at that port can be set, and a
+    weight is 0..100."""
+
+    def __init__(self) -> None:
+        self.backends = {("rsp-backends", "i-node1", "8080"): "50"}
+
     def __call__(self, action: str, params: dict[str, str]) -> dict[str, Any]:
         if action == "GetSecretValue":
             return {"SecretName": params["SecretName"], "SecretData": "tok-a\ntok-b"}
+        if action == "SetVServerGroupAttribute":
+            group = params["VServerGroupId"]
+            for server in json.loads(params["BackendServers"]):
+                key = (group, server["ServerId"], server["Port"])
+                if key not in self.backends or not 0 <= int(server["Weight"]) <= 100:
+                    return {"Code": "BackendServer.configuring", "Message": f"{key}"}
+                self.backends[key] = server["Weight"]
+            return {"VServerGroupId": group}
         return {}
 
 
@@ -131,26 +146,62 @@ METADATA = {
 }
 
 
-def test_an_alibaba_node_sets_its_clb_weight_to_zero_then_drains():
-    with FakeAlibaba(Slb(), METADATA) as fake:
+def test_an_alibaba_node_sets_its_vserver_group_weight_to_zero_then_drains():
+    slb = Slb()
+    with FakeAlibaba(slb, METADATA) as fake:
         cfg = {
             "cloud": "alicloud",
             "region": "cn-shanghai",
             "load_balancer_id": "lb-clb1",
+            "vserver_group_id": "rsp-backends",
+            "service_port": 8080,
             "endpoints": {k: fake.url for k in ("imds", "slb", "kms")},
         }
         cloud = cloud_of(cfg)  # type: ignore[arg-type]
         assert cloud.spot_notice() == "2026-03-02T10:22:00Z"
         order: list[str] = []
-        leave.leave_then_drain(
-            cloud.balancer("i-node1"), lambda: order.append(fake.actions()[-1]), 0, "spot"
-        )
+        balancer = cloud.balancer("i-node1")
+        assert balancer is not None and "rsp-backends" in balancer.describe()
+        leave.leave_then_drain(balancer, lambda: order.append(fake.actions()[-1]), 0, "spot")
         assert cloud.api_tokens("torchfleet-alicloud-prod-api-token") == "tok-a\ntok-b"
-    (call,) = [c for c in fake.calls if c["action"] == "SetBackendServers"]
-    assert call["version"] == "2014-05-15" and call["params"]["LoadBalancerId"] == "lb-clb1"
+    (call,) = [c for c in fake.calls if c["action"] == "SetVServerGroupAttribute"]
+    assert call["version"] == "2014-05-15" and call["params"]["VServerGroupId"] == "rsp-backends"
     assert json.loads(call["params"]["BackendServers"]) == [
-        {"ServerId": "i-node1", "Weight": "0", "Type": "ecs"}
+        {"ServerId": "i-node1", "Port": "8080", "Weight": "0", "Type": "ecs"}
     ]
-    assert order == ["SetBackendServers"]  # weight 0 before the drain
+    assert slb.backends[("rsp-backends", "i-node1", "8080")] == "0"
+    assert order == ["SetVServerGroupAttribute"]  # weight 0 before the drain
+    # the default server group's call is gone: the listeners no longer forward there
+    assert "SetBackendServers" not in fake.actions()
     (kms,) = [c for c in fake.calls if c["action"] == "GetSecretValue"]
     assert kms["version"] == "2016-01-20" and fake.refused == []
+
+
+def test_an_alibaba_node_without_its_vserver_group_leaves_nothing():
+    """A node config from before the VServer group (load_balancer_id alone): nothing to leave
+    that the listeners still use, so the drain goes ahead without a call."""
+    cloud = cloud_of(
+        {"cloud": "alicloud", "region": "cn-shanghai", "load_balancer_id": "lb-clb1"}  # type: ignore[arg-type]
+    )
+    assert cloud.balancer("i-node1") is None
+
+
+def test_an_alibaba_leave_the_cloud_refuses_is_logged_and_the_drain_goes_ahead(capsys):
+    """The wrong port (not the one ESS attached the node at): SLB refuses, the agent says so."""
+    with FakeAlibaba(Slb(), METADATA) as fake:
+        cloud = cloud_of(
+            {  # type: ignore[arg-type]
+                "cloud": "alicloud",
+                "region": "cn-shanghai",
+                "load_balancer_id": "lb-clb1",
+                "vserver_group_id": "rsp-backends",
+                "service_port": 9000,
+                "endpoints": {k: fake.url for k in ("imds", "slb")},
+            }
+        )
+        drained: list[bool] = []
+        balancer = cloud.balancer("i-node1")
+        assert balancer is not None
+        assert leave.leave_then_drain(balancer, lambda: drained.append(True), 0, "spot") is False
+    assert drained == [True] and fake.actions() == ["SetVServerGroupAttribute"]
+    assert "could not leave VServer group rsp-backends" in capsys.readouterr().out

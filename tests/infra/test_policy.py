@@ -341,7 +341,7 @@ RAM_NO_RESOURCE_LEVEL = {
 def test_least_privilege_roles(runs):
     import json
 
-    checked = 0
+    checked = slb_grants = 0
     for stack in ("aws-dev", "aws-prod"):
         for policy in runs[stack].of_type("aws:iam/rolePolicy:RolePolicy"):
             doc = json.loads(policy.inputs["policy"])
@@ -377,8 +377,20 @@ def test_least_privilege_roles(runs):
                         for g in runs[stack].of_type("alicloud:ess/scalingGroup:ScalingGroup")
                     ]
                     assert [r.rsplit("/", 1)[1] for r in statement["Resource"]] == groups, statement
+                if any(a.startswith("slb:") for a in actions):
+                    # leaving before a drain: the node's weight in the VServer group the
+                    # listeners forward to, on the stack's own CLB, and nothing else of SLB
+                    (clb,) = runs[stack].of_type(
+                        "alicloud:slb/applicationLoadBalancer:ApplicationLoadBalancer"
+                    )
+                    assert actions == ["slb:SetVServerGroupAttribute"], statement
+                    assert statement["Resource"] == [
+                        f"acs:slb:cn-shanghai:*:loadbalancer/{clb.name}-id"
+                    ], statement
+                    slb_grants += 1
                 checked += 1
     assert checked >= 10
+    assert slb_grants == 1  # alicloud-prod's group nodes; alicloud-dev has no CLB
 
 
 def test_dev_ttl_cancels_persistent_spot_requests_before_terminating(runs):

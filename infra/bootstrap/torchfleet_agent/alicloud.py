@@ -1,10 +1,12 @@
 """Alibaba Cloud through its official SDKs (the bootstrap venv's pins), with the ECS RAM role's
 STS credentials from the metadata service (alibabacloud-credentials): Auto Scaling (ESS API
 2022-02-22) lifecycle actions, CloudMonitor custom metrics, OSS downloads, the stack's API token
-(KMS secret, API 2016-01-20) and leaving the CLB (SLB API 2014-05-15: backend weight 0) before a
-drain. KMS and SLB go through the OpenAPI SDK's own client (`call_api`, the signed RPC call each
-product SDK wraps), which the bootstrap venv already pins: two more product SDKs on every node
-Python for one call each were not worth their pins.
+(KMS secret, API 2016-01-20) and leaving the CLB (SLB API 2014-05-15: the node's weight 0 in
+the VServer group the listeners forward to, SetVServerGroupAttribute) before a drain. KMS and
+SLB go through the OpenAPI SDK's own client (`call_api`, the signed RPC call each product SDK
+wraps: alibabacloud_slb20140515's set_vserver_group_attribute is this call), which the bootstrap
+venv already pins: two more product SDKs on every node Python for one call each were not worth
+their pins.
 
 ECS metadata has no target lifecycle state: the group's view of this node comes from ESS
 (DescribeScalingInstances). ESS hands lifecycle action tokens out per scaling activity, so
@@ -91,8 +93,8 @@ class Alicloud:
         return self.imds.get("instance/spot/termination-time")
 
     def balancer(self, instance_id: str) -> ClbBackend | None:
-        lb = self.cfg.get("load_balancer_id")
-        return ClbBackend(self, lb, instance_id) if lb else None
+        lb, group = self.cfg.get("load_balancer_id"), self.cfg.get("vserver_group_id")
+        return ClbBackend(self, lb, group, instance_id) if lb and group else None
 
     def api_tokens(self, name: str) -> str:
         found = self.rpc("kms", "GetSecretValue", {"SecretName": name})
@@ -249,23 +251,28 @@ class Alicloud:
 
 
 class ClbBackend:
-    """This node among the CLB's backend servers (ESS attached it): weight 0 stops new requests,
-    those in flight finish; ESS removes the server when the instance leaves the group."""
+    """This node among the backend servers of the CLB's VServer group the listeners forward to
+    (ESS attached it there, at the service port): weight 0 stops new requests, those in flight
+    finish; ESS removes the server when the instance leaves the group."""
 
-    def __init__(self, cloud: Alicloud, load_balancer_id: str, instance_id: str) -> None:
-        self.cloud, self.lb, self.instance_id = cloud, load_balancer_id, instance_id
+    def __init__(
+        self, cloud: Alicloud, load_balancer_id: str, vserver_group_id: str, instance_id: str
+    ) -> None:
+        self.cloud, self.lb, self.group = cloud, load_balancer_id, vserver_group_id
+        self.instance_id = instance_id
 
     def describe(self) -> str:
-        return f"load balancer {self.lb}"
+        return f"VServer group {self.group} of load balancer {self.lb}"
 
     def leave(self) -> None:
-        servers = [{"ServerId": self.instance_id, "Weight": "0", "Type": "ecs"}]
+        port = str(self.cloud.cfg.get("service_port", 8080))
+        servers = [{"ServerId": self.instance_id, "Port": port, "Weight": "0", "Type": "ecs"}]
         self.cloud.rpc(
             "slb",
-            "SetBackendServers",
+            "SetVServerGroupAttribute",
             {
                 "RegionId": self.cloud.region,
-                "LoadBalancerId": self.lb,
+                "VServerGroupId": self.group,
                 "BackendServers": json.dumps(servers),
             },
         )

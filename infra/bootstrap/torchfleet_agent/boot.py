@@ -164,10 +164,12 @@ class NodeConfig(TypedDict, total=False):
     poweroff: bool
     pip_args: list[str]
     # the stack's API token in the cloud's secret store (read with the node's credentials), and
-    # the load balancer this node leaves before a drain (AWS target group, Alibaba CLB id)
+    # the load balancer this node leaves before a drain (AWS target group, Alibaba CLB id and
+    # the VServer group the CLB's listeners forward to)
     api_token_secret: str | None
     target_group_arn: str | None
     load_balancer_id: str | None
+    vserver_group_id: str | None
     # a rollout track's model instead of the bundle's: {"source": URL, "checksum": "sha256:.."}
     model: Mapping[str, str]
 
