@@ -72,7 +72,9 @@ def warming():
     server.server_close()
 
 
-def test_a_warming_node_is_not_ready_and_fails_the_smoke_stage(warming):
+def test_a_warming_node_is_not_ready_and_fails_the_smoke_stage(warming, monkeypatch):
+    # the smoke stage gives a balancer's 503 BALANCER_WAIT_S (30 s) to pass; one is enough here
+    monkeypatch.setattr(smoke, "BALANCER_WAIT_S", 1.0)
     node = readiness.NodeState("n0", "127.0.0.1")
     readiness.look(warming, node)
     assert not node.ready and node.describe() == "NOT ready (/readyz 503)"
