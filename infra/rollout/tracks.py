@@ -226,11 +226,6 @@ def volume_of(cfg: StackConfig, cache: Path) -> ModelVolume:
         prefix = MODEL_PREFIX
     if cfg.cloud == "aws":
         return S3Volume(cfg.model_bucket, prefix, cache, cfg.region)
-    if cfg.mode == "kubernetes":
-        raise VolumeError(
-            "placing a model file in the ACK pods' model volume (OSS mounted by the CSI driver) "
-            "is built for aws only, not alicloud: nothing was changed"
-        )
     return OssVolume(cfg.model_bucket, prefix, cache, cfg.region)
 
 

@@ -74,3 +74,14 @@ def test_volume_of_an_alicloud_group_stack_is_its_model_bucket_in_oss(tmp_path, 
     assert (volume.bucket, volume.prefix) == (BUCKET, "models/")
     with pytest.raises(VolumeError, match="model_bucket is unset"):
         volume_of(config.load(_settings("alicloud-prod"), "alicloud-prod"), tmp_path)
+
+
+def test_volume_of_alicloud_k8s_is_the_pods_oss_model_volume(tmp_path, monkeypatch):
+    """The ACK pods mount model_bucket/kubernetes.model_prefix through the OSS CSI driver: the
+    candidate is placed there, beside the stable model.pt."""
+    monkeypatch.setenv("TORCHFLEET_PRICES", "offline")
+    cfg = config.load(_settings("alicloud-k8s"), "alicloud-k8s")
+    volume = volume_of(cfg, tmp_path)
+    assert isinstance(volume, OssVolume)
+    assert cfg.kubernetes is not None
+    assert (volume.bucket, volume.prefix) == (cfg.model_bucket, cfg.kubernetes.model_prefix)
