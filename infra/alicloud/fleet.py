@@ -361,28 +361,20 @@ class AlicloudFleet(pulumi.ComponentResource):
         hooks = scaling.lifecycle_hooks(name, cfg, group, child)
         self.rules = scaling.register(name, cfg, group, metrics, child)
         bundle = self.store.bundle
-        # One configuration per bundle (see the module docstring on rolling).
-        self._configuration(
-            f"{name}-config",
-            f"{cfg.name}-{bundle.sha256[:12]}",
-            group,
-            image_id,
-            network,
-            user_data(
-                cfg,
-                self.store.bucket.bucket,
-                mode=cfg.bootstrap_mode,
-                group=True,
-                extra=self._node_extra(group, metrics, clb, "stable"),
-            ),
-            self.node_tags,
-            hooks,
-        )
-        if self.candidate_group is not None:
+
+        # One configuration per bundle (see the module docstring on rolling), per track.
+        def configure(
+            track: str,
+            grp: alicloud.ess.ScalingGroup,
+            tags: dict[str, str],
+            hooks_of_track: list[alicloud.ess.LifecycleHook],
+            node_group: str | None = None,
+        ) -> None:
+            infix = "" if track == "stable" else f"-{track}"
             self._configuration(
-                f"{name}-candidate-config",
-                f"{cfg.name}-candidate-{bundle.sha256[:12]}",
-                self.candidate_group,
+                f"{name}{infix}-config",
+                f"{cfg.name}{infix}-{bundle.sha256[:12]}",
+                grp,
                 image_id,
                 network,
                 user_data(
@@ -390,11 +382,21 @@ class AlicloudFleet(pulumi.ComponentResource):
                     self.store.bucket.bucket,
                     mode=cfg.bootstrap_mode,
                     group=True,
-                    group_name_of_node=candidate_group_name(cfg),
-                    extra=self._node_extra(self.candidate_group, metrics, clb, "candidate"),
+                    group_name_of_node=node_group,
+                    extra=self._node_extra(grp, metrics, clb, track),
                 ),
+                tags,
+                hooks_of_track,
+            )
+
+        configure("stable", group, self.node_tags, hooks)
+        if self.candidate_group is not None:
+            configure(
+                "candidate",
+                self.candidate_group,
                 {**self.node_tags, CANDIDATE_TAG[0]: CANDIDATE_TAG[1]},
                 scaling.lifecycle_hooks(f"{name}-candidate", cfg, self.candidate_group, child),
+                candidate_group_name(cfg),
             )
         return group, clb
 

@@ -234,14 +234,7 @@ class AwsFleet(pulumi.ComponentResource):
             if fallback.enabled(cfg):
                 od_template = self.launch_template(
                     f"{name}-od-lt",
-                    user_data(
-                        cfg,
-                        store.bucket.bucket,
-                        mode=cfg.bootstrap_mode,
-                        group=True,
-                        group_name_of_node=fallback_group_name(cfg),
-                        extra=self._node_extra(target, "stable"),
-                    ),
+                    self._group_user_data(store, fallback_group_name(cfg), target, "stable"),
                     spot=False,
                 )
                 self.fallback_group = fallback.register(
@@ -285,6 +278,20 @@ class AwsFleet(pulumi.ComponentResource):
             )
         self.register_outputs({"launch_template_id": self.template.id})
 
+    def _group_user_data(
+        self, store: AwsBundleStore, group: str, target: aws.lb.TargetGroup, track: str
+    ) -> pulumi.Output[str]:
+        """The user-data of a sibling group's nodes (the on-demand fallback, the rollout's
+        candidate): the stable group's, naming their own group and their track's model."""
+        return user_data(
+            self.cfg,
+            store.bucket.bucket,
+            mode=self.cfg.bootstrap_mode,
+            group=True,
+            group_name_of_node=group,
+            extra=self._node_extra(target, track),
+        )
+
     def _node_extra(
         self, target: aws.lb.TargetGroup | None, track: str
     ) -> dict[str, pulumi.Input[Any]] | None:
@@ -317,14 +324,7 @@ class AwsFleet(pulumi.ComponentResource):
         n = cfg.rollout.candidate_size(cfg.nodes.min, cfg.nodes.max)
         template = self.launch_template(
             f"{name}-candidate-lt",
-            user_data(
-                cfg,
-                store.bucket.bucket,
-                mode=cfg.bootstrap_mode,
-                group=True,
-                group_name_of_node=candidate_group_name(cfg),
-                extra=self._node_extra(target, "candidate"),
-            ),
+            self._group_user_data(store, candidate_group_name(cfg), target, "candidate"),
             spot=False,  # the group's mixed instances policy buys spot, as the stable group's
         )
         return scaling.sibling_group(

@@ -123,6 +123,18 @@ class Look:
         return out
 
 
+def _unless_missing(read: Callable[[], Any]) -> Any:
+    """What `read` returns from the Kubernetes API, or None where the object does not exist."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return read()
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
 class Cluster:
     """The reads this module makes, through the official client."""
 
@@ -142,16 +154,13 @@ class Cluster:
         self.apps, self.core = kube.AppsV1Api(api), kube.CoreV1Api(api)
 
     def replicas(self, namespace: str, name: str) -> Replicas | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            d = self.apps.read_namespaced_deployment(
+        d = _unless_missing(
+            lambda: self.apps.read_namespaced_deployment(
                 name, namespace, _request_timeout=REQUEST_TIMEOUT_S
             )
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        )
+        if d is None:
+            return None
         s = d.status
         return Replicas(
             f"{namespace}/{name}",
@@ -162,16 +171,13 @@ class Cluster:
         )
 
     def address(self, namespace: str, name: str) -> str | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            svc = self.core.read_namespaced_service(
+        svc = _unless_missing(
+            lambda: self.core.read_namespaced_service(
                 name, namespace, _request_timeout=REQUEST_TIMEOUT_S
             )
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        )
+        if svc is None:
+            return None
         lb = svc.status.load_balancer if svc.status else None
         for ingress in (lb.ingress if lb else None) or []:
             if ingress.hostname or ingress.ip:

@@ -104,7 +104,9 @@ class CloudSplit:
         self.up()
 
     def set_shadow(self, node: str, model: Path | None) -> str | None:
-        raise NotImplementedError(
+        from infra.rollout.engine import RolloutError  # the engine imports this module's peers
+
+        raise RolloutError(
             "shadow testing runs in each node's runtime: on a cloud stack, run the candidate as "
             "the nodes' shadow_model (runtime/README.md), it has no split to move"
         )

@@ -15,10 +15,9 @@ from pulumi import automation as auto
 from infra.matrix import REPO_ROOT
 from infra.offline import run_offline
 from infra.rollout.cloud import KEY, CloudSplit, weight_of
-from infra.rollout.engine import Options, Rollout
-from infra.rollout.policy import Figures, GuardSettings
-from infra.rollout.ref import ModelRef, Store
-from infra.rollout.state import RolloutState
+from infra.rollout.engine import RolloutError
+from infra.rollout.policy import Figures
+from infra.rollout.ref import ModelRef
 
 LISTENER = "aws:lb/listener:Listener"
 CANDIDATE_FILE = hashlib.sha256(b"candidate").hexdigest() + ".pt"  # group mode: by digest
@@ -93,37 +92,19 @@ class Windows:
         }
 
 
-def _engine(tmp_path: Path, split: CloudSplit, windows: Windows) -> Rollout:
-    clock = [0.0]
-
-    def sleep(s: float) -> None:
-        clock[0] += s
-
-    return Rollout(
-        split,
-        RolloutState(tmp_path / "rollout.json"),
-        Store(tmp_path / "store"),
-        windows,
-        Options(strategy="canary", bake_s=10, window_s=5, guards=GuardSettings()),
-        say=lambda _: None,
-        clock=lambda: clock[0],
-        sleep=sleep,
-    )
-
-
 def _ref(tmp_path: Path) -> ModelRef:
     cand = tmp_path / "cand.pt"
     cand.write_bytes(b"candidate")
     return ModelRef(str(cand), hashlib.sha256(b"candidate").hexdigest())
 
 
-def test_a_canary_on_aws_moves_the_listener_weights_by_config_and_up(tmp_path):
+def test_a_canary_on_aws_moves_the_listener_weights_by_config_and_up(tmp_path, canary_engine):
     stack, tracks = FakeStack("aws-prod"), FakeTracks(tmp_path)
     # the block names the candidate group's model (config.py refuses a share without one); the
     # tracks here are fakes, so the file never changes
     stack.values[KEY] = {"candidate_model": CANDIDATE_FILE}
     split = CloudSplit(stack, stack.up, tracks, say=lambda _: None)
-    assert _engine(tmp_path, split, Windows()).start(_ref(tmp_path)) == "promoted"
+    assert canary_engine(split, Windows()).start(_ref(tmp_path)) == "promoted"
     # 0 % already (no `up` before the switch), the canary's 10 %;
     # at 100 % the stable group out while its nodes load the candidate, then no split: every
     # request to the stable group, which now serves the candidate's model
@@ -139,13 +120,11 @@ def test_a_canary_on_aws_moves_the_listener_weights_by_config_and_up(tmp_path):
     }
 
 
-def test_a_failing_candidate_on_aws_is_rolled_back_to_no_split(tmp_path):
+def test_a_failing_candidate_on_aws_is_rolled_back_to_no_split(tmp_path, canary_engine):
     stack, tracks = FakeStack("aws-prod"), FakeTracks(tmp_path)
     stack.values[KEY] = {"candidate_weight": 0, "sticky_s": 600, "candidate_model": CANDIDATE_FILE}
     split = CloudSplit(stack, stack.up, tracks, say=lambda _: None)
-    assert _engine(tmp_path, split, Windows(cand_errors=30)).start(_ref(tmp_path)) == (
-        "rolled_back"
-    )
+    assert canary_engine(split, Windows(cand_errors=30)).start(_ref(tmp_path)) == ("rolled_back")
     # 0 % already: no `up` before the switch; the canary's 10 %, then out at once
     assert stack.ups == [{"tg": 90, "candidate": 10}, {"tg": 100, "candidate": 0}]
     assert tracks.switches == [("candidate", "v2"), ("candidate", "v1")]
@@ -187,5 +166,5 @@ def test_kubernetes_caps_the_split_below_a_promotion(tmp_path):
     split.set_weights({"stable": 0, "candidate": 100})
     split.set_weights({"stable": 0, "candidate": 100})  # unchanged: no second `up`
     assert ups == [99]
-    with pytest.raises(NotImplementedError, match="shadow_model"):
+    with pytest.raises(RolloutError, match="shadow_model"):
         split.set_shadow("candidate", tmp_path / "x.pt")

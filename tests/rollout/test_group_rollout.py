@@ -31,9 +31,9 @@ from infra.matrix import REPO_ROOT
 from infra.offline import run_offline
 from infra.rollout import command, signals
 from infra.rollout.cloud import KEY, CloudSplit
-from infra.rollout.engine import Options, Rollout
-from infra.rollout.policy import Figures, GuardSettings
-from infra.rollout.ref import ModelRef, Store
+from infra.rollout.engine import Rollout
+from infra.rollout.policy import Figures
+from infra.rollout.ref import ModelRef
 from infra.rollout.state import RolloutState
 from infra.rollout.tracks import ModelTracks, VolumeError, bundle_model, volume_of
 
@@ -144,24 +144,6 @@ def _cfg(stack: FakeStack) -> config.StackConfig:
     return config.load(raw, STACK)
 
 
-def _engine(tmp_path: Path, split: CloudSplit, windows: Windows) -> Rollout:
-    clock = [0.0]
-
-    def sleep(s: float) -> None:
-        clock[0] += s
-
-    return Rollout(
-        split,
-        RolloutState(tmp_path / "rollout.json"),
-        Store(tmp_path / "store"),
-        windows,
-        Options(strategy="canary", bake_s=10, window_s=5, guards=GuardSettings()),
-        say=lambda _: None,
-        clock=lambda: clock[0],
-        sleep=sleep,
-    )
-
-
 def _candidate(tmp_path: Path) -> ModelRef:
     cand = tmp_path / "cand.pt"
     cand.write_bytes(CAND_BYTES)
@@ -181,7 +163,7 @@ def _split(tmp_path: Path, stack: FakeStack, s3: object, stable_default=None) ->
 
 
 def test_a_canary_on_aws_prod_grows_a_candidate_group_then_rolls_the_stable_group(
-    tmp_path, s3, monkeypatch
+    tmp_path, s3, monkeypatch, canary_engine
 ):
     """The stable nodes serve the bundle's model (the group vars name it in model_bucket)."""
     s3.put_object(Bucket=BUCKET, Key="models/model.pt", Body=STABLE_BYTES)
@@ -195,7 +177,7 @@ def test_a_canary_on_aws_prod_grows_a_candidate_group_then_rolls_the_stable_grou
     )
     stack = FakeStack()  # no rollout block yet: the first `up` adds it at weight 0
     split = _split(tmp_path, stack, s3)
-    assert _engine(tmp_path, split, Windows()).start(_candidate(tmp_path)) == "promoted"
+    assert canary_engine(split, Windows()).start(_candidate(tmp_path)) == "promoted"
     # the checked copy in the bucket by its digest, what the nodes download and verify
     body = s3.get_object(Bucket=BUCKET, Key=f"models/{CAND_SHA}.pt")["Body"].read()
     assert body == CAND_BYTES
@@ -223,12 +205,14 @@ def test_a_canary_on_aws_prod_grows_a_candidate_group_then_rolls_the_stable_grou
     assert doc["previous"]["version"] == Windows().stable
 
 
-def test_a_failing_candidate_on_aws_prod_is_rolled_back_and_its_group_removed(tmp_path, s3):
+def test_a_failing_candidate_on_aws_prod_is_rolled_back_and_its_group_removed(
+    tmp_path, s3, canary_engine
+):
     """A stack whose stable group already serves a placed file (stable_model)."""
     s3.put_object(Bucket=BUCKET, Key=f"models/{STABLE_SHA}.pt", Body=STABLE_BYTES)
     stack = FakeStack({"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
     split = _split(tmp_path, stack, s3)
-    result = _engine(tmp_path, split, Windows(cand_errors=30)).start(_candidate(tmp_path))
+    result = canary_engine(split, Windows(cand_errors=30)).start(_candidate(tmp_path))
     assert result == "rolled_back"
     # the canary's node, out at once (weight 0: its group removed), then the candidate track
     # named on the stable's file (no group at weight 0); the stable groups never moved
@@ -243,7 +227,7 @@ def test_a_failing_candidate_on_aws_prod_is_rolled_back_and_its_group_removed(tm
     assert RolloutState(tmp_path / "rollout.json").read()["status"] == "rolled_back"
 
 
-def test_the_stable_file_must_be_readable_or_named(tmp_path, s3):
+def test_the_stable_file_must_be_readable_or_named(tmp_path, s3, canary_engine):
     """aws-prod's example group vars name a placeholder bucket: the stable track cannot be read,
     and the message says which key to set; nothing was switched."""
     stack = FakeStack()
@@ -251,17 +235,17 @@ def test_the_stable_file_must_be_readable_or_named(tmp_path, s3):
     with pytest.raises(
         VolumeError, match="rollout.stable_model is unset .* 's3://REPLACE-with-your-bucket"
     ):
-        _engine(tmp_path, split, Windows()).start(_candidate(tmp_path))
+        canary_engine(split, Windows()).start(_candidate(tmp_path))
     assert stack.ups == []
 
 
-def test_a_model_with_a_sidecar_is_refused_on_a_group_stack(tmp_path, s3):
+def test_a_model_with_a_sidecar_is_refused_on_a_group_stack(tmp_path, s3, canary_engine):
     s3.put_object(Bucket=BUCKET, Key=f"models/{STABLE_SHA}.pt", Body=STABLE_BYTES)
     stack = FakeStack({"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
     split = _split(tmp_path, stack, s3)
     ref = _candidate(tmp_path)
     Path(ref.location).with_suffix(".json").write_text(json.dumps({"version": "v2"}))
-    assert _engine(tmp_path, split, Windows()).start(ref) == "rolled_back"  # guard "load"
+    assert canary_engine(split, Windows()).start(ref) == "rolled_back"  # guard "load"
     assert all(up[0] == 0 for up in stack.ups)  # no candidate node ever started
     timeline = RolloutState(tmp_path / "rollout.json").read()["timeline"]
     assert "sidecar" in timeline[-1]["reason"]

@@ -20,9 +20,8 @@ from infra.matrix import REPO_ROOT
 from infra.offline import run_offline
 from infra.rollout import command
 from infra.rollout.cloud import KEY, CloudSplit
-from infra.rollout.engine import Options, Rollout
-from infra.rollout.policy import Figures, GuardSettings
-from infra.rollout.ref import ModelRef, Store
+from infra.rollout.policy import Figures
+from infra.rollout.ref import ModelRef
 from infra.rollout.state import RolloutState
 from infra.rollout.tracks import FolderVolume, ModelTracks, runtime_version
 
@@ -96,24 +95,6 @@ def _setup(tmp_path: Path, stack_name: str = "aws-k8s"):
     return stack, volume, split, ref
 
 
-def _engine(tmp_path: Path, split: CloudSplit, windows: Windows) -> Rollout:
-    clock = [0.0]
-
-    def sleep(s: float) -> None:
-        clock[0] += s
-
-    return Rollout(
-        split,
-        RolloutState(tmp_path / "rollout.json"),
-        Store(tmp_path / "store"),
-        windows,
-        Options(strategy="canary", bake_s=10, window_s=5, guards=GuardSettings()),
-        say=lambda _: None,
-        clock=lambda: clock[0],
-        sleep=sleep,
-    )
-
-
 def _versions(tmp_path: Path) -> tuple[str, str]:
     stable, cand = tmp_path / "s.pt", tmp_path / "c.pt"
     stable.write_bytes(STABLE_BYTES)
@@ -122,11 +103,11 @@ def _versions(tmp_path: Path) -> tuple[str, str]:
 
 
 def test_a_canary_on_aws_k8s_moves_candidate_replicas_then_the_stable_deployments_model(
-    tmp_path,
+    tmp_path, canary_engine
 ):
     stack, volume, split, ref = _setup(tmp_path)
     stable_v, cand_v = _versions(tmp_path)
-    assert _engine(tmp_path, split, Windows(stable_v, cand_v)).start(ref) == "promoted"
+    assert canary_engine(split, Windows(stable_v, cand_v)).start(ref) == "promoted"
     placed = f"{ref.sha256}.pt"
     assert (volume.folder / placed).read_bytes() == CAND_BYTES  # the checked copy, by digest
     # aws-k8s: replicas min 1, max 4. The block written (weight 0: no candidate pods), the
@@ -149,13 +130,13 @@ def test_a_canary_on_aws_k8s_moves_candidate_replicas_then_the_stable_deployment
     assert doc["previous"]["version"] == stable_v
 
 
-def test_a_canary_on_alicloud_k8s_follows_its_replica_bounds(tmp_path):
+def test_a_canary_on_alicloud_k8s_follows_its_replica_bounds(tmp_path, canary_engine):
     """ACK: the same program and split; replicas min 2, max 6, so the candidate is capped at 4
     pods beside the stable minimum. Its model volume is OSS (tests/rollout/test_oss_volume.py
     places and reads the copy through the SDK); a folder stands in for it here."""
     stack, volume, split, ref = _setup(tmp_path, "alicloud-k8s")
     stable_v, cand_v = _versions(tmp_path)
-    assert _engine(tmp_path, split, Windows(stable_v, cand_v)).start(ref) == "promoted"
+    assert canary_engine(split, Windows(stable_v, cand_v)).start(ref) == "promoted"
     placed = f"{ref.sha256}.pt"
     assert stack.ups == [
         (0, "candidate.pt", "model.pt"),
@@ -167,11 +148,11 @@ def test_a_canary_on_alicloud_k8s_follows_its_replica_bounds(tmp_path):
     ]
 
 
-def test_a_failing_candidate_on_aws_k8s_goes_back_to_no_candidate_pods(tmp_path):
+def test_a_failing_candidate_on_aws_k8s_goes_back_to_no_candidate_pods(tmp_path, canary_engine):
     stack, _, split, ref = _setup(tmp_path)
     stable_v, cand_v = _versions(tmp_path)
     windows = Windows(stable_v, cand_v, cand_errors=30)
-    assert _engine(tmp_path, split, windows).start(ref) == "rolled_back"
+    assert canary_engine(split, windows).start(ref) == "rolled_back"
     placed = f"{ref.sha256}.pt"
     # the canary's pod, out at once (weight 0), then the candidate track back on the stable's
     # file (stored by digest); the stable Deployment never moved
