@@ -10,15 +10,17 @@ model sits in the same VServer group at the weight that gives the share (_candid
 Every node carries the bootstrap user-data. The CLB's listeners and the API token's KMS secret
 are infra.alicloud.edge's.
 
-Rolling on a new bundle: ESS has no instance refresh for this group. pulumi_alicloud 4.0.0's
-ess.InstanceRefresh targets an image or a launch template only (no scaling configuration), and
-the StartInstanceRefresh API serves groups with the priority policy only, not COST_OPTIMIZED
-(the one that keeps an on-demand base under spot). So a new bundle creates a new scaling
-configuration (named by the bundle, replacing the old one, active at once): every node ESS
-starts from then on (scale-out, spot remedy, health replacement) runs the new bundle, and
+Rolling on a new bundle: ESS's instance refresh does not serve this group. pulumi_alicloud
+4.0.0's ess.InstanceRefresh targets an image or a launch template only (no scaling
+configuration), and the StartInstanceRefresh API serves groups with the priority policy only, not
+COST_OPTIMIZED (the one that keeps an on-demand base under spot). So a new bundle creates a new
+scaling configuration (named by the bundle, replacing the old one, active at once): every node
+ESS starts from then on (scale-out, spot remedy, health replacement) runs the new bundle, and
 `OldestScalingConfiguration` first in the removal policy retires old-bundle nodes first on
-scale-in. Nodes already running keep their bundle until they leave; replace them by moving the
-desired size up and back, or one by one (`ess` RemoveInstances with the drain hook)."""
+scale-in. Nodes already running keep their bundle until they leave. A rollout's promotion (a
+new stable_model) replaces them itself, surge first (infra/rollout/refresh.py's EssRoll); after
+a new bundle, replace them by moving the desired size up and back, or one by one (`ess`
+RemoveInstances with the drain hook)."""
 
 from __future__ import annotations
 

@@ -7,13 +7,16 @@
 
 The local fleet is the one built here: its description and the rollout's record live in
 `--fleet DIR` (default .cache/fleet/STACK, written by whoever starts the fleet: fleet.json). A
-mode: kubernetes stack (no fleet.json) rolls out by its two Deployments, a mode: group stack on
-AWS by its stable and candidate Auto Scaling groups: the split through its `rollout` block and
-`torchfleet up` (cloud.py), the files in its model store (tracks.py), the record in
-.cache/fleet/STACK. The figures: --prometheus URL when given; else on an AWS group stack its
-ALB's per-target-group metrics in CloudWatch (--window 60s at least), while a kubernetes stack
-needs --prometheus (CloudMonitor, Alibaba's, is not built). Instances stacks, and group stacks
-on Alibaba, are refused, nothing moved.
+mode: kubernetes stack (no fleet.json) rolls out by its two Deployments, a mode: group stack by
+its stable and candidate scaling groups (AWS: two target groups behind a weighted listener;
+Alibaba: one VServer group, a weight per group): the split through its `rollout` block and
+`torchfleet up` (cloud.py), the files in its model store (tracks.py), the promotion reaching
+the running stable nodes (refresh.py: AWS's instance refresh awaited, Alibaba's surge-first
+roll), the record in .cache/fleet/STACK. The figures: --prometheus URL when given; else on an
+AWS group stack its ALB's per-target-group metrics in CloudWatch (--window 60s at least). An
+Alibaba stack and a kubernetes stack need --prometheus: their load balancer's metrics
+(CloudMonitor's CLB figures, per listener) do not tell the tracks apart. Instances stacks are
+refused, nothing moved.
 Exit codes: 0 promoted (or the control was done), 2 bad arguments or settings, 10 rolled back or
 aborted.
 """
@@ -29,17 +32,20 @@ from typing import Any
 
 from torchfleet_compat.problems import InvalidInput
 
-from infra.config import StackConfig
+from infra.aws import fallback
+from infra.config import RolloutSplit, StackConfig
 from infra.constants import ROLLOUT_METRICS_OUTPUT
 from infra.deploy import automation, preflight, stage
 from infra.deploy.stage import StageError
 from infra.k8s.addons import ADDON_NAMESPACE
 from infra.matrix import REPO_ROOT
+from infra.nodeboot import fallback_group_name, group_name
 from infra.rollout.cloud import TRACKS, CloudSplit
 from infra.rollout.engine import Fleet, Options, Rollout, RolloutError
 from infra.rollout.local import FLEET_FILE, LocalFleet, SwitchError
 from infra.rollout.policy import AB, STRATEGIES, guard_settings, parse_duration
 from infra.rollout.ref import ModelRef, RefError, Store
+from infra.rollout.refresh import AsgRefresh, EssRoll, Refresh, RefreshError
 from infra.rollout.signals import (
     CLOUDWATCH_PERIOD_S,
     CloudWatchSource,
@@ -64,7 +70,7 @@ def add_parser(sub: Any, stack_help: str) -> None:
     p = sub.add_parser(
         "rollout",
         help="roll a model out by canary steps with guards that roll back (local fleet, "
-        "mode: kubernetes, mode: group on aws)",
+        "mode: kubernetes, mode: group)",
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -104,7 +110,7 @@ def add_parser(sub: Any, stack_help: str) -> None:
     p.add_argument(
         "--prometheus",
         help="the stack's Prometheus (default: the nodes' /metrics on the local fleet, CloudWatch "
-        "on an AWS group stack; required on a kubernetes stack)",
+        "on an AWS group stack; required on a kubernetes stack and on Alibaba)",
     )
     p.add_argument("--selector", default="", help="PromQL label matchers of the stack's series")
     p.add_argument(
@@ -137,7 +143,14 @@ def run(
         if cfg is not None:
             try:
                 return _cloud(action, args, stack, cfg, say, up_of)
-            except (InvalidInput, RefError, RolloutError, SignalError, VolumeError) as exc:
+            except (
+                InvalidInput,
+                RefError,
+                RefreshError,
+                RolloutError,
+                SignalError,
+                VolumeError,
+            ) as exc:
                 say(f"rollout {stack}: {exc}")
                 return stage.EXIT_USAGE
     try:
@@ -177,19 +190,8 @@ def _not_built(cfg: StackConfig) -> str | None:
     if cfg.mode == "instances":
         return (
             f"a stack in mode: instances ({cfg.cloud}) has no load balancer to split at: a "
-            "rollout needs mode: group (aws) or mode: kubernetes, or the local fleet "
+            "rollout needs mode: group or mode: kubernetes, or the local fleet "
             "(docs/rollouts.md)"
-        )
-    if cfg.mode == "group" and cfg.cloud != "aws":
-        return (
-            f"a stack in mode: group ({cfg.cloud}) does not roll out by this command yet: the "
-            "split is built (the stack's `rollout` block: a candidate ESS group in the CLB's "
-            "VServer group, its model placed in OSS under models/, then `torchfleet up`), but "
-            "the promotion is not: ESS has no instance refresh for a scaling configuration, so "
-            "rollout.stable_model would reach only the nodes ESS starts afterwards while the "
-            "running stable nodes keep the old model, and the VServer group's weights reach "
-            "less than 100 % (docs/rollouts.md). `torchfleet rollout` covers mode: group on "
-            "aws, mode: kubernetes and the local fleet"
         )
     return None
 
@@ -214,16 +216,11 @@ def _cloud(
             f"--strategy shadow is not built on mode: {cfg.mode} (a node's shadow_model needs a "
             "file beside its model and a reload: a canary or an ab split instead)"
         )
-    cloudwatch = action == "start" and not args.prometheus and cfg.mode == "group"
+    cloudwatch = (
+        action == "start" and not args.prometheus and cfg.mode == "group" and cfg.cloud == "aws"
+    )
     if action == "start" and not args.prometheus and not cloudwatch:
-        raise RolloutError(
-            f"--prometheus URL is required on a mode: {cfg.mode} stack: the guards compare "
-            "per-version figures, and a scrape of the load balancer's endpoint reaches one "
-            f"random pod; figures from {'CloudMonitor' if cfg.cloud == 'alicloud' else 'the cloud'}"
-            " are not built for it (CloudWatch is, for mode: group on aws). The cluster's "
-            f"Prometheus: `kubectl -n {ADDON_NAMESPACE} port-forward svc/prometheus-server "
-            "9090:80`, then --prometheus http://127.0.0.1:9090"
-        )
+        raise RolloutError(_needs_prometheus(cfg))
     if cloudwatch:  # refused before anything is opened: a window CloudWatch cannot resolve
         args.window = args.window or f"{CLOUDWATCH_PERIOD_S}s"
         cloudwatch_period(parse_duration("--window", args.window))
@@ -236,12 +233,17 @@ def _cloud(
     if cfg.mode == "kubernetes":
         tracks = ModelTracks(handle, up, volume, say)
         limit = KUBERNETES_LIMIT
-    else:  # the listener's weights give any share, 100 % included (the promotion's step)
+    else:
         cache = folder / "bundle-model"
         tracks = ModelTracks(
-            handle, up, volume, say, stable_default=bundle_model(stack, cache, cfg.region)
+            handle,
+            up,
+            volume,
+            say,
+            stable_default=bundle_model(stack, cache, cfg.region),
+            refresh=_refresh(cfg, say),
         )
-        limit = 100
+        limit = _group_limit(cfg)
     split = CloudSplit(handle, up, tracks, cloud_limit=limit, say=say)
     if cloudwatch:
         source = CloudWatchSource(
@@ -260,6 +262,47 @@ def _cloud(
     if action == "start":
         return _start(args, split, state, store, source, say)
     return _control(action, split, state, store, source, say)
+
+
+def _needs_prometheus(cfg: StackConfig) -> str:
+    """Why a stack without CloudWatch figures needs --prometheus, and where it is."""
+    if cfg.mode == "kubernetes":
+        where = (
+            f"the cluster's: `kubectl -n {ADDON_NAMESPACE} port-forward svc/prometheus-server "
+            "9090:80`, then --prometheus http://127.0.0.1:9090"
+        )
+    else:
+        where = (
+            "the stack's monitoring host (monitoring: true): --prometheus http://HOST:9090"
+            if cfg.monitoring
+            else "set monitoring: true in the stack for its monitoring host, or give any "
+            "Prometheus that scrapes the nodes"
+        )
+    lb = "the CLB's figures in CloudMonitor" if cfg.cloud == "alicloud" else "the cloud's"
+    return (
+        f"--prometheus URL is required on a mode: {cfg.mode} stack on {cfg.cloud}: the guards "
+        f"compare figures per model version, and {lb} are per listener, the same for both "
+        f"tracks (CloudWatch's per-target-group figures serve mode: group on aws). Its Prometheus "
+        f"is {where}"
+    )
+
+
+def _refresh(cfg: StackConfig, say: Callable[[str], None]) -> Refresh:
+    """How a promotion reaches the running stable nodes of a group stack (refresh.py)."""
+    if cfg.cloud == "aws":
+        groups = [group_name(cfg)] + ([fallback_group_name(cfg)] if fallback.enabled(cfg) else [])
+        return AsgRefresh(groups, cfg.region, say)
+    return EssRoll(group_name(cfg), cfg.region, say)
+
+
+def _group_limit(cfg: StackConfig) -> int:
+    """The most candidate share a group stack's split reaches: AWS's listener weights give any,
+    100 % included (the promotion's step); Alibaba's VServer group what its weights can beside
+    the stable group's minimum (RolloutSplit.max_backend_share), the rest stays on the stable
+    nodes until the promotion rolls them."""
+    if cfg.cloud == "aws":
+        return 100
+    return RolloutSplit.max_backend_share(cfg.nodes.min, cfg.nodes.max)
 
 
 def _rollout_metrics(stack: str, handle: Any) -> dict[str, Any]:

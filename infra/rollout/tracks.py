@@ -8,7 +8,7 @@ shapes of a cloud fleet:
   models/ (infra.nodeboot.MODEL_PREFIX), named by their digest (`<sha256>.pt`), which the
   nodes download and verify through their node config's model override; on Alibaba the same
   with the stable and candidate ESS groups in one VServer group and the files in OSS
-  (infra/alicloud/fleet.py; `torchfleet rollout` refuses it until a promotion is built).
+  (infra/alicloud/fleet.py).
 
 Contract. `ModelTracks(handle, up, volume, stable_default=...)`:
 - the candidate track's file is the block's `candidate_model`; while `candidate_weight` is 0 it
@@ -21,6 +21,10 @@ Contract. `ModelTracks(handle, up, volume, stable_default=...)`:
   `set_config`, and runs `up` (the caller's `torchfleet up`: the Deployment's rollout, or the
   group's creation or instance refresh); the stable track switched is the promotion, and the
   engine's equal weights then put candidate_weight back to 0 (no candidate pods or group).
+  Group mode's `refresh` (infra/rollout/refresh.py) then brings the promotion to the running
+  stable nodes before switch returns; when they do not all get there, the stable track goes
+  back to its file before (`up`, and the roll again) and switch raises RefreshError, which
+  the engine answers with a rollback (guard `load`).
 - `serving(track)` is the track's file fetched from the volume (`volume.fetch`) and the
   model_version the runtime reports for it; `version(track)` that version alone, fetched once
   per file (a window's figures ask it each window: CloudWatchSource).
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,6 +52,7 @@ from infra.config import RolloutSplit, StackConfig
 from infra.nodeboot import MODEL_PREFIX
 from infra.rollout.cloud import KEY, StackHandle, block_of, write_block
 from infra.rollout.ref import sha256_of
+from infra.rollout.refresh import Refresh, RefreshError
 
 TRACK_KEYS = {"candidate": "candidate_model", "stable": "stable_model"}
 
@@ -157,8 +163,9 @@ class S3Volume(ObjectVolume):
 def oss_client(region: str, endpoint: str | None = None) -> Any:
     """An alibabacloud_oss_v2 client (V4 signatures) with this machine's Alibaba keys (the ones
     the Pulumi provider reads: infra.credentials.alicloud_keys), read when a call first needs
-    them; the region's public endpoint unless `endpoint` (a URL) overrides it. The node agent
-    builds its own from its RAM role (torchfleet_agent/boot.py's oss_client)."""
+    them; the region's public endpoint unless `endpoint` (a URL) or ALICLOUD_OSS_ENDPOINT
+    overrides it (as ALICLOUD_ESS_ENDPOINT does ESS's: refresh.py). The node agent builds its
+    own from its RAM role (torchfleet_agent/boot.py's oss_client)."""
     import os
 
     import alibabacloud_oss_v2 as oss
@@ -176,6 +183,7 @@ def oss_client(region: str, endpoint: str | None = None) -> Any:
     config = oss.config.load_default()
     config.credentials_provider = oss.credentials.CredentialsProviderFunc(current)
     config.region = region
+    endpoint = endpoint or os.environ.get("ALICLOUD_OSS_ENDPOINT")
     if endpoint:
         config.endpoint = endpoint
     return oss.Client(config)
@@ -224,28 +232,36 @@ def volume_of(cfg: StackConfig, cache: Path) -> ModelVolume:
                 f"{MODEL_PREFIX}) for its nodes to download; set model_bucket"
             )
         prefix = MODEL_PREFIX
-    if cfg.cloud == "aws":
-        return S3Volume(cfg.model_bucket, prefix, cache, cfg.region)
-    return OssVolume(cfg.model_bucket, prefix, cache, cfg.region)
+    return object_volume(
+        "s3" if cfg.cloud == "aws" else "oss", cfg.model_bucket, prefix, cache, cfg.region
+    )
+
+
+def object_volume(scheme: str, bucket: str, prefix: str, cache: Path, region: str) -> ObjectVolume:
+    """The bucket of an s3:// or oss:// location as a volume."""
+    kind = S3Volume if scheme == "s3" else OssVolume
+    return kind(bucket, prefix, cache, region)
 
 
 def bundle_model(stack: str, cache: Path, region: str) -> Callable[[], Path]:
     """Group mode's stable file without `rollout.stable_model`: the model the stack's group vars
-    name (infra.bundle.stack_model), fetched from S3 and checked against its checksum."""
+    name (infra.bundle.stack_model), fetched from S3 or OSS and checked against its checksum."""
 
     def fetch() -> Path:
         ref = bundle.stack_model(stack)
         source, checksum = ref.get("model_source", "demo"), ref.get("model_checksum", "")
-        m = re.fullmatch(r"s3://([^/]+)/(.*/)?([^/]+)", source)
+        m = re.fullmatch(r"(s3|oss)://([^/]+)/(.*/)?([^/]+)", source)
         if m is None or not re.fullmatch(r"sha256:[0-9a-f]{64}", checksum):
             raise VolumeError(
                 f"rollout.stable_model is unset and inventories/{stack}/group_vars names "
                 f"inference_runtime_model_source {source!r} (checksum {checksum or 'none'}): the "
                 "stable nodes' file cannot be read here. Set rollout.stable_model to "
                 "<sha256>.pt of the stable model placed in model_bucket under "
-                f"{MODEL_PREFIX}, or the group vars to s3://BUCKET/KEY with a sha256: checksum"
+                f"{MODEL_PREFIX}, or the group vars to s3:// (oss://) BUCKET/KEY with a sha256: "
+                "checksum"
             )
-        path = S3Volume(m.group(1), m.group(2) or "", cache, region).fetch(m.group(3))
+        scheme, bucket, prefix, name = m.groups()
+        path = object_volume(scheme, bucket, prefix or "", cache, region).fetch(name)
         got = sha256_of(path)
         if "sha256:" + got != checksum:
             raise VolumeError(f"{source} has sha256 {got}, not the group vars' {checksum}")
@@ -262,9 +278,11 @@ class ModelTracks:
         volume: ModelVolume,
         say: Callable[[str], None] = print,
         stable_default: str | Callable[[], Path] = RolloutSplit.stable_model,
+        refresh: Refresh | None = None,
     ) -> None:
         self.handle, self.up, self.volume, self.say = handle, up, volume, say
         self.stable_default = stable_default
+        self.refresh = refresh
         # group mode (a callable default): the nodes get the .pt alone, named by its digest
         self.sidecars = isinstance(stable_default, str)
         self._versions: dict[str | None, str] = {}  # file_of -> its model_version
@@ -306,8 +324,36 @@ class ModelTracks:
         block = block_of(self.handle)
         key = TRACK_KEYS[track]
         if block.get(key) != name:
-            block[key] = name
-            write_block(self.handle, block)
-            self.say(f"  stack config {KEY}.{key} = {name}: `up` rolls the {track} track")
-            self.up()
+            before = block.get(key)
+            since = self._place(key, name, track)
+            if track == "stable" and self.refresh is not None:
+                self._roll(key, before, since)
         return runtime_version(model)
+
+    def _place(self, key: str, name: str | None, track: str) -> float:
+        """The track's key set to `name` (None: removed) and `up`; when `up` started."""
+        block = block_of(self.handle)
+        if name is None:
+            block.pop(key, None)
+        else:
+            block[key] = name
+        write_block(self.handle, block)
+        self.say(f"  stack config {KEY}.{key} = {name}: `up` rolls the {track} track")
+        since = time.time()
+        self.up()
+        return since
+
+    def _roll(self, key: str, before: str | None, since: float) -> None:
+        """The promotion on the running stable nodes (refresh.py). When they do not all reach
+        it, the stable track goes back to `before` and its nodes are rolled back onto that, so
+        it serves one version; the error says both."""
+        assert self.refresh is not None
+        try:
+            self.refresh.roll(since)
+        except RefreshError as err:
+            self.say(f"  the stable nodes did not all reach the new model: {err}")
+            try:
+                self.refresh.roll(self._place(key, before, "stable"))
+            except RefreshError as again:
+                raise RefreshError(f"{err}; and rolling the stable nodes back: {again}") from err
+            raise

@@ -1,8 +1,11 @@
 """What the rollout tests over a cloud stack's program share: the engine a canary runs with, on
-a clock the test owns (windows of 5 s, bakes of 10 s, no real time passes)."""
+a clock the test owns (windows of 5 s, bakes of 10 s, no real time passes); the operator's
+Alibaba keys as the loopback fake (tests/bootstrap/fake_alibaba.py, importable by name from
+here, like this folder's helpers) expects them."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +16,22 @@ from infra.rollout.engine import Options, Rollout
 from infra.rollout.policy import GuardSettings
 from infra.rollout.ref import Store
 from infra.rollout.state import RolloutState
+
+# the helpers beside the tests (ess_sim, fixed_windows) and the Alibaba fake, importable by name
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bootstrap"))
+from fake_alibaba import ACCESS_KEY, SECRET, TOKEN
+
+
+@pytest.fixture
+def alibaba_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's Alibaba keys in the environment (infra.credentials.alicloud_keys reads
+    them), the fake account's, and no other key or profile."""
+    for name in ("ALICLOUD_ACCESS_KEY", "ALICLOUD_SECRET_KEY", "ALICLOUD_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_SECRET", SECRET)
+    monkeypatch.setenv("ALIBABA_CLOUD_SECURITY_TOKEN", TOKEN)
 
 
 @pytest.fixture

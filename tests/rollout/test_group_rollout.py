@@ -22,6 +22,7 @@ from typing import Any
 import boto3
 import pytest
 import yaml
+from fixed_windows import FixedWindows
 from moto import mock_aws
 from pulumi import automation as auto
 
@@ -32,8 +33,8 @@ from infra.offline import run_offline
 from infra.rollout import command, signals
 from infra.rollout.cloud import KEY, CloudSplit
 from infra.rollout.engine import Rollout
-from infra.rollout.policy import Figures
 from infra.rollout.ref import ModelRef
+from infra.rollout.refresh import RefreshError
 from infra.rollout.state import RolloutState
 from infra.rollout.tracks import ModelTracks, VolumeError, bundle_model, volume_of
 
@@ -115,20 +116,8 @@ class FakeStack:
         )
 
 
-class Windows:
-    def __init__(self, cand_errors: int = 0) -> None:
-        self.cand_errors = cand_errors
-        self.stable = "sha256:" + STABLE_SHA[:12]  # no sidecars: the files' digests
-        self.candidate = "sha256:" + CAND_SHA[:12]
-
-    def begin(self) -> None:
-        pass
-
-    def end(self) -> dict[str, Figures]:
-        return {
-            self.stable: Figures(self.stable, 900, 0, 0.05),
-            self.candidate: Figures(self.candidate, 100, self.cand_errors, 0.05),
-        }
+# no sidecars: each file's model_version is its digest
+Windows = partial(FixedWindows, "sha256:" + STABLE_SHA[:12], "sha256:" + CAND_SHA[:12])
 
 
 @pytest.fixture
@@ -150,7 +139,23 @@ def _candidate(tmp_path: Path) -> ModelRef:
     return ModelRef(str(cand), CAND_SHA)
 
 
-def _split(tmp_path: Path, stack: FakeStack, s3: object, stable_default=None) -> CloudSplit:
+class Refreshes:
+    """The promotion's wait on the stable groups' instance refresh (refresh.AsgRefresh, tested
+    in test_refresh.py): when it ran (how many `up`s before it) and whether it fails."""
+
+    def __init__(self, stack: FakeStack, fail: int = 0) -> None:
+        self.stack, self.fail = stack, fail
+        self.at: list[int] = []
+
+    def roll(self, since: float) -> None:
+        self.at.append(len(self.stack.ups))
+        if len(self.at) <= self.fail:
+            raise RefreshError("the instance refresh ir-1 of torchfleet-aws-prod-asg ended Failed")
+
+
+def _split(
+    tmp_path: Path, stack: FakeStack, s3: object, stable_default=None, refresh=None
+) -> CloudSplit:
     volume = volume_of(_cfg(stack), tmp_path / "volume")
     tracks = ModelTracks(
         stack,
@@ -158,6 +163,7 @@ def _split(tmp_path: Path, stack: FakeStack, s3: object, stable_default=None) ->
         volume,
         say=lambda _: None,
         stable_default=stable_default or bundle_model(STACK, tmp_path / "bundle", REGION),
+        refresh=refresh,
     )
     return CloudSplit(stack, stack.up, tracks, cloud_limit=100, say=lambda _: None)
 
@@ -176,8 +182,12 @@ def test_a_canary_on_aws_prod_grows_a_candidate_group_then_rolls_the_stable_grou
         },
     )
     stack = FakeStack()  # no rollout block yet: the first `up` adds it at weight 0
-    split = _split(tmp_path, stack, s3)
+    refreshes = Refreshes(stack)
+    split = _split(tmp_path, stack, s3, refresh=refreshes)
     assert canary_engine(split, Windows()).start(_candidate(tmp_path)) == "promoted"
+    # the stable groups' refresh awaited once, right after the `up` that moved their model and
+    # before the candidate group leaves
+    assert refreshes.at == [5]
     # the checked copy in the bucket by its digest, what the nodes download and verify
     body = s3.get_object(Bucket=BUCKET, Key=f"models/{CAND_SHA}.pt")["Body"].read()
     assert body == CAND_BYTES
@@ -227,6 +237,31 @@ def test_a_failing_candidate_on_aws_prod_is_rolled_back_and_its_group_removed(
     assert RolloutState(tmp_path / "rollout.json").read()["status"] == "rolled_back"
 
 
+def test_a_promotion_whose_refresh_fails_puts_the_stable_groups_back_and_rolls_back(
+    tmp_path, s3, canary_engine
+):
+    s3.put_object(Bucket=BUCKET, Key=f"models/{STABLE_SHA}.pt", Body=STABLE_BYTES)
+    stack = FakeStack({"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
+    refreshes = Refreshes(stack, fail=1)
+    split = _split(tmp_path, stack, s3, refresh=refreshes)
+    assert canary_engine(split, Windows()).start(_candidate(tmp_path)) == "rolled_back"
+    # at 100 % the stable groups moved to the candidate's model, their refresh failed: the
+    # stable model named again and its nodes rolled back onto it (the second wait), then the
+    # engine's rollback (the candidate group out, then gone)
+    assert stack.ups[-5:] == [
+        (6, CAND_SHA, STABLE_SHA, 100),
+        (6, CAND_SHA, CAND_SHA, 100),
+        (6, CAND_SHA, STABLE_SHA, 100),
+        (0, None, STABLE_SHA, 0),
+        (0, None, STABLE_SHA, 0),
+    ]
+    assert refreshes.at == [len(stack.ups) - 3, len(stack.ups) - 2]
+    assert stack.values[KEY]["stable_model"] == f"{STABLE_SHA}.pt"
+    doc = RolloutState(tmp_path / "rollout.json").read()
+    assert doc["status"] == "rolled_back" and doc["stable"]["version"] == Windows().stable
+    assert "ended Failed" in doc["timeline"][-1]["reason"]
+
+
 def test_the_stable_file_must_be_readable_or_named(tmp_path, s3, canary_engine):
     """aws-prod's example group vars name a placeholder bucket: the stable track cannot be read,
     and the message says which key to set; nothing was switched."""
@@ -260,6 +295,14 @@ def test_the_command_drives_aws_prod(tmp_path, s3, monkeypatch, capsys):
     monkeypatch.setattr(command.automation, "open_stack", lambda name: stack)
     monkeypatch.setattr(command.preflight, "check_config", lambda name: (None, _cfg(stack)))
     monkeypatch.setattr(command, "PrometheusSource", lambda url, selector: Windows())
+    waited: list[tuple[list[str], str]] = []
+    monkeypatch.setattr(
+        command,
+        "AsgRefresh",
+        lambda groups, region, say: type(
+            "Wait", (), {"roll": lambda self, since: waited.append((groups, region))}
+        )(),
+    )
     ref = _candidate(tmp_path)
     args = argparse.Namespace(
         words=[STACK],
@@ -275,6 +318,8 @@ def test_the_command_drives_aws_prod(tmp_path, s3, monkeypatch, capsys):
     )
     assert command.run(args, print, up_of=lambda name: stack.up) == 0, capsys.readouterr().out
     assert stack.ups[-1] == (0, None, CAND_SHA, 0)
+    # the promotion waited on both stable groups: the spot group and its on-demand fallback
+    assert waited == [(["torchfleet-aws-prod-asg", "torchfleet-aws-prod-od-asg"], REGION)]
     doc = RolloutState(tmp_path / "fleets" / STACK / "rollout.json").read()
     assert doc["status"] == "promoted"
 

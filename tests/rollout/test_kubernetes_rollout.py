@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixed_windows import FixedWindows
 from pulumi import automation as auto
 
 from infra.cli import main
@@ -20,7 +21,6 @@ from infra.matrix import REPO_ROOT
 from infra.offline import run_offline
 from infra.rollout import command
 from infra.rollout.cloud import KEY, CloudSplit
-from infra.rollout.policy import Figures
 from infra.rollout.ref import ModelRef
 from infra.rollout.state import RolloutState
 from infra.rollout.tracks import FolderVolume, ModelTracks, runtime_version
@@ -68,20 +68,6 @@ class FakeStack:
         )
 
 
-class Windows:
-    def __init__(self, stable: str, candidate: str, cand_errors: int = 0) -> None:
-        self.stable, self.candidate, self.cand_errors = stable, candidate, cand_errors
-
-    def begin(self) -> None:
-        pass
-
-    def end(self) -> dict[str, Figures]:
-        return {
-            self.stable: Figures(self.stable, 900, 0, 0.05),
-            self.candidate: Figures(self.candidate, 100, self.cand_errors, 0.05),
-        }
-
-
 def _setup(tmp_path: Path, stack_name: str = "aws-k8s"):
     volume = FolderVolume(tmp_path / "volume")
     volume.folder.mkdir()
@@ -107,7 +93,7 @@ def test_a_canary_on_aws_k8s_moves_candidate_replicas_then_the_stable_deployment
 ):
     stack, volume, split, ref = _setup(tmp_path)
     stable_v, cand_v = _versions(tmp_path)
-    assert canary_engine(split, Windows(stable_v, cand_v)).start(ref) == "promoted"
+    assert canary_engine(split, FixedWindows(stable_v, cand_v)).start(ref) == "promoted"
     placed = f"{ref.sha256}.pt"
     assert (volume.folder / placed).read_bytes() == CAND_BYTES  # the checked copy, by digest
     # aws-k8s: replicas min 1, max 4. The block written (weight 0: no candidate pods), the
@@ -136,7 +122,7 @@ def test_a_canary_on_alicloud_k8s_follows_its_replica_bounds(tmp_path, canary_en
     places and reads the copy through the SDK); a folder stands in for it here."""
     stack, volume, split, ref = _setup(tmp_path, "alicloud-k8s")
     stable_v, cand_v = _versions(tmp_path)
-    assert canary_engine(split, Windows(stable_v, cand_v)).start(ref) == "promoted"
+    assert canary_engine(split, FixedWindows(stable_v, cand_v)).start(ref) == "promoted"
     placed = f"{ref.sha256}.pt"
     assert stack.ups == [
         (0, "candidate.pt", "model.pt"),
@@ -151,7 +137,7 @@ def test_a_canary_on_alicloud_k8s_follows_its_replica_bounds(tmp_path, canary_en
 def test_a_failing_candidate_on_aws_k8s_goes_back_to_no_candidate_pods(tmp_path, canary_engine):
     stack, _, split, ref = _setup(tmp_path)
     stable_v, cand_v = _versions(tmp_path)
-    windows = Windows(stable_v, cand_v, cand_errors=30)
+    windows = FixedWindows(stable_v, cand_v, cand_errors=30)
     assert canary_engine(split, windows).start(ref) == "rolled_back"
     placed = f"{ref.sha256}.pt"
     # the canary's pod, out at once (weight 0), then the candidate track back on the stable's
@@ -203,7 +189,10 @@ REF = "model.pt@sha256:" + "a" * 64
             ["rollout", "aws-prod", "--model", REF, "--strategy", "shadow", "--prometheus", "x"],
             "--strategy shadow is not built on mode: group",
         ),
-        (["rollout", "alicloud-prod", "--model", REF], "mode: group (alicloud)"),
+        (
+            ["rollout", "alicloud-prod", "--model", REF],
+            "required on a mode: group stack on alicloud",
+        ),
         (["rollout", "aws-dev", "--model", REF], "mode: instances (aws)"),
     ],
 )

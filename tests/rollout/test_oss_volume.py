@@ -5,7 +5,6 @@ that recomputes each request's V4 signature with the SDK's own signer
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,22 +14,12 @@ from infra import config
 from infra.rollout.tracks import OssVolume, S3Volume, VolumeError, oss_client, volume_of
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "bootstrap"))  # the Alibaba fake, importable by name
-from fake_alibaba import ACCESS_KEY, SECRET, TOKEN, FakeAlibaba  # noqa: E402
+from fake_alibaba import FakeAlibaba  # noqa: E402  (tests/rollout/conftest.py: importable)
 
 BUCKET = "example-torchfleet-models"
 
 
-@pytest.fixture
-def keys(monkeypatch):
-    for name in ("ALICLOUD_ACCESS_KEY", "ALICLOUD_SECRET_KEY", "ALICLOUD_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_SECRET", SECRET)
-    monkeypatch.setenv("ALIBABA_CLOUD_SECURITY_TOKEN", TOKEN)
-
-
-def test_a_candidate_is_placed_in_oss_under_its_digest_and_read_back(tmp_path, keys):
+def test_a_candidate_is_placed_in_oss_under_its_digest_and_read_back(tmp_path, alibaba_keys):
     model = tmp_path / f"{'c' * 64}.pt"
     model.write_bytes(b"weights v4")
     with FakeAlibaba(lambda action, params: {}) as fake:
@@ -48,7 +37,7 @@ def test_a_candidate_is_placed_in_oss_under_its_digest_and_read_back(tmp_path, k
     assert [c["action"] for c in fake.calls][:2] == ["PutObject", "GetObject"]
 
 
-def test_a_request_signed_with_other_keys_is_refused_and_named(tmp_path, keys, monkeypatch):
+def test_a_request_signed_with_other_keys_is_refused_and_named(tmp_path, alibaba_keys, monkeypatch):
     monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_SECRET", "not-the-secret")
     model = tmp_path / "a.pt"
     model.write_bytes(b"x")

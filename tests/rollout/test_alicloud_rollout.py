@@ -1,0 +1,236 @@
+"""`torchfleet rollout` on an Alibaba group stack, end to end without a cloud: the command over
+alicloud-prod, its fake stack's `up` running the real program under the mock engine; the
+model files placed in OSS and the stable group rolled through ESS, both through the official
+SDKs against the loopback fake that checks every signature (tests/bootstrap/fake_alibaba.py),
+which keeps the bucket and answers as the stable scaling group (tests/rollout/ess_sim.py). Each
+`up` makes the stable group's scaling configuration the one the program declares, as ESS does
+when Pulumi replaces it; the promotion's roll then has to move every running node onto it.
+
+- a good candidate: the split grows (one candidate node at 10 %, then at the "100 %" step the
+  most the VServer group's weights reach beside the stable minimum, 80 %), the stable group's
+  configuration moves to the candidate's model and every running stable node is replaced,
+  never fewer in service, before the candidate group leaves;
+- a 5xx candidate: rolled back at 10 %, the stable nodes never touched;
+- no --prometheus: refused, naming why (CLB figures are per listener)."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+from functools import partial
+from pathlib import Path
+
+import pytest
+import yaml
+from ess_sim import EssSim
+from fake_alibaba import FakeAlibaba  # tests/rollout/conftest.py makes it importable
+from fixed_windows import FixedWindows
+from pulumi import automation as auto
+
+from infra.bootstrap.torchfleet_agent import boot
+from infra.cli import main
+from infra.config import RolloutSplit
+from infra.matrix import REPO_ROOT
+from infra.offline import run_offline
+from infra.rollout import command, refresh
+from infra.rollout.cloud import KEY
+from infra.rollout.state import RolloutState
+
+STACK = "alicloud-prod"
+BUCKET = "example-torchfleet-models"
+STABLE_GROUP = "torchfleet-alicloud-prod-ess"
+CANDIDATE_GROUP = "torchfleet-alicloud-prod-candidate-ess"
+ESS = "alicloud:ess/scalingGroup:ScalingGroup"
+ESS_CONFIG = "alicloud:ess/scalingConfiguration:ScalingConfiguration"
+ATTACH = "alicloud:ess/scalingGroupVServerGroups:ScalingGroupVServerGroups"
+STABLE_BYTES, CAND_BYTES = b"stable model", b"candidate model"
+STABLE_SHA = hashlib.sha256(STABLE_BYTES).hexdigest()
+CAND_SHA = hashlib.sha256(CAND_BYTES).hexdigest()
+
+
+def _model(node_config: dict) -> str | None:
+    model = node_config.get("model")
+    if model is None:
+        return None
+    digest = model["checksum"].removeprefix("sha256:")
+    assert model["source"] == f"oss://{BUCKET}/models/{digest}.pt"
+    return str(digest)
+
+
+class FakeStack:
+    """The Automation API's Stack as the split uses it. `up` runs alicloud-prod offline, makes
+    the stable configuration it declares the sim's active one, and records (candidate nodes,
+    candidate model, stable model, candidate weight per node)."""
+
+    def __init__(self, sim: EssSim, block: dict) -> None:
+        doc = yaml.safe_load((REPO_ROOT / f"Pulumi.{STACK}.yaml").read_text())
+        self.values: dict[str, object] = {
+            **doc["config"],
+            "torchfleet:model_bucket": BUCKET,
+            KEY: block,
+        }
+        self.sim = sim
+        self.ups: list[tuple[int, str | None, str | None, int]] = []
+
+    def get_all_config(self) -> dict[str, auto.ConfigValue]:
+        return {
+            k: auto.ConfigValue(v if isinstance(v, str) else json.dumps(v))
+            for k, v in self.values.items()
+        }
+
+    def set_config(self, key: str, value: auto.ConfigValue, *, path: bool = False) -> None:
+        self.values[key] = json.loads(value.value)
+
+    def up(self) -> None:
+        run = run_offline(STACK, dict(self.values))
+        names = {f"{g.name}-id": g.inputs["scalingGroupName"] for g in run.of_type(ESS)}
+        configs = {names[c.inputs["scalingGroupId"]]: c.inputs for c in run.of_type(ESS_CONFIG)}
+        weights = {
+            names[a.inputs["scalingGroupId"]]: int(
+                a.inputs["vserverGroups"][0]["vserverAttributes"][0]["weight"]
+            )
+            for a in run.of_type(ATTACH)
+        }
+        groups = {g.inputs["scalingGroupName"]: g.inputs for g in run.of_type(ESS)}
+        stable = configs[STABLE_GROUP]
+        self.sim.active = "scfg-" + hashlib.sha256(stable["userData"].encode()).hexdigest()[:10]
+        cand = groups.get(CANDIDATE_GROUP)
+
+        def model_of(group: str) -> str | None:
+            return _model(_node_config(configs[group]))
+
+        self.ups.append(
+            (
+                int(cand["desiredCapacity"]) if cand else 0,
+                model_of(CANDIDATE_GROUP) if cand else None,
+                model_of(STABLE_GROUP),
+                weights.get(CANDIDATE_GROUP, 0),
+            )
+        )
+
+
+def _node_config(inputs: dict) -> dict:
+    doc = yaml.safe_load(base64.b64decode(inputs["userData"]).decode())
+    (entry,) = [f for f in doc["write_files"] if f["path"] == boot.CONFIG]
+    return dict(json.loads(entry["content"]))
+
+
+# no sidecars: each file's model_version is its digest
+Windows = partial(FixedWindows, "sha256:" + STABLE_SHA[:12], "sha256:" + CAND_SHA[:12])
+
+
+@pytest.fixture
+def cloud(monkeypatch, tmp_path, alibaba_keys):
+    """The fake Alibaba (OSS + the stable ESS group of 2 nodes, alicloud-prod's minimum, on a
+    configuration older than any `up`), the operator's keys, the command's endpoints on it."""
+    monkeypatch.setenv("TORCHFLEET_PRICES", "offline")
+    monkeypatch.setattr(command, "FLEETS", tmp_path / "fleets")
+    sim = EssSim(STABLE_GROUP, 2, max_size=6)
+    with FakeAlibaba(sim.answer) as fake:
+        fake.objects[(BUCKET, f"models/{STABLE_SHA}.pt")] = STABLE_BYTES
+        monkeypatch.setenv("ALICLOUD_ESS_ENDPOINT", fake.url)
+        monkeypatch.setenv("ALICLOUD_OSS_ENDPOINT", fake.url)
+        # no real time passes between the roll's polls
+        monkeypatch.setattr(command, "EssRoll", partial(refresh.EssRoll, sleep=lambda s: None))
+        yield fake, sim
+
+
+def _run(stack: FakeStack, monkeypatch, tmp_path, windows: Windows, prometheus: str = "x"):
+    from infra.deploy import preflight
+    from infra.rollout import command as cmd
+
+    raw = {k.split(":", 1)[1]: v for k, v in stack.values.items()}
+    from infra import config
+
+    cfg = config.load(raw, STACK)
+    monkeypatch.setattr(cmd.automation, "open_stack", lambda name: stack)
+    monkeypatch.setattr(preflight, "check_config", lambda name: (None, cfg))
+    monkeypatch.setattr(cmd, "PrometheusSource", lambda url, selector: windows)
+    cand = tmp_path / "cand.pt"
+    cand.write_bytes(CAND_BYTES)
+    args = argparse.Namespace(
+        words=[STACK],
+        model=f"{cand}@sha256:{CAND_SHA}",
+        strategy="canary",
+        steps=None,
+        bake="0.01s",
+        window="0.01s",
+        guard=[],
+        prometheus=prometheus,
+        selector="",
+        fleet=None,
+    )
+    out: list[str] = []
+    code = command.run(args, out.append, up_of=lambda name: stack.up)
+    return code, "\n".join(out)
+
+
+def test_a_good_candidate_is_promoted_and_every_running_stable_node_rolled(
+    cloud, monkeypatch, tmp_path
+):
+    fake, sim = cloud
+    old_nodes = set(sim.nodes)
+    stack = FakeStack(sim, {"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
+    code, out = _run(stack, monkeypatch, tmp_path, Windows())
+    assert code == 0, out
+    top = RolloutSplit.max_backend_share(2, 6)
+    assert top == 80  # alicloud-prod: min 2, max 6 (docs/rollouts.md)
+    assert "candidate_weight = 80" in out
+    promoted_config = sim.active
+    # the canary's one node at 10 %, then 4 candidate nodes at weight 100 (80 %) while the
+    # stable group moves to the candidate's model; its roll; then no candidate group
+    assert stack.ups[1:] == [
+        (1, CAND_SHA, STABLE_SHA, RolloutSplit(10).backend_weight(2, 6)),
+        (4, CAND_SHA, STABLE_SHA, 100),
+        (4, CAND_SHA, CAND_SHA, 100),
+        (0, None, CAND_SHA, 0),
+    ]
+    serving = sim.serving()
+    assert set(serving.values()) == {promoted_config} and len(serving) == 2
+    assert not old_nodes & set(sim.nodes) and min(sim.in_service) >= 2
+    assert fake.objects[(BUCKET, f"models/{CAND_SHA}.pt")] == CAND_BYTES
+    assert fake.refused == []
+    # the roll ran between the `up` that moved the stable model and the candidate group's end
+    assert "node(s) in service on an older configuration" in out
+    assert (
+        out.index("stable_model =")
+        < out.index("older configuration")
+        < out.rindex("candidate_weight = 0")
+    )
+    doc = RolloutState(tmp_path / "fleets" / STACK / "rollout.json").read()
+    assert doc["status"] == "promoted" and doc["stable"]["version"] == Windows().candidate
+
+
+def test_a_failing_candidate_is_rolled_back_without_touching_the_stable_nodes(
+    cloud, monkeypatch, tmp_path
+):
+    fake, sim = cloud
+    nodes = dict(sim.nodes)
+    stack = FakeStack(sim, {"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
+    code, out = _run(stack, monkeypatch, tmp_path, Windows(cand_errors=30))
+    assert code == 10, out
+    assert "guard error_ratio" in out
+    assert all(up[2] == STABLE_SHA for up in stack.ups) and stack.ups[-1][0] == 0
+    assert set(sim.nodes) == set(nodes) and sim.removed == []
+    assert not [c for c in fake.calls if c["action"] in ("ModifyScalingGroup", "RemoveInstances")]
+
+
+def test_without_prometheus_an_alicloud_group_stack_is_refused_naming_why(
+    cloud, monkeypatch, tmp_path
+):
+    fake, sim = cloud
+    stack = FakeStack(sim, {"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
+    code, out = _run(stack, monkeypatch, tmp_path, Windows(), prometheus="")
+    assert code == 2
+    assert "--prometheus URL is required on a mode: group stack on alicloud" in out
+    assert "CloudMonitor are per listener" in out and "monitoring host" in out
+    assert stack.ups == [] and fake.calls == []
+
+
+def test_the_cli_refuses_alicloud_prod_without_prometheus(capsys, monkeypatch):
+    monkeypatch.setattr(command, "FLEETS", Path("/nonexistent-fleets"))
+    ref = f"/nonexistent.pt@sha256:{CAND_SHA}"
+    assert main(["rollout", STACK, "--model", ref]) == 2
+    assert "--prometheus URL is required" in capsys.readouterr().out
