@@ -291,7 +291,8 @@ FIELDS: dict[str, Key] = {
         "stable_model (kubernetes: the stable Deployment's file there, default model.pt; "
         "group: <sha256>.pt there, served by the stable group instead of the bundle's model; "
         "a promotion moves it); mode: group (aws; alicloud: a candidate ESS group in the CLB's "
-        "VServer group, candidate_weight up to the share its weights reach, sticky_s 0), or "
+        "VServer group, candidate_weight up to the share its weights reach, sticky_s up to 86400: "
+        "the CLB's cookie), or "
         "mode: kubernetes",
         subkeys=ROLLOUT_SUBKEYS,
     ),
@@ -384,6 +385,8 @@ class Monitoring:
 # Alibaba group mode: each stable node's weight in the CLB's VServer group, ESS's default
 # LoadBalancerWeight (what the nodes had in the default server group before the VServer group).
 STABLE_BACKEND_WEIGHT = 50
+# The CLB's CookieTimeout for an inserted cookie: 1..86400 s.
+CLB_COOKIE_MAX_S = 86400
 
 
 @dataclass(frozen=True)
@@ -391,7 +394,9 @@ class RolloutSplit:
     """The `rollout` block: the candidate's share of requests at the load balancer."""
 
     candidate_weight: int  # percent; the stable version gets the rest
-    sticky_s: int = 0  # AWS: a client stays on its target group this long (0: off)
+    # a client stays on its track this long (0: off): AWS, ALB stickiness across the two target
+    # groups; Alibaba group mode, the CLB's inserted cookie (its node, so its track)
+    sticky_s: int = 0
     candidate_model: str = "candidate.pt"  # kubernetes: the candidate's file in the model volume
     stable_model: str = "model.pt"  # kubernetes: the stable Deployment's file there (promotion)
 
@@ -1249,12 +1254,12 @@ def _rollout(r: _Reader, cloud: str, mode: str | None, nodes: Nodes | None) -> R
             "100 % is the stable Deployment on the candidate's model)",
         )
         return None
-    if cloud == "alicloud" and mode == "group" and sticky:
+    if cloud == "alicloud" and mode == "group" and sticky is not None and sticky > CLB_COOKIE_MAX_S:
         r.fail(
             "rollout.sticky_s",
             sticky,
-            "0 on alicloud in mode: group (the CLB listener's cookie persistence, which would "
-            "keep a client on one node and so on its track, is not declared by the program)",
+            f"0 (off) or seconds up to {CLB_COOKIE_MAX_S} on alicloud in mode: group (the CLB "
+            "listener's inserted cookie, which keeps a client on its node and so on its track)",
         )
         return None
     if cloud == "alicloud" and mode == "group" and weight is not None and nodes is not None:

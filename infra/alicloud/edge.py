@@ -1,7 +1,7 @@
 """The Alibaba Cloud edge of a stack: the CLB's listeners (HTTPS with the stack's server
-certificate and a TLS policy refusing 1.0/1.1, forwarding to the VServer group; HTTP only
-redirecting) and the API token as a KMS secret, which only the node role may read (RAM:
-kms:GetSecretValue on that secret)."""
+certificate and a TLS policy refusing 1.0/1.1, forwarding to the VServer group, with the
+rollout's sticky_s as an inserted cookie; HTTP only redirecting) and the API token as a KMS
+secret, which only the node role may read (RAM: kms:GetSecretValue on that secret)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,12 @@ def listeners(
         **HEALTH_CHECK,
         **acl_args,
     }
+    if cfg.rollout is not None and cfg.rollout.sticky_s:
+        # An A/B that holds per client: the CLB inserts a cookie naming the node a client first
+        # reached, and each node serves one track (a node that leaves moves its clients).
+        forward.update(
+            sticky_session="on", sticky_session_type="insert", cookie_timeout=cfg.rollout.sticky_s
+        )
     if cfg.tls is None:  # no certificate: a dev or VPC-internal stack (infra.edge.parse_tls)
         alicloud.slb.Listener(
             f"{name}-http", frontend_port=edge.HTTP_PORT, protocol="http", **forward, opts=opts

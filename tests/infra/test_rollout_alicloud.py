@@ -178,6 +178,22 @@ def test_stable_model_moves_the_stable_groups_new_nodes(with_overrides, runs):
     }
 
 
+@pytest.mark.parametrize("sticky", [0, 3600])
+def test_sticky_s_is_the_clbs_inserted_cookie_on_the_serving_listener(with_overrides, sticky):
+    run = _run(
+        with_overrides, candidate_weight=10, candidate_model=f"{CAND_SHA}.pt", sticky_s=sticky
+    )
+    (serving,) = [li for li in run.of_type(LISTENER) if li.inputs.get("healthCheck") == "on"]
+    if sticky:
+        assert (serving.inputs["stickySession"], serving.inputs["stickySessionType"]) == (
+            "on",
+            "insert",
+        )
+        assert serving.inputs["cookieTimeout"] == sticky
+    else:
+        assert "stickySession" not in serving.inputs and "cookieTimeout" not in serving.inputs
+
+
 @pytest.mark.parametrize(
     ("block", "key", "says"),
     [
@@ -186,7 +202,11 @@ def test_stable_model_moves_the_stable_groups_new_nodes(with_overrides, runs):
             "rollout.candidate_weight",
             "0..80 on alicloud in mode: group with nodes.min 2 and nodes.max 6",
         ),
-        ({"sticky_s": 60}, "rollout.sticky_s", "0 on alicloud in mode: group"),
+        (
+            {"sticky_s": 86401},
+            "rollout.sticky_s",
+            "0 (off) or seconds up to 86400 on alicloud in mode: group",
+        ),
         ({"candidate_weight": 10}, "rollout.candidate_model", "set while candidate_weight"),
     ],
 )

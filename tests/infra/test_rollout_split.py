@@ -141,7 +141,7 @@ def test_candidate_replicas_give_the_weight():
     ("stack", "block", "key", "says"),
     [
         ("aws-dev", {"candidate_weight": 10}, "rollout", "mode: instances"),
-        ("alicloud-prod", {"sticky_s": 60}, "rollout.sticky_s", "0 on alicloud in mode: group"),
+        ("alicloud-prod", {"sticky_s": 90000}, "rollout.sticky_s", "up to 86400 on alicloud"),
         ("aws-prod", {"candidate_weight": 101}, "rollout.candidate_weight", "0..100"),
         ("aws-prod", {"candidate_weight": "ten"}, "rollout.candidate_weight", "0..100"),
         ("aws-prod", {"sticky_s": 10**6}, "rollout.sticky_s", "604800"),
