@@ -22,7 +22,6 @@ import json
 import os
 import re
 import sys
-import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +30,9 @@ from typing import Any
 import yaml
 from torchfleet_compat.hostvars import GROUP, node_hostvars
 
+from infra.ecs_listing import endpoint_config, running
 from infra.inventory import gpu_types
 
-PAGE = 100  # ECS DescribeInstances' largest page
 USAGE = "usage: group_nodes.py --list | --host NAME"
 
 
@@ -80,7 +79,6 @@ def aws_instances(found: dict[str, Any]) -> Iterator[Instance]:
 
 
 def alicloud_instances(found: dict[str, Any]) -> Iterator[Instance]:
-    from alibabacloud_ecs20140526 import models as ecs_models
     from alibabacloud_ecs20140526.client import Client as EcsClient
     from alibabacloud_tea_openapi.models import Config
 
@@ -95,43 +93,9 @@ def alicloud_instances(found: dict[str, Any]) -> Iterator[Instance]:
         raise SystemExit(
             f"group_nodes: set {err.args[0]} (and ALICLOUD_SECRET_KEY) to list the nodes"
         ) from None
-    if os.environ.get("ALICLOUD_ECS_ENDPOINT"):
-        url = urllib.parse.urlsplit(os.environ["ALICLOUD_ECS_ENDPOINT"])
-        config.endpoint, config.protocol = url.netloc, url.scheme
-    ecs = EcsClient(config)
-    tags = [
-        ecs_models.DescribeInstancesRequestTag(key=key, value=value)
-        for key, value in sorted(found["tags"].items())
-    ]
-    page = 1
-    while True:
-        reply = ecs.describe_instances(
-            ecs_models.DescribeInstancesRequest(
-                region_id=found["region"],
-                status="Running",
-                page_size=PAGE,
-                page_number=page,
-                tag=tags,
-            )
-        ).body.to_map()
-        for i in reply.get("Instances", {}).get("Instance", []):
-            public = (i.get("PublicIpAddress", {}).get("IpAddress") or [None])[0] or (
-                i.get("EipAddress", {}).get("IpAddress") or None
-            )
-            private = (
-                i.get("VpcAttributes", {}).get("PrivateIpAddress", {}).get("IpAddress") or [None]
-            )[0]
-            yield Instance(
-                id=i["InstanceId"],
-                type=i.get("InstanceType", ""),
-                spot=i.get("SpotStrategy", "NoSpot") not in ("NoSpot", ""),
-                private_ip=private,
-                public_ip=public,
-                zone=i.get("ZoneId", ""),
-            )
-        if page * PAGE >= int(reply.get("TotalCount", 0)):
-            return
-        page += 1
+    ecs = EcsClient(endpoint_config(config, os.environ.get("ALICLOUD_ECS_ENDPOINT")))
+    for i in running(ecs, found["region"], found["tags"]):
+        yield Instance(**i)
 
 
 LISTERS = {"aws": aws_instances, "alicloud": alicloud_instances}

@@ -10,7 +10,8 @@ Contract (roles/monitoring/README.md, "What infra must provide"):
   from the monitoring group (and the service port from the load balancer, as without it).
 - AWS: an instance profile with exactly `DISCOVERY_ACTIONS` for Prometheus' EC2 discovery and
   `SPEND_ACTIONS["aws"]` for the spend exporter. Alibaba: a RAM role (`ram_role_name`) with
-  exactly `SPEND_ACTIONS["alicloud"]`.
+  exactly `SPEND_ACTIONS["alicloud"]` and, on a group stack, `ECS_DISCOVERY_ACTIONS` (the role's
+  ECS discovery timer lists the scaling group's nodes: infra/ecs_listing.py).
 - Ports are the roles' own settings as the stack's nodes get them (infra.lifecycle
   .node_setting), never restated here.
 """
@@ -26,6 +27,9 @@ DISTRO = "debian-12"
 # Prometheus' ec2_sd_configs call these two; neither has resource-level permissions (the
 # Service Authorization Reference lists no resource type for them), so their resource is "*".
 DISCOVERY_ACTIONS = ("ec2:DescribeAvailabilityZones", "ec2:DescribeInstances")
+# The monitoring role's ECS discovery on an Alibaba group stack (Prometheus has none): the same
+# region-wide read, which RAM scopes to no resource either; the host keeps the stack's tags.
+ECS_DISCOVERY_ACTIONS = ("ecs:DescribeInstances",)
 # The spend exporter's read of the bill (infra.billing, roles/monitoring tasks/spend.yml). Neither
 # cloud scopes it to a resource or a tag: the host can read the account's whole bill, and sums
 # the stack's lines itself.

@@ -1,9 +1,11 @@
 """The monitoring host on Alibaba Cloud (infra.monitoring): a pay-as-you-go Debian 12 ECS
 instance in the private services vSwitch at the plan's fixed address, no public address
 (egress through the services NAT gateway), hardened metadata (tokens required), an encrypted
-ESSD. Prometheus has no Alibaba discovery, so the role lists the nodes from the inventory
-(file_sd); the one cloud API the host calls is BSS's DescribeInstanceBill (the spend exporter),
-through a RAM role that may call exactly that. The role (playbooks/monitoring.yml) configures it
+ESSD. Prometheus has no Alibaba discovery, so the role lists the nodes as file_sd: from the
+inventory, or on a group stack (whose nodes come and go) by a timer listing the stack's running
+ECS instances by tag. The cloud APIs the host calls are BSS's DescribeInstanceBill (the spend
+exporter) and, on a group stack, ECS DescribeInstances, through a RAM role that may call exactly
+those. The role (playbooks/monitoring.yml) configures it
 from an operator's controller that reaches the VPC (a VPN or bastion inside `admin_cidrs`)."""
 
 from __future__ import annotations
@@ -46,21 +48,20 @@ class AlicloudMonitoring(pulumi.ComponentResource):
             opts=child,
         )
         # BSS scopes no action to a resource or tag: the host reads the account's instance bill
-        # and keeps the stack's lines itself (infra.billing).
+        # and keeps the stack's lines itself (infra.billing). A group stack's nodes come and go:
+        # the role's ECS discovery lists them by the stack's tags (region-wide, like the bill).
+        actions = list(monitoring.SPEND_ACTIONS["alicloud"])
+        if cfg.mode == "group":
+            actions += monitoring.ECS_DISCOVERY_ACTIONS
         policy = alicloud.ram.Policy(
             f"{name}-spend",
             policy_name=f"{cfg.name}-monitoring-spend",
-            description="read the instance bill (the spend exporter)",
+            description="read the instance bill (the spend exporter)"
+            + ("; list the group's nodes (ECS discovery)" if cfg.mode == "group" else ""),
             policy_document=json.dumps(
                 {
                     "Version": "1",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Action": list(monitoring.SPEND_ACTIONS["alicloud"]),
-                            "Resource": ["*"],
-                        }
-                    ],
+                    "Statement": [{"Effect": "Allow", "Action": actions, "Resource": ["*"]}],
                 }
             ),
             force=True,

@@ -169,7 +169,7 @@ def test_monitoring_host_is_private_encrypted_and_imdsv2(runs, stack):
     else:
         assert i["internetMaxBandwidthOut"] == 0
         assert i["httpTokens"] == "required" and i["systemDiskEncrypted"] is True
-        # file discovery calls no cloud API: the one the role may call is BSS's instance bill
+        # the role's ECS discovery lists a group stack's nodes; beside it, BSS's instance bill
         assert i["roleName"] == f"torchfleet-{stack}-monitoring"  # the role's default
         (attachment,) = [
             a
@@ -184,7 +184,7 @@ def test_monitoring_host_is_private_encrypted_and_imdsv2(runs, stack):
         (statement,) = json.loads(policy.inputs["policyDocument"])["Statement"]
         assert statement == {
             "Effect": "Allow",
-            "Action": ["bssapi:DescribeInstanceBill"],
+            "Action": ["bssapi:DescribeInstanceBill", "ecs:DescribeInstances"],
             "Resource": ["*"],
         }
         (ram_role,) = [

@@ -33,7 +33,7 @@ def _write(path: Path, doc: dict) -> Path:
     return path
 
 
-@pytest.mark.parametrize("discovery", ["ec2", "file"])
+@pytest.mark.parametrize("discovery", ["ec2", "ecs", "file"])
 def test_prometheus_config_passes_promtool(
     discovery: str, filters: ModuleType, tmp_path: Path
 ) -> None:
@@ -156,7 +156,7 @@ def test_an_unknown_receiver_or_discovery_is_refused(filters: ModuleType) -> Non
     ):
         filters.torchfleet_alertmanager_config({"receiver": "pager"})
     with pytest.raises(
-        filters.MonitoringConfigError, match="discovery='consul': allowed ec2, file"
+        filters.MonitoringConfigError, match="discovery=.consul.: allowed ec2, ecs, file"
     ):
         filters.torchfleet_prometheus_config({**SETTINGS, "discovery": "consul", "rule_dir": "/r"})
 

@@ -10,6 +10,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
+# this folder's helpers (role_render), importable by name under --import-mode=importlib
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.fixture(scope="session")

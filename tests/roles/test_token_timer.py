@@ -9,9 +9,9 @@ from __future__ import annotations
 import configparser
 import json
 import shlex
-import subprocess
 from pathlib import Path
 
+import role_render
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,42 +23,15 @@ def render(
     tmp_path: Path, env: dict[str, str], extra: dict
 ) -> dict[str, configparser.ConfigParser]:
     units = {"service": "torchfleet-api-token.service.j2", "timer": "torchfleet-api-token.timer.j2"}
-    play = [
-        {
-            "hosts": "localhost",
-            "gather_facts": False,
-            "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
-            "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"},
-            "tasks": [
-                {
-                    "ansible.builtin.copy": {
-                        "content": "{{ lookup('ansible.builtin.template', '%s') }}"
-                        % (ROLE / "templates" / template),
-                        "dest": str(tmp_path / kind),
-                        "mode": "0644",
-                    }
-                }
-                for kind, template in units.items()
-            ],
-        }
-    ]
-    (tmp_path / "play.yml").write_text(json.dumps(play))
-    # extra vars: above the role's defaults and vars, as inventory values are above defaults
-    (tmp_path / "extra.json").write_text(
-        json.dumps({"inference_runtime_api_token": SENTINEL, **extra})
+    texts = role_render.render(
+        tmp_path,
+        [ROLE / "defaults" / "main.yml", ROLE / "vars" / "main.yml"],
+        {kind: role_render.template(ROLE / "templates" / t) for kind, t in units.items()},
+        {"inference_runtime_api_token": SENTINEL, **extra},
+        env,
     )
-    done = subprocess.run(
-        ["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", "@extra.json", "play.yml"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
     out = {}
-    for kind in units:
-        text = (tmp_path / kind).read_text()
+    for kind, text in texts.items():
         assert SENTINEL not in text
         parser = configparser.ConfigParser(interpolation=None, strict=False)
         parser.read_string(text)

@@ -2,8 +2,10 @@
 scrapes and with which labels, and how Alertmanager routes. The role's templates only dump
 what these return (`to_nice_yaml` / `to_nice_json`); the tests import the same functions.
 
-Contract (both discovery modes give every node's series the same target labels):
-  stack, node, instance_type, lifecycle (spot | on-demand), plus zone with EC2 discovery.
+Contract (every discovery mode gives every node's series the same target labels):
+  stack, node, instance_type, lifecycle (spot | on-demand), plus zone with EC2 discovery. ecs
+  discovery reads file_sd lists like file discovery; a timer writes them
+  (files/torchfleet_ecs_sd.py, with `torchfleet_file_sd` from this file).
   Jobs: torchfleet-runtime (the runtime's /metrics), torchfleet-node (node exporter),
   prometheus and alertmanager (the monitoring host itself).
 
@@ -125,8 +127,8 @@ def _file_job(job: str, settings: Mapping[str, Any]) -> dict[str, Any]:
 
 def torchfleet_prometheus_config(settings: Mapping[str, Any]) -> dict[str, Any]:
     discovery = settings["discovery"]
-    if discovery not in ("ec2", "file"):
-        raise MonitoringConfigError(f"discovery={discovery!r}: allowed ec2, file")
+    if discovery not in ("ec2", "ecs", "file"):
+        raise MonitoringConfigError(f"discovery={discovery!r}: allowed ec2, ecs, file")
     self_labels = {"stack": settings["stack"]}
     jobs: list[dict[str, Any]] = [
         {

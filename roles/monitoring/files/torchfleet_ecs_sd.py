@@ -1,0 +1,1 @@
+../../../infra/ecs_listing.py
