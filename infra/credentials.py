@@ -136,3 +136,15 @@ def alicloud_keys(env: Mapping[str, str], home: Path) -> AlicloudKeys | None:
         p.get("sts_token") or None,
         f"profile {profile} ({mode}) in {path}",
     )
+
+
+def operator_config(region: str, service: str, endpoint_env: str) -> Any:
+    """An OpenAPI client configuration with the operator's Alibaba keys (the ones the Pulumi
+    provider reads) for a call to `service`; the environment variable `endpoint_env` (a URL)
+    overrides the region's endpoint. CredentialsError says what is missing and the fix."""
+    import os
+
+    keys = alicloud_keys(os.environ, Path(os.environ.get("HOME") or Path.home()))
+    if keys is None:
+        raise CredentialsError(f"no Alibaba Cloud credentials to reach {service}", ALI_FIX)
+    return keys.config(region, os.environ.get(endpoint_env))

@@ -22,6 +22,7 @@ from infra.constants import PROJECT
 FAKE_AMI = "ami-0123456789abcdef0"
 FAKE_ALI_IMAGE = "ubuntu_22_04_x64_20G_alibase_20240130.vhd"
 FAKE_ACCOUNT = "123456789012"
+FAKE_ALI_ACCOUNT = "1208863178610000"
 FAKE_BAKED_AMI = "ami-0fedcba9876543210"
 
 
@@ -164,6 +165,8 @@ class OfflineMocks(pulumi.runtime.Mocks):
                 "id": FAKE_ACCOUNT,
                 "userId": "OFFLINE",
             }
+        if args.token == "alicloud:index/getAccount:getAccount":
+            return {"id": FAKE_ALI_ACCOUNT}
         if args.token == "alicloud:ecs/getImages:getImages":
             return {
                 "id": "images",

@@ -38,6 +38,7 @@ from infra.alicloud import scaling
 from infra.alicloud.bundle_store import AlicloudBundleStore
 from infra.alicloud.network import AlicloudNetwork
 from infra.config import STABLE_BACKEND_WEIGHT, StackConfig
+from infra.constants import ROLLOUT_METRICS_OUTPUT
 from infra.interface import NODE_ROLE_TAG, Deployment, instances_deployment
 from infra.nodeboot import CANDIDATE_TAG, candidate_group_name, group_name, track_models, user_data
 from infra.schedule import iso_utc
@@ -193,7 +194,23 @@ class AlicloudFleet(pulumi.ComponentResource):
                     "scaling_group_name": group_name(cfg),
                 },
             )
+            if cfg.rollout is not None:
+                self.deployment.extra_outputs[ROLLOUT_METRICS_OUTPUT] = self._rollout_metrics()
         self.register_outputs({})
+
+    def _rollout_metrics(self) -> dict[str, object]:
+        """Where a rollout's guards read each track's figures without a Prometheus
+        (infra/rollout/signals.py's CloudMonitorSource): the nodes' custom metrics in the stack's
+        application group, by scaling group (one per track; the candidate's while it exists)."""
+        account = alicloud.get_account_output(opts=pulumi.InvokeOutputOptions(parent=self)).id
+        groups = {"stable": self.group.id}
+        if self.candidate_group is not None:
+            groups["candidate"] = self.candidate_group.id
+        return {
+            "namespace": account.apply(lambda a: f"acs_customMetric_{a}"),
+            "metric_group": self.metrics_group.id,
+            "scaling_groups": groups,
+        }
 
     def _grant(self, suffix: str, why: str, document: pulumi.Input[str]) -> pulumi.CustomResource:
         cfg, name, child = self.cfg, self.name, self.child
@@ -351,6 +368,7 @@ class AlicloudFleet(pulumi.ComponentResource):
             tags=self.node_tags,
             opts=child,
         )
+        self.metrics_group = metrics
         self.candidate_group = self._candidate_group(clb)
         groups = [group] + ([self.candidate_group] if self.candidate_group else [])
         self.grants.append(

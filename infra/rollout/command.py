@@ -12,11 +12,10 @@ its stable and candidate scaling groups (AWS: two target groups behind a weighte
 Alibaba: one VServer group, a weight per group): the split through its `rollout` block and
 `torchfleet up` (cloud.py), the files in its model store (tracks.py), the promotion reaching
 the running stable nodes (refresh.py: AWS's instance refresh awaited, Alibaba's surge-first
-roll), the record in .cache/fleet/STACK. The figures: --prometheus URL when given; else on an
-AWS group stack its ALB's per-target-group metrics in CloudWatch (--window 60s at least). An
-Alibaba stack and a kubernetes stack need --prometheus: their load balancer's metrics
-(CloudMonitor's CLB figures, per listener) do not tell the tracks apart. Instances stacks are
-refused, nothing moved.
+roll), the record in .cache/fleet/STACK. The figures: --prometheus URL when given; else on a
+group stack the cloud's per-track metrics (--window 60s at least): AWS, the ALB's per target
+group in CloudWatch; Alibaba, the nodes' own in CloudMonitor by scaling group (the CLB's are per
+listener). A kubernetes stack needs --prometheus. Instances stacks are refused, nothing moved.
 Exit codes: 0 promoted (or the control was done), 2 bad arguments or settings, 10 rolled back or
 aborted.
 """
@@ -48,11 +47,13 @@ from infra.rollout.ref import ModelRef, RefError, Store
 from infra.rollout.refresh import AsgRefresh, EssRoll, Refresh, RefreshError
 from infra.rollout.signals import (
     CLOUDWATCH_PERIOD_S,
+    CloudMonitorSource,
     CloudWatchSource,
     PrometheusSource,
     ScrapeSource,
     SignalError,
     Source,
+    TrackMetricsSource,
     cloudwatch_period,
 )
 from infra.rollout.state import ACTIVE, RolloutState, engine_alive
@@ -96,8 +97,8 @@ def add_parser(sub: Any, stack_help: str) -> None:
     p.add_argument("--bake", default="5m", help="how long each step is watched (default 5m)")
     p.add_argument(
         "--window",
-        help=f"one evaluation window (default {DEFAULT_WINDOW}; with figures from CloudWatch "
-        f"{CLOUDWATCH_PERIOD_S}s, its minimum)",
+        help=f"one evaluation window (default {DEFAULT_WINDOW}; with figures from CloudWatch or "
+        f"CloudMonitor {CLOUDWATCH_PERIOD_S}s, its minimum)",
     )
     p.add_argument(
         "--guard",
@@ -109,8 +110,8 @@ def add_parser(sub: Any, stack_help: str) -> None:
     )
     p.add_argument(
         "--prometheus",
-        help="the stack's Prometheus (default: the nodes' /metrics on the local fleet, CloudWatch "
-        "on an AWS group stack; required on a kubernetes stack and on Alibaba)",
+        help="the stack's Prometheus (default: the nodes' /metrics on the local fleet, the cloud's "
+        "per-track metrics on a group stack; required on a kubernetes stack)",
     )
     p.add_argument("--selector", default="", help="PromQL label matchers of the stack's series")
     p.add_argument(
@@ -216,15 +217,15 @@ def _cloud(
             f"--strategy shadow is not built on mode: {cfg.mode} (a node's shadow_model needs a "
             "file beside its model and a reload: a canary or an ab split instead)"
         )
-    cloudwatch = (
-        action == "start" and not args.prometheus and cfg.mode == "group" and cfg.cloud == "aws"
-    )
-    if action == "start" and not args.prometheus and not cloudwatch:
+    # a group stack without --prometheus: its cloud's 1-minute figures per track
+    figures = action == "start" and not args.prometheus and cfg.mode == "group"
+    kind = CloudWatchSource if cfg.cloud == "aws" else CloudMonitorSource
+    if action == "start" and not args.prometheus and not figures:
         raise RolloutError(_needs_prometheus(cfg))
-    if cloudwatch:  # refused before anything is opened: a window CloudWatch cannot resolve
+    if figures:  # refused before anything is opened: a window the cloud cannot resolve
         args.window = args.window or f"{CLOUDWATCH_PERIOD_S}s"
-        cloudwatch_period(parse_duration("--window", args.window))
-    source: PrometheusSource | CloudWatchSource | _NoFigures = (
+        cloudwatch_period(parse_duration("--window", args.window), kind.service)
+    source: PrometheusSource | TrackMetricsSource | _NoFigures = (
         PrometheusSource(args.prometheus, args.selector) if args.prometheus else _NoFigures()
     )
     volume = volume_of(cfg, folder / "volume")
@@ -245,8 +246,8 @@ def _cloud(
         )
         limit = _group_limit(cfg)
     split = CloudSplit(handle, up, tracks, cloud_limit=limit, say=say)
-    if cloudwatch:
-        source = CloudWatchSource(
+    if figures:
+        source = kind(
             dimensions=lambda: _rollout_metrics(stack, handle),
             versions=lambda: {track: tracks.version(track) for track in TRACKS},
             window_s=parse_duration("--window", args.window),
@@ -265,25 +266,18 @@ def _cloud(
 
 
 def _needs_prometheus(cfg: StackConfig) -> str:
-    """Why a stack without CloudWatch figures needs --prometheus, and where it is."""
-    if cfg.mode == "kubernetes":
-        where = (
-            f"the cluster's: `kubectl -n {ADDON_NAMESPACE} port-forward svc/prometheus-server "
-            "9090:80`, then --prometheus http://127.0.0.1:9090"
-        )
-    else:
-        where = (
-            "the stack's monitoring host (monitoring: true): --prometheus http://HOST:9090"
-            if cfg.monitoring
-            else "set monitoring: true in the stack for its monitoring host, or give any "
-            "Prometheus that scrapes the nodes"
-        )
-    lb = "the CLB's figures in CloudMonitor" if cfg.cloud == "alicloud" else "the cloud's"
+    """Why a kubernetes stack needs --prometheus, and where its Prometheus is."""
+    lb = (
+        "the CLB's figures in CloudMonitor"
+        if cfg.cloud == "alicloud"
+        else "the NLB's in CloudWatch"
+    )
     return (
         f"--prometheus URL is required on a mode: {cfg.mode} stack on {cfg.cloud}: the guards "
-        f"compare figures per model version, and {lb} are per listener, the same for both "
-        f"tracks (CloudWatch's per-target-group figures serve mode: group on aws). Its Prometheus "
-        f"is {where}"
+        f"compare figures per model version, {lb} are per listener, the same for both "
+        "Deployments, and the pods run no node agent to publish their own (mode: group "
+        f"stacks have those). The cluster's Prometheus: `kubectl -n {ADDON_NAMESPACE} "
+        "port-forward svc/prometheus-server 9090:80`, then --prometheus http://127.0.0.1:9090"
     )
 
 
@@ -306,7 +300,8 @@ def _group_limit(cfg: StackConfig) -> int:
 
 
 def _rollout_metrics(stack: str, handle: Any) -> dict[str, Any]:
-    """The stack output CloudWatchSource reads its dimensions from (infra/aws/edge.py)."""
+    """The stack output a TrackMetricsSource reads its dimensions from (infra/aws/edge.py,
+    infra/alicloud/fleet.py)."""
     try:
         outputs = automation.outputs(stack, opener=lambda _: handle)
     except StageError as err:
@@ -314,8 +309,8 @@ def _rollout_metrics(stack: str, handle: Any) -> dict[str, Any]:
     value = outputs.values.get(ROLLOUT_METRICS_OUTPUT)
     if not isinstance(value, dict):
         raise SignalError(
-            f"stack {stack} has no output {ROLLOUT_METRICS_OUTPUT} (the ALB's CloudWatch "
-            f"dimensions): `torchfleet up {stack}` exports it, or give --prometheus URL"
+            f"stack {stack} has no output {ROLLOUT_METRICS_OUTPUT} (where each track's figures "
+            f"are): `torchfleet up {stack}` exports it, or give --prometheus URL"
         )
     return value
 

@@ -34,12 +34,10 @@ a clock and a sleep, so the tests drive them against a stand-in without waiting.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any, Protocol
 
 # ESS's own default MaxHealthyPercentage for a refresh is 120: one node in five at a time.
@@ -125,18 +123,15 @@ class AsgRefresh:
 
 
 def ess_client(region: str) -> Any:
-    """An ESS client with the operator's Alibaba keys (the ones the Pulumi provider reads)."""
+    """An ESS client with the operator's Alibaba keys (ALICLOUD_ESS_ENDPOINT overrides)."""
     from alibabacloud_ess20220222.client import Client
 
-    from infra.credentials import ALI_FIX, CredentialsError, alicloud_keys
+    from infra.credentials import CredentialsError, operator_config
 
     try:
-        keys = alicloud_keys(os.environ, Path(os.environ.get("HOME") or Path.home()))
+        return Client(operator_config(region, "ESS", "ALICLOUD_ESS_ENDPOINT"))
     except CredentialsError as err:
-        raise RefreshError(f"Alibaba Cloud credentials: {err.message}: {err.fix}") from None
-    if keys is None:
-        raise RefreshError(f"no Alibaba Cloud credentials to reach ESS: {ALI_FIX}")
-    return Client(keys.config(region, os.environ.get("ALICLOUD_ESS_ENDPOINT")))
+        raise RefreshError(f"{err.message}: {err.fix}") from None
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,13 @@ compared over the same seconds:
   --window under 60 s is refused) ending `delay_s` (60) before `end`: the figures trail the
   window by about a minute. HTTPCode_ELB_5XX_Count (the ALB's own 5xx, such as a 502 from a
   node that reset the connection) has no TargetGroup dimension, so no version: not judged.
-`quantile(q, buckets)` is Prometheus' histogram_quantile over cumulative buckets (linear
-interpolation inside the bucket, the lowest bucket from 0).
+- `CloudMonitorSource(...)`: an Alibaba group stack without a Prometheus: the nodes' own
+  RequestCount, ErrorCount and LatencyP99 (the node agent publishes them every 15 s, keyed by
+  the node's scaling group: one per track) in the stack's CloudMonitor application group, read
+  per track with DescribeMetricList over the same whole minutes as CloudWatch's (the CLB's own
+  figures are per listener, the same for both tracks). Both are a `TrackMetricsSource`.
+`quantile(q, buckets)` is Prometheus' histogram_quantile over cumulative buckets
+(torchfleet_compat.histogram, the one rule the runtime and the node agent use too).
 """
 
 from __future__ import annotations
@@ -32,15 +37,21 @@ import math
 import time
 import urllib.parse
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
+from torchfleet_compat.histogram import quantile
 from torchfleet_compat.problems import sentence
 
 from infra import client
+from infra.bootstrap.torchfleet_agent.metrics import (
+    ERROR_COUNT_METRIC,
+    LATENCY_P99_METRIC,
+    REQUEST_COUNT_METRIC,
+)
 from infra.constants import ALB_NAMESPACE, ROLLOUT_METRICS_OUTPUT
 from infra.rollout.policy import Figures, RolloutSettingsError
 
@@ -57,26 +68,6 @@ class Source(Protocol):
 
 # version -> (instances compared, of which argmax agreed), cumulative, over the fleet
 ShadowCounts = Callable[[], dict[str, tuple[float, float]]]
-
-
-def quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
-    """histogram_quantile(q) over (upper bound, cumulative count) pairs; None without data."""
-    pairs = sorted(buckets)
-    if not pairs or pairs[-1][1] <= 0:
-        return None
-    total = pairs[-1][1]
-    rank = q * total
-    lower_bound, lower_count = 0.0, 0.0
-    for bound, count in pairs:
-        if count >= rank:
-            if math.isinf(bound):
-                return lower_bound  # in the +Inf bucket: the highest finite bound
-            width = count - lower_count
-            return lower_bound + (bound - lower_bound) * (
-                (rank - lower_count) / width if width else 1
-            )
-        lower_bound, lower_count = bound, count
-    return lower_bound
 
 
 # --- the nodes' own /metrics -----------------------------------------------------------------
@@ -246,16 +237,17 @@ ALB_METRICS = {
 }
 
 
-def cloudwatch_period(window_s: float) -> int:
-    """The metric period a window reads on CloudWatch: its whole minutes (a --window of 150 s:
-    120 s); RolloutSettingsError naming --window when the window is under a minute."""
+def cloudwatch_period(window_s: float, service: str = "CloudWatch") -> int:
+    """The metric period a window reads from a cloud's 1-minute metrics: its whole minutes (a
+    --window of 150 s: 120 s); RolloutSettingsError naming --window when the window is under a
+    minute."""
     if window_s < CLOUDWATCH_PERIOD_S:
         raise RolloutSettingsError(
             sentence(
                 "--window",
                 f"{window_s:g}s",
-                f"at least {CLOUDWATCH_PERIOD_S}s with figures from CloudWatch (the ALB's "
-                "metrics come in 1-minute periods), such as 60s or 2m; or --prometheus URL",
+                f"at least {CLOUDWATCH_PERIOD_S}s with figures from {service} (the metrics come "
+                "in 1-minute periods), such as 60s or 2m; or --prometheus URL",
             )
         )
     return int(window_s // CLOUDWATCH_PERIOD_S) * CLOUDWATCH_PERIOD_S
@@ -270,26 +262,82 @@ def cloudwatch_client(region: str) -> Any:
     return boto3.client("cloudwatch", region_name=region, config=config)
 
 
-class CloudWatchSource:
+class TrackMetricsSource:
+    """A group stack's per-track figures from its cloud's 1-minute metrics: a window reads one
+    period of its whole minutes ending `delay_s` before `end` (the cloud publishes a minute
+    late), each track's figures going to the version it serves (`versions()`, read at `begin`:
+    the engine never switches a track inside a window). `dimensions()` is the stack output
+    ROLLOUT_METRICS_OUTPUT, read once it names the candidate (the rollout's first `up` made
+    it). Subclasses read (requests, 5xx, p99) per track: `_read(tracks, start, end)`."""
+
+    service = ""
+    tracks_key = ""  # the output's key whose mapping names each track's resource
+    track_kind = ""  # what that resource is
+
     def __init__(
         self,
         dimensions: Callable[[], Mapping[str, Any]],
         versions: Callable[[], dict[str, str]],
         window_s: float,
         region: str,
-        cloudwatch: Any = None,
+        client: Any = None,
         clock: Callable[[], float] = time.time,
         delay_s: float = CLOUDWATCH_DELAY_S,
     ) -> None:
-        """`dimensions()`: the stack output ROLLOUT_METRICS_OUTPUT (read at the first `end`:
-        the candidate's target group exists once the rollout's first `up` ran);
-        `versions()`: track -> the model_version it serves."""
-        self.period_s = cloudwatch_period(window_s)
+        self.period_s = cloudwatch_period(window_s, self.service)
         self.region, self.delay_s = region, delay_s
         self._dimensions, self._versions_of, self._clock = dimensions, versions, clock
-        self._cw = cloudwatch
+        self._client = client
         self._dims: Mapping[str, Any] | None = None
         self._versions: dict[str, str] = {}
+
+    def dims(self) -> Mapping[str, Any]:
+        if self._dims is None:
+            dims = self._dimensions()
+            if not (dims.get(self.tracks_key) or {}).get("candidate"):
+                raise SignalError(
+                    f"the stack output {ROLLOUT_METRICS_OUTPUT} names no candidate "
+                    f"{self.track_kind} ({dict(dims)}): `torchfleet up` with the stack's "
+                    "`rollout` block exports it"
+                )
+            self._dims = dims
+        return self._dims
+
+    def span(self, now: float) -> tuple[datetime, datetime]:
+        """The period a window ending `now` reads: whole minutes, `delay_s` behind."""
+        end = math.floor((now - self.delay_s) / CLOUDWATCH_PERIOD_S) * CLOUDWATCH_PERIOD_S
+        return (
+            datetime.fromtimestamp(end - self.period_s, UTC),
+            datetime.fromtimestamp(end, UTC),
+        )
+
+    def begin(self) -> None:
+        self._versions = self._versions_of()
+
+    def _read(
+        self, tracks: Mapping[str, Any], start: datetime, end: datetime
+    ) -> dict[str, Figures]:
+        raise NotImplementedError  # each cloud's subclass reads its own service
+
+    def end(self) -> dict[str, Figures]:
+        start, end = self.span(self._clock())
+        tracks = self.dims()[self.tracks_key]  # the stack's dimensions first: no call without
+        read = self._read(tracks, start, end)
+        by_version: dict[str, list[Figures]] = defaultdict(list)
+        for track, f in sorted(read.items()):
+            version = self._versions.get(track)
+            if version is not None:
+                by_version[version].append(Figures(version, f.requests, f.errors, f.p99_s))
+        return {v: _together(v, figs) for v, figs in by_version.items()}
+
+
+class CloudWatchSource(TrackMetricsSource):
+    """An AWS group stack without a Prometheus: its ALB's per-target-group metrics (see the
+    module doc), one GetMetricData call per window."""
+
+    service = "CloudWatch"
+    tracks_key = "target_groups"
+    track_kind = "target group"
 
     def describe(self) -> str:
         return (
@@ -297,18 +345,6 @@ class CloudWatchSource:
             f"reads a {self.period_s} s metric period of whole minutes, ending "
             f"{self.delay_s:g} s before the window does"
         )
-
-    def dims(self) -> Mapping[str, Any]:
-        if self._dims is None:
-            dims = self._dimensions()
-            groups = dims.get("target_groups") or {}
-            if not dims.get("load_balancer") or not groups.get("candidate"):
-                raise SignalError(
-                    f"the stack output {ROLLOUT_METRICS_OUTPUT} names no candidate target group "
-                    f"({dict(dims)}): `torchfleet up` with the stack's `rollout` block exports it"
-                )
-            self._dims = dims
-        return self._dims
 
     def queries(self) -> list[dict[str, Any]]:
         dims = self.dims()
@@ -335,26 +371,18 @@ class CloudWatchSource:
                 )
         return out
 
-    def span(self, now: float) -> tuple[datetime, datetime]:
-        """The period a window ending `now` reads: whole minutes, `delay_s` behind."""
-        end = math.floor((now - self.delay_s) / CLOUDWATCH_PERIOD_S) * CLOUDWATCH_PERIOD_S
-        return (
-            datetime.fromtimestamp(end - self.period_s, UTC),
-            datetime.fromtimestamp(end, UTC),
-        )
-
-    def begin(self) -> None:
-        self._versions = self._versions_of()  # the engine never switches a track in a window
-
-    def end(self) -> dict[str, Figures]:
+    def _read(
+        self, tracks: Mapping[str, Any], start: datetime, end: datetime
+    ) -> dict[str, Figures]:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        start, end = self.span(self._clock())
-        queries = self.queries()  # the stack's dimensions first: no call without them
-        if self._cw is None:
-            self._cw = cloudwatch_client(self.region)
+        queries = self.queries()
+        if self._client is None:
+            self._client = cloudwatch_client(self.region)
         try:
-            doc = self._cw.get_metric_data(MetricDataQueries=queries, StartTime=start, EndTime=end)
+            doc = self._client.get_metric_data(
+                MetricDataQueries=queries, StartTime=start, EndTime=end
+            )
         except (BotoCoreError, ClientError) as err:
             raise SignalError(f"CloudWatch GetMetricData ({self.region}): {err}") from err
         got: dict[str, list[float]] = {}
@@ -365,22 +393,117 @@ class CloudWatchSource:
                     f"{result['StatusCode']} {result.get('Messages', [])}"
                 )
             got[result["Id"]] = [float(v) for v in result.get("Values", [])]
-        by_version: dict[str, list[Figures]] = defaultdict(list)
-        for track in sorted(self.dims()["target_groups"]):
-            version = self._versions.get(track)
-            if version is None:
-                continue
+        out = {}
+        for track in tracks:
             requests = sum(got.get(f"{track}_requests", []))
             p99 = got.get(f"{track}_p99", [])
-            by_version[version].append(
-                Figures(
-                    version,
-                    requests,
-                    sum(got.get(f"{track}_errors", [])),
-                    max(p99) if p99 and requests else None,
-                )
+            out[track] = Figures(
+                track,
+                requests,
+                sum(got.get(f"{track}_errors", [])),
+                max(p99) if p99 and requests else None,
             )
-        return {v: _together(v, figs) for v, figs in by_version.items()}
+        return out
+
+
+# --- CloudMonitor (an Alibaba group stack's nodes' own metrics) --------------------------------
+
+# metric -> the statistic read over each minute; the node agent publishes them every 15 s
+# (torchfleet_agent/metrics.py: what each node answered since its last sample)
+NODE_METRICS = {
+    "requests": (REQUEST_COUNT_METRIC, "Sum"),
+    "errors": (ERROR_COUNT_METRIC, "Sum"),
+    "p99": (LATENCY_P99_METRIC, "Maximum"),
+}
+
+
+def cms_client(region: str) -> Any:
+    """A CloudMonitor client with the operator's Alibaba keys (ALICLOUD_CMS_ENDPOINT overrides)."""
+    from alibabacloud_cms20190101.client import Client
+
+    from infra.credentials import CredentialsError, operator_config
+
+    try:
+        return Client(operator_config(region, "CloudMonitor", "ALICLOUD_CMS_ENDPOINT"))
+    except CredentialsError as err:
+        raise SignalError(f"{err.message}: {err.fix}") from None
+
+
+class CloudMonitorSource(TrackMetricsSource):
+    """An Alibaba group stack without a Prometheus: the CLB's own CloudMonitor figures are per
+    listener (both tracks sit in one VServer group), so the figures are the nodes': the agent
+    publishes, per node every 15 s, the requests it answered, their 5xx and their p99 to the
+    stack's application group, keyed by the node's scaling group (one per track). A window reads
+    each track's minutes with DescribeMetricList (namespace acs_customMetric_<account>, the
+    dimension {groupId, "scaling_group=<id>"}): requests and 5xx summed, the p99 the highest a
+    node reported in a 15 s interval (the combined p99 is never above it: a guard errs towards
+    the rollback)."""
+
+    service = "CloudMonitor"
+    tracks_key = "scaling_groups"
+    track_kind = "scaling group"
+
+    def describe(self) -> str:
+        return (
+            f"CloudMonitor (the nodes' RequestCount, ErrorCount, LatencyP99 per scaling group, "
+            f"{self.region}): each window reads a {self.period_s} s period of whole minutes, "
+            f"ending {self.delay_s:g} s before the window does"
+        )
+
+    def _points(self, metric: str, group: str, start: datetime, end: datetime) -> list[dict]:
+        from alibabacloud_cms20190101 import models
+
+        dims = self.dims()
+        request = models.DescribeMetricListRequest(
+            namespace=dims["namespace"],
+            metric_name=metric,
+            period=str(self.period_s),
+            start_time=str(int(start.timestamp() * 1000)),
+            end_time=str(int(end.timestamp() * 1000)),
+            dimensions=json.dumps(
+                [{"groupId": str(dims["metric_group"]), "dimension": f"scaling_group={group}"}]
+            ),
+        )
+        if self._client is None:
+            self._client = cms_client(self.region)
+        points: list[dict] = []
+        while True:
+            try:
+                body = self._client.describe_metric_list(request).body
+            except Exception as err:  # the SDK's errors and the network's
+                raise SignalError(f"CloudMonitor DescribeMetricList {metric}: {err}") from err
+            if body.success is False or str(body.code or "200") != "200":
+                raise SignalError(
+                    f"CloudMonitor DescribeMetricList {metric}: {body.code} {body.message}"
+                )
+            points += json.loads(body.datapoints or "[]")
+            if not body.next_token:
+                return points
+            request.next_token = body.next_token
+
+    def _read(
+        self, tracks: Mapping[str, Any], start: datetime, end: datetime
+    ) -> dict[str, Figures]:
+        out = {}
+        for track, group in sorted(tracks.items()):
+            got: dict[str, list[float]] = {}
+            for key, (metric, stat) in NODE_METRICS.items():
+                points = self._points(metric, str(group), start, end)
+                missing = [p for p in points if stat not in p]
+                if missing:
+                    raise SignalError(
+                        f"CloudMonitor {metric} data points have no {stat} "
+                        f"(fields {sorted(missing[0])})"
+                    )
+                got[key] = [float(p[stat]) for p in points]
+            requests = sum(got["requests"])
+            out[track] = Figures(
+                track,
+                requests,
+                sum(got["errors"]),
+                max(got["p99"]) if got["p99"] and requests else None,
+            )
+        return out
 
 
 def _together(version: str, figures: list[Figures]) -> Figures:

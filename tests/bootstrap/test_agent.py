@@ -96,12 +96,46 @@ def test_scrape_reads_queue_gpu_and_request_rate() -> None:
     values, sample = metrics.scrape(METRICS, None, now_s=100.0)
     assert values["QueueDepth"] == (7.0, "Count")
     assert values["GpuUtilization"][0] == pytest.approx(60.0)
-    assert "RequestRate" not in values and sample == {"t": 100.0, "requests": 100.0}
+    assert "RequestRate" not in values
+    assert sample == {"t": 100.0, "requests": 100.0, "errors": 0.0, "buckets": []}
     later, _ = metrics.scrape(METRICS.replace("90.0", "120.0"), sample, now_s=115.0)
     assert later["RequestRate"] == (pytest.approx(2.0), "Count/Second")
+    assert later["RequestCount"] == (30.0, "Count") and later["ErrorCount"] == (0.0, "Count")
+    assert "LatencyP99" not in later  # no latency histogram in this exposition
     restarted, _ = metrics.scrape("torchfleet_queue_depth 0\n", sample, now_s=130.0)
     # no GPU, and a counter that went back: the runtime restarted
     assert "RequestRate" not in restarted and "GpuUtilization" not in restarted
+
+
+def test_interval_figures_from_the_runtimes_own_exposition() -> None:
+    """What the node answered between two samples, read from the runtime's real /metrics (its
+    Metrics registry): requests, 5xx and the p99 of those requests alone, for CloudMonitor."""
+    from prometheus_client import generate_latest
+    from torchfleet_runtime.metrics import Metrics
+
+    m = Metrics()
+
+    def answer(n: int, seconds: float, code: str) -> None:
+        for _ in range(n):
+            m.request_duration.observe(seconds)
+            m.requests.labels(code=code).inc()
+
+    answer(95, 0.02, "200")
+    answer(5, 0.02, "503")
+    _, first = metrics.scrape(generate_latest(m.registry).decode(), None, now_s=0.0)
+    answer(40, 0.3, "200")  # the interval: slower, and 10 of 50 answered 5xx
+    answer(10, 0.3, "500")
+    values, second = metrics.scrape(generate_latest(m.registry).decode(), first, now_s=15.0)
+    assert values["RequestCount"] == (50.0, "Count")
+    assert values["ErrorCount"] == (10.0, "Count")
+    # all 50 in the (0.25, 0.5] bucket: p99 interpolated inside it, the first 100 not counted
+    assert values["LatencyP99"] == (pytest.approx(0.25 + 0.25 * 0.99), "Seconds")
+    assert values["RequestRate"] == (pytest.approx(50 / 15), "Count/Second")
+    # a sample after a restart (counters went down): nothing to compare with
+    fresh = Metrics()
+    fresh.requests.labels(code="200").inc()
+    restarted, _ = metrics.scrape(generate_latest(fresh.registry).decode(), second, now_s=30.0)
+    assert not {"RequestCount", "ErrorCount", "LatencyP99"} & set(restarted)
 
 
 def test_gpu_utilization_is_the_mean_over_the_gpus_that_serve_a_replica() -> None:
@@ -233,18 +267,22 @@ def test_alibaba_node_identity_lifecycle_and_metrics_through_the_sdks(alibaba: F
     p = put["params"]
     assert put["version"] == "2019-01-01"
     sent = {
-        p[f"MetricList.{i}.MetricName"]: json.loads(p[f"MetricList.{i}.Values"]) for i in (1, 2, 3)
+        p[f"MetricList.{i}.MetricName"]: json.loads(p[f"MetricList.{i}.Values"])
+        for i in range(1, 6)
     }
     assert sent == {
+        "ErrorCount": {"value": 0.0},
         "GpuUtilization": {"value": pytest.approx(60.0)},
         "QueueDepth": {"value": 7.0},
+        "RequestCount": {"value": 30.0},
         "RequestRate": {"value": 2.0},
     }
+    assert "MetricList.6.MetricName" not in p
     assert all(
         json.loads(p[f"MetricList.{i}.Dimensions"]) == {"scaling_group": "asg-1"}
         and p[f"MetricList.{i}.GroupId"] == "4242"
         and p[f"MetricList.{i}.Type"] == "0"
-        for i in (1, 2, 3)
+        for i in range(1, 6)
     )
     assert alibaba.refused == []
     # The RAM role's credentials came from the metadata service through the SDK (as the proxy of

@@ -11,7 +11,8 @@ when Pulumi replaces it; the promotion's roll then has to move every running nod
   configuration moves to the candidate's model and every running stable node is replaced,
   never fewer in service, before the candidate group leaves;
 - a 5xx candidate: rolled back at 10 %, the stable nodes never touched;
-- no --prometheus: refused, naming why (CLB figures are per listener)."""
+- no --prometheus: the guards read the nodes' own figures in CloudMonitor (the CLB's are per
+  listener), which the node agent publishes (tests/rollout/cms_sim.py keeps them)."""
 
 from __future__ import annotations
 
@@ -19,23 +20,28 @@ import argparse
 import base64
 import hashlib
 import json
+import time
 from functools import partial
 from pathlib import Path
 
 import pytest
 import yaml
+from cms_sim import ACTIONS as CMS_ACTIONS
+from cms_sim import CmsSim
 from ess_sim import EssSim
-from fake_alibaba import FakeAlibaba  # tests/rollout/conftest.py makes it importable
+from fake_alibaba import FakeAlibaba, role_credentials  # tests/rollout/conftest.py: importable
 from fixed_windows import FixedWindows
 from pulumi import automation as auto
 
 from infra.bootstrap.torchfleet_agent import boot
+from infra.bootstrap.torchfleet_agent.cloud import cloud_of
 from infra.cli import main
 from infra.config import RolloutSplit
 from infra.matrix import REPO_ROOT
-from infra.offline import run_offline
-from infra.rollout import command, refresh
+from infra.offline import FAKE_ALI_ACCOUNT, run_offline
+from infra.rollout import command, refresh, signals
 from infra.rollout.cloud import KEY
+from infra.rollout.engine import Rollout
 from infra.rollout.state import RolloutState
 
 STACK = "alicloud-prod"
@@ -46,6 +52,11 @@ ESS = "alicloud:ess/scalingGroup:ScalingGroup"
 ESS_CONFIG = "alicloud:ess/scalingConfiguration:ScalingConfiguration"
 ATTACH = "alicloud:ess/scalingGroupVServerGroups:ScalingGroupVServerGroups"
 STABLE_BYTES, CAND_BYTES = b"stable model", b"candidate model"
+# a node's metadata service: its RAM role's credentials (the node agent publishes with them)
+METADATA = {
+    "ram/security-credentials/": "torchfleet-node",
+    "ram/security-credentials/torchfleet-node": role_credentials(),
+}
 STABLE_SHA = hashlib.sha256(STABLE_BYTES).hexdigest()
 CAND_SHA = hashlib.sha256(CAND_BYTES).hexdigest()
 
@@ -73,6 +84,10 @@ class FakeStack:
         }
         self.sim = sim
         self.ups: list[tuple[int, str | None, str | None, int]] = []
+        self.outputs_of_up: dict[str, object] = {}
+
+    def outputs(self) -> dict[str, auto.OutputValue]:
+        return {k: auto.OutputValue(v, False) for k, v in self.outputs_of_up.items()}
 
     def get_all_config(self) -> dict[str, auto.ConfigValue]:
         return {
@@ -85,6 +100,7 @@ class FakeStack:
 
     def up(self) -> None:
         run = run_offline(STACK, dict(self.values))
+        self.outputs_of_up = dict(run.outputs)
         names = {f"{g.name}-id": g.inputs["scalingGroupName"] for g in run.of_type(ESS)}
         configs = {names[c.inputs["scalingGroupId"]]: c.inputs for c in run.of_type(ESS_CONFIG)}
         weights = {
@@ -127,17 +143,31 @@ def cloud(monkeypatch, tmp_path, alibaba_keys):
     configuration older than any `up`), the operator's keys, the command's endpoints on it."""
     monkeypatch.setenv("TORCHFLEET_PRICES", "offline")
     monkeypatch.setattr(command, "FLEETS", tmp_path / "fleets")
-    sim = EssSim(STABLE_GROUP, 2, max_size=6)
-    with FakeAlibaba(sim.answer) as fake:
+    sim, cms = EssSim(STABLE_GROUP, 2, max_size=6), CmsSim(FAKE_ALI_ACCOUNT)
+
+    def answer(action: str, params: dict[str, str]) -> dict:
+        return (cms if action in CMS_ACTIONS else sim).answer(action, params)
+
+    with FakeAlibaba(answer, METADATA) as fake:
+        fake.cms = cms  # type: ignore[attr-defined]
         fake.objects[(BUCKET, f"models/{STABLE_SHA}.pt")] = STABLE_BYTES
         monkeypatch.setenv("ALICLOUD_ESS_ENDPOINT", fake.url)
         monkeypatch.setenv("ALICLOUD_OSS_ENDPOINT", fake.url)
+        monkeypatch.setenv("ALICLOUD_CMS_ENDPOINT", fake.url)
         # no real time passes between the roll's polls
         monkeypatch.setattr(command, "EssRoll", partial(refresh.EssRoll, sleep=lambda s: None))
         yield fake, sim
 
 
-def _run(stack: FakeStack, monkeypatch, tmp_path, windows: Windows, prometheus: str = "x"):
+def _run(
+    stack: FakeStack,
+    monkeypatch,
+    tmp_path,
+    windows,
+    prometheus: str = "x",
+    bake: str = "0.01s",
+    window: str | None = "0.01s",
+):
     from infra.deploy import preflight
     from infra.rollout import command as cmd
 
@@ -155,10 +185,10 @@ def _run(stack: FakeStack, monkeypatch, tmp_path, windows: Windows, prometheus: 
         model=f"{cand}@sha256:{CAND_SHA}",
         strategy="canary",
         steps=None,
-        bake="0.01s",
-        window="0.01s",
+        bake=bake,
+        window=window,
         guard=[],
-        prometheus=prometheus,
+        prometheus=prometheus or None,
         selector="",
         fleet=None,
     )
@@ -217,20 +247,85 @@ def test_a_failing_candidate_is_rolled_back_without_touching_the_stable_nodes(
     assert not [c for c in fake.calls if c["action"] in ("ModifyScalingGroup", "RemoveInstances")]
 
 
-def test_without_prometheus_an_alicloud_group_stack_is_refused_naming_why(
+def test_without_prometheus_the_guards_read_the_nodes_metrics_in_cloudmonitor(
     cloud, monkeypatch, tmp_path
 ):
+    """No --prometheus: CloudMonitorSource over the stack's output rollout_metrics (as `up` left
+    it). While the first window sleeps, one node of each track publishes what it answered
+    through the node agent's own code (its RAM role's credentials from the fake's metadata
+    service): the candidate 30 of 100 in 5xx, so the canary's first window rolls it back. The
+    engine's clock and sleep are fake; the source reads the minute the nodes published in."""
     fake, sim = cloud
     stack = FakeStack(sim, {"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
-    code, out = _run(stack, monkeypatch, tmp_path, Windows(), prometheus="")
-    assert code == 2
-    assert "--prometheus URL is required on a mode: group stack on alicloud" in out
-    assert "CloudMonitor are per listener" in out and "monitoring host" in out
-    assert stack.ups == [] and fake.calls == []
+    published: list[float] = []
+
+    def traffic() -> None:
+        dims = stack.outputs_of_up["rollout_metrics"]
+        for track, requests, errors in (("stable", 900, 0), ("candidate", 100, 30)):
+            node = cloud_of(
+                {
+                    "cloud": "alicloud",
+                    "region": fake.region,
+                    "group_id": dims["scaling_groups"][track],
+                    "metrics_group_id": dims["metric_group"],
+                    "endpoints": {"imds": fake.url, "cms": fake.url},
+                }
+            )
+            node.put_metrics(
+                {
+                    "RequestCount": (requests, "Count"),
+                    "ErrorCount": (errors, "Count"),
+                    "LatencyP99": (0.05, "Seconds"),
+                }
+            )
+        published.append(time.time())
+
+    clock = [0.0]
+
+    def sleep(s: float) -> None:
+        if clock[0] == 0.0:
+            traffic()
+        clock[0] += s
+
+    def now() -> float:  # a minute and a second after the minute the nodes published in
+        return (published[0] // 60) * 60 + 60 + signals.CLOUDWATCH_DELAY_S + 1
+
+    monkeypatch.setattr(command, "Rollout", partial(Rollout, clock=lambda: clock[0], sleep=sleep))
+
+    class AtNow(signals.CloudMonitorSource):
+        def __init__(self, *args, **kw) -> None:
+            super().__init__(*args, clock=now, **kw)
+
+    monkeypatch.setattr(command, "CloudMonitorSource", AtNow)
+    code, out = _run(
+        stack, monkeypatch, tmp_path, Windows(), prometheus="", bake="60s", window=None
+    )
+    assert code == 10, out
+    assert out.startswith(
+        f"rollout {STACK}: figures from CloudMonitor (the nodes' RequestCount, ErrorCount, "
+        "LatencyP99 per scaling group, cn-shanghai): each window reads a 60 s period"
+    ), out
+    judged = [line for line in out.splitlines() if "step 1 10 %" in line]
+    assert "100 req, 30.00 % 5xx" in judged[0] and "900 req, 0.00 % 5xx" in judged[0], out
+    assert "error_ratio" in judged[0]
+    assert fake.refused == []
+    # what the source asked: each track's scaling group in the stack's application group
+    asked = [c["params"] for c in fake.calls if c["action"] == "DescribeMetricList"]
+    assert {a["MetricName"] for a in asked} == {"RequestCount", "ErrorCount", "LatencyP99"}
+    assert {a["Namespace"] for a in asked} == {f"acs_customMetric_{FAKE_ALI_ACCOUNT}"}
+    assert stack.values[KEY]["candidate_weight"] == 0 and sim.removed == []
 
 
-def test_the_cli_refuses_alicloud_prod_without_prometheus(capsys, monkeypatch):
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ([], "model_bucket is unset"),  # the example stack names no bucket for the copies
+        (["--window", "30s"], "at least 60s with figures from CloudMonitor"),
+    ],
+)
+def test_the_cli_refuses_the_example_stack_naming_the_key(capsys, monkeypatch, extra, says):
     monkeypatch.setattr(command, "FLEETS", Path("/nonexistent-fleets"))
     ref = f"/nonexistent.pt@sha256:{CAND_SHA}"
-    assert main(["rollout", STACK, "--model", ref]) == 2
-    assert "--prometheus URL is required" in capsys.readouterr().out
+    assert main(["rollout", STACK, "--model", ref, *extra]) == 2
+    out = capsys.readouterr().out
+    assert says in out and "Traceback" not in out, out

@@ -9,6 +9,7 @@ exact request and response shape. No AWS account ran any of this."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
+from infra.rollout import signals
 from infra.rollout.policy import Figures, GuardSettings, RolloutSettingsError, judge
 from infra.rollout.signals import CloudWatchSource, SignalError, cloudwatch_period
 
@@ -39,7 +41,7 @@ def _source(cw: Any, window_s: float = 60, now: float = NOW) -> CloudWatchSource
         versions=lambda: {"stable": STABLE, "candidate": CAND},
         window_s=window_s,
         region=REGION,
-        cloudwatch=cw,
+        client=cw,
         clock=lambda: now,
     )
 
@@ -130,7 +132,7 @@ def test_two_tracks_on_one_version_add_up(cw):
         versions=lambda: {"stable": CAND, "candidate": CAND},
         window_s=60,
         region=REGION,
-        cloudwatch=NoPercentiles(cw),
+        client=NoPercentiles(cw),
         clock=lambda: NOW,
     )
     source.begin()
@@ -252,8 +254,75 @@ def test_an_output_without_the_candidate_target_group_is_a_signal_error():
         versions=lambda: {"stable": STABLE},
         window_s=60,
         region=REGION,
-        cloudwatch=object(),
+        client=object(),
         clock=lambda: NOW,
     )
     with pytest.raises(SignalError, match="rollout_metrics names no candidate target group"):
         source.end()
+
+
+class StubCms:
+    """DescribeMetricList answers as the SDK hands them back (a body with a Datapoints string)."""
+
+    def __init__(self, points: list[dict], code: str = "200") -> None:
+        self.points, self.code, self.asked = points, code, []
+
+    def describe_metric_list(self, request):
+        from types import SimpleNamespace
+
+        self.asked.append(request)
+        body = SimpleNamespace(
+            code=self.code,
+            success=self.code == "200",
+            message="denied" if self.code != "200" else None,
+            datapoints=json.dumps(self.points),
+            next_token=None,
+        )
+        return SimpleNamespace(body=body)
+
+
+ALI_DIMS = {
+    "namespace": "acs_customMetric_1208863178610000",
+    "metric_group": "4242",
+    "scaling_groups": {"stable": "asg-stable", "candidate": "asg-cand"},
+}
+
+
+def _cms_source(client, dims=ALI_DIMS) -> signals.CloudMonitorSource:
+    source = signals.CloudMonitorSource(
+        dimensions=lambda: dims,
+        versions=lambda: {"stable": "v1", "candidate": "v2"},
+        window_s=60,
+        region="cn-shanghai",
+        client=client,
+        clock=lambda: NOW,
+    )
+    source.begin()
+    return source
+
+
+@pytest.mark.parametrize(
+    ("client", "dims", "says"),
+    [
+        (StubCms([{"timestamp": 1, "Average": 3.0}]), ALI_DIMS, "data points have no Sum"),
+        (StubCms([], code="403"), ALI_DIMS, "DescribeMetricList RequestCount: 403 denied"),
+        (
+            StubCms([]),
+            {**ALI_DIMS, "scaling_groups": {"stable": "asg-stable"}},
+            "names no candidate scaling group",
+        ),
+    ],
+)
+def test_cloudmonitor_figures_that_cannot_be_read_are_a_signal_error(client, dims, says):
+    with pytest.raises(SignalError, match=says):
+        _cms_source(client, dims).end()
+
+
+def test_cloudmonitor_asks_each_tracks_scaling_group_in_the_application_group():
+    client = StubCms([{"timestamp": 1, "Sum": 10.0, "Maximum": 0.2}])
+    figures = _cms_source(client).end()
+    assert figures["v1"].requests == 10.0 and figures["v2"].p99_s == 0.2
+    dims = {json.loads(r.dimensions)[0]["dimension"] for r in client.asked}
+    assert dims == {"scaling_group=asg-stable", "scaling_group=asg-cand"}
+    assert {json.loads(r.dimensions)[0]["groupId"] for r in client.asked} == {"4242"}
+    assert {r.period for r in client.asked} == {"60"}

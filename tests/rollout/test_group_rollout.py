@@ -392,11 +392,12 @@ def test_without_prometheus_the_command_judges_aws_prod_by_cloudwatch(
     monkeypatch.setattr(command.automation, "open_stack", lambda name: stack)
     monkeypatch.setattr(command.preflight, "check_config", lambda name: (None, _cfg(stack)))
     monkeypatch.setattr(command, "Rollout", partial(Rollout, clock=lambda: clock[0], sleep=sleep))
-    monkeypatch.setattr(
-        command,
-        "CloudWatchSource",
-        partial(signals.CloudWatchSource, cloudwatch=NoPercentiles(cw), clock=lambda: now),
-    )
+
+    class AtNow(signals.CloudWatchSource):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, client=NoPercentiles(cw), clock=lambda: now, **kw)
+
+    monkeypatch.setattr(command, "CloudWatchSource", AtNow)
     args = argparse.Namespace(
         words=[STACK],
         model=str(_candidate(tmp_path)),

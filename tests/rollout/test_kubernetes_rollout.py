@@ -189,10 +189,7 @@ REF = "model.pt@sha256:" + "a" * 64
             ["rollout", "aws-prod", "--model", REF, "--strategy", "shadow", "--prometheus", "x"],
             "--strategy shadow is not built on mode: group",
         ),
-        (
-            ["rollout", "alicloud-prod", "--model", REF],
-            "required on a mode: group stack on alicloud",
-        ),
+        (["rollout", "alicloud-prod", "--model", REF], "model_bucket is unset"),
         (["rollout", "aws-dev", "--model", REF], "mode: instances (aws)"),
     ],
 )

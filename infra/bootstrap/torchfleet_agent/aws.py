@@ -12,7 +12,7 @@ from . import boot
 from .boot import NodeConfig
 from .cloud import Identity, Metrics
 from .imds import Imds
-from .metrics import REQUEST_METRIC
+from .metrics import ALIBABA_ONLY
 
 
 class Aws:
@@ -71,9 +71,9 @@ class Aws:
             Namespace=self.cfg.get("metrics_namespace", "torchfleet"),
             MetricData=[
                 {"MetricName": name, "Dimensions": dims, "Value": float(value), "Unit": unit}
-                # the load balancer counts each target's requests itself
+                # the load balancer counts each target group's requests, 5xx and latency itself
                 for name, (value, unit) in sorted(values.items())
-                if name != REQUEST_METRIC
+                if name not in ALIBABA_ONLY
             ],
         )
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import socket
 import sys
@@ -31,6 +30,7 @@ import urllib.request
 from typing import Any, Dict, Tuple
 
 from prometheus_client.parser import text_string_to_metric_families
+from torchfleet_compat.histogram import quantile
 
 from .config import ConfigError, load_config
 
@@ -93,23 +93,6 @@ def _sum(samples: Samples, name: str, **match: str) -> float:
 
 def _delta(new: Samples, old: Samples, name: str, **match: str) -> float:
     return _sum(new, name, **match) - _sum(old, name, **match)
-
-
-def quantile(q: float, buckets: dict[float, float]) -> float | None:
-    """histogram_quantile over cumulative bucket counts {le: count} (Prometheus' interpolation)."""
-    bounds = sorted(buckets)
-    if not bounds or buckets[bounds[-1]] <= 0:
-        return None
-    rank = q * buckets[bounds[-1]]
-    lower, below = 0.0, 0.0
-    for le in bounds:
-        if buckets[le] >= rank:
-            if math.isinf(le):
-                return lower
-            span = buckets[le] - below
-            return lower + (le - lower) * ((rank - below) / span if span else 0.0)
-        lower, below = le, buckets[le]
-    return None
 
 
 def _histogram(new: Samples, old: Samples, name: str, **match: str) -> dict[str, Any]:
