@@ -43,7 +43,7 @@ from torchfleet_compat.hostvars import node_hostvars
 from infra import client
 from infra import config as stack_config
 from infra.constants import SERVICE_PORT
-from infra.deploy import balancer, containers
+from infra.deploy import automation, balancer, containers
 from infra.deploy.pipeline import NodeOptions, Steps, node_stages, run_dir
 from infra.deploy.progress import Console, shown
 from infra.deploy.stage import StageError
@@ -428,7 +428,9 @@ def _run(
     outputs["api_token"] = token  # as the stack's secret output
     inventory_root = state / "inventories"
     write_group_vars(inventory_root / SHAPE_STACK, state, key, token)
-    (folder / "outputs.json").write_text(json.dumps(outputs, indent=2, default=str))
+    # as `up` writes them: the secret output masked (the run folder is a log, not a secret store)
+    shown_outputs = automation.Outputs(outputs, frozenset({"api_token"})).masked()
+    (folder / "outputs.json").write_text(json.dumps(shown_outputs, indent=2, default=str))
     summary = node_stages(
         SHAPE_STACK,
         outputs,
