@@ -9,7 +9,6 @@ from __future__ import annotations
 import configparser
 import json
 import shlex
-import subprocess
 from pathlib import Path
 
 import yaml
@@ -19,46 +18,13 @@ ROLE = REPO / "roles" / "inference_runtime"
 SENTINEL = "sentinel-token-0123456789"  # given to the role: must appear in no unit
 
 
-def render(
-    tmp_path: Path, env: dict[str, str], extra: dict
-) -> dict[str, configparser.ConfigParser]:
+def render(render_templates, extra: dict) -> dict[str, configparser.ConfigParser]:
     units = {"service": "torchfleet-api-token.service.j2", "timer": "torchfleet-api-token.timer.j2"}
-    play = [
-        {
-            "hosts": "localhost",
-            "gather_facts": False,
-            "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
-            "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"},
-            "tasks": [
-                {
-                    "ansible.builtin.copy": {
-                        "content": "{{ lookup('ansible.builtin.template', '%s') }}"
-                        % (ROLE / "templates" / template),
-                        "dest": str(tmp_path / kind),
-                        "mode": "0644",
-                    }
-                }
-                for kind, template in units.items()
-            ],
-        }
-    ]
-    (tmp_path / "play.yml").write_text(json.dumps(play))
-    # extra vars: above the role's defaults and vars, as inventory values are above defaults
-    (tmp_path / "extra.json").write_text(
-        json.dumps({"inference_runtime_api_token": SENTINEL, **extra})
+    texts = render_templates(
+        "inference_runtime", units, {"inference_runtime_api_token": SENTINEL, **extra}
     )
-    done = subprocess.run(
-        ["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", "@extra.json", "play.yml"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
     out = {}
-    for kind in units:
-        text = (tmp_path / kind).read_text()
+    for kind, text in texts.items():
         assert SENTINEL not in text
         parser = configparser.ConfigParser(interpolation=None, strict=False)
         parser.read_string(text)
@@ -66,10 +32,9 @@ def render(
     return out
 
 
-def test_the_timer_runs_the_nodes_token_command_at_the_refresh_interval(tmp_path, tool_env):
+def test_the_timer_runs_the_nodes_token_command_at_the_refresh_interval(render_templates):
     units = render(
-        tmp_path,
-        tool_env,
+        render_templates,
         {
             "inference_runtime_api_token_command": ["/usr/local/sbin/torchfleet-node", "api-token"],
             "inference_runtime_api_token_refresh_s": 20,
