@@ -1,8 +1,10 @@
-"""What the rollout tests over a cloud stack's program share: the engine a canary runs with, on
-a clock the test owns (windows of 5 s, bakes of 10 s, no real time passes)."""
+"""What the rollout tests share: the engine a canary runs with over a cloud stack's program, on
+a clock the test owns (windows of 5 s, bakes of 10 s, no real time passes); and the live fleets'
+helpers (live_fleet.py), importable by name."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,10 @@ from infra.rollout.engine import Options, Rollout
 from infra.rollout.policy import GuardSettings
 from infra.rollout.ref import Store
 from infra.rollout.state import RolloutState
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))  # live_fleet, importable by name (tests/e2e too)
 
 
 @pytest.fixture
