@@ -10,7 +10,19 @@ key and passwordless sudo, so Ansible logs in and becomes root as it does on a c
 Every container carries the label `io.torchfleet.demo=<prefix>` and a name starting with that
 prefix, which must start with `torchfleet-demo-`; `remove_nodes(prefix)` removes exactly those.
 `start_nodes` reuses a node that already runs (the warm demo), so a converged node stays
-converged."""
+converged.
+
+Each node's model directory (the inference_runtime role's `inference_runtime_models_dir`,
+MODELS_DIR here, which the demo passes to the role) is a folder of THIS machine bind-mounted
+read-write into the container (`models_root/<node name>`), so a file the role or the runtime
+writes there is a file here and the reverse. That is how `torchfleet rollout` reaches a
+container node (infra/rollout/local.py): it writes the candidate beside the served file on this
+machine and renames it over it, and the runtime inside sees one file or the other, never half of
+one; the same code serves runtime processes on this machine, unchanged. The other way, copying
+into the container (`podman cp`, then a rename inside), would give the local fleet a second way
+to place a file, and a rename over a bind-mounted file is atomic as any other. Rootful podman
+maps no user IDs: the role's group on the directory (`torchfleet`) is the same number on both
+sides, and a file the rollout writes here (root, 0644) is readable by the service user."""
 
 from __future__ import annotations
 
@@ -42,6 +54,9 @@ RUN_OPTIONS = (
     "nproc=10000:10000",
 )
 SSH_WAIT_S = 90.0
+# The runtime's model directory in a node (the role's inference_runtime_models_dir): a folder of
+# this machine is mounted there (see the module's docstring).
+MODELS_DIR = "/var/lib/torchfleet/models"
 
 
 def missing_tools(*tools: str) -> list[str]:
@@ -211,9 +226,24 @@ def _wait_ssh(port: int, deadline: float) -> bool:
     return False
 
 
+def _mounts_models(info: dict, host_dir: Path) -> bool:
+    return any(
+        m.get("Destination") == MODELS_DIR and Path(m.get("Source", "")) == host_dir
+        for m in info.get("Mounts") or []
+    )
+
+
 def start_nodes(
-    prefix: str, count: int, key: Path, login_user: str, wheelhouse: Path, known_hosts: Path
+    prefix: str,
+    count: int,
+    key: Path,
+    login_user: str,
+    wheelhouse: Path,
+    known_hosts: Path,
+    models_root: Path,
 ) -> list[ContainerNode]:
+    """`count` nodes (started, or reused when they run), node i's model directory mounted from
+    `models_root/<its name>`."""
     check_prefix(prefix)
     public_key = key.with_name(key.name + ".pub").read_text()
     nodes = []
@@ -227,6 +257,15 @@ def start_nodes(
                 "demo's (its label differs); refusing to touch it",
                 fix="set TORCHFLEET_DEMO_PREFIX to another torchfleet-demo-<name>-",
             )
+        models = (models_root / name).resolve()
+        if info and not _mounts_models(info, models):
+            raise StageError(
+                "refused",
+                f"{name} exists but does not mount {models} at {MODELS_DIR} (an older demo's "
+                "node): `torchfleet rollout` could not reach its model",
+                fix="make demo-clean, then make demo",
+            )
+        models.mkdir(parents=True, exist_ok=True)
         created = info is None
         if created:
             podman(
@@ -245,6 +284,8 @@ def start_nodes(
                 f"127.0.0.1::{SERVICE_PORT}",
                 "-v",
                 f"{wheelhouse}:/opt/wheelhouse:ro",
+                "-v",
+                f"{models}:{MODELS_DIR}",
                 IMAGE,
                 "/sbin/init",
                 timeout=300,

@@ -14,6 +14,15 @@ stack: the demo makes its API token once (state folder, 0600) and the nodes requ
 second run reuses the converged nodes (the converge reports changed=0); `torchfleet demo --clean`
 (`make demo-clean`) removes what it made, the load balancer too.
 
+The demo's fleet is a local fleet `torchfleet rollout` moves (infra/rollout/local.py): each
+node's model directory is a folder of this machine mounted into its container (containers.py),
+the runtime's admin API is on with an admin token the demo makes like the API token (state
+folder, 0600; the role writes it into the node's runtime.yml, no_log), each runtime has a
+shadow_model path beside its model, and the demo writes the fleet's description (fleet.json:
+node URLs on the published ports, model and shadow paths here, the load balancer, the tokens'
+files) where `torchfleet rollout aws-dev` looks for it, .cache/fleet/aws-dev/ (a demo with
+another container prefix: its state folder, given with --fleet).
+
 What the demo changes in the stack's host entries, because a container is not a g6.xlarge:
 the addresses (ansible_host/ansible_port/public_ip on loopback, private_ip = the container's
 address), the endpoint (the local load balancer) and the GPU facts (no GPU: profile cpu, no GPU
@@ -43,7 +52,7 @@ from torchfleet_compat.hostvars import node_hostvars
 from infra import client
 from infra import config as stack_config
 from infra.constants import SERVICE_PORT
-from infra.deploy import balancer, containers
+from infra.deploy import automation, balancer, containers
 from infra.deploy.pipeline import NodeOptions, Steps, node_stages, run_dir
 from infra.deploy.progress import Console, shown
 from infra.deploy.stage import StageError
@@ -52,12 +61,20 @@ from infra.inventory import GROUP
 from infra.matrix import REPO_ROOT
 from infra.offline import run_offline
 from infra.plan import cost_rows, load_stack_config
+from infra.rollout.command import FLEETS
+from infra.rollout.local import FLEET_FILE, LocalFleet, LocalNode
 
 SHAPE_STACK = "aws-dev"  # the stack whose outputs the demo's inventory copies
 PLAN_STACKS = ("aws-dev", "alicloud-dev")
 DEMO_ROOT = REPO_ROOT / ".cache" / "demo"
 BENCH_LEVELS = (1, 8)
 BENCH_SECONDS = 3.0
+# Where the role puts the demo model under its models directory (containers.MODELS_DIR, mounted
+# from this machine): inference_runtime_model_name `demo`, file model.pt (tasks/model.yml); the
+# demo gives the runtime a shadow_model path beside it, which exists only while a shadow runs.
+MODEL_FILE = "demo/model.pt"
+SHADOW_FILE = "demo/shadow.pt"
+SHADOW_SAMPLE = 0.5  # the share of live requests a shadow candidate sees on the demo's nodes
 # The stack's facts a container node does not share (NOT_DONE names them).
 REPLACED = (
     "torchfleet_gpu_model",
@@ -78,12 +95,73 @@ def _private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def api_token(state: Path) -> str:
-    """The demo's API token, made once per demo state as a stack's is once per stack."""
-    path = state / "api-token"
+def _token(path: Path) -> str:
+    """The token in `path`, made once (0600) as a stack's secret is once per stack."""
     if not path.exists():
         _private(path, secrets.token_urlsafe(36) + "\n")  # 48 characters the runtime accepts
     return path.read_text().strip()
+
+
+def api_token(state: Path) -> str:
+    """The demo's API token (/v1/* on the nodes and through the load balancer)."""
+    return _token(state / "api-token")
+
+
+def admin_token_file(state: Path) -> Path:
+    """The file of the demo's admin token (the runtimes' POST /admin/reload, which a rollout
+    calls): made once, read by whoever reloads, never passed on a command line."""
+    path = state / "admin-token"
+    _token(path)
+    return path
+
+
+def fleet_dir(prefix: str) -> Path:
+    """Where the demo describes its fleet for `torchfleet rollout` (fleet.json): the default
+    prefix's where the command looks for aws-dev, another prefix's (a test's) in its own state
+    folder (`--fleet DIR`), so it never replaces a developer's demo fleet."""
+    if prefix == containers.PREFIX:
+        return FLEETS / SHAPE_STACK
+    return state_dir(prefix) / "fleet"
+
+
+def describe_fleet(
+    prefix: str, lb: balancer.Balancer, nodes: list[containers.ContainerNode], auth: client.Auth
+) -> LocalFleet:
+    """Write the fleet.json of the demo's nodes: each node's served model and shadow path as
+    files of this machine (its mounted model directory), its runtime's published port, the load
+    balancer, the admin token's file and the API token."""
+    state = state_dir(prefix)
+    local = []
+    for n in nodes:
+        models = state / "models" / n.name
+        if not (models / MODEL_FILE).is_file():
+            raise StageError(
+                "edge",
+                f"{n.name} serves no {MODEL_FILE} in its mounted model directory {shown(models)}",
+                host=n.name,
+                fix="the inference_runtime role's model path changed: update demo.MODEL_FILE",
+            )
+        local.append(LocalNode(n.name, n.url, str(models / MODEL_FILE), str(models / SHADOW_FILE)))
+    fleet = LocalFleet(fleet_dir(prefix), lb, local, admin_token_file(state), auth)
+    fleet.describe()
+    return fleet
+
+
+def forget_fleet(prefix: str) -> Path | None:
+    """Remove the demo's fleet description and its rollout's record and model store (only when
+    fleet.json names this demo's load balancer); the folder, or None when there was none."""
+    folder = fleet_dir(prefix)
+    try:
+        doc = json.loads((folder / FLEET_FILE).read_text())
+        ours = Path(doc["balancer"]["folder"]) == state_dir(prefix) / "balancer"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not ours:
+        return None
+    (folder / FLEET_FILE).unlink()
+    (folder / "rollout.json").unlink(missing_ok=True)
+    shutil.rmtree(folder / "models", ignore_errors=True)
+    return folder
 
 
 def start_balancer(state: Path, nodes: list[containers.ContainerNode]) -> balancer.Balancer:
@@ -171,7 +249,8 @@ def node_outputs(
 def write_group_vars(inventory_dir: Path, state: Path, key: Path, token: str) -> None:
     """The stack's own group_vars (inventories/aws-dev/group_vars/all.yml) plus the settings a
     container node needs, as a Molecule scenario sets them (gpu_nodes beats all). A container
-    has no cloud secret store: the token comes from here (a file only its owner reads)."""
+    has no cloud secret store: the tokens come from here (a file only its owner reads). The
+    model directory is the one containers.py mounts, with a shadow path for rollouts."""
     group_vars = inventory_dir / "group_vars"
     group_vars.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(
@@ -195,6 +274,10 @@ def write_group_vars(inventory_dir: Path, state: Path, key: Path, token: str) ->
         "autostop_enabled": True,
         "autostop_command": "logger -t torchfleet-autostop 'idle, would power off'",
         "inference_runtime_api_token": token,
+        "inference_runtime_admin_token": admin_token_file(state).read_text().strip(),
+        "inference_runtime_models_dir": containers.MODELS_DIR,
+        "inference_runtime_shadow_model": f"{containers.MODELS_DIR}/{SHADOW_FILE}",
+        "inference_runtime_shadow_sample": SHADOW_SAMPLE,
     }
     _private(
         group_vars / "gpu_nodes.yml",
@@ -359,6 +442,9 @@ class DemoResult:
 def clean(console: Console, prefix: str) -> int:
     removed = containers.remove_nodes(prefix)
     state = state_dir(prefix)
+    fleet = forget_fleet(prefix)
+    if fleet:
+        console.line(f"removed the fleet's description and rollout record in {shown(fleet)}")
     if balancer.stop(state / "balancer"):
         console.line("stopped the demo's load balancer (haproxy)")
     console.line(
@@ -408,7 +494,9 @@ def _run(
         key = containers.ensure_ssh_key(state / "ssh" / "id_ed25519")
         template = stack_outputs(count)
         login = login_user(template)
-        nodes = containers.start_nodes(prefix, count, key, login, wheelhouse, state / "known_hosts")
+        nodes = containers.start_nodes(
+            prefix, count, key, login, wheelhouse, state / "known_hosts", state / "models"
+        )
         for n in nodes:
             console.line(
                 f"  {n.name}  {'started' if n.created else 'reused'}  ssh "
@@ -428,7 +516,9 @@ def _run(
     outputs["api_token"] = token  # as the stack's secret output
     inventory_root = state / "inventories"
     write_group_vars(inventory_root / SHAPE_STACK, state, key, token)
-    (folder / "outputs.json").write_text(json.dumps(outputs, indent=2, default=str))
+    # as `up` writes them: the secret output masked (the run folder is a log, not a secret store)
+    shown_outputs = automation.Outputs(outputs, frozenset({"api_token"})).masked()
+    (folder / "outputs.json").write_text(json.dumps(shown_outputs, indent=2, default=str))
     summary = node_stages(
         SHAPE_STACK,
         outputs,
@@ -447,6 +537,12 @@ def _run(
         for n in nodes:  # each backend up before it is shown
             lb.wait_status(n.name, "UP")
         lb_codes = through_the_balancer(lb, auth, console)
+        fleet = describe_fleet(prefix, lb, nodes, auth)
+        where = "" if prefix == containers.PREFIX else f" --fleet {shown(fleet.folder)}"
+        console.line(
+            f"  rollouts: {shown(fleet.folder / FLEET_FILE)} describes these nodes; "
+            f"torchfleet rollout {SHAPE_STACK}{where} --model FILE@sha256:HEX (docs/rollouts.md)"
+        )
     codes: list[int | None] = []
     with steps("predictions", "JSON, binary and a malformed request to each node's published port"):
         for n in nodes:

@@ -9,56 +9,21 @@ on a GPU-less node and verifies nvidia-ml-py in the venv; `site` verifies it is 
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-ROLE = REPO / "roles" / "inference_runtime"
 
-
-def decide(
-    tmp_path: Path, env: dict[str, str], facts: dict, spec: str, extras: list | None
-) -> None:
+def decide(role_play, facts: dict, spec: str, extras: list | None) -> None:
     """Assert, inside Ansible (the assert action runs on the controller), what the role's
     defaults and vars make of `facts`."""
     that = ["__inference_runtime_extras_spec == expected_spec"]
     if extras is not None:
         that.append("inference_runtime_extras == expected_extras")
-    play = [
-        {
-            "name": "what the role decides",
-            "hosts": "localhost",
-            "gather_facts": False,
-            "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
-            "vars": {"expected_spec": spec, "expected_extras": extras},
-            "tasks": [{"ansible.builtin.assert": {"that": that}}],
-        }
-    ]
-    playbook = tmp_path / "play.yml"
-    playbook.write_text(json.dumps(play))
-    done = subprocess.run(
-        # the facts as extra vars: above vars_files, as preflight's facts and inventory values
-        # are above a role's defaults
-        [
-            "ansible-playbook",
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            json.dumps(facts),
-            str(playbook),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    role_play(
+        "inference_runtime",
+        [{"ansible.builtin.assert": {"that": that}}],
+        facts,
+        {"expected_spec": spec, "expected_extras": extras},
     )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
 
 
 @pytest.mark.parametrize(
@@ -74,5 +39,5 @@ def decide(
         ),
     ],
 )
-def test_the_gpu_extra_goes_where_a_gpu_is(tmp_path, tool_env, facts, extras, spec):
-    decide(tmp_path, tool_env, facts, spec, extras)
+def test_the_gpu_extra_goes_where_a_gpu_is(role_play, facts, extras, spec):
+    decide(role_play, facts, spec, extras)

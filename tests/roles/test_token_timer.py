@@ -11,7 +11,6 @@ import json
 import shlex
 from pathlib import Path
 
-import role_render
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,16 +18,10 @@ ROLE = REPO / "roles" / "inference_runtime"
 SENTINEL = "sentinel-token-0123456789"  # given to the role: must appear in no unit
 
 
-def render(
-    tmp_path: Path, env: dict[str, str], extra: dict
-) -> dict[str, configparser.ConfigParser]:
+def render(render_templates, extra: dict) -> dict[str, configparser.ConfigParser]:
     units = {"service": "torchfleet-api-token.service.j2", "timer": "torchfleet-api-token.timer.j2"}
-    texts = role_render.render(
-        tmp_path,
-        [ROLE / "defaults" / "main.yml", ROLE / "vars" / "main.yml"],
-        {kind: role_render.template(ROLE / "templates" / t) for kind, t in units.items()},
-        {"inference_runtime_api_token": SENTINEL, **extra},
-        env,
+    texts = render_templates(
+        "inference_runtime", units, {"inference_runtime_api_token": SENTINEL, **extra}
     )
     out = {}
     for kind, text in texts.items():
@@ -39,10 +32,9 @@ def render(
     return out
 
 
-def test_the_timer_runs_the_nodes_token_command_at_the_refresh_interval(tmp_path, tool_env):
+def test_the_timer_runs_the_nodes_token_command_at_the_refresh_interval(render_templates):
     units = render(
-        tmp_path,
-        tool_env,
+        render_templates,
         {
             "inference_runtime_api_token_command": ["/usr/local/sbin/torchfleet-node", "api-token"],
             "inference_runtime_api_token_refresh_s": 20,

@@ -1,7 +1,8 @@
-"""What the rollout tests over a cloud stack's program share: the engine a canary runs with, on
+"""What the rollout tests share: the engine a canary runs with over a cloud stack's program, on
 a clock the test owns (windows of 5 s, bakes of 10 s, no real time passes); the operator's
-Alibaba keys as the loopback fake (tests/bootstrap/fake_alibaba.py, importable by name from
-here, like this folder's helpers) expects them."""
+Alibaba keys as the loopback fake (tests/bootstrap/fake_alibaba.py) expects them; and this
+folder's helpers (live_fleet, ess_sim, cms_sim, fixed_windows) and the fake, importable by name
+(tests/e2e too)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from infra.rollout.policy import GuardSettings
 from infra.rollout.ref import Store
 from infra.rollout.state import RolloutState
 
-# the helpers beside the tests (ess_sim, fixed_windows) and the Alibaba fake, importable by name
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bootstrap"))
-from fake_alibaba import ACCESS_KEY, SECRET, TOKEN
+HERE = Path(__file__).resolve().parent
+for folder in (HERE, HERE.parent / "bootstrap"):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+from fake_alibaba import ACCESS_KEY, SECRET, TOKEN  # noqa: E402
 
 
 @pytest.fixture

@@ -13,23 +13,29 @@ No container; every load loop is bounded in requests and seconds."""
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from live_fleet import (
+    Load,
+    check_promoted,
+    check_rolled_back,
+    check_shadow_differs,
+    rollout,
+    under_load,
+    versions,
+)
+from live_fleet import prometheus as live_prometheus
 
 from infra import client
-from infra.cli import main as torchfleet
 from infra.deploy.balancer import Backend, Balancer, free_port, issue_certificates
 from infra.deploy.stage import EXIT_OK, EXIT_ROLLED_BACK, EXIT_USAGE
 from infra.rollout.local import LocalFleet, LocalNode
@@ -38,12 +44,6 @@ REPO = Path(__file__).resolve().parents[2]
 RT_MODELS = REPO / "tests" / "runtime"
 ADMIN = "admin-token-0123456789abcdef"
 NODES = 3
-LOAD_MAX_REQUESTS = 60000  # per rollout, whatever happens
-LOAD_MAX_S = 120.0
-# Each client pauses this long between requests: a steady few hundred requests a second that
-# neither reaches the count bound before the last step's window on a fast machine nor saturates
-# two cores.
-LOAD_PAUSE_S = 0.002
 BODY = json.dumps({"inputs": [[1.0, 2.0, 3.0, 4.0]]}).encode()  # first value: rt_models.TRIGGER
 # Tiny's answer to BODY (rt_models: y = W x + b with fixed weights), as JSON writes it
 EXPECTED = [[3.0, 5.0, 10.5]]
@@ -152,87 +152,29 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 p.kill()
 
 
-@dataclass
-class Load:
-    """Clients sending predictions through HAProxy until stopped: (monotonic time, status)."""
-
-    fleet: Fleet
-    clients: int = 3
-    results: list[tuple[float, int]] = field(default_factory=list)
-    wrong: int = 0  # 200 answers whose outputs are not the stable model's
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run_client(self) -> None:
-        ctx = client.Auth(cafile=str(self.fleet.lb.certificates.ca)).ssl_context()
-        conn = http.client.HTTPSConnection(
-            "localhost", self.fleet.lb.https_port, context=ctx, timeout=30
-        )
-        deadline = time.monotonic() + LOAD_MAX_S
-        while not self.stop.is_set() and time.monotonic() < deadline:
-            if len(self.results) >= LOAD_MAX_REQUESTS:
-                break
-            try:
-                conn.request("POST", "/v1/predict", BODY, {"Content-Type": "application/json"})
-                resp = conn.getresponse()
-                body = resp.read()
-                status = resp.status
-                if status == 200 and json.loads(body)["outputs"] != EXPECTED:
-                    self.wrong += 1
-            except (OSError, http.client.HTTPException):
-                status = 0
-                conn.close()
-            self.results.append((time.monotonic(), status))
-            self.stop.wait(LOAD_PAUSE_S)
-
-    def __enter__(self) -> Load:
-        self.threads = [threading.Thread(target=self.run_client) for _ in range(self.clients)]
-        for t in self.threads:
-            t.start()
-        time.sleep(1.0)  # the load is steady before the rollout starts
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(60)
-
-    def statuses(self) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for _, s in self.results:
-            out[s] = out.get(s, 0) + 1
-        return out
-
-    def failed(self, since: float = 0.0, until: float = float("inf")) -> int:
-        return sum(1 for t, s in self.results if since <= t < until and s != 200)
-
-    def sent(self, since: float = 0.0, until: float = float("inf")) -> int:
-        return sum(1 for t, _ in self.results if since <= t < until)
+def _load(fleet: Fleet) -> Load:
+    return Load(
+        fleet.lb.https_port,
+        str(fleet.lb.certificates.ca),
+        BODY,
+        {"Content-Type": "application/json"},
+        lambda body: json.loads(body)["outputs"] == EXPECTED,
+    )
 
 
 def _rollout(fleet: Fleet, *args: str) -> int:
-    return torchfleet(["rollout", "local", "--fleet", str(fleet.local.folder), *args])
-
-
-def _versions(fleet: Fleet) -> set[str]:
-    return {fleet.local.serving(n)[1] for n in fleet.local.nodes()}
+    return rollout("local", fleet.local.folder, *args)
 
 
 def test_a_good_candidate_is_promoted_with_no_failed_request(fleet, capsys):
     ref = _write_model(fleet.models / "good.pt", "good", "v2")
-    with Load(fleet) as load:
-        code = _rollout(
-            fleet, "--model", ref, "--strategy", "linear", "--steps", "34,67,100", *ROLLOUT
-        )
-        time.sleep(1.0)
+    args = ("--model", ref, "--strategy", "linear", "--steps", "34,67,100", *ROLLOUT)
+    load = _load(fleet)
+    code = under_load(load, lambda: _rollout(fleet, *args), 1.0)[0]
     out = capsys.readouterr().out
     assert code == EXIT_OK, out
-    assert "promoted: v2 serves 100 %" in out
-    assert load.failed() == 0, load.statuses()
-    assert load.sent() > 100
-    assert _versions(fleet) == {"v2"}
-    doc = fleet.local.state().read()
-    assert doc["status"] == "promoted" and doc["previous"]["version"] == "v1"
-    assert [e["step"] for e in doc["timeline"] if e["decision"] == "ok"][-1] == 3
+    check_promoted(fleet.local, load, out, "v2", steps=3)
+    assert fleet.local.state().read()["previous"]["version"] == "v1"
     print(f"good: {load.sent()} requests, 0 failed\n{out}")  # the timeline, with -s
 
 
@@ -240,99 +182,51 @@ def test_a_good_candidate_is_promoted_with_no_failed_request(fleet, capsys):
 def test_a_bad_candidate_is_rolled_back_by_its_guard(fleet, capsys, mode, guard):
     stable = fleet.local.state().read()["stable"]["version"]
     ref = _write_model(fleet.models / f"{mode}.pt", mode, f"bad-{mode}")
-    with Load(fleet) as load:
-        began = time.monotonic()
-        code = _rollout(fleet, "--model", ref, *ROLLOUT)
-        ended = time.monotonic()
-        time.sleep(2.0)
+    load = _load(fleet)
+    code, began, ended = under_load(load, lambda: _rollout(fleet, "--model", ref, *ROLLOUT), 2.0)
     out = capsys.readouterr().out
     assert code == EXIT_ROLLED_BACK, out
-    assert f"guard {guard}:" in out
-    assert _versions(fleet) == {stable}
-    assert load.failed(since=ended) == 0
-    during = load.sent(began, ended)
-    failed = load.failed(began, ended)
-    if mode == "errors":
-        # the canary's 10 % of the requests of at most two windows, with slack for the ramp
-        assert 0 < failed <= 0.2 * during, (failed, during)
-    else:
-        assert failed == 0
-    doc = fleet.local.state().read()
-    assert doc["status"] == "rolled_back" and doc["timeline"][-1]["guard"] == guard
+    failed, during = check_rolled_back(
+        fleet.local, load, out, guard, stable, (began, ended), answers_5xx=mode == "errors"
+    )
     print(f"{mode}: {failed} of {during} requests failed during the rollout\n{out}")
 
 
 def test_a_wrong_digest_moves_nothing(fleet, capsys):
-    before = _versions(fleet)
+    before = versions(fleet.local)
     path = fleet.models / "other.pt"
     _write_model(path, "good", "v3")
     code = _rollout(fleet, "--model", f"{path}@sha256:{'0' * 64}", *ROLLOUT)
     assert code == EXIT_USAGE
     assert "nothing was changed" in capsys.readouterr().out
-    assert _versions(fleet) == before
+    assert versions(fleet.local) == before
     weights = {s["weight"] for s in fleet.lb.servers().values()}
     assert weights == {"100"} or weights == {"1"}, weights
 
 
 def test_shadow_finds_a_differing_candidate_without_any_client_seeing_it(fleet, capsys):
+    before = versions(fleet.local)
     ref = _write_model(fleet.models / "flipped.pt", "flipped", "bad-flipped")
-    with Load(fleet) as load:
-        code = _rollout(fleet, "--model", ref, "--strategy", "shadow", *ROLLOUT)
-        time.sleep(1.0)
+    load = _load(fleet)
+    args = ("--model", ref, "--strategy", "shadow", *ROLLOUT)
+    code = under_load(load, lambda: _rollout(fleet, *args), 1.0)[0]
     out = capsys.readouterr().out
     assert code == EXIT_ROLLED_BACK, out
-    assert "guard shadow_agreement" in out
-    assert load.wrong == 0 and load.failed() == 0, (load.wrong, load.statuses())
-    assert load.sent() > 50
-    doc = fleet.local.state().read()
-    assert doc["shadow"]["result"] == "differs"
-    assert doc["shadow"]["argmax_agreement"] < 0.5
-    # the shadow is gone from every node, and traffic never moved
-    assert all(fleet.local.shadow_summary(n) is None for n in fleet.local.nodes())
+    check_shadow_differs(fleet.local, load, out, before)
     print(f"shadow: {load.sent()} requests, 0 failed, 0 wrong\n{out}")
 
 
 @pytest.fixture
 def prometheus(fleet: Fleet) -> Iterator[str]:
-    """Debian's Prometheus scraping the three runtimes every second (static targets: each
-    series carries job and instance, which the guards' join with torchfleet_model_info uses)."""
-    if shutil.which("prometheus") is None:
-        pytest.fail("prometheus is not installed: run `make setup`")
-    work = fleet.folder / "prometheus"
-    work.mkdir(exist_ok=True)
+    """Debian's Prometheus scraping the three runtimes every second."""
     targets = [u.removeprefix("http://") for u in fleet.local.urls().values()]
-    (work / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        "scrape_configs:\n"
-        f"  - job_name: torchfleet-runtime\n    static_configs: [{{targets: {json.dumps(targets)}}}]\n"
-    )
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={work / 'prometheus.yml'}",
-            f"--storage.tsdb.path={work / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=(work / "log").open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while client.request("GET", f"{url}/-/ready", timeout=2)[0] != 200:
-            assert proc.poll() is None and time.monotonic() < deadline, "prometheus never ready"
-            time.sleep(0.2)
-        time.sleep(3.0)  # a few scrapes of every target
+    with live_prometheus(fleet.folder / "prometheus", targets) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def test_the_guards_read_prometheus_where_there_is_one(fleet, prometheus, capsys):
     ref = _write_model(fleet.models / "errors-prom.pt", "errors", "bad-errors-prom")
-    with Load(fleet) as load:
+    with _load(fleet) as load:
         began = time.monotonic()
         code = _rollout(
             fleet,

@@ -3,8 +3,6 @@ benchmark's larger model from the same code."""
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 import torch
 from torchfleet_runtime import demo
@@ -17,12 +15,7 @@ WIDE_WEIGHTS = "57fbf94197c6e9b8"
 
 
 def fingerprint(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for name, t in model.state_dict().items():
-        h.update(name.encode())
-        h.update(str(tuple(t.shape)).encode())
-        h.update(t.contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
+    return demo.weights_fingerprint(model)[:16]
 
 
 def test_the_demo_model_keeps_its_weights():
@@ -30,6 +23,18 @@ def test_the_demo_model_keeps_its_weights():
     assert fingerprint(model) == DEMO_WEIGHTS
     assert sum(p.numel() for p in model.parameters()) == demo.metadata()["parameters"]
     assert model(torch.zeros(2, *demo.INPUT_SHAPE)).shape == (2, demo.NUM_CLASSES)
+
+
+def test_two_saves_of_the_demo_model_report_one_version(tmp_path):
+    """Each save's bytes differ (torch's serialization id), the declared version does not: a
+    fleet whose nodes each generated the demo model serves one version."""
+    from torchfleet_compat.model_version import model_version, sidecar_version
+
+    one, _ = demo.write_demo_model(tmp_path / "one")
+    two, _ = demo.write_demo_model(tmp_path / "two")
+    versions = {model_version(sidecar_version(p), p) for p in (one, two)}
+    assert versions == {"demo-" + demo.weights_fingerprint(demo.build_demo_model())[:12]}
+    assert versions == {"demo-" + DEMO_WEIGHTS[:12]}
 
 
 def test_the_peer_benchmarks_wide_model_is_the_demo_family_with_a_wider_resnet_stem():

@@ -1,13 +1,18 @@
 """The demo model: a small ResNet-style CNN, built and saved without any download.
 
 About 1.2 M parameters, input 3x64x64 float32, 10-class logits; weights come from a fixed seed,
-so every machine writes the same model.pt. `build_demo_model` doubles as an eager factory
+so every machine builds the same weights. The sidecar model.json declares a version made from
+them (`weights_fingerprint`): two saves of one TorchScript module differ in bytes (torch 2
+writes a random serialization id into the archive), so without it every node that generated
+its own copy would report its own "sha256:..." version of one model
+(torchfleet_compat.model_version). `build_demo_model` doubles as an eager factory
 (`--factory torchfleet_runtime.demo:build_demo_model` with a saved state_dict); its `width` and
 `stem` build larger members of the same family from the same seed (benchmarks/peers).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -102,14 +107,26 @@ def build_demo_model(width: int = 1, stem: str = "demo") -> DemoResNet:
     return model.eval()
 
 
+def weights_fingerprint(model: nn.Module) -> str:
+    """A digest of the model's weights (names, shapes and bytes, in state_dict order)."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def metadata() -> dict:
+    model = build_demo_model()
     return {
+        "version": "demo-" + weights_fingerprint(model)[:12],
         "name": "torchfleet-demo-resnet",
         "input_shape": list(INPUT_SHAPE),
         "dtype": "float32",
         "output_shape": [NUM_CLASSES],
         "output_description": f"logits over {NUM_CLASSES} classes (untrained, deterministic weights)",
-        "parameters": sum(p.numel() for p in build_demo_model().parameters()),
+        "parameters": sum(p.numel() for p in model.parameters()),
         "seed": SEED,
     }
 
