@@ -3,7 +3,7 @@
 Contract. `Rollout(fleet, state, store, source, options, say)`:
 - `start(ref)`: the reference is checked (ref.Store.put: digest) before anything moves; the
   stable version is recorded first when the stack has none (the file node 0 serves, kept in the
-  store). Then, per step of the strategy (policy.steps): the nodes the split needs switch to the
+  store; nodes serving different versions are refused, nothing moved). Then, per step of the strategy (policy.steps): the nodes the split needs switch to the
   candidate one at a time (weight 0, the fleet's zero-downtime reload, then the step's weights),
   and the step bakes for `bake_s`: windows of `window_s` are judged (policy.judge: candidate
   against stable over the same seconds; at 100 % against the last stable window). A window
@@ -162,8 +162,22 @@ class Rollout:
         return self._run(shares)
 
     def _record_stable(self) -> dict[str, Any]:
-        node = self.fleet.nodes()[0]
-        path, version = self.fleet.serving(node)
+        """The version every node serves, recorded as the stable one (node 0's file kept). Nodes
+        that disagree are refused: the guards compare the candidate with one stable version, and
+        a rollback needs the one file to go back to."""
+        nodes = self.fleet.nodes()
+        serving = {node: self.fleet.serving(node) for node in nodes}
+        versions = {node: v for node, (_, v) in serving.items()}
+        if len(set(versions.values())) > 1:
+            raise RolloutError(
+                "the nodes serve different versions, so there is no one stable version to "
+                "compare the candidate with or roll back to: "
+                + ", ".join(f"{n} {v}" for n, v in versions.items())
+                + ". Put every node on one model first (a version declared in the model's "
+                "sidecar keeps nodes that build their own file alike)"
+            )
+        node = nodes[0]
+        path, version = serving[node]
         sha = sha256_of(path)
         kept = self.store.put(ModelRef(str(path), sha))
         return {"sha256": sha, "file": str(kept), "version": version, "ref": f"{path}@sha256:{sha}"}

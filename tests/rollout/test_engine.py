@@ -337,3 +337,11 @@ def test_the_command_gives_an_ab_split_no_end():
     options = _options(args)
     assert (options.strategy, options.bake_s, options.window_s) == ("ab", math.inf, 30.0)
     assert _options(argparse.Namespace(**{**vars(args), "strategy": "canary"})).bake_s == 300
+
+
+def test_nodes_serving_different_versions_are_refused_before_anything_moves(setup, tmp_path):
+    fleet, ref, state, lines, make = setup
+    fleet.files["node-2"].write_bytes(b"something else")
+    with pytest.raises(RolloutError, match="node-0 v1, node-1 v1, node-2 v2"):
+        make(Windows([])).start(ref)
+    assert fleet.events == [] and state.read()["stable"] is None
