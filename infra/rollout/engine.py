@@ -3,10 +3,11 @@
 Contract. `Rollout(fleet, state, store, source, options, say)`:
 - `start(ref)`: the reference is checked (ref.Store.put: digest) before anything moves; the
   stable version is recorded first when the stack has none (the file node 0 serves, kept in the
-  store; nodes serving different versions are refused, nothing moved). Then, per step of the strategy (policy.steps): the nodes the split needs switch to the
-  candidate one at a time (weight 0, the fleet's zero-downtime reload, then the step's weights),
-  and the step bakes for `bake_s`: windows of `window_s` are judged (policy.judge: candidate
-  against stable over the same seconds; at 100 % against the last stable window). A window
+  store; nodes serving different versions are refused, nothing moved). Then, per step of the
+  strategy (policy.steps): the nodes the split needs switch to the candidate one at a time
+  (weight 0, the fleet's zero-downtime reload, then the step's weights), and the step bakes
+  for `bake_s`: windows of `window_s` are judged (policy.judge: candidate against stable over
+  the same seconds; at 100 % against the last stable window). A window
   whose verdict is rollback rolls back at once: every candidate node leaves the rotation, then
   reloads the stable file, then gets its weight back (at 100 % one node at a time, so some node
   always serves); the line names the guard and the numbers.
