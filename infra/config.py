@@ -36,7 +36,13 @@ NAMESPACE = PROJECT  # Pulumi namespaces a project's config keys by the project 
 CLOUDS = ("aws", "alicloud")
 ENVS = ("dev", "prod")
 MODES = ("instances", "group", "kubernetes")
-ROLLOUT_SUBKEYS = ("candidate_weight", "sticky_s", "candidate_model", "stable_model")
+ROLLOUT_SUBKEYS = (
+    "candidate_weight",
+    "sticky_s",
+    "candidate_model",
+    "stable_model",
+    "shadow_model",
+)
 POOL_MODES = ("group", "kubernetes")  # modes whose nodes come from a pool of instance types
 INTERRUPTION = {"aws": ("terminate", "stop", "hibernate"), "alicloud": ("terminate", "stop")}
 MAX_PRICE_RATIO = 1.3  # spot cap ceiling: paying more than 1.3x on-demand is never worth it
@@ -290,7 +296,9 @@ FIELDS: dict[str, Key] = {
         "candidate_weight > 0), "
         "stable_model (kubernetes: the stable Deployment's file there, default model.pt; "
         "group: <sha256>.pt there, served by the stable group instead of the bundle's model; "
-        "a promotion moves it); mode: group (aws; alicloud: a candidate ESS group in the CLB's "
+        "a promotion moves it), shadow_model (kubernetes: a file there the stable pods run as "
+        "their shadow, set and removed by `torchfleet rollout --strategy shadow`); "
+        "mode: group (aws; alicloud: a candidate ESS group in the CLB's "
         "VServer group, candidate_weight up to the share its weights reach, sticky_s up to 86400: "
         "the CLB's cookie), or "
         "mode: kubernetes",
@@ -399,6 +407,8 @@ class RolloutSplit:
     sticky_s: int = 0
     candidate_model: str = "candidate.pt"  # kubernetes: the candidate's file in the model volume
     stable_model: str = "model.pt"  # kubernetes: the stable Deployment's file there (promotion)
+    # kubernetes: a file there the stable pods run as their shadow (`--strategy shadow`)
+    shadow_model: str | None = None
 
     def candidate_replicas(self, stable: int) -> int:
         """Kubernetes splits by replicas: beside `stable` replicas, as many candidate ones as
@@ -1218,6 +1228,19 @@ def _rollout(r: _Reader, cloud: str, mode: str | None, nodes: Nodes | None) -> R
         ):
             r.fail(f"rollout.{sub}", files[sub], f"a file name ending .pt, such as {example}")
             return None
+    shadow = raw.get("shadow_model")
+    if shadow is not None:
+        if not isinstance(shadow, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,128}\.pt", shadow):
+            r.fail("rollout.shadow_model", shadow, "a file name ending .pt, such as shadow.pt")
+            return None
+        if mode != "kubernetes":
+            r.fail(
+                "rollout.shadow_model",
+                shadow,
+                "unset outside mode: kubernetes (a group's nodes take a new file by being "
+                "replaced: every node twice for one shadow test)",
+            )
+            return None
     if mode == "group":
         # group mode: the block's files are what nodes download and verify, so their names are
         # the stack's content-addressed copies (the digest is the checksum) in model_bucket
@@ -1282,6 +1305,7 @@ def _rollout(r: _Reader, cloud: str, mode: str | None, nodes: Nodes | None) -> R
         sticky_s=sticky,
         candidate_model=files["candidate_model"],
         stable_model=files["stable_model"],
+        shadow_model=shadow,
     )
 
 

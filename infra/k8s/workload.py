@@ -204,6 +204,12 @@ def deployment(cfg: StackConfig, placement: Placement) -> dict[str, Any]:
                 spot_watch="off",
             ),
             {"name": "HOME", "value": HOME},
+            # a shadow test (`torchfleet rollout --strategy shadow`): the file beside the model
+            *(
+                runtime_env(shadow_model=f"{MODEL_DIR}/{cfg.rollout.shadow_model}")
+                if cfg.rollout and cfg.rollout.shadow_model
+                else []
+            ),
         ],
         "resources": pod_resources(cfg),
         "startupProbe": _probe(
@@ -313,6 +319,8 @@ def candidate_deployment(cfg: StackConfig, placement: Placement) -> dict[str, An
     spec["template"]["metadata"]["labels"][TRACK_LABEL] = "candidate"
     (container,) = spec["template"]["spec"]["containers"]
     model_var = runtime_env(model="")[0]["name"]
+    shadow_var = runtime_env(shadow_model="")[0]["name"]
+    container["env"] = [v for v in container["env"] if v["name"] != shadow_var]  # stable's only
     for var in container["env"]:
         if var["name"] == model_var:
             var["value"] = f"{MODEL_DIR}/{split.candidate_model}"

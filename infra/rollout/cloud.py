@@ -14,7 +14,8 @@ version: 0 %). A weight the stack already has runs no `up`. The block's other ke
 99, the stable Deployment keeps its replicas; AWS group mode: 100). Which model a track serves
 is the `tracks` object's (serving / switch: a cloud's way to place a file on a track's nodes:
 infra/rollout/tracks.py, the Deployments' or the Auto Scaling groups' files in the model
-store). Shadow testing needs each node's runtime: a cloud stack refuses it here.
+store). A shadow test runs on the stable track (`tracks.shadow`: kubernetes, the stable
+Deployment's pods given the file as their shadow_model; a group stack refuses it).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class TrackModels(Protocol):
     def serving(self, track: str) -> tuple[Path, str]: ...
 
     def switch(self, track: str, model: Path) -> str: ...
+
+    def shadow(self, model: Path | None) -> str | None: ...
 
 
 def block_of(handle: StackHandle) -> dict[str, Any]:
@@ -104,9 +107,8 @@ class CloudSplit:
         self.up()
 
     def set_shadow(self, node: str, model: Path | None) -> str | None:
-        from infra.rollout.engine import RolloutError  # the engine imports this module's peers
-
-        raise RolloutError(
-            "shadow testing runs in each node's runtime: on a cloud stack, run the candidate as "
-            "the nodes' shadow_model (runtime/README.md), it has no split to move"
-        )
+        """A shadow test runs on the stable track's pods (the candidate track has none outside
+        a split): `tracks.shadow`."""
+        if node != "stable":
+            return None
+        return self.tracks.shadow(model)

@@ -212,10 +212,11 @@ def _cloud(
     state, store = RolloutState(folder / "rollout.json"), Store(folder / "models")
     if action == "status":
         return _control(action, None, state, store, _NoFigures(), say)
-    if action == "start" and args.strategy == "shadow":
+    if action == "start" and args.strategy == "shadow" and cfg.mode != "kubernetes":
         raise RolloutError(
-            f"--strategy shadow is not built on mode: {cfg.mode} (a node's shadow_model needs a "
-            "file beside its model and a reload: a canary or an ab split instead)"
+            f"--strategy shadow is not built on mode: {cfg.mode}: a group's nodes take a new file "
+            "by being replaced, every node twice for one shadow test (the local fleet and mode: "
+            "kubernetes run it; here a canary or an ab split)"
         )
     # a group stack without --prometheus: its cloud's 1-minute figures per track
     figures = action == "start" and not args.prometheus and cfg.mode == "group"

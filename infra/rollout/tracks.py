@@ -330,6 +330,20 @@ class ModelTracks:
                 self._roll(key, before, since)
         return runtime_version(model)
 
+    def shadow(self, model: Path | None) -> str | None:
+        """Start (a file) or end (None) a shadow test on the stable track: the file placed in
+        the volume, its name in the block's shadow_model, `up` (the stable Deployment's rolling
+        update: each new pod loads it beside its model); the version it will report."""
+        if not self.sidecars:
+            raise VolumeError(
+                "a shadow test on a group stack would replace every node to start it and again "
+                "to end it: run it on the local fleet or a kubernetes stack"
+            )
+        name = None if model is None else self.volume.put(model)
+        if block_of(self.handle).get("shadow_model") != name:
+            self._place("shadow_model", name, "stable")
+        return None if model is None else runtime_version(model)
+
     def _place(self, key: str, name: str | None, track: str) -> float:
         """The track's key set to `name` (None: removed) and `up`; when `up` started."""
         block = block_of(self.handle)

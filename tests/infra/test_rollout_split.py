@@ -148,6 +148,8 @@ def test_candidate_replicas_give_the_weight():
         ("aws-prod", {"weight": 5}, "rollout.weight", "candidate_weight"),
         ("aws-k8s", {"candidate_weight": 100}, "rollout.candidate_weight", "0..99"),
         ("aws-k8s", {"candidate_model": "../x.pt"}, "rollout.candidate_model", ".pt"),
+        ("aws-k8s", {"shadow_model": "../s.pt"}, "rollout.shadow_model", "ending .pt"),
+        ("aws-prod", {"shadow_model": "s.pt"}, "rollout.shadow_model", "outside mode: kubernetes"),
         ("aws-k8s", {"stable_model": "model"}, "rollout.stable_model", "model.pt"),
     ],
 )

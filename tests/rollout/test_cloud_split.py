@@ -15,7 +15,6 @@ from pulumi import automation as auto
 from infra.matrix import REPO_ROOT
 from infra.offline import run_offline
 from infra.rollout.cloud import KEY, CloudSplit, weight_of
-from infra.rollout.engine import RolloutError
 from infra.rollout.policy import Figures
 from infra.rollout.ref import ModelRef
 
@@ -166,5 +165,5 @@ def test_kubernetes_caps_the_split_below_a_promotion(tmp_path):
     split.set_weights({"stable": 0, "candidate": 100})
     split.set_weights({"stable": 0, "candidate": 100})  # unchanged: no second `up`
     assert ups == [99]
-    with pytest.raises(RolloutError, match="shadow_model"):
-        split.set_shadow("candidate", tmp_path / "x.pt")
+    # a shadow test runs on the stable track's pods; the candidate track has none outside a split
+    assert split.set_shadow("candidate", tmp_path / "x.pt") is None

@@ -38,6 +38,7 @@ class FakeStack:
         doc = yaml.safe_load((REPO_ROOT / f"Pulumi.{stack}.yaml").read_text())
         self.values: dict[str, object] = doc["config"]
         self.ups: list[tuple[int, str | None, str]] = []
+        self.shadows: list[str | None] = []  # the stable Deployment's shadow_model, per `up`
 
     def get_all_config(self) -> dict[str, auto.ConfigValue]:
         return {
@@ -59,6 +60,13 @@ class FakeStack:
             return {v["name"]: v["value"] for v in c["env"]}["TORCHFLEET_MODEL"]
 
         cand = by_name.get(names["candidate_deployment"])
+        (stable,) = by_name[names["deployment"]]["spec"]["template"]["spec"]["containers"]
+        self.shadows.append(
+            {v["name"]: v["value"] for v in stable["env"]}.get("TORCHFLEET_SHADOW_MODEL")
+        )
+        if cand is not None:  # the candidate's pods never run a shadow
+            (c,) = cand["spec"]["template"]["spec"]["containers"]
+            assert "TORCHFLEET_SHADOW_MODEL" not in {v["name"] for v in c["env"]}
         self.ups.append(
             (
                 int(cand["spec"]["replicas"]) if cand else 0,
@@ -153,6 +161,31 @@ def test_a_failing_candidate_on_aws_k8s_goes_back_to_no_candidate_pods(tmp_path,
     assert stack.values[KEY]["candidate_weight"] == 0
 
 
+@pytest.mark.parametrize(("agreement", "result"), [(1.0, "agrees"), (0.2, "differs")])
+def test_a_shadow_test_on_aws_k8s_runs_on_the_stable_pods_and_ends(
+    tmp_path, canary_engine, agreement, result
+):
+    """`--strategy shadow` on a kubernetes stack: the candidate placed in the model volume and
+    named the stable Deployment's shadow_model (its rolling update loads it beside the model
+    in each pod), judged by the shadow counts (the cluster's Prometheus: PrometheusSource's
+    shadow), then removed again; the split and the served files never move."""
+    stack, volume, split, ref = _setup(tmp_path)
+    stable_v, cand_v = _versions(tmp_path)
+    compared = [0.0]
+
+    def counts() -> dict[str, tuple[float, float]]:
+        compared[0] += 100.0
+        return {cand_v: (compared[0], compared[0] * agreement)}
+
+    assert canary_engine(split, FixedWindows(stable_v, cand_v)).shadow(ref, counts) == result
+    placed = f"{ref.sha256}.pt"
+    assert (volume.folder / placed).read_bytes() == CAND_BYTES
+    assert stack.shadows == [f"/models/{placed}", None]  # set, then removed
+    assert all(up == (0, "candidate.pt", "model.pt") for up in stack.ups)  # nothing else moved
+    assert "shadow_model" not in stack.values[KEY]
+    assert RolloutState(tmp_path / "rollout.json").read()["shadow"]["result"] == result
+
+
 def test_runtime_version_is_what_the_runtime_reports(tmp_path):
     """The version the rollout predicts for a file is the one the runtime reports once it has
     loaded it (both call torchfleet_compat.model_version): by digest, then by sidecar."""
@@ -176,10 +209,6 @@ REF = "model.pt@sha256:" + "a" * 64
     ("argv", "says"),
     [
         (["rollout", "aws-k8s", "--model", REF], "--prometheus URL is required"),
-        (
-            ["rollout", "aws-k8s", "--model", REF, "--strategy", "shadow", "--prometheus", "x"],
-            "--strategy shadow is not built on mode: kubernetes",
-        ),
         (["rollout", "alicloud-k8s", "--model", REF], "CloudMonitor"),
         (
             ["rollout", "aws-prod", "--model", REF, "--window", "30s"],
