@@ -154,7 +154,14 @@ class ScrapeSource:
 
 # --- Prometheus --------------------------------------------------------------------------------
 
-_JOIN = "* on (job, instance) group_left (model_version) torchfleet_model_info"
+# Each series joined with the version its instance serves now. torchfleet_model_info has one
+# series per instance, but a Prometheus restarted on its old data keeps the version before a
+# reload for up to 5 minutes (no staleness marker survives a restart), and a plain join then
+# fails ("many-to-many matching not allowed"): the newest sample per instance wins. The
+# recording rules use the same (roles/monitoring/files/rules/torchfleet-recording.rules.yml;
+# tests/rollout/test_prometheus_join.py holds them equal).
+CURRENT_VERSION = "(topk by (job, instance) (1, timestamp(torchfleet_model_info)) * 0 + 1)"
+_JOIN = f"* on (job, instance) group_left (model_version) {CURRENT_VERSION}"
 
 
 class PrometheusSource:
