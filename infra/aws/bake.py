@@ -16,6 +16,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra import images
+from infra.aws import imds
 from infra.aws.bundle_store import AwsBundleStore
 from infra.aws.iam import assume_role, bundle_read_policy
 from infra.aws.network import AwsNetwork
@@ -150,7 +151,7 @@ class AwsBake(pulumi.ComponentResource):
             security_group_ids=[network.node_sg.id],
             terminate_instance_on_failure=True,
             instance_metadata_options=aws.imagebuilder.InfrastructureConfigurationInstanceMetadataOptionsArgs(
-                http_tokens="required", http_put_response_hop_limit=1
+                **imds.IMDSV2
             ),
             resource_tags=tags,
             tags=tags,

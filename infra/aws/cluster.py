@@ -30,6 +30,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.addressing import split_cidrs
+from infra.aws import imds
 from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
 from infra.interface import NODE_ROLE_TAG, Deployment
@@ -342,10 +343,7 @@ class EksCluster(pulumi.ComponentResource):
             description=f"torchfleet {cfg.stack} EKS {kind} nodes",
             vpc_security_group_ids=security,
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled",
-                http_tokens="required",
-                http_put_response_hop_limit=1,
-                instance_metadata_tags="disabled",
+                **imds.ENABLED, instance_metadata_tags="disabled"
             ),
             block_device_mappings=[
                 aws.ec2.LaunchTemplateBlockDeviceMappingArgs(

@@ -16,7 +16,7 @@ import pulumi_aws as aws
 
 from infra import edge, images
 from infra.aws import edge as aws_edge
-from infra.aws import fallback, healing, scaling
+from infra.aws import fallback, healing, imds, scaling
 from infra.aws.bundle_store import AwsBundleStore
 from infra.aws.iam import assume_role, bundle_read_policy, group_arn, lifecycle_policy
 from infra.aws.network import AwsNetwork
@@ -364,10 +364,7 @@ class AwsFleet(pulumi.ComponentResource):
             description=f"torchfleet {cfg.stack} GPU node",
             instance_type=cfg.instance_type.name,
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled",
-                http_tokens="required",
-                http_put_response_hop_limit=1,
-                instance_metadata_tags="enabled",
+                **imds.ENABLED, instance_metadata_tags="enabled"
             ),
             block_device_mappings=[
                 aws.ec2.LaunchTemplateBlockDeviceMappingArgs(

@@ -13,7 +13,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra import monitoring
-from infra.aws import healing
+from infra.aws import healing, imds
 from infra.aws.iam import assume_role
 from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
@@ -95,9 +95,7 @@ class AwsMonitoring(pulumi.ComponentResource):
             iam_instance_profile=profile.name,
             key_name=key.key_name,
             # Prometheus runs on the host: hop limit 1 keeps the token off containers.
-            metadata_options=aws.ec2.InstanceMetadataOptionsArgs(
-                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
-            ),
+            metadata_options=aws.ec2.InstanceMetadataOptionsArgs(**imds.ENABLED),
             root_block_device=aws.ec2.InstanceRootBlockDeviceArgs(
                 volume_size=cfg.monitoring.disk_gb,
                 volume_type="gp3",
