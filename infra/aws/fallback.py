@@ -51,6 +51,12 @@ def enabled(cfg: StackConfig) -> bool:
     )
 
 
+def stable_groups(cfg: StackConfig) -> list[str]:
+    """The stable track's Auto Scaling groups: the spot group and, when enabled, its on-demand
+    fallback (a rollout's promotion waits for both to refresh)."""
+    return [group_name(cfg)] + ([fallback_group_name(cfg)] if enabled(cfg) else [])
+
+
 def shortfall_queries(
     cfg: StackConfig, sign: int
 ) -> list[aws.cloudwatch.MetricAlarmMetricQueryArgs]:

@@ -120,25 +120,19 @@ class AwsFleet(pulumi.ComponentResource):
                 ),
                 opts=child,
             )
-        # What the bootstrap needs before anything runs: these grants exist before any node.
-        self.grants = [
-            aws.iam.RolePolicy(
-                f"{name}-node-bundle",
-                role=role.id,
-                policy=store.read_arn.apply(bundle_read_policy),
-                opts=child,
+
+        def grant(what: str, policy: pulumi.Input[str]) -> None:
+            """One of the node role's policies; every node waits for all of them."""
+            self.grants.append(
+                aws.iam.RolePolicy(f"{name}-node-{what}", role=role.id, policy=policy, opts=child)
             )
-        ]
+
+        # What the bootstrap needs before anything runs: these grants exist before any node.
+        self.grants: list[aws.iam.RolePolicy] = []
+        grant("bundle", store.read_arn.apply(bundle_read_policy))
         self.token = edge.token(cfg, child)
         secret = aws_edge.token_store(name, cfg, self.token, tags, child)
-        self.grants.append(
-            aws.iam.RolePolicy(
-                f"{name}-node-api-token",
-                role=role.id,
-                policy=secret.arn.apply(aws_edge.read_policy),
-                opts=child,
-            )
-        )
+        grant("api-token", secret.arn.apply(aws_edge.read_policy))
         self.target = (
             self._target_group(name, tags, network, child) if cfg.mode == "group" else None
         )
@@ -151,43 +145,21 @@ class AwsFleet(pulumi.ComponentResource):
         )
         self.models = track_models(cfg)
         candidate_model = self.models.get("candidate")
+        # each track's nodes may leave their own target group (the candidate's while it has some)
         if self.target is not None:
-            self.grants.append(
-                aws.iam.RolePolicy(
-                    f"{name}-node-leave",
-                    role=role.id,
-                    policy=self.target.arn.apply(aws_edge.leave_policy),
-                    opts=child,
-                )
-            )
+            grant("leave", self.target.arn.apply(aws_edge.leave_policy))
         if self.candidate_target is not None and candidate_model:
-            self.grants.append(
-                aws.iam.RolePolicy(
-                    f"{name}-node-leave-candidate",
-                    role=role.id,
-                    policy=self.candidate_target.arn.apply(aws_edge.leave_policy),
-                    opts=child,
-                )
-            )
+            grant("leave-candidate", self.candidate_target.arn.apply(aws_edge.leave_policy))
         if cfg.mode == "group":
             # the nodes of every group (infra.aws.fallback, the rollout's candidate group)
             # complete their own group's hooks
-            groups = (
-                [group_name(cfg)]
-                + ([fallback_group_name(cfg)] if fallback.enabled(cfg) else [])
-                + ([candidate_group_name(cfg)] if candidate_model else [])
+            groups = fallback.stable_groups(cfg) + (
+                [candidate_group_name(cfg)] if candidate_model else []
             )
             arns = pulumi.Output.from_input(account).apply(
                 lambda a: [group_arn(arn_partition, cfg.region, a, g) for g in groups]
             )
-            self.grants.append(
-                aws.iam.RolePolicy(
-                    f"{name}-node-lifecycle",
-                    role=role.id,
-                    policy=arns.apply(lambda arns: lifecycle_policy(*arns)),
-                    opts=child,
-                )
-            )
+            grant("lifecycle", arns.apply(lambda arns: lifecycle_policy(*arns)))
         profile = aws.iam.InstanceProfile(f"{name}-node", role=role.name, tags=tags, opts=child)
 
         # The bundle's sha256 is inside: a new bundle is a new template version (group) and a

@@ -38,7 +38,7 @@ from infra.deploy import automation, preflight, stage
 from infra.deploy.stage import StageError
 from infra.k8s.addons import ADDON_NAMESPACE
 from infra.matrix import REPO_ROOT
-from infra.nodeboot import fallback_group_name, group_name
+from infra.nodeboot import group_name
 from infra.rollout.cloud import TRACKS, CloudSplit
 from infra.rollout.engine import Fleet, Options, Rollout, RolloutError
 from infra.rollout.local import FLEET_FILE, LocalFleet, SwitchError
@@ -225,10 +225,8 @@ def _cloud(
         raise RolloutError(_needs_prometheus(cfg))
     if figures:  # refused before anything is opened: a window the cloud cannot resolve
         args.window = args.window or f"{CLOUDWATCH_PERIOD_S}s"
-        cloudwatch_period(parse_duration("--window", args.window), kind.service)
-    source: PrometheusSource | TrackMetricsSource | _NoFigures = (
-        PrometheusSource(args.prometheus, args.selector) if args.prometheus else _NoFigures()
-    )
+        window_s = parse_duration("--window", args.window)
+        cloudwatch_period(window_s, kind.service)
     volume = volume_of(cfg, folder / "volume")
     handle = automation.open_stack(stack)
     up = up_of(stack) if up_of else _default_up(stack)
@@ -247,11 +245,14 @@ def _cloud(
         )
         limit = _group_limit(cfg)
     split = CloudSplit(handle, up, tracks, cloud_limit=limit, say=say)
-    if figures:
+    source: PrometheusSource | TrackMetricsSource | _NoFigures
+    if args.prometheus:
+        source = PrometheusSource(args.prometheus, args.selector)
+    elif figures:
         source = kind(
             dimensions=lambda: _rollout_metrics(stack, handle),
             versions=lambda: {track: tracks.version(track) for track in TRACKS},
-            window_s=parse_duration("--window", args.window),
+            window_s=window_s,
             region=cfg.region,
         )
         hint = (
@@ -261,6 +262,8 @@ def _cloud(
             else ""
         )
         say(f"rollout {stack}: figures from {source.describe()} (no --prometheus){hint}")
+    else:  # a control that judges nothing (status, rollback)
+        source = _NoFigures()
     if action == "start":
         return _start(args, split, state, store, source, say)
     return _control(action, split, state, store, source, say)
@@ -285,8 +288,7 @@ def _needs_prometheus(cfg: StackConfig) -> str:
 def _refresh(cfg: StackConfig, say: Callable[[str], None]) -> Refresh:
     """How a promotion reaches the running stable nodes of a group stack (refresh.py)."""
     if cfg.cloud == "aws":
-        groups = [group_name(cfg)] + ([fallback_group_name(cfg)] if fallback.enabled(cfg) else [])
-        return AsgRefresh(groups, cfg.region, say)
+        return AsgRefresh(fallback.stable_groups(cfg), cfg.region, say)
     return EssRoll(group_name(cfg), cfg.region, say)
 
 

@@ -221,11 +221,11 @@ class EssRoll:
             page += 1
 
     def roll(self, since: float = 0.0) -> None:
-        plan_max = self._group().max_size
+        group = self._group()
+        plan_max = group.max_size
         raised_max = False
         try:
             while True:
-                group = self._group()
                 nodes = self._nodes(group.id)
                 serving = [n for n in nodes if n.state == IN_SERVICE]
                 old = [n for n in serving if n.configuration != group.active]
@@ -259,6 +259,7 @@ class EssRoll:
                     partial(_gone, ids=set(ids)),
                     f"{', '.join(ids)} removed",
                 )
+                group = self._group()  # its desired size and MaxSize after the batch
         finally:
             if raised_max:
                 # the roll's surge is over (or failed): the plan's MaxSize again, unless the

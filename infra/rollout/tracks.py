@@ -325,7 +325,7 @@ class ModelTracks:
         key = TRACK_KEYS[track]
         if block.get(key) != name:
             before = block.get(key)
-            since = self._place(key, name, track)
+            since = self._place(block, key, name, track)
             if track == "stable" and self.refresh is not None:
                 self._roll(key, before, since)
         return runtime_version(model)
@@ -340,13 +340,14 @@ class ModelTracks:
                 "to end it: run it on the local fleet or a kubernetes stack"
             )
         name = None if model is None else self.volume.put(model)
-        if block_of(self.handle).get("shadow_model") != name:
-            self._place("shadow_model", name, "stable")
+        block = block_of(self.handle)
+        if block.get("shadow_model") != name:
+            self._place(block, "shadow_model", name, "stable")
         return None if model is None else runtime_version(model)
 
-    def _place(self, key: str, name: str | None, track: str) -> float:
-        """The track's key set to `name` (None: removed) and `up`; when `up` started."""
-        block = block_of(self.handle)
+    def _place(self, block: dict[str, Any], key: str, name: str | None, track: str) -> float:
+        """`block` (the stack's, as just read) with the track's key set to `name` (None:
+        removed), written, and `up`; when `up` started."""
         if name is None:
             block.pop(key, None)
         else:
@@ -367,7 +368,7 @@ class ModelTracks:
         except RefreshError as err:
             self.say(f"  the stable nodes did not all reach the new model: {err}")
             try:
-                self.refresh.roll(self._place(key, before, "stable"))
+                self.refresh.roll(self._place(block_of(self.handle), key, before, "stable"))
             except RefreshError as again:
                 raise RefreshError(f"{err}; and rolling the stable nodes back: {again}") from err
             raise
