@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -17,6 +18,10 @@ sys.path.insert(0, str(HERE))  # rt_models, importable by name (also by subproce
 
 from torchfleet_runtime.app import Service  # noqa: E402
 from torchfleet_runtime.config import Config  # noqa: E402
+
+# Edge processes in front of the model owner for every runtime a test starts: 2 (the harder case)
+# unless TORCHFLEET_TEST_EDGE_WORKERS says otherwise (0: the edge in the test's process).
+EDGE_WORKERS = int(os.environ.get("TORCHFLEET_TEST_EDGE_WORKERS", "2"))
 
 
 class Client:
@@ -78,7 +83,12 @@ def start_runtime() -> Iterator[Callable[..., Service]]:
         module: Any = None, wait: bool = True, shadow_module: Any = None, **overrides: Any
     ) -> Service:
         base = dict(
-            port=0, spot_watch="off", input_shape=(4,), max_delay_ms=2.0, log_level="warning"
+            port=0,
+            spot_watch="off",
+            input_shape=(4,),
+            max_delay_ms=2.0,
+            log_level="warning",
+            edge_workers=EDGE_WORKERS,
         )
         base.update(overrides)
         svc = Service(Config(**base), module=module, shadow_module=shadow_module)

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 
+import conftest
 import pytest
 import rt_models
 import torch
@@ -166,9 +167,15 @@ def test_bytes_not_arrived_are_not_allocated(edge):
     # holds 30 MiB here; this one holds what arrived
     import resource
 
+    # the bodies are held where HTTP is served: this process, and its edge processes if any
+    pids = [os.getpid(), *(svc.http.pids() if hasattr(svc.http, "pids") else [])]
+
     def rss_mib() -> float:
-        with open(f"/proc/{os.getpid()}/statm") as f:
-            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+        total = 0
+        for pid in pids:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1])
+        return total * resource.getpagesize() / 2**20
 
     before = rss_mib()
     socks = []
@@ -190,8 +197,12 @@ def test_bytes_not_arrived_are_not_allocated(edge):
         s.close()
 
 
-def test_connection_cap_answers_503_and_closes(edge):
-    svc, _ = edge
+def test_connection_cap_answers_503_and_closes(start_runtime):
+    # max_connections holds per edge process and the kernel picks which edge accepts a
+    # connection: with one edge the 41st is the one refused
+    svc = start_runtime(
+        rt_models.Recorder(), max_connections=40, edge_workers=min(1, conftest.EDGE_WORKERS)
+    )
     held = [socket.create_connection(("127.0.0.1", svc.port)) for _ in range(40)]
     wait_until(
         lambda: (
@@ -374,7 +385,9 @@ def test_a_handler_that_raises_is_a_json_500_and_the_server_keeps_serving(edge, 
     def broken_submit(self, *args, **kwargs):
         raise KeyError("decode bug")
 
+    # the owner's half of submitting: from a body here, or from an edge process's decoded bytes
     monkeypatch.setattr(service.PredictCall, "submit", broken_submit)
+    monkeypatch.setattr(service.PredictCall, "submit_tensor", broken_submit)
     (resp,), closed = raw_exchange(svc.port, predict_bytes(), 5)
     assert resp.status == 500 and closed and resp.json()["error"]["type"] == "internal_error"
     text = rt.metrics_text().decode()
@@ -395,10 +408,12 @@ def test_an_answer_that_fails_to_encode_is_a_json_500_and_counted(edge, monkeypa
 
     svc, _ = edge
 
-    def broken_answer(self, accept):
+    def broken_answer(self, *args):
         raise ValueError("encoder bug")
 
+    # building the answer: here, or the outputs an edge process encodes
     monkeypatch.setattr(service.PredictCall, "answer", broken_answer)
+    monkeypatch.setattr(service.PredictCall, "outputs", broken_answer)
     (resp,), closed = raw_exchange(svc.port, predict_bytes(), 10)
     assert resp.status == 500 and closed
     error = resp.json()["error"]

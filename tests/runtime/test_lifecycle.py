@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import rt_models
 import torch
-from conftest import Client, metric_value
+from conftest import EDGE_WORKERS, Client, metric_value
 from test_batching import in_thread, wait_until
 from torchfleet_runtime import demo, model
 
@@ -36,7 +36,7 @@ class ServeProcess:
             [CLI, "serve", "--port", "0", "--spot-watch", "off", *args],
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, **env},
+            env={**os.environ, "TORCHFLEET_EDGE_WORKERS": str(EDGE_WORKERS), **env},
         )
         self.log: list[str] = []
         for line in self.proc.stderr:

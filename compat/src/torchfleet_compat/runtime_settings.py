@@ -55,6 +55,7 @@ class Config:
     body_timeout_s: float = 30.0
     keepalive_timeout_s: float = 75.0
     max_connections: int = 1024
+    edge_workers: int | None = None
     api_token: str | None = None
     api_token_file: str | None = None
     admin_token: str | None = None
@@ -320,6 +321,14 @@ FIELDS: dict[str, _Field] = {
         "an integer >= 1",
         lambda v: v >= 1,
         help="open connections at most; beyond it 503 and close",
+    ),
+    "edge_workers": _Field(
+        _as_optional_int,
+        "auto or an integer >= 0",
+        lambda v: v is None or v >= 0,
+        help="HTTP edge processes in front of the model owner (default auto: on a GPU node "
+        "every usable CPU but one, on a CPU node one per four usable CPUs, at least 1; 0: the "
+        "edge runs in the owner's process)",
     ),
     "api_token": _Field(
         _as_token, "16-512 token characters", help="bearer token required on /v1/* (default: none)"

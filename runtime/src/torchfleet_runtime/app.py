@@ -1,7 +1,9 @@
 """The process: the runtime, its HTTP edge and the spot watcher wired together, and the signals.
 
-`Service(config)` composes `service.Runtime` (the model side) with `server.build_http` (the HTTP
-side); neither imports the other. `serve_until_stopped()` is `torchfleet-runtime serve`:
+`Service(config)` composes `service.Runtime` (the model side) with the HTTP side: `edge_workers`
+edge processes in front of this one (edges.py, edge.py: this process binds the socket and owns
+the model), or with `edge_workers: 0` the same HTTP edge in this process (`server.build_http`);
+neither side imports the other. `serve_until_stopped()` is `torchfleet-runtime serve`:
 - HTTP listens at once (/livez 200, /readyz 503), the model loads and warms in a thread, so a
   SIGTERM during a long warm-up still stops the process promptly;
 - SIGTERM / SIGINT / a spot notice: drain (answers carry Connection: close, idle keep-alive
@@ -26,6 +28,7 @@ from typing import Any
 
 from .auth import Tokens
 from .config import Config, ConfigError
+from .edges import EdgePool, edge_workers
 from .errors import ApiError
 from .httpd import HttpServer
 from .interruption import SpotWatcher
@@ -45,14 +48,32 @@ MODEL_THREADS = (
 )
 
 
+def _on_gpu(config: Config) -> bool:
+    """Whether the model runs on a GPU (edge_workers auto): a CUDA device asked for or found."""
+    if config.device.startswith("cuda"):
+        return True
+    if config.device != "auto":
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 class Service:
     def __init__(self, config: Config, module: Any = None, shadow_module: Any = None) -> None:
         self.config = config
         self.runtime = Runtime(config, module, shadow_module)
         self.tokens = Tokens(config.api_token, config.api_token_file)
-        self.http: HttpServer = build_http(
-            self.runtime, config, self.tokens, self.runtime.metrics.connections.set
-        )
+        workers = edge_workers(config, on_gpu=_on_gpu(config))
+        self.http: HttpServer | EdgePool
+        if workers:
+            self.http = EdgePool(
+                self.runtime, config, workers, self.runtime.reload, self.tokens.reload
+            )
+        else:
+            self.http = build_http(
+                self.runtime, config, self.tokens, self.runtime.metrics.connections.set
+            )
         self.spot = SpotWatcher(
             config.spot_watch,
             config.aws_metadata_url,
@@ -86,10 +107,14 @@ class Service:
         self.start_http()
         self.spot.start()
         self.runtime.start()
+        if isinstance(self.http, EdgePool):
+            self.http.sync_state()  # every edge answers /readyz 200 once this returns
 
     def reload_in_background(self, reason: str) -> threading.Thread:
         def run() -> None:
             self.tokens.reload()
+            if isinstance(self.http, EdgePool):
+                self.http.tokens_changed()
             try:
                 self.runtime.reload(reason)
             except ApiError as exc:  # reload() logged and counted a failed load already
@@ -137,7 +162,9 @@ class Service:
             return 1
         started = time.monotonic()
         self.http.begin_closing()
-        clean = rt.drain(self.config.drain_timeout_s)
+        clean = self.http.wait_drained(self.config.drain_timeout_s) and rt.drain(
+            max(0.0, self.config.drain_timeout_s - (time.monotonic() - started))
+        )
         cut = 0
         if not clean:
             # What is left gets a 503 now; writing those answers takes the event loop

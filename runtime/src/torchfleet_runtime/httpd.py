@@ -53,6 +53,9 @@ EARLY_SKIP_BYTES = (
 )  # after an early answer, bodies up to this are read and dropped (keep-alive)
 LINGER_S = 5.0  # a lingering close reads and drops for at most this long...
 LINGER_IDLE_S = 2.0  # ...and stops after this long without data
+# At stop, an idle keep-alive connection stays open this long so that a request already on its
+# way is answered (503, Connection: close) instead of meeting a reset.
+CLOSE_GRACE_S = 0.5
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 
 
@@ -645,6 +648,13 @@ class Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    def quiesce(self, grace_s: float) -> None:
+        """The server stops: answers from now on say close; an idle connection closes after
+        `grace_s` unless a request arrives on it first (which is then answered and closed)."""
+        self._closing = True
+        if self._req is None and not self._queue and not self._lingering:
+            self._arm("idle", grace_s)
+
     # --- flow control and timers ---------------------------------------------------------------
 
     def _pause(self) -> None:
@@ -720,8 +730,10 @@ class HttpServer:
         max_body_bytes: int,
         on_count: Callable[[int], None] = lambda n: None,
         ssl_context: ssl.SSLContext | None = None,
+        sock: socket.socket | None = None,
     ) -> None:
         self.app = app
+        self._sock = sock  # a listening socket made elsewhere (an edge process inherits one)
         self.ssl_context = ssl_context  # HTTPS when set (tls.server_context)
         self.limits = _Limits(
             header_timeout_s, body_timeout_s, keepalive_timeout_s, max_connections, max_body_bytes
@@ -738,8 +750,12 @@ class HttpServer:
 
     def start(self) -> None:
         """Bind (raising OSError here, in the caller's thread, if the port is taken) and serve."""
-        self._server = self.loop.run_until_complete(
-            self.loop.create_server(
+        if self._sock is not None:
+            made = self.loop.create_server(
+                lambda: Connection(self), sock=self._sock, backlog=1024, ssl=self.ssl_context
+            )
+        else:
+            made = self.loop.create_server(
                 lambda: Connection(self),
                 self._host,
                 self._port,
@@ -747,7 +763,7 @@ class HttpServer:
                 reuse_address=True,
                 ssl=self.ssl_context,
             )
-        )
+        self._server = self.loop.run_until_complete(made)
         self.port = int(self._server.sockets[0].getsockname()[1])
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="torchfleet-http", daemon=True
@@ -771,8 +787,14 @@ class HttpServer:
 
         self.call(run)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop listening, close every connection, stop the loop and its thread."""
+    def wait_drained(self, timeout_s: float) -> bool:
+        """Nothing to wait for here: the runtime's drain counts this process's requests."""
+        return True
+
+    def stop(self, timeout: float = 5.0, grace_s: float = CLOSE_GRACE_S) -> None:
+        """Stop listening, close every connection, stop the loop and its thread. An idle
+        keep-alive connection gets `grace_s` first: a request that was already on its way is
+        answered (the app refuses it: 503, Connection: close) rather than reset."""
         if self._thread is None:
             return
         done = threading.Event()
@@ -781,6 +803,11 @@ class HttpServer:
             assert self._server is not None
             self.closing = True
             self._server.close()
+            for c in list(self.connections):
+                c.quiesce(grace_s)
+            deadline = self.loop.time() + grace_s
+            while self.connections and self.loop.time() < deadline:
+                await asyncio.sleep(0.01)
             for c in list(self.connections):
                 if c._transport is not None:
                     c._transport.abort() if c._transport.is_closing() else c._transport.close()

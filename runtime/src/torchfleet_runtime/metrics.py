@@ -120,6 +120,22 @@ class Metrics:
         self.connections = Gauge(
             "torchfleet_open_connections", "HTTP connections open now.", registry=r
         )
+        self.edge_workers = Gauge(
+            "torchfleet_edge_workers",
+            "HTTP edge processes in front of the model owner (0: the edge runs in the owner).",
+            registry=r,
+        )
+        self.edge_restarts = Counter(
+            "torchfleet_edge_restarts",
+            "Edge processes that exited and were started again.",
+            registry=r,
+        )
+        self.edge_memory = Gauge(
+            "torchfleet_edge_resident_memory_bytes",
+            "Resident memory of each edge process, as it last reported.",
+            ["edge"],
+            registry=r,
+        )
         self.batch_size = Histogram(
             "torchfleet_batch_size",
             "Instances per model run, before padding to a bucket.",

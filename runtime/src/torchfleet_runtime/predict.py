@@ -4,9 +4,12 @@
 runtime does not serve, `expect` announces a body on its way (a forming batch may wait for it, and
 from then on the drain does too), `submit` decodes the body and admits it to the batcher (an
 `ApiError` for every refusal), a done callback fires in the worker's thread when the model has
-run, `answer` encodes it (in the caller's thread, so encoding never holds up the model), `wrote`
-and `finish` record what the client got. Metrics (each stage labelled with the replica that ran
-the request), per-request logs and drain accounting live here, not in the HTTP layer.
+run, `answer` encodes it (in the caller's thread, so encoding never holds up the model),
+`wrote` and `finish` record what the client got. An edge process (edge.py, edges.py) decodes
+the body itself: the owner's half of its request is the same call, through `submit_tensor` (the
+decoded tensor) and `outputs` (the model's outputs, which the edge encodes). Metrics (each stage
+labelled with the replica that ran the request), per-request logs and drain accounting live
+here, not in the HTTP layer.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import torch
 from . import codec
 from .batcher import OutOfMemory, QueueFull, ReplicaLost, Request, Stopped, TooLarge
 from .errors import ApiError
+from .tensors import Outputs
+from .wire import wants_raw
 
 if TYPE_CHECKING:
     from .replicas import Slot
@@ -29,6 +34,14 @@ log = logging.getLogger(__name__)
 reqlog = logging.getLogger("torchfleet_runtime.request")
 
 SERVING = ("ready", "degraded")  # states that take predictions (degraded: on fewer replicas)
+
+
+def server_timing(t: Mapping[str, float]) -> str:
+    """The Server-Timing header of a 200 from its stage timings (seconds)."""
+    return (
+        f"decode;dur={t.get('decode', 0.0) * 1000:.3f}, queue;dur={t.get('queue', 0.0) * 1000:.3f}, "
+        f"model;dur={t.get('model', 0.0) * 1000:.3f}, encode;dur={t.get('encode', 0.0) * 1000:.3f}"
+    )
 
 
 class PredictCall:
@@ -47,13 +60,14 @@ class PredictCall:
         "_expecting",
         "_finished",
         "_status",
+        "_count",
     )
 
-    def __init__(self, rt: Runtime, request_id: str) -> None:
+    def __init__(self, rt: Runtime, request_id: str, count_inflight: bool = True) -> None:
         self.rt = rt
         self.request_id = request_id
         self.arrived = time.perf_counter()
-        self.slot: Slot | None = rt._slot
+        self.slot: Slot | None = rt.current_slot
         self.request: Request | None = None
         self.batched = False
         self.timings: dict[str, float] = {}
@@ -62,7 +76,10 @@ class PredictCall:
         self._expecting = False
         self._finished = False
         self._status = 0
-        rt.metrics.inflight.inc()
+        # an edge process counts its own in-flight predictions (edges.py sums them)
+        self._count = count_inflight
+        if count_inflight:
+            rt.metrics.inflight.inc()
 
     @property
     def version(self) -> str | None:
@@ -74,7 +91,7 @@ class PredictCall:
         if rt.state not in SERVING or self.slot is None:
             draining = rt.state in ("draining", "stopped")
             raise ApiError(
-                503, "not_ready", f"the runtime is {rt.state}", rt._retry_after(), close=draining
+                503, "not_ready", f"the runtime is {rt.state}", rt.retry_after(), close=draining
             )
 
     def expect(self) -> None:
@@ -94,7 +111,7 @@ class PredictCall:
     def _admit(self) -> None:
         if not self.admitted:
             self.admitted = True
-            self.rt._admit(1)
+            self.rt.admit(1)
 
     def _unexpect(self) -> None:
         if self._expecting and self.slot is not None:
@@ -113,7 +130,7 @@ class PredictCall:
             assert slot is not None
             meta = slot.loaded.metadata
             t0 = time.perf_counter()
-            tensor, self.batched = codec.decode(
+            tensor, batched = codec.decode(
                 body,
                 content_type,
                 headers,
@@ -125,6 +142,27 @@ class PredictCall:
         except BaseException:
             self._unexpect()
             raise
+        self.submit_tensor(tensor, batched)
+
+    def admitted_elsewhere(self) -> None:
+        """An edge process accepted this request's headers (before any drain): admit it here as
+        `expect` would, so a drain that began since still serves it."""
+        self._admit()
+
+    def submit_tensor(self, tensor: torch.Tensor, batched: bool, owned: bool = True) -> None:
+        """Admit a decoded tensor to the batcher; raises ApiError for every refusal. `owned`
+        False: the tensor views memory that is reused after the answer (an edge's slot), so a
+        sample kept for the shadow is copied."""
+        rt = self.rt
+        self.batched = batched
+        try:
+            if not self._accepted_before_drain:
+                self.check_ready()
+        except BaseException:
+            self._unexpect()
+            raise
+        slot = self.slot
+        assert slot is not None
         expected, self._expecting = self._expecting, False
         while True:
             try:
@@ -135,7 +173,7 @@ class PredictCall:
             except TooLarge as exc:
                 raise ApiError(413, "too_many_instances", str(exc)) from None
             except Stopped:
-                current = rt._slot
+                current = rt.current_slot
                 if (
                     (rt.state in SERVING or self._accepted_before_drain)
                     and current is not None
@@ -147,16 +185,17 @@ class PredictCall:
                     continue
                 raise ApiError(503, "not_ready", "the runtime is draining", 5, close=True) from None
         self._admit()
-        shadow = rt._shadow
+        shadow = rt.shadow
         if shadow is not None and shadow.sampled():
-            self.shadow_input = tensor
+            self.shadow_input = tensor if owned else tensor.clone()
 
     def add_done_callback(self, fn: Callable[[], None]) -> None:
         assert self.request is not None
         self.request.add_done_callback(fn)
 
-    def answer(self, accept: str) -> tuple[bytes, str, dict[str, str]]:
-        """(body, content type, headers) of the 200; raises ApiError when the model failed."""
+    def outputs(self) -> Outputs:
+        """The model's outputs for this request (offered to the shadow when sampled); raises
+        ApiError when the model failed."""
         assert self.request is not None and self.slot is not None
         try:
             outputs = self.request.result(0)
@@ -168,8 +207,17 @@ class PredictCall:
             raise
         except Exception as exc:  # the model failed: the client did nothing wrong
             raise ApiError(500, "model_error", f"{type(exc).__name__}: {exc}") from None
+        if self.shadow_input is not None:
+            self._offer_to_shadow(outputs)
+        self.timings["queue"] = self.request.queue_s
+        self.timings["model"] = self.request.model_s
+        return outputs
+
+    def answer(self, accept: str) -> tuple[bytes, str, dict[str, str]]:
+        """(body, content type, headers) of the 200; raises ApiError when the model failed."""
+        outputs = self.outputs()
         t0 = time.perf_counter()
-        if "application/octet-stream" in accept and "application/json" not in accept:
+        if wants_raw(accept):
             body, headers = codec.encode_raw(outputs, self.batched)
             ctype = "application/octet-stream"
         else:
@@ -177,23 +225,16 @@ class PredictCall:
                 outputs, self.batched, self.rt.config.non_finite_outputs == "null"
             )
             ctype, headers = "application/json", {}
-        if self.shadow_input is not None:
-            self._offer_to_shadow(outputs)
         t = self.timings
         t["encode"] = time.perf_counter() - t0
-        t["queue"] = self.request.queue_s
-        t["model"] = self.request.model_s
         if self.rt.stage_timing:
-            headers["Server-Timing"] = (
-                f"decode;dur={t['decode'] * 1000:.3f}, queue;dur={t['queue'] * 1000:.3f}, "
-                f"model;dur={t['model'] * 1000:.3f}, encode;dur={t['encode'] * 1000:.3f}"
-            )
+            headers["Server-Timing"] = server_timing(t)
         return body, ctype, headers
 
     def _offer_to_shadow(self, outputs: Any) -> None:
         """Hand the sampled input and its live outputs to the shadow (never waits); a fault in
         the shadow is logged, and this answer goes out as it is."""
-        shadow, tensor, self.shadow_input = self.rt._shadow, self.shadow_input, None
+        shadow, tensor, self.shadow_input = self.rt.shadow, self.shadow_input, None
         assert self.request is not None and self.slot is not None and tensor is not None
         if shadow is None:
             return
@@ -208,8 +249,11 @@ class PredictCall:
         if self.rt.stage_timing and self._status == 200 and self.request is not None:
             self.rt.metrics.device(self.request.device).stage["write"].observe(write_s)
 
-    def finish(self, status: int, error: ApiError | None = None) -> None:
-        """The answer is about to be written (or the client is gone): count it, log it, release it."""
+    def finish(
+        self, status: int, error: ApiError | None = None, total_s: float | None = None
+    ) -> None:
+        """The answer is about to be written (or the client is gone): count it, log it, release
+        it. `total_s`: the request's time as its edge process measured it."""
         if self._finished:
             return
         self._finished = True
@@ -218,7 +262,7 @@ class PredictCall:
         self._unexpect()
         m = rt.metrics
         m.requests.labels(code=str(status)).inc()
-        total = time.perf_counter() - self.arrived
+        total = time.perf_counter() - self.arrived if total_s is None else total_s
         if status == 200:
             m.request_duration.observe(total)
             m.last_request.set(time.time())
@@ -228,9 +272,10 @@ class PredictCall:
                 stage["decode"].observe(t.get("decode", 0.0))
                 stage["queue"].observe(t.get("queue", 0.0))
                 stage["encode"].observe(t.get("encode", 0.0))
-        m.inflight.dec()
+        if self._count:
+            m.inflight.dec()
         if self.admitted:
-            rt._admit(-1)
+            rt.admit(-1)
         if error is not None:  # every 5xx at error, every 4xx at info (logs.py)
             reqlog.log(
                 logging.ERROR if status >= 500 else logging.INFO,

@@ -22,14 +22,15 @@ import hmac
 import logging
 import os
 import re
+import socket
 from typing import Any, Protocol
 
 from .auth import Tokens
-from .codec import JSON_TYPES, MEDIA_TYPES, dumps, media_type
 from .config import Config
 from .errors import ApiError, internal_error
 from .httpd import HttpServer, Request, Response, error_response
 from .tls import server_context
+from .wire import JSON_TYPES, MEDIA_TYPES, dumps, media_type
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +269,11 @@ class Routes:
 
 
 def build_http(
-    runtime: RuntimeApi, config: Config, tokens: Tokens, on_count: Any = lambda n: None
+    runtime: RuntimeApi,
+    config: Config,
+    tokens: Tokens,
+    on_count: Any = lambda n: None,
+    sock: socket.socket | None = None,
 ) -> HttpServer:
     routes = Routes(runtime, config, tokens)
     http = HttpServer(
@@ -282,6 +287,7 @@ def build_http(
         routes.max_body_bytes,
         on_count,
         server_context(config),
+        sock,
     )
     routes.loop = http.loop
     return http

@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -82,7 +82,11 @@ class Runtime:
         self._shadow_module = shadow_module  # the same for the shadow candidate
         self._shadow: Shadow | None = None
         self.metrics = Metrics()
-        self.state = "loading"
+        # called (in the thread that made it) after each change of state or model: edges.py
+        self.on_change: list[Callable[[], None]] = []
+        # called before this process renders the metrics (edges.py: count what edges sent)
+        self.before_render: list[Callable[[], None]] = []
+        self._state = "loading"
         self._slot: Slot | None = None
         self.places: list[Place] = []
         self.max_body_bytes = int(config.max_body_mb * 2**20)
@@ -99,6 +103,21 @@ class Runtime:
         self.threads = (0, 0)
         self._nvml: Any = None
         self._lost: dict[str, str] = {}  # replicas lost while serving: label -> why
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        changed = value != self._state
+        self._state = value
+        if changed:
+            self._changed()
+
+    def _changed(self) -> None:
+        for fn in self.on_change:
+            fn()
 
     # --- introspection (tests, the model card) ------------------------------------------------
 
@@ -141,6 +160,8 @@ class Runtime:
         return out
 
     def metrics_text(self) -> bytes:
+        for fn in self.before_render:
+            fn()
         return self.metrics.render()
 
     def reload(self, reason: str) -> dict[str, Any]:
@@ -325,11 +346,13 @@ class Runtime:
         for r in slot.replicas:
             m.device(r.label).ready.set(0 if r.label in slot.failed else 1)
         self._slot = slot  # the swap: one reference assignment, atomic for every reader
+        self._changed()
 
     def _replica_lost(self, worker: Worker) -> None:
         """A serving replica's device failed (worker.py): the node is degraded."""
         self.metrics.device(worker.label).ready.set(0)
         self._set_ready()
+        self._changed()
 
     def _set_ready(self) -> None:
         """ready when every replica serves, degraded when some do not (states in the doc)."""
@@ -512,7 +535,19 @@ class Runtime:
 
     # --- used by PredictCall ---------------------------------------------------------------------
 
-    def _admit(self, delta: int) -> None:
+    @property
+    def current_slot(self) -> Slot | None:
+        """The model serving now (a reload swaps it atomically)."""
+        return self._slot
+
+    @property
+    def shadow(self) -> Shadow | None:
+        return self._shadow
+
+    def retry_after(self) -> int:
+        return self._retry_after()
+
+    def admit(self, delta: int) -> None:
         with self._admitted_cond:
             self._admitted += delta
             if self._admitted == 0:
