@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
+import time
 
 import pytest
 import rt_models
@@ -43,6 +44,9 @@ def test_a_token_file_rotates_without_a_restart(start_runtime, tmp_path, monkeyp
     assert [_predict(svc.port, t) for t in (OLD, NEW)] == [200, 200]
 
     tokens.write_text(f"{NEW}\n")  # the old one retired
+    # each edge process reads the file when a request comes to it; one that had none is told by
+    # the owner's look at the file (edges.TOKEN_POLL_S): let every edge see this one
+    time.sleep(0.3)
     assert [_predict(svc.port, t) for t in (OLD, NEW)] == [401, 200]
 
     tokens.write_text("short\n")  # a bad file keeps what was accepted, says why, shows no token

@@ -67,9 +67,7 @@ class Service:
         workers = edge_workers(config, on_gpu=_on_gpu(config))
         self.http: HttpServer | EdgePool
         if workers:
-            self.http = EdgePool(
-                self.runtime, config, workers, self.runtime.reload, self.tokens.reload
-            )
+            self.http = EdgePool(self.runtime, config, workers, self.runtime.reload, self.tokens)
         else:
             self.http = build_http(
                 self.runtime, config, self.tokens, self.runtime.metrics.connections.set
@@ -162,9 +160,7 @@ class Service:
             return 1
         started = time.monotonic()
         self.http.begin_closing()
-        clean = self.http.wait_drained(self.config.drain_timeout_s) and rt.drain(
-            max(0.0, self.config.drain_timeout_s - (time.monotonic() - started))
-        )
+        clean = rt.drain(self.config.drain_timeout_s)
         cut = 0
         if not clean:
             # What is left gets a 503 now; writing those answers takes the event loop

@@ -100,6 +100,10 @@ class Tokens:
         log.info("api tokens read from %s: %d accepted", self._path, len(self._accepted))
         return True
 
+    def changed(self) -> bool:
+        """Whether the token file differs from the one last read (a cheap stat)."""
+        return self._path is not None and _stamp(self._path) != self._seen
+
     def _maybe_reload(self) -> None:
         now = time.monotonic()
         if self._path is None or now - self._looked < RECHECK_S:

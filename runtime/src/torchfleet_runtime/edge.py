@@ -386,7 +386,9 @@ class Edge:
     # --- the owner's frames (main thread) -------------------------------------------------------
 
     def run(self, batches: Iterator[list[tuple[int, bytes]]]) -> int:
-        self.http.start()
+        """Serve once the owner's first STATE is in (a replacement edge never answers from a
+        state it has not been told); read the owner's frames until its socket ends."""
+        serving = told = False
         for batch in batches:
             answers: list[Answer] = []
             for kind, p in batch:
@@ -397,6 +399,7 @@ class Edge:
                     shape = d.get("input_shape")
                     d["input_shape"] = tuple(shape) if shape is not None else None
                     self.state = OwnerState(**d)
+                    told = True
                 elif kind == handoff.RESULT:
                     call_id, status, retry_after, body = handoff.unpack_result(p)
                     with self._result_cond:
@@ -410,11 +413,15 @@ class Edge:
                     self.writer.send(handoff.frame(handoff.ACK, p))
             if answers:
                 self.loop_call(lambda answers=answers: self._deliver(answers))  # type: ignore[misc]
+            if not serving and told:
+                serving = True
+                self.http.start()
         # the owner stopped or died: this node no longer serves
         log.info("edge %d: the model owner is gone; closing", self.index)
         self.state = self.state._replace(state="stopped", ready=False)
         self.draining = True
-        self.http.stop()
+        if serving:
+            self.http.stop()
         return 0
 
     def _deliver(self, answers: list[Answer]) -> None:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 import orjson
 
 from . import auth, codec, handoff
+from .auth import Tokens
 from .config import Config
 from .cpus import usable_cpus
 from .errors import ApiError, error_body, internal_error
@@ -55,6 +56,7 @@ log = logging.getLogger(__name__)
 RING_SLOTS = 64  # predictions in flight per edge
 RING_SLOT_BYTES = 1 << 20  # a decoded body up to this size lives in its slot
 STATE_POLL_S = 0.5  # liveness (a stuck batch) is re-read this often
+TOKEN_POLL_S = 0.05  # the token file is looked at this often or every auth.RECHECK_S if longer
 START_TIMEOUT_S = 30.0
 
 
@@ -98,7 +100,7 @@ class EdgePool:
         config: Config,
         workers: int,
         reload: Callable[[str], dict[str, Any]],
-        on_tokens: Callable[[], object],
+        tokens: Tokens,
         slots: int | None = None,
         slot_bytes: int | None = None,
     ) -> None:
@@ -106,7 +108,7 @@ class EdgePool:
         self.config = config
         self.workers = workers
         self._reload = reload
-        self._on_tokens = on_tokens
+        self.tokens = tokens
         self.slots = slots or RING_SLOTS
         self.slot_bytes = slot_bytes or RING_SLOT_BYTES
         self.ssl = server_context(config)  # a bad certificate fails here, before any process
@@ -124,6 +126,7 @@ class EdgePool:
         self.port = 0
         runtime.on_change.append(self.push_state)
         runtime.before_render.append(self.settle)
+        runtime.drain_waiters.append(self.wait_drained)
 
     @property
     def scheme(self) -> str:
@@ -316,7 +319,16 @@ class EdgePool:
         self.sync_state(timeout_s)
 
     def _poll(self) -> None:
-        while not self._stop_poll.wait(STATE_POLL_S):
+        """Liveness, and the token file: each edge reads it when a request comes, so one that
+        saw no request since a change is told here (all edges converge on the same file)."""
+        last = time.monotonic()
+        while not self._stop_poll.wait(min(STATE_POLL_S, max(auth.RECHECK_S, TOKEN_POLL_S))):
+            if self.tokens.changed():
+                self.tokens.reload()
+                self.tokens_changed()
+            if time.monotonic() - last < STATE_POLL_S:
+                continue
+            last = time.monotonic()
             before = self._last_state
             frame = self._state_frame()
             if self._last_state != before:
@@ -484,8 +496,8 @@ class EdgePool:
         return 200, 0, orjson.dumps(card)
 
     def _reload_call(self, link: EdgeLink, call_id: int) -> None:
+        self.tokens.reload()
         self.tokens_changed()
-        self._on_tokens()
         try:
             result = self._reload("POST /admin/reload")
             data = handoff.pack_result(call_id, 200, 0, orjson.dumps(result))

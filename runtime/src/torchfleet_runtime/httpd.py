@@ -787,10 +787,6 @@ class HttpServer:
 
         self.call(run)
 
-    def wait_drained(self, timeout_s: float) -> bool:
-        """Nothing to wait for here: the runtime's drain counts this process's requests."""
-        return True
-
     def stop(self, timeout: float = 5.0, grace_s: float = CLOSE_GRACE_S) -> None:
         """Stop listening, close every connection, stop the loop and its thread. An idle
         keep-alive connection gets `grace_s` first: a request that was already on its way is

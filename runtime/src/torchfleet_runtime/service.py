@@ -86,6 +86,7 @@ class Runtime:
         self.on_change: list[Callable[[], None]] = []
         # called before this process renders the metrics (edges.py: count what edges sent)
         self.before_render: list[Callable[[], None]] = []
+        self.drain_waiters: list[Callable[[float], bool]] = []
         self._state = "loading"
         self._slot: Slot | None = None
         self.places: list[Place] = []
@@ -495,8 +496,15 @@ class Runtime:
         self.stop_requested.set()
 
     def drain(self, timeout_s: float) -> bool:
-        """Wait until every admitted prediction has been answered; False on timeout."""
+        """Wait until every admitted prediction has been answered; False on timeout. The
+        `drain_waiters` (edges.py: every edge process has answered what it admitted) go first."""
         deadline = time.monotonic() + timeout_s
+        edges_done = all(
+            [wait(max(0.0, deadline - time.monotonic())) for wait in self.drain_waiters]
+        )
+        if not edges_done and self._admitted == 0:
+            log.error("drain timeout: an edge process still holds admitted requests")
+            return False
         with self._admitted_cond:
             while self._admitted > 0:
                 left = deadline - time.monotonic()
@@ -504,7 +512,7 @@ class Runtime:
                     log.error("drain timeout: %d request(s) still in flight", self._admitted)
                     return False
                 self._admitted_cond.wait(left)
-        return True
+        return edges_done
 
     def cut_off(self, waited_s: float) -> int:
         """After a drain that timed out: answer every prediction still admitted 503 not_ready
