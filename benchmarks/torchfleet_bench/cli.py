@@ -32,6 +32,10 @@ COMMANDS = {
         "replicas",
         "model replicas on two CPUs: 2 x 1 thread vs 1 x 2, and two SO_REUSEPORT processes",
     ),
+    "edges": (
+        "edges",
+        "the CPU proxy of the edge processes: a near-zero-cost model, edge_workers 1 vs 2",
+    ),
     "gpu": (
         "gpu",
         "the GPU check's table: replicas vs one device, fp16 vs fp32, batching, memory sizing",

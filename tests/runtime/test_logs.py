@@ -78,6 +78,7 @@ def test_requests_log_at_debug_client_errors_at_info_with_the_request_id(start_r
     c = Client(svc.port)
     c.predict([1.0, 2.0, 3.0, 4.0], **{"X-Request-Id": "ok-1"})
     c.predict([1.0, 2.0], **{"X-Request-Id": "bad-1"})
+    svc.settle()  # an edge process's requests are logged by the owner as they are reported
     by_id = {r.request_id: r for r in caplog.records if r.name == "torchfleet_runtime.request"}
     assert by_id["ok-1"].levelname == "DEBUG" and by_id["ok-1"].fields["status"] == 200
     assert {"decode_ms", "queue_ms", "model_ms", "encode_ms"} <= set(by_id["ok-1"].fields)

@@ -108,6 +108,12 @@ class Service:
         if isinstance(self.http, EdgePool):
             self.http.sync_state()  # every edge answers /readyz 200 once this returns
 
+    def settle(self) -> None:
+        """Once this returns, every request answered so far is counted and logged here (edge
+        processes report their requests a moment after answering them)."""
+        if isinstance(self.http, EdgePool):
+            self.http.settle()
+
     def reload_in_background(self, reason: str) -> threading.Thread:
         def run() -> None:
             self.tokens.reload()

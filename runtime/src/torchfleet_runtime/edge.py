@@ -400,6 +400,8 @@ class Edge:
                     d["input_shape"] = tuple(shape) if shape is not None else None
                     self.state = OwnerState(**d)
                     told = True
+                    if self.state.state in ("draining", "stopped") and not self.draining:
+                        self.loop_call(self._drain)  # the owner began to drain
                 elif kind == handoff.RESULT:
                     call_id, status, retry_after, body = handoff.unpack_result(p)
                     with self._result_cond:
