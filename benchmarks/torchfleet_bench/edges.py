@@ -8,7 +8,7 @@ closed-loop client of `torchfleet-bench load` (levels.run_level) at each concurr
 the resident memory of the owner and of each edge process before stopping it. It prints req/s,
 p50/p99 and the RSS of every process, and writes the JSON report with --json.
 
-    torchfleet-bench edges --workers 1,2 --concurrency 16 --seconds 5 --rounds 2 \\
+    torchfleet-bench edges --workers 0,1,2 --concurrency 16 --seconds 5 --rounds 2 \\
         --json benchmarks/results/edges_cpu.json
 
 The client runs on the same CPUs as the server: compare the variants within one run.
@@ -36,6 +36,18 @@ from torchfleet_bench.local import free_port, loopback
 from torchfleet_bench.report import host_info
 
 SHAPE = (3, 64, 64)
+
+
+def parse_workers(text: str) -> list[int]:
+    try:
+        out = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        out = []
+    if not out or any(n < 0 for n in out):
+        raise argparse.ArgumentTypeError(
+            f"--workers {text!r}: expected a comma-separated list of integers >= 0, e.g. 0,1,2"
+        )
+    return out
 
 
 def write_model(work: Path) -> Path:
@@ -149,7 +161,13 @@ def row(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="torchfleet-bench edges", description=__doc__)
-    ap.add_argument("--workers", type=parse_concurrency, default=[1, 2], metavar="N[,N...]")
+    ap.add_argument(
+        "--workers",
+        type=parse_workers,
+        default=[1, 2],
+        metavar="N[,N...]",
+        help="edge_workers values (0: the edge in the owner's process, as before)",
+    )
     ap.add_argument("--concurrency", type=parse_concurrency, default=[16], metavar="N[,N...]")
     ap.add_argument("--seconds", type=float, default=5.0, help="seconds per level")
     ap.add_argument("--rounds", type=int, default=1, help="rounds, variants alternated in each")

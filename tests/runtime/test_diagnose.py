@@ -8,7 +8,7 @@ import threading
 
 import pytest
 import rt_models
-from conftest import Client
+from conftest import EDGE_WORKERS, Client
 from test_replicas import LABELS, TWO, needs_two_cpus, x4
 from torchfleet_runtime.cli import main
 from torchfleet_runtime.diagnose import findings, quantile
@@ -64,10 +64,12 @@ def test_diagnose_reports_stages_replicas_batches_and_versions(start_runtime, ca
     assert all(r["state"] == "serving" and r["torch_threads"] == 1 for r in doc["replicas"])
     assert sum(len(r["recent_batch_sizes"]) for r in doc["replicas"]) > 0
     assert all(0 <= r["busy_share"] <= 1 for r in doc["replicas"])
+    assert doc["edges"]["workers"] == EDGE_WORKERS and doc["edges"]["restarts"] == 0
 
     code, text = _run(capsys, "--url", f"http://127.0.0.1:{rt.port}", "--window", "0")
     assert code == 0
     assert "stage" in text and LABELS[0] in text and LABELS[1] in text and "findings:" in text
+    assert f"edge processes {EDGE_WORKERS} (restarts 0" in text
 
 
 @needs_two_cpus

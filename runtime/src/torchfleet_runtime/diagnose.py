@@ -161,6 +161,11 @@ def collect(base: str, token: str | None, window: float) -> dict[str, Any]:
         },
         "replicas": [],
         "process": {"resident_bytes": _sum(after, "process_resident_memory_bytes")},
+        "edges": {
+            "workers": int(_sum(after, "torchfleet_edge_workers")),
+            "restarts": int(_sum(after, "torchfleet_edge_restarts_total")),
+            "resident_bytes": _sum(after, "torchfleet_edge_resident_memory_bytes"),
+        },
         "gpus": [
             {
                 "gpu": dict(k).get("gpu"),
@@ -280,6 +285,8 @@ def render(doc: dict[str, Any]) -> str:
         )
         + f"; p50 {_ms(t['latency']['p50_s'])}, p99 {_ms(t['latency']['p99_s'])}; "
         f"queue {t['queue_depth']:.0f}, in flight {t['inflight']:.0f}",
+        f"edge processes {doc['edges']['workers']} (restarts {doc['edges']['restarts']}, "
+        f"{_mib(doc['edges']['resident_bytes'])} resident)",
         "",
         f"{'stage':<8} {'mean':>10} {'p99':>10} {'count':>8}",
     ]

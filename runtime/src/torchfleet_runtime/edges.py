@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RING_SLOTS = 64  # predictions in flight per edge
-RING_SLOT_BYTES = 1 << 20  # a decoded body up to this size lives in its slot
+RING_SLOT_BYTES = 256 << 10  # a decoded body (or answer) up to this size lives in its slot
 STATE_POLL_S = 0.5  # liveness (a stuck batch) is re-read this often
 TOKEN_POLL_S = 0.05  # the token file is looked at this often or every auth.RECHECK_S if longer
 START_TIMEOUT_S = 30.0
