@@ -102,6 +102,24 @@ def test_slot_reuse_never_mixes_up_answers(start_runtime, monkeypatch):
     assert done[0] == 8 * 30 and not wrong, wrong[:5]
 
 
+def test_bodies_and_answers_larger_than_a_slot_travel_in_their_frames(start_runtime, monkeypatch):
+    monkeypatch.setattr(edges, "RING_SLOT_BYTES", 8)  # 4 float32 in, 3 out: neither fits
+    svc = start_runtime(rt_models.tiny(), edge_workers=1)
+    c = Client(svc.port)
+    for i in range(5):
+        x = [float(i), 2.0, -1.0, 0.25]
+        status, _, doc = c.predict(x)
+        assert status == 200 and doc["outputs"] == pytest.approx(_expected(x), abs=1e-4)
+        status, headers, body = _raw_predict(svc.port, x)
+        assert status == 200 and headers["X-Shape"] == "3" and headers["X-Dtype"] == "float32"
+        assert list(struct.unpack("<3f", body)) == pytest.approx(_expected(x), abs=1e-4)
+    status, _, doc = c.predict([[1.0, 2.0, 3.0, 4.0]] * 3)  # a batch, inline both ways
+    assert (
+        status == 200
+        and doc["outputs"] == [pytest.approx(_expected([1.0, 2.0, 3.0, 4.0]), abs=1e-4)] * 3
+    )
+
+
 def test_a_full_ring_answers_503_with_retry_after_and_loses_nothing(start_runtime, monkeypatch):
     monkeypatch.setattr(edges, "RING_SLOTS", 2)
     m = rt_models.Instrumented()

@@ -91,7 +91,7 @@ class EdgeCall:
         self.decode_s = 0.0
         self.encode_s = 0.0
         self.answer_frame: Answer | None = None
-        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks: list[Callable[[], object]] = []
         self.error: ApiError | None = None
         self._finished = False
         self.status = 0
@@ -166,7 +166,7 @@ class EdgeCall:
             self._release_slot()
             raise ApiError(503, "not_ready", "the model owner is gone", 5, close=True)
 
-    def add_done_callback(self, fn: Callable[[], None]) -> None:
+    def add_done_callback(self, fn: Callable[[], object]) -> None:
         if self.answer_frame is not None:
             fn()
         else:

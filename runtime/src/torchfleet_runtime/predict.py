@@ -189,9 +189,13 @@ class PredictCall:
         if shadow is not None and shadow.sampled():
             self.shadow_input = tensor if owned else tensor.clone()
 
-    def add_done_callback(self, fn: Callable[[], None]) -> None:
+    def add_done_callback(self, fn: Callable[[], object]) -> None:
         assert self.request is not None
-        self.request.add_done_callback(fn)
+
+        def done() -> None:
+            fn()
+
+        self.request.add_done_callback(done)
 
     def outputs(self) -> Outputs:
         """The model's outputs for this request (offered to the shadow when sampled); raises

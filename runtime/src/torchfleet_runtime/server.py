@@ -23,7 +23,7 @@ import logging
 import os
 import re
 import socket
-from typing import Any, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from .auth import Tokens
 from .config import Config
@@ -47,8 +47,35 @@ _SANE_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+class Call(Protocol):
+    """One prediction as the routes drive it: predict.PredictCall in a single-process runtime,
+    edge.EdgeCall in an edge process."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def version(self) -> str | None: ...
+
+    def check_ready(self) -> None: ...
+
+    def expect(self) -> None: ...
+
+    def submit(
+        self, body: bytes | bytearray, content_type: str, headers: Mapping[str, str]
+    ) -> None: ...
+
+    def add_done_callback(self, fn: Callable[[], object]) -> None: ...
+
+    def answer(self, accept: str) -> tuple[bytes, str, dict[str, str]]: ...
+
+    def wrote(self, write_s: float) -> None: ...
+
+    def finish(self, status: int, error: ApiError | None = None) -> None: ...
+
+
 class RuntimeApi(Protocol):
-    def predict(self, request_id: str) -> Any: ...
+    def predict(self, request_id: str) -> Call: ...
 
     def status(self, detail: bool = False) -> dict[str, Any]: ...
 
@@ -114,7 +141,11 @@ class Routes:
         return None
 
     def _unauthorized(
-        self, key: str, realm: str, on_sent: Any = None, headers: dict[str, str] | None = None
+        self,
+        key: str,
+        realm: str,
+        on_sent: Callable[[str, float], None] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Response:
         return error_response(
             ApiError(401, "unauthorized", f"send Authorization: Bearer <{key}>"),
@@ -191,21 +222,21 @@ class Routes:
         return self._reload()
 
     def aborted(self, req: Request, exc: ApiError | None) -> None:
-        call = req.context
+        call: Call | None = req.context
         if call is not None:
             call.finish(exc.status if exc is not None else 499, error=exc)
 
     # --- predict -------------------------------------------------------------------------------
 
     @staticmethod
-    def _ids(call: Any) -> dict[str, str]:
+    def _ids(call: Call) -> dict[str, str]:
         h = {"X-Request-Id": call.request_id}
         if call.version:
             h["X-Model-Version"] = call.version
         return h
 
     @staticmethod
-    def _sent(call: Any, status: int, exc: ApiError | None = None) -> Any:
+    def _sent(call: Call, status: int, exc: ApiError | None = None) -> Callable[[str, float], None]:
         def sent(event: str, write_s: float) -> None:
             if event == "sending":
                 call.finish(status, error=exc)  # counted before the bytes leave
@@ -216,11 +247,11 @@ class Routes:
 
         return sent
 
-    def _error(self, call: Any, exc: ApiError) -> Response:
+    def _error(self, call: Call, exc: ApiError) -> Response:
         return error_response(exc, self._ids(call), self._sent(call, exc.status, exc))
 
     def _predict(self, req: Request) -> Response | asyncio.Future[Response]:
-        call = req.context
+        call: Call = req.context
         try:
             call.submit(req.body, req.headers.get("content-type", ""), req.headers)
         except ApiError as exc:
@@ -232,7 +263,7 @@ class Routes:
         call.add_done_callback(lambda: loop.call_soon_threadsafe(self._answer, fut, call, accept))
         return fut
 
-    def _answer(self, fut: asyncio.Future[Response], call: Any, accept: str) -> None:
+    def _answer(self, fut: asyncio.Future[Response], call: Call, accept: str) -> None:
         try:
             body, ctype, headers = call.answer(accept)
         except ApiError as exc:
