@@ -332,3 +332,19 @@ def test_a_request_on_an_idle_keepalive_connection_at_sigterm_gets_an_answer(ser
             assert r.getheader("Connection") == "close" and r.getheader("Retry-After")
     assert set(statuses) <= {200, 503}, statuses
     assert p.wait(30) == 0
+
+
+def test_edge_workers_auto_leaves_the_owner_its_cpus_and_bad_values_are_refused():
+    from torchfleet_runtime.config import Config, ConfigError, load_config
+
+    cfg = Config()
+    assert edges.edge_workers(cfg, on_gpu=True, cpus=16) == 15  # the owner keeps one CPU
+    assert edges.edge_workers(cfg, on_gpu=False, cpus=16) == 4  # the model's threads keep most
+    assert edges.edge_workers(cfg, on_gpu=False, cpus=2) == 1
+    assert edges.edge_workers(cfg, on_gpu=True, cpus=1) == 1
+    assert edges.edge_workers(cfg.replace(edge_workers=3), on_gpu=True, cpus=16) == 3
+    assert edges.edge_workers(cfg.replace(edge_workers=0), on_gpu=True, cpus=16) == 0
+    assert load_config({"edge_workers": "auto"}, env={})[0].edge_workers is None
+    with pytest.raises(ConfigError) as err:
+        load_config({"edge_workers": "-1"}, env={})
+    assert "edge_workers" in str(err.value) and "auto or an integer >= 0" in str(err.value)

@@ -58,6 +58,7 @@ RING_SLOT_BYTES = 256 << 10  # a decoded body (or answer) up to this size lives 
 STATE_POLL_S = 0.5  # liveness (a stuck batch) is re-read this often
 TOKEN_POLL_S = 0.05  # the token file is looked at this often or every auth.RECHECK_S if longer
 START_TIMEOUT_S = 30.0
+RESTART_BACKOFF_S = 1.0  # an edge that exits sooner than this after its start waits this long
 
 
 def edge_workers(config: Config, on_gpu: bool, cpus: int | None = None) -> int:
@@ -89,6 +90,7 @@ class EdgeLink:
         self.answers: queue.SimpleQueue[_Queued] = queue.SimpleQueue()
         self.drained = threading.Event()
         self.acked = 0
+        self.started = time.monotonic()
         self.connections = 0
         self.inflight = 0
 
@@ -262,7 +264,10 @@ class EdgePool:
         )
         with self._lock:
             self.links[link.index] = None
-        self._spawn(link.index)
+        if time.monotonic() - link.started < RESTART_BACKOFF_S:  # it died young: do not spin
+            time.sleep(RESTART_BACKOFF_S)
+        if not self.stopping:
+            self._spawn(link.index)
 
     # --- state ---------------------------------------------------------------------------------
 
