@@ -348,3 +348,31 @@ def test_edge_workers_auto_leaves_the_owner_its_cpus_and_bad_values_are_refused(
     with pytest.raises(ConfigError) as err:
         load_config({"edge_workers": "-1"}, env={})
     assert "edge_workers" in str(err.value) and "auto or an integer >= 0" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        torch.randn(3, 5, generator=torch.Generator().manual_seed(0)),
+        torch.randn(2, 2, 3, generator=torch.Generator().manual_seed(1)).to(torch.float16),
+        {"logits": torch.randn(2, 4), "ids": torch.arange(2, dtype=torch.int64)},
+        (torch.tensor([[True, False]]), torch.tensor([[1.5, -2.25]], dtype=torch.float64)),
+    ],
+)
+def test_an_edge_encodes_the_same_bytes_as_the_owner_would(outputs):
+    """JSON and raw answers built from the bytes (wire.py, in an edge) are byte for byte the
+    answers built from the tensors (codec.py, one process)."""
+    from torchfleet_runtime import codec, wire
+    from torchfleet_runtime.errors import ApiError
+
+    for batched in (True, False):
+        structure, parts, non_finite = codec.output_parts(outputs, for_json=True)
+        assert wire.encode_json(structure, parts, batched, non_finite, False) == codec.encode_json(
+            outputs, batched
+        )
+        structure, parts, _ = codec.output_parts(outputs, for_json=False)
+        if isinstance(outputs, torch.Tensor):
+            assert wire.encode_raw(parts[0], batched) == codec.encode_raw(outputs, batched)
+        else:
+            with pytest.raises(ApiError):
+                codec.encode_raw(outputs, batched)

@@ -3,8 +3,9 @@
 Contract (edge.py is one side, edges.py the other; neither imports torch here).
 - Per edge one `socket.socketpair` (AF_UNIX, SOCK_STREAM) carries frames: a 5-byte header
   (payload length, kind) packed with struct, then the payload. Request-path frames (SUBMIT,
-  ANSWER) are struct-packed with a small orjson part for the answer's structure; control frames
-  (INIT, STATE, CALL, RESULT, RECORDS) are orjson. Nothing is pickled.
+  ANSWER) are struct-packed with a small orjson part for the answer's structure; RESULT is a
+  struct head and the answer's body; the control frames (INIT, STATE, CALL, RECORDS) are orjson.
+  Nothing is pickled.
 - Per edge one `Ring`: `slots` fixed-size slots in one anonymous memory file
   (`os.memfd_create`, its descriptor inherited by the edge with pass_fds, mapped by both). It
   is freed with the last map and is not bounded by a container's small /dev/shm. A slot is an

@@ -22,6 +22,8 @@ Properties (tests/runtime/test_http_edge.py and the fuzz suite hold them):
   `LINGER_S` so the client can finish sending and read its answer instead of a reset.
 - `Expect: 100-continue` gets its interim answer only when the request is acceptable.
 - answers go out in request order (pipelining); every error is JSON with a status line.
+- at stop an idle keep-alive connection is closed only after `CLOSE_GRACE_S` without a request:
+  one already on its way is answered (the app refuses it: 503, Connection: close), not reset.
 The application (`App`) sees whole requests and returns a `Response` or a future of one.
 """
 
