@@ -187,13 +187,13 @@ FIELDS: dict[str, Key] = {
         "string",
         "the distro of the auto image (and the node's Python)",
         "a distro of compat/matrix.yml",
-        "ubuntu-22.04",
+        "debian-12",
     ),
     "cuda_profile": Key(
         "string",
         "the CUDA profile of compat/matrix.yml",
         "a profile that drives the GPU and supports the distro's Python",
-        derived="the matrix's default_profile",
+        derived="the matrix's default_profile where it fits (else set it)",
     ),
     "disk_gb": Key(
         "integer",
@@ -1097,7 +1097,7 @@ def _scaling(r: _Reader, mode: str | None) -> Scaling | None:
     raw = raw or {}
     what = (
         "requests per node per minute the request policy holds the group at (> 0): 0.7 x "
-        "the sustained req/s `torchfleet-runtime bench` measured on one node, x 60"
+        "the sustained req/s `torchfleet-bench load URL` measures on one node, x 60"
     )
     requests = raw.get("requests_per_node")
     if requests is None:
@@ -1443,7 +1443,8 @@ def _cuda_profile(
     """The profile, judged by the matrix's own rules (torchfleet_compat.matrix, as preflight and
     `check` judge a node): it must drive the instance type's GPU and, where the stack names the
     node's distro (not in mode: kubernetes, whose nodes run the runtime image), support that
-    distro's Python."""
+    distro's Python. A stack that sets no profile gets the matrix's default where it fits; where
+    it does not, one problem names the key to set and the profiles that fit both."""
     try:
         profile = matrix.profile(r.get("cuda_profile"), "cuda_profile")
     except compat.MatrixError:
@@ -1453,30 +1454,49 @@ def _cuda_profile(
             "a profile of compat/matrix.yml: " + ", ".join(matrix.profiles),
         )
         return None
-    ok = True
+    misfits = _profile_misfits(matrix, profile, itype, distro)
+    if misfits and r.get("cuda_profile") is None:
+        fitting = [
+            name
+            for name, other in matrix.profiles.items()
+            if not _profile_misfits(matrix, other, itype, distro)
+        ]
+        r.fail(
+            "cuda_profile",
+            None,
+            f"set it: the default, {profile.name}, does not fit this stack ("
+            + "; ".join(misfits)
+            + f"); profiles that fit: {', '.join(fitting) or 'none'}",
+        )
+        return None
+    for misfit in misfits:
+        r.fail("cuda_profile", profile.name, misfit)
+    return None if misfits else profile.name
+
+
+def _profile_misfits(
+    matrix: Matrix, profile: compat.Profile, itype: InstanceType | None, distro: str | None
+) -> list[str]:
+    """What is wrong with `profile` for this distro and instance type, as an allowed-values
+    phrase each (empty: it fits)."""
+    out = []
     if distro is not None:
         verdict = compat.python_verdict(matrix, profile, matrix.distros[distro].python)
         if not verdict.ok:
-            ok = False
-            r.fail(
-                "cuda_profile",
-                profile.name,
+            out.append(
                 f"a profile for {distro}'s Python {matrix.distros[distro].python} "
                 f"({verdict.reason}): {', '.join(verdict.profiles)}; or an image_distro "
-                f"{profile.name} supports: {', '.join(verdict.distros) or 'none'}",
+                f"{profile.name} supports: {', '.join(verdict.distros) or 'none'}"
             )
     if itype is not None:
         gpu = compat.resolve_gpu(matrix, declared_model=itype.gpu_model)
         verdict = compat.gpu_verdict(matrix, profile, gpu)
         if not verdict.ok:
-            ok = False
-            r.fail(
-                "cuda_profile",
-                profile.name,
+            out.append(
                 f"a profile that drives the {itype.gpu_model} of {itype.name} ({itype.gpu.arch}; "
-                f"{verdict.reason}): {', '.join(verdict.profiles)}",
+                f"{verdict.reason}): {', '.join(verdict.profiles)}"
             )
-    return profile.name if ok else None
+    return out
 
 
 def _vpc_cidr(r: _Reader, zones: int) -> str:
