@@ -18,7 +18,8 @@ from docs_support import DOCS, REPO, pages, section, table
 
 from infra.deploy import demo, pipeline, stage
 
-HEADER = re.compile(r"\[(\d+)/(\d+)\] ([a-z]+)")
+# `[4/6] converge`, and a bare `[2/9]` in prose: every header a page shows, named or not
+HEADER = re.compile(r"\[(\d+)/(\d+)\](?: ([a-z]+))?")
 
 
 def steps_of(function) -> list[str]:
@@ -65,7 +66,9 @@ def test_every_stage_header_in_the_docs_is_numbered_as_its_job_numbers_it():
             job, names = by_total.get(int(total), (None, []))
             where = f"{page.relative_to(REPO)}: [{number}/{total}] {name}"
             assert job, f"{where}: no job runs {total} stages ({JOBS})"
-            assert names[int(number) - 1] == name, f"{where}: {job} numbers {names}"
+            assert 1 <= int(number) <= len(names), f"{where}: {job} numbers {names}"
+            if name:
+                assert names[int(number) - 1] == name, f"{where}: {job} numbers {names}"
             shown += 1
     assert shown >= 5
 
