@@ -137,3 +137,23 @@ def test_the_script_check_finds_a_planted_unused_variable_and_a_root_relative_pa
     ]
     fixed = planted.replace("set -eu\n", 'set -eu\ncd "$(dirname "$0")/.."\n')
     assert script_problems(fixed.replace("UNUSED=${UNUSED:-1}\n", ""), "x.sh") == []
+
+
+NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4}
+
+
+def test_an_example_stacks_comment_counts_its_zones_as_its_config_lists_them():
+    """`… across two zones` in an example stack's comment is its `torchfleet:zones` list."""
+    import yaml
+
+    checked = 0
+    for path in sorted(REPO.glob("Pulumi.*.yaml")):
+        text = path.read_text()
+        zones = (yaml.safe_load(text).get("config") or {}).get("torchfleet:zones")
+        comments = " ".join(line.split("#", 1)[1] for line in text.splitlines() if "#" in line)
+        for word in re.findall(r"\b(one|two|three|four)\s+zones?\b", comments):
+            checked += 1
+            assert zones is not None and NUMBERS[word] == len(zones), (
+                f"{path.name}: its comment says {word} zones, torchfleet:zones lists {zones}"
+            )
+    assert checked >= 2, "no example counts its zones: is the pattern still finding them?"
