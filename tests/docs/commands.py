@@ -4,8 +4,8 @@ and the Makefile.
 Where commands are taken from (`shown()`):
 - Markdown (README.md, docs/, runtime/README.md, benchmarks/README.md, the roles' READMEs):
   code spans and the lines of fenced blocks;
-- the example stacks' comments (Pulumi.*.yaml): code spans and comment lines that start with
-  a command;
+- the example stacks' comments (Pulumi.*.yaml), the Makefile's and the shell scripts' (their
+  messages too): code spans, and comment lines that start with a command;
 - the code's strings (error messages, usage lines, docstrings) in infra/, runtime/src/,
   compat/src/, benchmarks/torchfleet_bench/ and scripts/: code spans, and indented lines (a
   usage block) that start with `torchfleet`, `torchfleet-runtime` or `torchfleet-bench`.
@@ -76,14 +76,15 @@ def _from_markdown(path: Path) -> Iterator[Shown]:
             yield Shown(f"{name}:{text.count(chr(10), 0, match.start()) + 1}", match.group(1))
 
 
-def _from_stack_comments(path: Path) -> Iterator[Shown]:
+def _from_comments(path: Path) -> Iterator[Shown]:
+    """A stack file's, a script's or the Makefile's comments: a comment line that starts with a
+    command, and code spans anywhere in the file (a script's messages)."""
+    name = path.relative_to(REPO)
     for number, line in enumerate(path.read_text().splitlines(), 1):
-        if "#" not in line:
-            continue
-        comment = line.split("#", 1)[1]
-        yield Shown(f"{path.name}:{number}", comment)
-        for span in CODE_SPAN.findall(comment):
-            yield Shown(f"{path.name}:{number}", span)
+        if "#" in line:
+            yield Shown(f"{name}:{number}", line.split("#", 1)[1])
+        for span in CODE_SPAN.findall(line):
+            yield Shown(f"{name}:{number}", span)
 
 
 def _from_code(path: Path) -> Iterator[Shown]:
@@ -101,6 +102,10 @@ def _from_code(path: Path) -> Iterator[Shown]:
                 yield Shown(where, span)
 
 
+def shell_scripts() -> list[Path]:
+    return sorted(p for d in ("scripts", "benchmarks") for p in (REPO / d).rglob("*.sh"))
+
+
 def code_files() -> list[Path]:
     return [
         p for d in CODE_DIRS for p in sorted((REPO / d).rglob("*.py")) if "egg-info" not in str(p)
@@ -110,7 +115,8 @@ def code_files() -> list[Path]:
 def shown() -> list[Shown]:
     """Every place a command could be shown (each is checked only if it is one)."""
     out = [s for p in markdown_files() for s in _from_markdown(p)]
-    out += [s for p in sorted(REPO.glob("Pulumi.*.yaml")) for s in _from_stack_comments(p)]
+    commented = [*sorted(REPO.glob("Pulumi.*.yaml")), REPO / "Makefile", *shell_scripts()]
+    out += [s for p in commented for s in _from_comments(p)]
     out += [s for p in code_files() for s in _from_code(p)]
     return out
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from commands import shell_scripts
 from docs_support import DOCS, REPO, table
 
 
@@ -91,12 +92,7 @@ def test_a_page_remakes_the_image_it_shows():
     assert checked, "no page remakes an image: is the pattern still finding them?"
 
 
-SCRIPTS = sorted(
-    p
-    for d in ("scripts", "benchmarks")
-    for p in (REPO / d).rglob("*.sh")
-    if ".cache" not in p.parts
-)
+SCRIPTS = shell_scripts()
 # a shell variable set on a line of its own (`NAME=value CMD` sets the command's environment, and
 # an exported name is read by the processes it starts)
 ASSIGNED = re.compile(
