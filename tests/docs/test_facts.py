@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from commands import shell_scripts
+from commands import makefile, shell_scripts
 from docs_support import DOCS, REPO, table
 
 
@@ -49,22 +49,17 @@ def test_the_runtime_settings_table_is_the_settings_contract():
     assert not missing, f"runtime/README.md documents no setting {missing}"
 
 
-def makefile_targets() -> set[str]:
-    text = (REPO / "Makefile").read_text()
-    return set(re.findall(r"^([a-z][\w-]*):", text, re.M))
-
-
 def test_the_make_targets_table_is_the_makefiles_targets():
     page = DOCS / "development" / "tests.md"
     rows = table(page.read_text(), "target")
     listed = {t for r in rows for t in re.findall(r"`make ([a-z][\w-]*)", r[0])}
-    assert listed == makefile_targets() - {"clean"}, (
-        f"{page.relative_to(REPO)}: listed {sorted(listed)}, the Makefile has "
-        f"{sorted(makefile_targets())}"
+    targets = makefile()[0]
+    assert listed == targets - {"clean"}, (
+        f"{page.relative_to(REPO)}: listed {sorted(listed)}, the Makefile has {sorted(targets)}"
     )
     # a target that writes a Pulumi config value (`pulumi up --config`) says it writes the stack
-    makefile = (REPO / "Makefile").read_text()
-    for target, recipe in re.findall(r"^([a-z][\w-]*):.*\n((?:\t.*\n)+)", makefile, re.M):
+    make_text = (REPO / "Makefile").read_text()
+    for target, recipe in re.findall(r"^([a-z][\w-]*):.*\n((?:\t.*\n)+)", make_text, re.M):
         if re.search(r"pulumi up\b.*--config", recipe):
             (row,) = [r for r in rows if f"`make {target}" in r[0]]
             assert "writes" in row[1] and "Pulumi.<stack>.yaml" in row[1], (

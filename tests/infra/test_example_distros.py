@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from torchfleet_compat import matrix as compat
 
 from infra.config import FIELDS, ConfigError, distro_warning, load, raw_from_pulumi_config
 from infra.matrix import load_matrix
@@ -32,13 +33,17 @@ NOTICE_DAYS = 90  # warn this long before a distro an example runs leaves standa
 
 
 def support_left(distro: str) -> None:
-    """Fail when `distro` is past its standard support today; warn within NOTICE_DAYS of it."""
-    until = datetime.date.fromisoformat(load_matrix().distros[distro].standard_support_until)
-    assert until >= TODAY, f"{distro}'s standard support ended on {until} (compat/matrix.yml)"
-    if (until - TODAY).days <= NOTICE_DAYS:
+    """Fail when `distro` is past its standard support today (the matrix's rule); warn when it
+    will be in NOTICE_DAYS."""
+    now = compat.support_verdict(load_matrix(), distro, TODAY.isoformat())
+    assert now.ok, f"{now.reason} (compat/matrix.yml); supported: {', '.join(now.distros)}"
+    ahead = TODAY + datetime.timedelta(days=NOTICE_DAYS)
+    soon = compat.support_verdict(load_matrix(), distro, ahead.isoformat())
+    if not soon.ok:
         warnings.warn(
-            f"{distro} leaves standard support on {until}, in {(until - TODAY).days} days: move "
-            "the examples (and the runtime image's base) to a distro supported longer",
+            f"within {NOTICE_DAYS} days (on {ahead}): {soon.reason}; move the examples (and the "
+            "runtime image's base) to "
+            f"one of {', '.join(soon.distros)}",
             stacklevel=2,
         )
 
