@@ -255,3 +255,15 @@ def test_a_scrape_carries_each_nodes_capacity_and_cap():
 
     assert capacity_of([(800.0, 32), (1000.0, 64), (0.0, 8)]) == (900.0, 32)
     assert capacity_of([(0.0, 8)]) == (None, None)
+
+
+def test_the_latency_histogram_costs_what_the_docs_say_per_node():
+    """metrics.py's docstring and docs/monitoring.md state the series one node exposes for the
+    request-latency histogram: a series per bound, +Inf, _sum, _count and _created."""
+    from torchfleet_runtime.metrics import Metrics
+
+    m = Metrics()
+    m.request_duration.observe(0.1)
+    text = m.render().decode()
+    series = [x for x in text.splitlines() if x.startswith("torchfleet_request_duration_seconds")]
+    assert len(series) == 50, series  # the figure the docs state

@@ -1,7 +1,13 @@
 """Prometheus metrics: one registry per runtime (so tests can run several in one process).
 
 The names are a contract (dashboards and alert rules are written against them). Latencies are
-histograms in seconds. What one model replica does carries its `device` label (placement.py:
+histograms in seconds. `torchfleet_request_duration_seconds` uses torchfleet_compat's
+LATENCY_BOUNDS (each bound at most 20 % above the one below from 5 ms to 5 s, coarse outside),
+which the rollout's guards and the node agent read it with: unlabelled, it costs one series per
+bound, +Inf, _sum, _count and _created per node (50, where the coarser buckets before it took
+18: tests/rollout/test_policy.py counts them). `torchfleet_capacity_items_per_second`: the
+instances per second the node sustains with batches up to its cap (Batcher.capacity), beside
+`torchfleet_max_batch_size`; both change on a reload or a lowered cap. What one model replica does carries its `device` label (placement.py:
 cuda:0, cpu, cpu:1, cpu:0-1): `torchfleet_stage_duration_seconds{stage, device}` (decode,
 queue, encode and write once per prediction, labelled with the replica that ran it; model once
 per batch run: the forward with its pad and split), `torchfleet_batch_size{device}`,
