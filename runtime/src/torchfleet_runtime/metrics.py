@@ -7,8 +7,10 @@ which the rollout's guards and the node agent read it with: unlabelled, it costs
 bound, +Inf, _sum, _count and _created per node (50, where the coarser buckets before it took
 18: tests/rollout/test_policy.py counts them). `torchfleet_capacity_items_per_second`: the
 instances per second the node sustains with batches up to its cap (Batcher.capacity), beside
-`torchfleet_max_batch_size`; both change on a reload or a lowered cap. What one model replica does carries its `device` label (placement.py:
-cuda:0, cpu, cpu:1, cpu:0-1): `torchfleet_stage_duration_seconds{stage, device}` (decode,
+`torchfleet_max_batch_size`; both change on a reload or a lowered cap.
+
+What one model replica does carries its `device` label (placement.py: cuda:0, cpu, cpu:1,
+cpu:0-1): `torchfleet_stage_duration_seconds{stage, device}` (decode,
 queue, encode and write once per prediction, labelled with the replica that ran it; model once
 per batch run: the forward with its pad and split), `torchfleet_batch_size{device}`,
 `torchfleet_torch_threads{device}`, `torchfleet_oom_recoveries_total{device}`,
