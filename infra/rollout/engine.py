@@ -3,7 +3,11 @@
 Contract. `Rollout(fleet, state, store, source, options, say)`:
 - `start(ref)`: the reference is checked (ref.Store.put: digest) before anything moves; the
   stable version is recorded first when the stack has none (the file node 0 serves, kept in the
-  store; nodes serving different versions are refused, nothing moved). Then, per step of the
+  store; nodes serving different versions are refused, nothing moved). A source that says
+  which latency buckets it reads p99s from (signals.py: `latency_bounds`) is read over one
+  window before the first step (the window just past, where it has `recent`): the line says
+  what the p99 guard can see at the stable's p99 (policy.p99_resolution), and a max_p99_ratio
+  finer than that is refused, nothing moved. Then, per step of the
   strategy (policy.steps): the nodes the split needs switch to the candidate one at a time
   (weight 0, the fleet's zero-downtime reload, then the step's weights), and the step bakes
   for `bake_s`: windows of `window_s` are judged (policy.judge: candidate against stable over
@@ -43,6 +47,7 @@ from infra.rollout.policy import (
     Verdict,
     judge,
     judge_shadow,
+    p99_resolution,
     split,
     steps,
 )
@@ -138,6 +143,7 @@ class Rollout:
         if stable["sha256"] == ref.sha256:
             raise RolloutError(f"{ref} is the stable version {stable['version']} already")
         cand = {"sha256": ref.sha256, "file": str(kept), "version": None, "ref": str(ref)}
+        self._resolution(stable["version"])
 
         def begin(d: dict[str, Any]) -> None:
             d.update(
@@ -161,6 +167,42 @@ class Rollout:
             f"stable {stable['version']}"
         )
         return self._run(shares)
+
+    def _resolution(self, stable_version: str) -> None:
+        """Say what the p99 guard can see at the stable's p99 now; RolloutSettingsError (nothing
+        moved) when max_p99_ratio is finer than the source's latency buckets resolve there."""
+        bounds_of = getattr(self.source, "latency_bounds", None)
+        if bounds_of is None:  # a source that does not say (scripted windows)
+            return
+        o = self.options
+        recent = getattr(self.source, "recent", None)
+        try:
+            if recent is not None:
+                figures = recent(o.window_s)
+            else:
+                self.source.begin()
+                self.sleep(o.window_s)
+                figures = self.source.end()
+            bounds = bounds_of()
+        except SignalError as exc:
+            self.say(f"p99 guard: resolution unknown, no figures before the first step ({exc})")
+            return
+        if bounds is None:
+            self.say(
+                "p99 guard: the source's p99 is a percentile statistic, not read from buckets: "
+                f"max_p99_ratio {o.guards.max_p99_ratio:g} is judged as set"
+            )
+            return
+        stable = figures.get(stable_version)
+        if stable is None or stable.p99_s is None or stable.requests < o.guards.min_requests:
+            self.say(
+                f"p99 guard: resolution unknown, fewer than {o.guards.min_requests} stable "
+                f"requests in the {o.window_s:g} s before the first step"
+            )
+            return
+        seen = p99_resolution(stable.p99_s, bounds, o.guards)
+        self._baseline = stable
+        self.say(f"p99 guard: {seen.text()} (max_p99_ratio {o.guards.max_p99_ratio:g})")
 
     def _record_stable(self) -> dict[str, Any]:
         """The version every node serves, recorded as the stable one (node 0's file kept). Nodes

@@ -28,6 +28,17 @@ compared over the same seconds:
   figures are per listener, the same for both tracks). Both are a `TrackMetricsSource`.
 `quantile(q, buckets)` is Prometheus' histogram_quantile over cumulative buckets
 (torchfleet_compat.histogram, the one rule the runtime and the node agent use too).
+
+What a source can see (the engine asks before the first step, policy.p99_resolution):
+`latency_bounds()` is the bucket bounds its p99s are read from: the nodes' own (ScrapeSource,
+from the last scrape), the `le` values Prometheus holds, the runtime's LATENCY_BOUNDS for the
+node agent's LatencyP99 (CloudMonitor), None for CloudWatch (the ALB's p99 is CloudWatch's own
+percentile statistic, not a bucket reading). `recent(window_s)`, where a source has it, reads the
+window just past without waiting (Prometheus, the clouds' published minutes); ScrapeSource has
+none (a window is two scrapes). The capacity guard's figures, a node's instances/s at its batch
+cap (`torchfleet_capacity_items_per_second`, averaged over a version's nodes) and its batch cap
+(`torchfleet_max_batch_size`, the lowest), come from the nodes' /metrics and from Prometheus; the
+clouds' per-track metrics carry none, so there the capacity guard judges nothing.
 """
 
 from __future__ import annotations
@@ -37,13 +48,13 @@ import math
 import time
 import urllib.parse
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
-from torchfleet_compat.histogram import quantile
+from torchfleet_compat.histogram import LATENCY_BOUNDS, quantile
 from torchfleet_compat.problems import sentence
 
 from infra import client
@@ -81,6 +92,8 @@ class Sample:
     requests: float = 0.0
     errors: float = 0.0
     buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
+    capacity: float = 0.0  # instances/s at the batch cap (0: not timed)
+    batch_cap: int = 0
     shadow: dict[str, dict[str, float]] = field(default_factory=dict)  # version -> counters
 
 
@@ -96,6 +109,10 @@ def parse_metrics(text: str) -> Sample:
                     s.errors += value
             elif name == "torchfleet_request_duration_seconds_bucket":
                 s.buckets[float(labels["le"])] = value
+            elif name == "torchfleet_capacity_items_per_second":
+                s.capacity = value
+            elif name == "torchfleet_max_batch_size":
+                s.batch_cap = int(value)
             elif name in (
                 "torchfleet_shadow_instances_total",
                 "torchfleet_shadow_argmax_agreements_total",
@@ -105,11 +122,25 @@ def parse_metrics(text: str) -> Sample:
     return s
 
 
+def capacity_of(nodes: list[tuple[float, float]]) -> tuple[float | None, int | None]:
+    """A version's (instances/s per node at its batch cap, the lowest batch cap) from its nodes'
+    (capacity, cap); nodes that did not time their cap (capacity 0) are left out."""
+    timed = [(c, cap) for c, cap in nodes if c > 0 and math.isfinite(c)]
+    if not timed:
+        return None, None
+    return sum(c for c, _ in timed) / len(timed), int(min(cap for _, cap in timed))
+
+
 class ScrapeSource:
     def __init__(self, urls: Callable[[], dict[str, str]], auth: client.Auth | None = None) -> None:
         self._urls = urls  # node name -> base URL, read at each end (nodes come and go)
         self._auth = auth or client.Auth()
         self._start: dict[str, Sample] = {}
+        self._bounds: list[float] = []
+
+    def latency_bounds(self) -> list[float]:
+        """The latency buckets' bounds the nodes exposed at the last scrape."""
+        return self._bounds
 
     def scrape(self) -> dict[str, Sample]:
         out = {}
@@ -120,6 +151,7 @@ class ScrapeSource:
             if status != 200:
                 raise SignalError(f"{name}: GET {url}/metrics answered {status}")
             out[name] = parse_metrics(body.decode())
+            self._bounds = sorted(out[name].buckets) or self._bounds
         return out
 
     def begin(self) -> None:
@@ -137,8 +169,17 @@ class ScrapeSource:
             totals[s.version][1] += s.errors - before.errors
             for le, c in s.buckets.items():
                 buckets[s.version][le] += c - before.buckets.get(le, 0.0)
+        nodes: dict[str, list[Sample]] = defaultdict(list)
+        for s in now.values():
+            nodes[s.version].append(s)
         return {
-            v: Figures(v, req, err, quantile(0.99, buckets[v].items()) if req else None)
+            v: Figures(
+                v,
+                req,
+                err,
+                quantile(0.99, buckets[v].items()) if req else None,
+                *capacity_of([(s.capacity, s.batch_cap) for s in nodes[v]]),
+            )
             for v, (req, err) in totals.items()
         }
 
@@ -198,7 +239,29 @@ class PrometheusSource:
                 "histogram_quantile(0.99, sum by (model_version, le) ("
                 f"rate(torchfleet_request_duration_seconds_bucket{{{sel}}}[{w}]) {_JOIN}))"
             ),
+            "capacity": (
+                "avg by (model_version) ("
+                f"(torchfleet_capacity_items_per_second{{{sel}}} > 0) {_JOIN})"
+            ),
+            "batch_cap": (
+                "min by (model_version) ("
+                f"(torchfleet_max_batch_size{{{sel}}} and torchfleet_capacity_items_per_second"
+                f"{{{sel}}} > 0) {_JOIN})"
+            ),
         }
+
+    def latency_bounds(self) -> list[float]:
+        """The `le` bounds of the stack's request-latency buckets Prometheus holds now."""
+        rows = self.query(
+            f"count by (le) (torchfleet_request_duration_seconds_bucket{{{self.selector}}})",
+            self._clock(),
+        )
+        return sorted(float(r["metric"]["le"]) for r in rows if "le" in r["metric"])
+
+    def recent(self, window_s: float) -> dict[str, Figures]:
+        """The figures of the `window_s` seconds just past (no waiting)."""
+        self._start = self._clock() - window_s
+        return self.end()
 
     def begin(self) -> None:
         self._start = self._clock()
@@ -227,6 +290,8 @@ class PrometheusSource:
                 f.get("requests", 0.0),
                 f.get("errors", 0.0),
                 f["p99"] if math.isfinite(f.get("p99", math.nan)) else None,
+                f.get("capacity"),
+                int(f["batch_cap"]) if "batch_cap" in f else None,
             )
             for v, f in got.items()
         }
@@ -321,6 +386,15 @@ class TrackMetricsSource:
     def begin(self) -> None:
         self._versions = self._versions_of()
 
+    def recent(self, window_s: float) -> dict[str, Figures]:
+        """The last published period (the one a window ending now reads): no waiting."""
+        self.begin()
+        return self.end()
+
+    def latency_bounds(self) -> Sequence[float] | None:
+        """The bounds the track's p99 is read from (None: a percentile statistic, exact)."""
+        raise NotImplementedError
+
     def _read(
         self, tracks: Mapping[str, Any], start: datetime, end: datetime
     ) -> dict[str, Figures]:
@@ -345,6 +419,9 @@ class CloudWatchSource(TrackMetricsSource):
     service = "CloudWatch"
     tracks_key = "target_groups"
     track_kind = "target group"
+
+    def latency_bounds(self) -> None:
+        return None  # TargetResponseTime's p99 is CloudWatch's percentile of the raw times
 
     def describe(self) -> str:
         return (
@@ -449,6 +526,10 @@ class CloudMonitorSource(TrackMetricsSource):
     service = "CloudMonitor"
     tracks_key = "scaling_groups"
     track_kind = "scaling group"
+
+    def latency_bounds(self) -> tuple[float, ...]:
+        """The runtime's latency buckets, which the node agent reads LatencyP99 from."""
+        return LATENCY_BOUNDS
 
     def describe(self) -> str:
         return (

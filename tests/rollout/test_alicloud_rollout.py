@@ -288,7 +288,9 @@ def test_without_prometheus_the_guards_read_the_nodes_metrics_in_cloudmonitor(
         clock[0] += s
 
     def now() -> float:  # a minute and a second after the minute the nodes published in
-        return (published[0] // 60) * 60 + 60 + signals.CLOUDWATCH_DELAY_S + 1
+        # (before they publish, the resolution probe before the first step: nothing yet)
+        at = published[0] if published else time.time()
+        return (at // 60) * 60 + 60 + signals.CLOUDWATCH_DELAY_S + 1
 
     monkeypatch.setattr(command, "Rollout", partial(Rollout, clock=lambda: clock[0], sleep=sleep))
 
@@ -308,6 +310,9 @@ def test_without_prometheus_the_guards_read_the_nodes_metrics_in_cloudmonitor(
     judged = [line for line in out.splitlines() if "step 1 10 %" in line]
     assert "100 req, 30.00 % 5xx" in judged[0] and "900 req, 0.00 % 5xx" in judged[0], out
     assert "error_ratio" in judged[0]
+    # before the first step the probe had no figures (the rollout's first `up` exports the
+    # tracks' dimensions): it says so and goes on
+    assert "p99 guard: resolution unknown, no figures before the first step" in out, out
     assert fake.refused == []
     # what the source asked: each track's scaling group in the stack's application group
     asked = [c["params"] for c in fake.calls if c["action"] == "DescribeMetricList"]

@@ -212,6 +212,21 @@ class Batcher:
         return self.buckets[-1]
 
     @property
+    def capacity(self) -> float | None:
+        """Instances per second the node sustains with batches up to its cap: per live replica
+        the best rate of its warmed buckets (bucket over warm-up's fastest run of it; the cap
+        is the largest bucket within the latency budget at most a quarter below that rate, so
+        noise that moves the cap by one bucket barely moves this), summed. None when no
+        replica timed its buckets. A rollout's capacity guard compares it between versions."""
+        cap = self.cap
+        rates = [
+            max(b / s for b, s in w.bucket_s.items() if b <= cap and s > 0)
+            for w in self.live_workers()
+            if any(b <= cap and s > 0 for b, s in w.bucket_s.items())
+        ]
+        return sum(rates) if rates else None
+
+    @property
     def thread_tuner(self) -> ThreadTuner | None:
         return self.workers[0].thread_tuner
 
@@ -265,7 +280,7 @@ class Batcher:
 
     def attach_metrics(self, metrics: Metrics) -> None:
         self._metrics = metrics
-        metrics.batch_cap.set(self.cap)
+        metrics.set_cap(self.cap, self.capacity)
         for w in self.workers:
             w.metrics = metrics.device(w.label)
             w.metrics.torch_threads.set(w.threads or torch.get_num_threads())
@@ -356,7 +371,7 @@ class Batcher:
             log.warning("out of memory at batch %d: the batch cap is now %d", below, kept[-1])
             self.buckets = kept
             if self._metrics is not None:
-                self._metrics.batch_cap.set(self.cap)
+                self._metrics.set_cap(self.cap, self.capacity)
 
     def _retry_after(self) -> int:
         live = max(1, len(self.live_workers()))
