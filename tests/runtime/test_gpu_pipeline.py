@@ -13,8 +13,9 @@ import torch
 from torch import nn
 from torchfleet_runtime import compat, demo
 from torchfleet_runtime.batcher import Batcher, BatchInfo
+from torchfleet_runtime.config import Config
 from torchfleet_runtime.graphs import capture
-from torchfleet_runtime.model import Predictor
+from torchfleet_runtime.model import Predictor, load
 from torchfleet_runtime.optimize import differs
 from torchfleet_runtime.worker import Worker
 
@@ -49,27 +50,28 @@ def test_pinned_staging_with_one_copy_per_batch_answers_as_the_cpu_reference(tmp
     for x, req in zip(xs, requests, strict=True):
         with torch.no_grad():
             want = ref(x)
-        assert differs(want, req.result(60), "outputs") == ""
+        # the GPU's convolutions may run in TF32: the CPU reference agrees within 1 %
+        assert torch.allclose(req.result(60), want, rtol=0.01, atol=0.01)
     b.close(10)
     st = worker.stager.describe()
-    assert st["pinned"] and st["buffers"] == 2 and st["rows"] == 16
+    assert st["pinned"] is True and st["buffers"] == 2 and st["rows"] == 16
     assert worker.stager.fills == len(batches) and worker.batches_ahead > 0
-    assert all(buf.is_pinned() for buf in worker.stager._buffers)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_reduced_precision_casts_on_the_device_after_one_fp32_copy(precision, tmp_path):
     if precision == "bf16" and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
-    gpu, ref = _demo(tmp_path)
-    amp = torch.float16 if precision == "fp16" else torch.bfloat16
-    worker = Worker(Predictor(gpu, CUDA, amp), "cuda:0")
+    path, _ = demo.write_demo_model(tmp_path)
+    loaded = load(Config(model=str(path), device="cuda", precision=precision))
+    ref = torch.jit.load(str(path)).eval()
+    worker = Worker(loaded.predictor, "cuda:0")
     b = Batcher([worker], [1, 2, 4], 0.0, max_queue=64)
     b.start()
     x = torch.randn(3, 3, 64, 64)
     out = b.submit(x).result(60)
     b.close(10)
-    assert worker.stager._buffers[0].dtype == torch.float32  # the model's input dtype travels
+    assert worker.stager.describe()["dtype"] == "float32"  # the model's input dtype travels
     assert out.dtype == torch.float32
     with torch.no_grad():
         assert torch.allclose(out, ref(x), rtol=0.05, atol=0.05)
