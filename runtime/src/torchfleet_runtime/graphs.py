@@ -8,16 +8,18 @@ still means every bucket warm: a bucket without a graph runs eagerly.
   `torch.cuda.graph` captures in thread-local mode (compat.CUDA_GRAPHS_WHY_NOT): in the default
   global mode another thread's CUDA calls during a capture (another replica warming, the old
   model serving during a reload) would fail. Elsewhere: off, with the reason.
-- How (PyTorch's CUDA-graph recipe): per bucket, largest first, a static input on the device;
-  `WARMUP_RUNS` eager runs on a side stream; the capture, with autocast's cast cache off; every
-  graph shares the first one's memory pool (one replay at a time per replica, and each replay's
-  outputs are copied to the host before the next replay may overwrite them).
+- How (PyTorch's CUDA-graph recipe): per bucket up to `MAX_BUCKET`, largest first, a static
+  input on the device; `WARMUP_RUNS` eager runs on a side stream; the capture, with autocast's
+  cast cache off; every graph shares the first one's memory pool (one replay at a time per
+  replica, and each replay's outputs are copied to the host before the next replay may
+  overwrite them).
 - Kept only if right and faster: on the bucket's sample rows the replay's outputs must equal the
   eager run's within optimize.py's tolerance (`optimize.differs`), and its best of `TIMED_RUNS`
   (both synchronised, alternating) must beat the eager run's. A capture that fails (the model
   syncs with the CPU, e.g. data-dependent control flow, or allocates in a way a graph cannot
-  hold) turns graphs off for the replica with the reason; a mismatch or a slower replay turns off
-  that bucket. The log and /v1/model (`pipeline.cuda_graphs`) say what is on and why not.
+  hold) turns graphs off for the replica with the reason; an OOM while capturing, a mismatch or
+  a slower replay turns off that bucket. The log and /v1/model (`pipeline.cuda_graphs`) say what
+  is on and why not.
 - Serving (worker.py): `replay(batch)` copies the staged device batch into the bucket's static
   input, replays, and returns the static outputs, which the worker copies to the host
   (`Predictor.fetch`) before it launches another batch. After the batcher lowers the cap (a CUDA
@@ -42,6 +44,10 @@ log = logging.getLogger(__name__)
 
 WARMUP_RUNS = 3  # side-stream runs before a capture (lazy initialisation, cuDNN/cuBLAS choice)
 TIMED_RUNS = 5  # per bucket, eager and replay alternating; the best of each is compared
+# Graphs remove per-kernel launch cost, which matters beside short runs (small batches); a large
+# bucket's graph would mostly hold a second copy of its activations (vLLM's default capture sizes
+# stop at 512 for the same reason). Larger buckets run eagerly.
+MAX_BUCKET = 512
 
 
 @dataclass
@@ -110,13 +116,21 @@ def capture(predictor: Predictor, sample: torch.Tensor, buckets: list[int], mode
     t0 = time.perf_counter()
     pool = None
     for b in sorted(buckets, reverse=True):
+        if b > MAX_BUCKET:
+            out.per_bucket[b] = f"off: above batch {MAX_BUCKET} (its run is long beside a launch)"
+            continue
         batch = make_batch(sample, b).to(dev)
         try:
             g = _capture_one(predictor, batch, pool)
         except Exception as exc:  # the model cannot be captured: eager for every bucket
             torch.cuda.synchronize(dev)  # a device that is gone raises here: the replica fails
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            out = Graphs(f"capture failed at batch {b}: {type(exc).__name__}: {first}")
+            root = _root(exc)
+            if compat.is_oom(root):  # this bucket's pool does not fit beside the model: smaller may
+                compat.cuda_empty_cache()
+                out.per_bucket[b] = "off: out of memory while capturing it"
+                continue
+            first = (str(root).strip().splitlines() or [""])[0][:300]
+            out = Graphs(f"capture failed at batch {b}: {type(root).__name__}: {first}")
             break
         pool = g.graph.pool()
         eager_s, replay_s, mismatch = _compare(predictor, g, batch)
@@ -141,6 +155,16 @@ def capture(predictor: Predictor, sample: torch.Tensor, buckets: list[int], mode
         extra={"fields": {"cuda_graphs": out.describe()}},
     )
     return out
+
+
+def _root(exc: BaseException) -> BaseException:
+    """The first error of a failed capture: the model's, which the capture's end (raising its own
+    "capture invalidated" error on the way out) hides as its context."""
+    seen = {id(exc)}
+    while exc.__context__ is not None and id(exc.__context__) not in seen:
+        exc = exc.__context__
+        seen.add(id(exc))
+    return exc
 
 
 def _capture_one(predictor: Predictor, batch: torch.Tensor, pool: Any) -> _Graph:

@@ -209,9 +209,12 @@ class Worker:
         staged = batch.staged
         if staged is None or batch.failure is not None:
             return
+        cap = self.batcher.cap if self.batcher is not None else staged.bucket
+        if staged.bucket > cap:  # staged ahead before an OOM lowered the cap: run_split cuts it
+            batch.staged = None
+            return
         try:
             graphs = self.graphs
-            cap = self.batcher.cap if self.batcher is not None else staged.bucket
             if graphs.buckets and graphs.buckets[-1] > cap:
                 graphs.drop_above(cap)  # the cap was lowered (OOM): those never replay again
             if graphs.has(staged.bucket):
