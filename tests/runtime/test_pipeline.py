@@ -81,6 +81,18 @@ def test_one_chunk_at_its_bucket_runs_from_the_request_without_a_copy():
     assert worker.stager.describe()["pinned"] is False
 
 
+def test_an_answer_never_aliases_the_request_memory_its_sender_reuses():
+    worker = Worker(Predictor(Echo(), CPU, None), "cpu")
+    b = Batcher([worker], [1, 2, 4], 0.0, max_queue=64)
+    b.start()
+    x = _rows(5.0, 4)  # one chunk at its bucket: the model reads the request's own tensor
+    out = b.submit(x).result(30)
+    x.fill_(-1.0)  # the sender reuses its memory once answered (a shared-memory slot)
+    b.close(10)
+    assert worker.stager.passed == 1
+    assert torch.equal(out, _rows(5.0, 4))
+
+
 def test_a_cpu_stager_keeps_one_buffer_at_the_cap_and_reuses_it():
     st = Stager(CPU)
     a = st.stage([_rows(1.0, 2), _rows(2.0, 1)], 4, 8)

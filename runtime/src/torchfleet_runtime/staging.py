@@ -12,20 +12,24 @@ the rows after them up to `bucket` (the padding: never a previous batch's rows) 
   Each batch goes to the device with ONE `.to(device, non_blocking=True)` on the stager's copy
   stream; a CUDA event recorded after that copy is waited on (by the host) before the buffer is
   filled again, and (by the compute stream) before the model reads the copy. Pinning per request
-  would cost more than the plain copy it saves: the buffers are pinned once.
+  would cost more than the plain copy it saves: the buffers are pinned once. Where no pinned
+  memory can be had, the buffers are pageable (the copy is then synchronous) and
+  `describe()["unpinned_reason"]` says why: a start never fails for it.
 - CPU replicas: the model runs in the worker's thread, so a batch has finished with its buffer
   before the next is gathered; the buffer count is the worker's (two when it works ahead, as in
   tests). A batch that is a single chunk already at its bucket is passed as it is: no copy at all
   (today's path); any other batch costs one copy instead of concatenating and then padding.
 - Answers must not keep the buffer alive: a model may return a view of its input (an identity,
   a slice), and the buffer is refilled two batches later while the answer is still being
-  encoded. `detach(outputs, staged)` copies every output tensor that shares the buffer's memory.
+  encoded. `detach(outputs, staged)` copies every output tensor that shares the staged rows'
+  memory (a passed-through chunk's too: its memory is its sender's).
 - Inputs travel at the dtype they arrive in (the model's input dtype: the codec decodes into
   it); precision is autocast's on the device (model.py), never a host-side conversion.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +37,8 @@ import torch
 
 from . import compat
 from .tensors import Outputs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -60,6 +66,7 @@ class Stager:
         self._copy_stream: Any = None
         self.fills = 0  # batches gathered into a buffer (tests and /v1/model)
         self.passed = 0  # batches passed through without a copy
+        self.unpinned = ""  # why a CUDA replica's buffers are not pinned ("" when they are)
 
     @property
     def rows(self) -> int:
@@ -72,6 +79,7 @@ class Stager:
             "pinned": self.cuda
             and bool(self._buffers)
             and all(b.is_pinned() for b in self._buffers),
+            "unpinned_reason": self.unpinned or None,
             "dtype": str(self._buffers[0].dtype).replace("torch.", "") if self._buffers else None,
             "rows": self.rows,
             "bytes": sum(b.numel() * b.element_size() for b in self._buffers),
@@ -81,9 +89,17 @@ class Stager:
 
     def _allocate(self, rows: int, like: torch.Tensor) -> None:
         shape = (rows, *like.shape[1:])
-        self._buffers = [
-            torch.empty(shape, dtype=like.dtype, pin_memory=self.cuda) for _ in range(self.count)
-        ]
+        try:
+            self._buffers = [
+                torch.empty(shape, dtype=like.dtype, pin_memory=self.cuda)
+                for _ in range(self.count)
+            ]
+        except RuntimeError as exc:  # no page-locked memory to be had: serve from pageable
+            if not self.cuda:
+                raise
+            self.unpinned = f"pinning failed ({str(exc).splitlines()[0][:200]})"
+            log.warning("staging buffers on %s are not pinned: %s", self.device, self.unpinned)
+            self._buffers = [torch.empty(shape, dtype=like.dtype) for _ in range(self.count)]
         if self.cuda:
             self._events = [None] * self.count
             self._copy_stream = torch.cuda.Stream(self.device)
@@ -130,9 +146,9 @@ class Stager:
 
 
 def detach(outputs: Outputs, staged: Staged) -> Outputs:
-    """`outputs` with every tensor that shares the staging buffer's memory copied out of it."""
-    if staged.buffer < 0:
-        return outputs
+    """`outputs` with every tensor that shares the staged rows' memory copied out of it: the
+    staging buffer's, or a passed-through request's own tensor (which may be a view of memory
+    its sender reuses once it is answered)."""
     lo, hi = compat.storage_span(staged.host)
     return _copy_aliases(outputs, lo, hi)
 
