@@ -68,14 +68,12 @@ def _assembly(
 ) -> dict[str, float]:
     """Median microseconds of cat+pad(+copy) and of staging the same rows, alternated."""
     import torch
+    from torchfleet_runtime.staging import plain
 
     cuda = device.type == "cuda"
 
     def cat_pad() -> Any:
-        x = torch.cat(chunks)
-        if bucket > n:
-            x = torch.cat([x, x.new_zeros((bucket - n, *x.shape[1:]))])
-        return x.to(device, non_blocking=True) if cuda else x
+        return plain(chunks, bucket, device)
 
     def staged() -> Any:
         return stager.stage(chunks, bucket, cap).device
@@ -125,7 +123,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         from torchfleet_runtime.graphs import capture
         from torchfleet_runtime.model import ModelError, load
         from torchfleet_runtime.optimize import optimize
-        from torchfleet_runtime.staging import Stager
+        from torchfleet_runtime.staging import Stager, plain
         from torchfleet_runtime.tensors import make_batch
         from torchfleet_runtime.warmup import load_sample, warm_up
     except ImportError as exc:
@@ -168,11 +166,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             n = _rows(bucket)
             chunks = list(make_batch(sample, n).split(1))
 
-            def eager(n: int = n, bucket: int = bucket, chunks: list[Any] = chunks) -> Any:
-                x = torch.cat(chunks)
-                if bucket > n:
-                    x = torch.cat([x, x.new_zeros((bucket - n, *x.shape[1:]))])
-                return pred(x)
+            def eager(bucket: int = bucket, chunks: list[Any] = chunks) -> Any:
+                return pred(plain(chunks, bucket, None))
 
             def staged(bucket: int = bucket, chunks: list[Any] = chunks) -> Any:
                 s = stager.stage(chunks, bucket, buckets[-1])

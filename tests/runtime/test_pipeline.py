@@ -10,6 +10,7 @@ import rt_models
 import torch
 from torch import nn
 from torchfleet_compat.runtime_settings import parse_value
+from torchfleet_runtime import staging
 from torchfleet_runtime.batcher import Batcher, BatchInfo
 from torchfleet_runtime.config import ConfigError, load_config
 from torchfleet_runtime.graphs import capture
@@ -138,6 +139,22 @@ def test_cpu_replicas_capture_no_graphs_and_say_why(start_runtime, client_for):
     assert pipe["cuda_graphs"]["reason"].startswith("device cpu")
     assert pipe["work_ahead"] is False
     assert pipe["staging"]["pinned"] is False and pipe["staging"]["rows"] == 4
+    assert pipe["staging"]["self_check"].endswith("x the plain assembly at batch 4")
+
+
+def test_staging_measured_slower_at_start_up_is_turned_off_and_answers_stay_right(
+    monkeypatch, start_runtime, client_for
+):
+    monkeypatch.setattr(staging, "SLOWER", 0.0)  # any timing is "slower"
+    rt = start_runtime(rt_models.tiny(), max_batch_size=8)
+    x = torch.randn(5, 4)  # padded to 8: the plain way, cat and pad
+    status, _, doc = client_for(rt).predict(x.tolist())
+    assert status == 200
+    assert torch.allclose(torch.tensor(doc["outputs"]), rt_models.expected(x), atol=1e-5)
+    st = client_for(rt).get_json("/v1/model")[1]["replicas"][0]["pipeline"]["staging"]
+    assert st["off_reason"].endswith("(slower: cat and pad instead)")
+    assert st["off_reason"].startswith("staging ") and "at batch 8" in st["off_reason"]
+    assert st["batches_gathered"] == 0
 
 
 def test_cuda_graphs_setting_is_validated_with_the_allowed_values():

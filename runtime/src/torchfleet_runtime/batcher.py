@@ -264,6 +264,13 @@ class Batcher:
             raise RuntimeError("run_now() is only allowed before the worker starts")
         return self.workers[index].run_direct(tensor)
 
+    def check_now(self, sample: torch.Tensor, index: int = 0) -> None:
+        """Worker `index`'s start-up self-check of its batch assembly, in the caller's thread
+        (like run_now, only before that worker serves)."""
+        if index in self._threads:
+            raise RuntimeError("check_now() is only allowed before the worker starts")
+        self.workers[index].check_pipeline(sample)
+
     def attach_metrics(self, metrics: Metrics) -> None:
         self._metrics = metrics
         metrics.batch_cap.set(self.cap)

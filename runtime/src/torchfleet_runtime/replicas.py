@@ -290,6 +290,7 @@ def _self_test(r: Replica, batcher: Batcher, index: int) -> None:
     assert r.loaded is not None and r.sample is not None
     t0 = time.perf_counter()
     meta = r.loaded.metadata
+    batcher.check_now(r.sample, index)  # staging kept only where not slower (staging.py)
     body = codec.dumps({"inputs": r.sample[0].tolist()})
     tensor, batched = codec.decode(body, "application/json", {}, meta.input_shape, meta.torch_dtype)
     outputs = batcher.run_now(tensor, index)

@@ -23,6 +23,9 @@ the rows after them up to `bucket` (the padding: never a previous batch's rows) 
   a slice), and the buffer is refilled two batches later while the answer is still being
   encoded. `detach(outputs, staged)` copies every output tensor that shares the staged rows'
   memory (a passed-through chunk's too: its memory is its sender's).
+- Self-check at start-up (`self_check`, run by the replica's self-test): staging a padded batch
+  near the cap is timed against the plain assembly (cat, pad, copy); clearly slower, and this
+  replica assembles the plain way, with the reason in `describe()` and the log.
 - Inputs travel at the dtype they arrive in (the model's input dtype: the codec decodes into
   it); precision is autocast's on the device (model.py), never a host-side conversion.
 """
@@ -30,15 +33,19 @@ the rows after them up to `bucket` (the padding: never a previous batch's rows) 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from . import compat
-from .tensors import Outputs
+from .tensors import Outputs, make_batch
 
 log = logging.getLogger(__name__)
+
+CHECK_RUNS = 5  # per side at start-up: a few copies of the cap's rows
+SLOWER = 1.1  # staging is turned off only when clearly slower: one short timing is noisy
 
 
 @dataclass
@@ -67,6 +74,8 @@ class Stager:
         self.fills = 0  # batches gathered into a buffer (tests and /v1/model)
         self.passed = 0  # batches passed through without a copy
         self.unpinned = ""  # why a CUDA replica's buffers are not pinned ("" when they are)
+        self.checked = ""  # self_check's verdict
+        self.off = ""  # why this replica assembles with cat and pad instead ("" when it stages)
 
     @property
     def rows(self) -> int:
@@ -80,6 +89,8 @@ class Stager:
             and bool(self._buffers)
             and all(b.is_pinned() for b in self._buffers),
             "unpinned_reason": self.unpinned or None,
+            "self_check": self.checked or None,
+            "off_reason": self.off or None,
             "dtype": str(self._buffers[0].dtype).replace("torch.", "") if self._buffers else None,
             "rows": self.rows,
             "bytes": sum(b.numel() * b.element_size() for b in self._buffers),
@@ -105,6 +116,33 @@ class Stager:
             self._copy_stream = torch.cuda.Stream(self.device)
         self._next = 0
 
+    def self_check(self, sample: torch.Tensor, cap: int) -> None:
+        """Time staging a padded batch near the cap (`cap - cap // 4` one-row chunks) against
+        the plain assembly, alternating, best of `CHECK_RUNS` each (both waited for on CUDA);
+        staging clearly slower (`SLOWER`) is turned off for this replica, with the reason in
+        `off` and the log."""
+        n = max(1, cap - cap // 4)
+        if n == 1 and not self.cuda:
+            return  # one row at bucket 1 passes as it is: nothing to compare
+        chunks = list(make_batch(sample, n).split(1))
+        best = {"plain": float("inf"), "staged": float("inf")}
+        for _ in range(CHECK_RUNS):
+            for name in best:
+                t0 = time.perf_counter()
+                if name == "plain":
+                    plain(chunks, cap, self.device)
+                else:
+                    self._fill(chunks, cap, cap)
+                if self.cuda:
+                    torch.cuda.synchronize(self.device)
+                best[name] = min(best[name], time.perf_counter() - t0)
+        self.fills -= CHECK_RUNS  # the check's fills are not batches
+        ratio = best["staged"] / best["plain"]
+        self.checked = f"staging {ratio:.2f}x the plain assembly at batch {cap}"
+        if ratio > SLOWER:
+            self.off = f"{self.checked} (slower: cat and pad instead)"
+            log.warning("staging turned off on %s: %s", self.device, self.off)
+
     def stage(self, tensors: list[torch.Tensor], bucket: int, rows: int) -> Staged:
         """Gather `tensors` (n rows in all, n <= bucket <= rows) into a buffer of `rows` rows."""
         n = sum(int(t.shape[0]) for t in tensors)
@@ -112,6 +150,14 @@ class Stager:
         if not self.cuda and len(tensors) == 1 and n == bucket:
             self.passed += 1
             return Staged(first, first, n, -1)
+        if self.off:
+            host = plain(tensors, bucket, None)
+            return Staged(host, host.to(self.device, non_blocking=True), n, -1)
+        return self._fill(tensors, bucket, rows)
+
+    def _fill(self, tensors: list[torch.Tensor], bucket: int, rows: int) -> Staged:
+        n = sum(int(t.shape[0]) for t in tensors)
+        first = tensors[0]
         if (
             not self._buffers
             or self.rows < bucket
@@ -143,6 +189,17 @@ class Stager:
         compute.wait_event(event)  # the model reads the copy only once it has landed
         dev.record_stream(compute)  # allocated on the copy stream, used on the compute stream
         return Staged(host, dev, n, k)
+
+
+def plain(tensors: list[torch.Tensor], bucket: int, device: torch.device | None) -> torch.Tensor:
+    """The assembly without a staging buffer: torch.cat of the rows, a second torch.cat for the
+    padding, then (with `device`) the copy to it. What a replica whose staging measured slower
+    does, and what staging is measured against."""
+    n = sum(int(t.shape[0]) for t in tensors)
+    x = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+    if bucket > n:
+        x = torch.cat([x, x.new_zeros((bucket - n, *x.shape[1:]))])
+    return x if device is None else x.to(device, non_blocking=True)
 
 
 def detach(outputs: Outputs, staged: Staged) -> Outputs:

@@ -168,6 +168,11 @@ class Worker:
                 b.worker_lost(self)
                 return
 
+    def check_pipeline(self, sample: torch.Tensor) -> None:
+        """Start-up self-check of this replica's batch assembly (staging.Stager.self_check)."""
+        assert self.batcher is not None
+        self.stager.self_check(sample, self.batcher.cap)
+
     def run_direct(self, tensor: torch.Tensor) -> Outputs:
         """`tensor` staged, run and fetched in the caller's thread, outside the queue (the
         start-up self-test: the path a batch takes, graphs included)."""
