@@ -94,13 +94,16 @@ def test_graph_replay_equals_the_eager_run_per_bucket(tmp_path):
         else:
             assert graphs.per_bucket[b].startswith("off: ")
     # served: the replica replays its graphs and still answers as the eager model does
+    xs = [torch.randn(n, 3, 64, 64) for n in (1, 3, 8, 17, 32, 5)]
+    wants = [pred(x) for x in xs]  # eager, before the worker's thread uses the model
     worker = Worker(pred, "cuda:0", graphs=graphs)
     b = Batcher([worker], buckets, 0.0, max_queue=4096)
+    requests = [b.submit(x) for x in xs]
     b.start()
-    xs = [torch.randn(n, 3, 64, 64) for n in (1, 3, 8, 17, 32, 5)]
-    for x in xs:
-        assert differs(pred(x), b.submit(x).result(60), "outputs") == ""
+    for want, req in zip(wants, requests, strict=True):
+        assert differs(want, req.result(60), "outputs") == ""
     b.close(10)
+    assert worker.describe()["cuda_graphs"]["buckets"] == graphs.buckets
 
 
 class SyncsWithTheHost(nn.Module):
