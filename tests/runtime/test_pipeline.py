@@ -5,6 +5,8 @@ worker only a batch that should run now. The GPU side is test_gpu_pipeline.py.""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import rt_models
 import torch
@@ -16,7 +18,7 @@ from torchfleet_runtime.config import ConfigError, load_config
 from torchfleet_runtime.graphs import capture
 from torchfleet_runtime.model import Predictor
 from torchfleet_runtime.staging import Stager
-from torchfleet_runtime.worker import Worker
+from torchfleet_runtime.worker import ReplicaLost, Worker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -120,6 +122,44 @@ def test_a_working_ahead_worker_takes_only_a_batch_that_should_run_now():
     assert reason == "full" and len(w.running) == 2 and w.running[1] is chunks[0]
     b.give_back(w, chunks)  # a lost replica's ahead batch returns to the head of the queue
     assert b.queued == 4 and len(w.running) == 1
+
+
+class LostAtTheWait(Predictor):
+    """The tiny model whose outputs' wait raises, once armed, the error torch gives for a sticky
+    CUDA fault (on a GPU it surfaces when the host waits for the batch); only the worker's
+    reaction is tested, as in test_replicas.py."""
+
+    def __init__(self) -> None:
+        super().__init__(rt_models.tiny(), CPU, None)
+        self.armed = True
+
+    def fetch(self, out):
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().fetch(out)
+
+
+def test_a_batch_staged_ahead_by_a_lost_replica_is_served_by_another():
+    lost = Worker(LostAtTheWait(), "a", ahead=True)
+    other = Worker(Predictor(rt_models.tiny(), CPU, None), "b")
+    b = Batcher([lost, other], [1, 2], 0.0, max_queue=64)
+    xs = [torch.full((1, 4), float(i)) for i in range(6)]
+    requests = [b.submit(x) for x in xs]
+    first = threading.Thread(target=b.serve_here, args=(0,), daemon=True)
+    first.start()  # alone: it takes a batch, stages the next ahead, then loses its device
+    first.join(30)
+    assert lost.lost and lost.batches_ahead == 1 and lost.running == []
+    assert b.queued == 4  # the batch staged ahead went back to the head of the queue
+    second = threading.Thread(target=b.serve_here, args=(1,), daemon=True)
+    second.start()
+    for i, (x, req) in enumerate(zip(xs, requests, strict=True)):
+        if i < 2:  # the batch that was running when the device failed
+            with pytest.raises(ReplicaLost, match="replica a failed"):
+                req.result(30)
+        else:
+            assert torch.allclose(req.result(30), rt_models.expected(x), atol=1e-6)
+    b.close(10)
 
 
 def test_cpu_replicas_capture_no_graphs_and_say_why(start_runtime, client_for):
