@@ -35,6 +35,7 @@ class Config:
     devices: Any = "auto"  # "auto" | "all" | a tuple of replicas, each a tuple of device ids
     precision: str = "fp32"
     optimize: str = "auto"
+    cuda_graphs: str = "auto"
     max_batch_size: int | None = None
     max_delay_ms: float = 5.0
     batch_wait: str = "arrivals"
@@ -251,6 +252,12 @@ FIELDS: dict[str, _Field] = {
         "off",
         help="auto: a CPU TorchScript fp32 model runs optimize_for_inference where checked "
         "right and faster; off: as loaded",
+    ),
+    "cuda_graphs": _choice(
+        "auto",
+        "off",
+        help="auto: a CUDA replica captures a CUDA graph per warmed bucket at warm-up and "
+        "replays those that answer as eager runs do and are faster; off: eager runs only",
     ),
     "max_batch_size": _Field(
         _as_optional_int,

@@ -240,6 +240,7 @@ class Runtime:
             "warm_s": round(r.warm_s, 3),
         }
         if worker is not None:
+            out["pipeline"] = worker.describe()
             out["busy_s"] = round(worker.busy_s, 3)
             out["recent_batches"] = [
                 {
