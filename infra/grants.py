@@ -80,9 +80,9 @@ UNSCOPED: dict[str, Unscoped] = {
         "aws",
         {"StringEquals": {"cloudwatch:namespace": METRICS_NAMESPACE}},
         "GPU nodes (group mode)",
-        f"{_NO_RESOURCE}; the namespace condition keeps a node to the stack's namespace, and the "
-        "scaling policies and the rollout guard read the ALB's own metrics (AWS/ApplicationELB), "
-        "which no node can write",
+        f"{_NO_RESOURCE}; the namespace condition keeps a node to the torchfleet namespace (not "
+        "to its own group's dimension), so the node-published scaling policies track the Minimum "
+        "over the nodes and the rollout guard reads only the ALB's own metrics",
     ),
     "cms:PutCustomMetric": Unscoped(
         "alicloud",
