@@ -424,8 +424,6 @@ class CloudWatchSource(TrackMetricsSource):
 
 # --- CloudMonitor (an Alibaba group stack's nodes' own metrics) --------------------------------
 
-# metric -> the statistic read over each minute; the node agent publishes them every 15 s
-# (torchfleet_agent/metrics.py: what each node answered since its last sample)
 # The CLB's own layer-7 figures of the whole instance (both tracks), per second, 1-minute
 # periods: what CloudMonitorSource holds the nodes' totals against.
 CLB_NAMESPACE = "acs_slb_dashboard"
@@ -434,6 +432,8 @@ CROSS_CHECK_SLACK = 0.2  # of the load balancer's figure
 MIN_REQUEST_SLACK = 20.0
 MIN_ERROR_SLACK = 5.0
 
+# metric -> the statistic read over each minute; the node agent publishes them every 15 s
+# (torchfleet_agent/metrics.py: what each node answered since its last sample)
 NODE_METRICS = {
     "requests": (REQUEST_COUNT_METRIC, "Sum"),
     "errors": (ERROR_COUNT_METRIC, "Sum"),

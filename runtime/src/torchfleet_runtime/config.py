@@ -113,9 +113,11 @@ def load_config(
 
 def access_of(config: Config) -> str:
     """Who may call /v1/* under `config` (torchfleet_compat.runtime_settings.access), for the
-    start-up log line, /v1/model and `diagnose`."""
+    start-up log line, /v1/model and `diagnose`. A Config built in code skips load_config's
+    refusal: then it says so plainly."""
     tokens = bool(config.api_token or config.api_token_file)
-    return access(config.host, tokens, config.allow_unauthenticated) or "refused"
+    stated = access(config.host, tokens, config.allow_unauthenticated)
+    return stated or f"no token: anyone who reaches {config.host} (not checked at start)"
 
 
 def _check_combinations(values: dict[str, Any], sources: dict[str, str], found: Problems) -> None:
