@@ -263,7 +263,7 @@ FIELDS: dict[str, Key] = {
     ),
     "tls": Key(
         "mapping",
-        "HTTPS at the load balancer (required for a prod stack with client_cidrs)",
+        "HTTPS at the load balancer (required for a stack with client_cidrs, dev included)",
         "certificate (an ACM ARN on aws, a CLB server certificate id on alicloud), "
         "min_version 1.2 | 1.3 (1.2 on alicloud), redirect_http (default true: HTTP answers 301)",
         subkeys=edge.SUBKEYS,
@@ -284,6 +284,13 @@ FIELDS: dict[str, Key] = {
         "the stack's monitoring host",
         "enabled, instance_type, disk_gb",
         subkeys=("enabled", "instance_type", "disk_gb"),
+    ),
+    "access": Key(
+        "mapping",
+        "how operators reach the nodes besides SSH from admin_cidrs (docs/security.md)",
+        "ssm true | false (AWS: the nodes' role gets AmazonSSMManagedInstanceCore: Session "
+        "Manager shells and Run Command on them; default false)",
+        subkeys=("ssm",),
     ),
     "rollout": Key(
         "mapping",
@@ -502,7 +509,8 @@ class StackConfig:
     kubernetes: KubernetesSettings | None = None  # mode: kubernetes only
     monitoring: Monitoring | None = None  # None: no monitoring host
     rollout: RolloutSplit | None = None  # None: one version behind the load balancer
-    tls: edge.Tls | None = None  # None: plain HTTP at the load balancer (never public prod)
+    ssm: bool = False  # access.ssm: AWS Session Manager on the nodes (docs/security.md)
+    tls: edge.Tls | None = None  # None: plain HTTP at the load balancer (never public)
     api_token: str | None = field(default=None, repr=False)  # None: generated (infra.edge)
     api_token_next: str | None = field(default=None, repr=False)  # during a rotation only
     # The prices every estimate and spot cap uses (infra.pricing); None: the reference table.
@@ -819,6 +827,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
     kubernetes = _kubernetes(r, cloud, mode, zones, itypes, nodes, spot, image, bucket)
     monitoring = _monitoring(r, cloud, mode)
     rollout = _rollout(r, cloud, mode, nodes)
+    ssm = _access(r, cloud)
     tls = edge.parse_tls(
         r,
         r.structured("tls", dict),
@@ -867,6 +876,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
         kubernetes=kubernetes,
         monitoring=monitoring,
         rollout=rollout,
+        ssm=ssm,
         tls=tls,
         api_token=token,
         api_token_next=token_next,
@@ -1145,6 +1155,16 @@ def _scaling(r: _Reader, mode: str | None) -> Scaling | None:
         protect_from_scale_in=protect,
         launch_timeout_s=timeout,
     )
+
+
+def _access(r: _Reader, cloud: str) -> bool:
+    """`access.ssm`: Session Manager on the nodes, only where the stack asks (AWS only)."""
+    raw = r.structured("access", dict) or {}
+    ssm = r.boolean("access.ssm", raw.get("ssm", False))
+    if ssm and cloud != "aws":
+        r.fail("access.ssm", True, "false on alicloud (Session Manager is AWS's)")
+        return False
+    return bool(ssm)
 
 
 def _monitoring(r: _Reader, cloud: str, mode: str | None) -> Monitoring | None:

@@ -16,7 +16,10 @@ Contract. `Rollout(fleet, state, store, source, options, say)`:
   reloads the stable file, then gets its weight back (at 100 % one node at a time, so some node
   always serves); the line names the guard and the numbers.
   A step ends after its bake with at least one window judged ok; three bakes without one
-  (too little traffic to judge) roll back too. After the last step the candidate is promoted:
+  (too little traffic to judge) roll back too. A window whose figures disagree with the load
+  balancer's own (signals.SignalMismatch: a node may be forging them) is neither judged nor
+  counted: the rollout pauses itself (the split held until `rollout resume` or `abort`), so a
+  forged figure neither rolls back nor promotes. After the last step the candidate is promoted:
   it becomes `stable`, the one before it `previous`.
 - Controls between windows (state.control, from `rollout pause|resume|abort`): pause holds the
   current split and judges nothing until resume; abort rolls back.
@@ -52,7 +55,7 @@ from infra.rollout.policy import (
     steps,
 )
 from infra.rollout.ref import ModelRef, Store, sha256_of
-from infra.rollout.signals import ShadowCounts, SignalError, Source
+from infra.rollout.signals import ShadowCounts, SignalError, SignalMismatch, Source
 from infra.rollout.state import ACTIVE, RolloutState, engine_alive
 
 EQUAL_WEIGHT = 100  # every node's weight outside a split
@@ -306,6 +309,9 @@ class Rollout:
             verdict = self._window(step, share)
             if verdict.decision == "rollback":
                 return verdict
+            if verdict.decision == "hold":  # a forged figure moves nothing: pause for a person
+                self.state.update(lambda d: d.update(control="pause"))
+                continue
             judged_ok = judged_ok or verdict.decision == "ok"
             now = self.clock()
             if now >= deadline and judged_ok:
@@ -330,6 +336,10 @@ class Rollout:
         self.sleep(self.options.window_s)
         try:
             figures = self.source.end()
+        except SignalMismatch as exc:
+            verdict = Verdict("hold", "signals", f"the figures are not trusted: {exc}")
+            self._record(step, share, verdict, "figures disagree with the load balancer's")
+            return verdict
         except SignalError as exc:
             return self._unreadable(step, share, exc)
         self._unreadable_windows = 0

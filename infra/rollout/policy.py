@@ -211,7 +211,7 @@ class Figures:
 
 @dataclass(frozen=True)
 class Verdict:
-    decision: str  # ok | wait | rollback
+    decision: str  # ok | wait | hold (figures not trusted: the split stays) | rollback
     guard: str = ""  # the guard that fired (rollback) or why it waits
     reason: str = ""
     numbers: dict[str, Any] = field(default_factory=dict)

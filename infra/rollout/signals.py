@@ -25,7 +25,11 @@ compared over the same seconds:
   RequestCount, ErrorCount and LatencyP99 (the node agent publishes them every 15 s, keyed by
   the node's scaling group: one per track) in the stack's CloudMonitor application group, read
   per track with DescribeMetricList over the same whole minutes as CloudWatch's (the CLB's own
-  figures are per listener, the same for both tracks). Both are a `TrackMetricsSource`.
+  figures are per listener, the same for both tracks). Any node can write any custom metric
+  (CloudMonitor scopes PutCustomMetric to nothing: docs/security.md), so each window's totals
+  are held against the CLB's own (InstanceQps, InstanceUpstreamCode5xx: `cross_check`); when
+  they disagree the window raises SignalMismatch and the engine holds the split. Both are a
+  `TrackMetricsSource`.
 `quantile(q, buckets)` is Prometheus' histogram_quantile over cumulative buckets
 (torchfleet_compat.histogram, the one rule the runtime and the node agent use too).
 
@@ -69,6 +73,11 @@ from infra.rollout.policy import Figures, RolloutSettingsError
 
 class SignalError(RuntimeError):
     """The figures could not be read (the message says from where and why)."""
+
+
+class SignalMismatch(SignalError):
+    """The figures were read but disagree with the load balancer's own, which no node can
+    write: a node may be forging them. The engine holds the split instead of judging."""
 
 
 class Source(Protocol):
@@ -492,6 +501,14 @@ class CloudWatchSource(TrackMetricsSource):
 
 # --- CloudMonitor (an Alibaba group stack's nodes' own metrics) --------------------------------
 
+# The CLB's own layer-7 figures of the whole instance (both tracks), per second, 1-minute
+# periods: what CloudMonitorSource holds the nodes' totals against.
+CLB_NAMESPACE = "acs_slb_dashboard"
+CLB_METRICS = ("InstanceQps", "InstanceUpstreamCode5xx")
+CROSS_CHECK_SLACK = 0.2  # of the load balancer's figure
+MIN_REQUEST_SLACK = 20.0
+MIN_ERROR_SLACK = 5.0
+
 # metric -> the statistic read over each minute; the node agent publishes them every 15 s
 # (torchfleet_agent/metrics.py: what each node answered since its last sample)
 NODE_METRICS = {
@@ -539,18 +556,32 @@ class CloudMonitorSource(TrackMetricsSource):
         )
 
     def _points(self, metric: str, group: str, start: datetime, end: datetime) -> list[dict]:
+        dims = self.dims()
+        return self._describe(
+            dims["namespace"],
+            metric,
+            [{"groupId": str(dims["metric_group"]), "dimension": f"scaling_group={group}"}],
+            start,
+            end,
+        )
+
+    def _describe(
+        self,
+        namespace: str,
+        metric: str,
+        dimensions: list[dict[str, str]],
+        start: datetime,
+        end: datetime,
+    ) -> list[dict]:
         from alibabacloud_cms20190101 import models
 
-        dims = self.dims()
         request = models.DescribeMetricListRequest(
-            namespace=dims["namespace"],
+            namespace=namespace,
             metric_name=metric,
             period=str(self.period_s),
             start_time=str(int(start.timestamp() * 1000)),
             end_time=str(int(end.timestamp() * 1000)),
-            dimensions=json.dumps(
-                [{"groupId": str(dims["metric_group"]), "dimension": f"scaling_group={group}"}]
-            ),
+            dimensions=json.dumps(dimensions),
         )
         if self._client is None:
             self._client = cms_client(self.region)
@@ -568,6 +599,21 @@ class CloudMonitorSource(TrackMetricsSource):
             if not body.next_token:
                 return points
             request.next_token = body.next_token
+
+    def _balancer(self, start: datetime, end: datetime) -> tuple[float, float]:
+        """The CLB's own requests and backend 5xx over the period (acs_slb_dashboard, its
+        per-second averages times the period's seconds): figures no node can write."""
+        lb = self.dims().get("load_balancer")
+        if not lb:
+            raise SignalError(
+                f"the stack output {ROLLOUT_METRICS_OUTPUT} names no load_balancer: "
+                "`torchfleet up` exports it"
+            )
+        out = []
+        for metric in CLB_METRICS:
+            points = self._describe(CLB_NAMESPACE, metric, [{"instanceId": lb}], start, end)
+            out.append(sum(float(p.get("Average", 0.0)) for p in points) * self.period_s)
+        return out[0], out[1]
 
     def _read(
         self, tracks: Mapping[str, Any], start: datetime, end: datetime
@@ -591,7 +637,35 @@ class CloudMonitorSource(TrackMetricsSource):
                 sum(got["errors"]),
                 max(got["p99"]) if got["p99"] and requests else None,
             )
+        cross_check(
+            sum(f.requests for f in out.values()),
+            sum(f.errors for f in out.values()),
+            *self._balancer(start, end),
+        )
         return out
+
+
+def cross_check(
+    node_requests: float, node_errors: float, lb_requests: float, lb_errors: float
+) -> None:
+    """SignalMismatch unless the nodes' own totals agree with the load balancer's: no more
+    requests than it forwarded, and as many 5xx as its backends answered, each within
+    CROSS_CHECK_SLACK (minute edges, the agent's 15 s publishing). What it cannot see: a node
+    moving figures between the tracks while the totals still agree (docs/security.md)."""
+
+    def near(mine: float, theirs: float, floor: float) -> bool:
+        return abs(mine - theirs) <= max(floor, CROSS_CHECK_SLACK * theirs)
+
+    if node_requests > lb_requests + max(MIN_REQUEST_SLACK, CROSS_CHECK_SLACK * lb_requests):
+        raise SignalMismatch(
+            f"the nodes report {node_requests:.0f} requests, the load balancer forwarded "
+            f"{lb_requests:.0f}"
+        )
+    if not near(node_errors, lb_errors, MIN_ERROR_SLACK):
+        raise SignalMismatch(
+            f"the nodes report {node_errors:.0f} 5xx, the load balancer saw {lb_errors:.0f} from "
+            "its backends"
+        )
 
 
 def _together(version: str, figures: list[Figures]) -> Figures:

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from .auth import Tokens
-from .config import Config, ConfigError
+from .config import Config, ConfigError, access_of
 from .errors import ApiError
 from .httpd import HttpServer
 from .interruption import SpotWatcher
@@ -74,11 +74,12 @@ class Service:
         self.http.start()
         self._listening = True
         log.info(
-            "listening on %s://%s:%d%s",
+            "listening on %s://%s:%d%s; predictions: %s",
             self.http.scheme,
             self.config.host,
             self.port,
             f" ({len(self.tokens)} API token(s) accepted)" if self.tokens.enabled else "",
+            access_of(self.config),
         )
 
     def start(self) -> None:

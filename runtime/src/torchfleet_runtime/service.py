@@ -46,7 +46,7 @@ import torch
 
 from . import __version__, compat, gpu_metrics
 from .batcher import Batcher, BatchInfo
-from .config import Config, ConfigError
+from .config import Config, ConfigError, access_of
 from .cpus import usable_cpus
 from .errors import ApiError
 from .logs import BatchSummary
@@ -202,6 +202,7 @@ class Runtime:
             if len(slot.replicas) == 1
             else serving[0].place.device.type,
             precision=self.config.precision,
+            access=access_of(self.config),
             optimization=slot.loaded.optimization,
             state=self.state,
             max_batch_size=slot.batcher.cap,
