@@ -56,6 +56,8 @@ bench: setup
 bench-peers: setup
 	@benchmarks/peers/run.sh $(PEERS_ARGS)
 
+# The plan under Pulumi's mock engine (nothing created, no Pulumi CLI); with the cloud's credentials
+# present it reads the region's prices from the price API (TORCHFLEET_PRICES=offline: never).
 plan: setup
 	@$(PY) -m infra.plan $(STACK)
 
@@ -73,6 +75,7 @@ image: setup
 
 # Bake the stack's bundle into an image (AWS: EC2 Image Builder during `pulumi up`) that the
 # group then launches: the offline plan of it first, then the real run (Pulumi CLI needed).
+# `pulumi up --config` writes torchfleet:boot: bake into Pulumi.$(STACK).yaml (commit or revert it).
 bake: setup
 	@$(PY) -m infra.plan $(STACK) --boot bake
 	@command -v pulumi >/dev/null || { echo "make bake: no Pulumi CLI here; the plan above is what 'pulumi up --stack $(STACK) --config torchfleet:boot=bake' registers"; exit 1; }

@@ -6,10 +6,10 @@
 # shadow's requests by result (compared, dropped_load, dropped_busy, ...) of each "on" run.
 # Usage: benchmarks/shadow_overhead.sh [ROUNDS] [SECONDS]   (needs wrk; make setup installs it)
 set -euo pipefail
+cd "$(dirname "$0")/.."  # the paths below are the repository root's
 ROUNDS=${1:-3}
 SECONDS_PER_RUN=${2:-8}
 BENCH=${BENCH:-.venv/bin/torchfleet-bench}
-RUNTIME=${RUNTIME:-.venv/bin/torchfleet-runtime}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 PY=${PY:-.venv/bin/python}

@@ -5,7 +5,7 @@
     torchfleet down STACK     pulumi destroy (nodes, network, schedules, TTL, budget); a prod
                               stack only with --yes
     torchfleet status STACK   outputs, per-node readiness and batch cap, TTL left, cost per hour
-    torchfleet plan STACK     the offline plan (mock engine): resource tree and cost
+    torchfleet plan STACK     the plan under the mock engine: resource tree and cost
     torchfleet cost STACK     the measured spend (the cloud's bill, by the stack tag) beside the
                               estimate for the same days
     torchfleet demo           `up` on this machine with containers as nodes (make demo)
@@ -97,7 +97,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the last N whole days (d) or weeks (w) before today, UTC (default 7d)",
     )
 
-    plan = sub.add_parser("plan", help="the offline plan and cost (no cloud, no credentials)")
+    plan = sub.add_parser(
+        "plan",
+        help="the plan and cost under the mock engine, nothing created (prices: the cloud's "
+        "price API when credentials are present, as python -m infra.plan --prices auto)",
+    )
     plan.add_argument("stack", nargs="+", help=stack_help)
     plan.add_argument("--json", action="store_true", help="outputs and resources as JSON")
 

@@ -187,13 +187,13 @@ FIELDS: dict[str, Key] = {
         "string",
         "the distro of the auto image (and the node's Python)",
         "a distro of compat/matrix.yml",
-        "ubuntu-22.04",
+        "debian-12",
     ),
     "cuda_profile": Key(
         "string",
         "the CUDA profile of compat/matrix.yml",
         "a profile that drives the GPU and supports the distro's Python",
-        derived="the matrix's default_profile",
+        derived="the matrix's default_profile where it fits (else set it)",
     ),
     "disk_gb": Key(
         "integer",
@@ -263,7 +263,7 @@ FIELDS: dict[str, Key] = {
     ),
     "tls": Key(
         "mapping",
-        "HTTPS at the load balancer (required for a prod stack with client_cidrs)",
+        "HTTPS at the load balancer (required for a stack with client_cidrs, dev included)",
         "certificate (an ACM ARN on aws, a CLB server certificate id on alicloud), "
         "min_version 1.2 | 1.3 (1.2 on alicloud), redirect_http (default true: HTTP answers 301)",
         subkeys=edge.SUBKEYS,
@@ -284,6 +284,13 @@ FIELDS: dict[str, Key] = {
         "the stack's monitoring host",
         "enabled, instance_type, disk_gb",
         subkeys=("enabled", "instance_type", "disk_gb"),
+    ),
+    "access": Key(
+        "mapping",
+        "how operators reach the nodes besides SSH from admin_cidrs (docs/security.md)",
+        "ssm true | false (AWS: the nodes' role gets AmazonSSMManagedInstanceCore: Session "
+        "Manager shells and Run Command on them; default false)",
+        subkeys=("ssm",),
     ),
     "rollout": Key(
         "mapping",
@@ -502,7 +509,8 @@ class StackConfig:
     kubernetes: KubernetesSettings | None = None  # mode: kubernetes only
     monitoring: Monitoring | None = None  # None: no monitoring host
     rollout: RolloutSplit | None = None  # None: one version behind the load balancer
-    tls: edge.Tls | None = None  # None: plain HTTP at the load balancer (never public prod)
+    ssm: bool = False  # access.ssm: AWS Session Manager on the nodes (docs/security.md)
+    tls: edge.Tls | None = None  # None: plain HTTP at the load balancer (never public)
     api_token: str | None = field(default=None, repr=False)  # None: generated (infra.edge)
     api_token_next: str | None = field(default=None, repr=False)  # during a rotation only
     # The prices every estimate and spot cap uses (infra.pricing); None: the reference table.
@@ -819,6 +827,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
     kubernetes = _kubernetes(r, cloud, mode, zones, itypes, nodes, spot, image, bucket)
     monitoring = _monitoring(r, cloud, mode)
     rollout = _rollout(r, cloud, mode, nodes)
+    ssm = _access(r, cloud)
     tls = edge.parse_tls(
         r,
         r.structured("tls", dict),
@@ -867,6 +876,7 @@ def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> St
         kubernetes=kubernetes,
         monitoring=monitoring,
         rollout=rollout,
+        ssm=ssm,
         tls=tls,
         api_token=token,
         api_token_next=token_next,
@@ -1097,7 +1107,7 @@ def _scaling(r: _Reader, mode: str | None) -> Scaling | None:
     raw = raw or {}
     what = (
         "requests per node per minute the request policy holds the group at (> 0): 0.7 x "
-        "the sustained req/s `torchfleet-runtime bench` measured on one node, x 60"
+        "the sustained req/s `torchfleet-bench load URL` measures on one node, x 60"
     )
     requests = raw.get("requests_per_node")
     if requests is None:
@@ -1145,6 +1155,16 @@ def _scaling(r: _Reader, mode: str | None) -> Scaling | None:
         protect_from_scale_in=protect,
         launch_timeout_s=timeout,
     )
+
+
+def _access(r: _Reader, cloud: str) -> bool:
+    """`access.ssm`: Session Manager on the nodes, only where the stack asks (AWS only)."""
+    raw = r.structured("access", dict) or {}
+    ssm = r.boolean("access.ssm", raw.get("ssm", False))
+    if ssm and cloud != "aws":
+        r.fail("access.ssm", True, "false on alicloud (Session Manager is AWS's)")
+        return False
+    return bool(ssm)
 
 
 def _monitoring(r: _Reader, cloud: str, mode: str | None) -> Monitoring | None:
@@ -1443,7 +1463,8 @@ def _cuda_profile(
     """The profile, judged by the matrix's own rules (torchfleet_compat.matrix, as preflight and
     `check` judge a node): it must drive the instance type's GPU and, where the stack names the
     node's distro (not in mode: kubernetes, whose nodes run the runtime image), support that
-    distro's Python."""
+    distro's Python. A stack that sets no profile gets the matrix's default where it fits; where
+    it does not, one problem names the key to set and the profiles that fit both."""
     try:
         profile = matrix.profile(r.get("cuda_profile"), "cuda_profile")
     except compat.MatrixError:
@@ -1453,30 +1474,49 @@ def _cuda_profile(
             "a profile of compat/matrix.yml: " + ", ".join(matrix.profiles),
         )
         return None
-    ok = True
+    misfits = _profile_misfits(matrix, profile, itype, distro)
+    if misfits and r.get("cuda_profile") is None:
+        fitting = [
+            name
+            for name, other in matrix.profiles.items()
+            if not _profile_misfits(matrix, other, itype, distro)
+        ]
+        r.fail(
+            "cuda_profile",
+            None,
+            f"set it: the default, {profile.name}, does not fit this stack ("
+            + "; ".join(misfits)
+            + f"); profiles that fit: {', '.join(fitting) or 'none'}",
+        )
+        return None
+    for misfit in misfits:
+        r.fail("cuda_profile", profile.name, misfit)
+    return None if misfits else profile.name
+
+
+def _profile_misfits(
+    matrix: Matrix, profile: compat.Profile, itype: InstanceType | None, distro: str | None
+) -> list[str]:
+    """What is wrong with `profile` for this distro and instance type, as an allowed-values
+    phrase each (empty: it fits)."""
+    out = []
     if distro is not None:
         verdict = compat.python_verdict(matrix, profile, matrix.distros[distro].python)
         if not verdict.ok:
-            ok = False
-            r.fail(
-                "cuda_profile",
-                profile.name,
+            out.append(
                 f"a profile for {distro}'s Python {matrix.distros[distro].python} "
                 f"({verdict.reason}): {', '.join(verdict.profiles)}; or an image_distro "
-                f"{profile.name} supports: {', '.join(verdict.distros) or 'none'}",
+                f"{profile.name} supports: {', '.join(verdict.distros) or 'none'}"
             )
     if itype is not None:
         gpu = compat.resolve_gpu(matrix, declared_model=itype.gpu_model)
         verdict = compat.gpu_verdict(matrix, profile, gpu)
         if not verdict.ok:
-            ok = False
-            r.fail(
-                "cuda_profile",
-                profile.name,
+            out.append(
                 f"a profile that drives the {itype.gpu_model} of {itype.name} ({itype.gpu.arch}; "
-                f"{verdict.reason}): {', '.join(verdict.profiles)}",
+                f"{verdict.reason}): {', '.join(verdict.profiles)}"
             )
-    return profile.name if ok else None
+    return out
 
 
 def _vpc_cidr(r: _Reader, zones: int) -> str:

@@ -4,8 +4,8 @@ Contract.
 - `Tls`: the `tls` stack key: the certificate (an ACM certificate ARN of the stack's region on
   AWS, a CLB server certificate id on Alibaba), the oldest TLS version (1.2 or 1.3; never 1.0 or
   1.1) and whether plain HTTP redirects (301) to HTTPS. `parse_tls` reads it with infra.config's
-  problem collector, and refuses a prod stack whose load balancer clients outside the VPC reach
-  (`client_cidrs`) without it, before any resource is registered.
+  problem collector, and refuses a stack (dev and prod alike) whose load balancer clients outside
+  the VPC reach (`client_cidrs`) without it, before any resource is registered.
 - `HTTPS_PORT`, `HTTP_PORT`, `lb_ports(cfg)`: the ports clients reach on a load balancer (443,
   and 80 only to redirect; 80 alone where a stack has no certificate), `endpoint(cfg, host)`.
 - `POLICIES`: the load balancers' TLS policy per cloud and oldest version: the only names the
@@ -73,12 +73,13 @@ def parse_tls(
 ) -> Tls | None:
     """The `tls` block (r: infra.config's reader); None when unset or wrong."""
     if raw is None:
-        if env == "prod" and mode in ("group", "kubernetes") and client_cidrs:
+        # Every environment: a dev endpoint on the internet carries the same bearer token.
+        if mode in ("group", "kubernetes") and client_cidrs:
             r.fail(
                 "tls",
                 None,
-                "{certificate, min_version, redirect_http}: a prod stack whose load balancer "
-                "clients outside the VPC reach (client_cidrs) serves HTTPS only",
+                "{certificate, min_version, redirect_http}: a stack whose load balancer "
+                f"clients outside the VPC reach (client_cidrs) serves HTTPS only ({env} too)",
             )
         return None
     if mode == "instances":

@@ -58,6 +58,11 @@ def group_vars(cfg: StackConfig, login_user: str) -> dict[str, Any]:
         # node's own play alike, so neither turns it off. The token never passes the controller.
         "inference_runtime_api_token_command": [NODE_PATHS["command"], "api-token"],
     }
+    if cfg.mode == "group":
+        # A group replaces a node that powers itself off (a new node, a new bootstrap: cost and
+        # churn, no saving): an idle group shrinks by its own scale-in (scaling.scale_in) and
+        # its schedule, never by its nodes stopping themselves (roles/autostop).
+        shared["autostop_enabled"] = False
     if cfg.monitoring:
         # Where every node ships its journal (roles/monitoring, node entry point). The role's
         # default finds it in the inventory's monitoring group, which a node configuring

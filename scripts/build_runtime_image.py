@@ -8,10 +8,11 @@ What it does, in order:
 1. Build arguments from compat/matrix.yml (read by infra/matrix.py): the profile's torch,
    torchvision and wheel index exactly as the `pytorch` role derives them for a node (its
    defaults are rendered here, so the numpy<2-with-torch-1.x rule has one home), and the
-   default base image: NVIDIA's `<toolkit>-cudnn8-runtime-ubuntuXX.YY` image on the first Ubuntu
-   of the matrix that has the profile's toolkit packages and a Python the profile's torch has
-   wheels for (cu116: nvidia/cuda:11.6.2-cudnn8-runtime-ubuntu20.04, Python 3.8); CPU profiles
-   get debian:<major>-slim.
+   default base image, on a distro inside its standard support today (the matrix's dates):
+   NVIDIA's `<toolkit>-cudnn8-runtime-ubuntuXX.YY` image on the first such Ubuntu of the matrix
+   that has the profile's toolkit packages and a Python the profile's torch has wheels for, else
+   that Ubuntu's own image (the torch wheel bundles its CUDA libraries); CPU profiles get
+   debian:<major>-slim.
 2. The torchfleet-compat and runtime wheels from roles/inference_runtime/files/build_wheel.py,
    the builder and cache the Ansible role uses (through infra/bundle.py, which ships the same
    pair to nodes), so a node and an image of one checkout run the same wheels.
@@ -45,6 +46,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from torchfleet_compat.matrix import support_verdict  # noqa: E402
+
 from infra.bundle import BundleError, node_wheels  # noqa: E402
 from infra.matrix import Matrix, MatrixError, load_matrix, matrix_path  # noqa: E402
 
@@ -54,6 +57,7 @@ PYTORCH_DEFAULTS = REPO / "roles" / "pytorch" / "defaults" / "main.yml"
 CONTEXT_PARENT = REPO / ".cache" / "image-build"
 CUDA_IMAGE = "docker.io/nvidia/cuda:{toolkit}-cudnn8-runtime-ubuntu{release}"
 CPU_IMAGE = "docker.io/library/debian:{release}-slim"
+UBUNTU_IMAGE = "docker.io/library/ubuntu:{release}"
 TARGETS = ("runtime", "baked")
 
 
@@ -61,28 +65,39 @@ class BuildError(Exception):
     """A problem the user can fix (bad profile, missing directory, unpullable base): one line."""
 
 
-def default_base(matrix: Matrix, profile: str) -> str:
-    """The base image a node of this profile would be: an NVIDIA CUDA image of an Ubuntu whose
-    repository has the profile's toolkit and whose Python the profile's torch supports (the
-    matrix's own rules), or a slim Debian for a CPU profile."""
+def default_base(matrix: Matrix, profile: str, today: str | None = None) -> str:
+    """The base image a node of this profile would be, on a distro inside its standard support
+    on `today` (default: the real date): NVIDIA's CUDA image of the profile's toolkit on an
+    Ubuntu whose repository has that toolkit and whose Python the profile's torch supports (the
+    matrix's own rules); where no supported Ubuntu has the toolkit, that Ubuntu's own image (the
+    torch wheel bundles the CUDA libraries it uses); a slim Debian for a CPU profile."""
+    today = today or datetime.date.today().isoformat()
     prof = matrix.profile(profile)
-    hosts = [matrix.distros[name] for name in matrix.distros_for(prof)]
+    hosts = [
+        matrix.distros[name]
+        for name in matrix.distros_for(prof)
+        if support_verdict(matrix, name, today).ok
+    ]
     pythons = ", ".join(prof.pythons)
+    ubuntus = [d for d in hosts if d.name.startswith("ubuntu-")]
     if prof.toolkit_version:
-        for distro in hosts:
-            if distro.name.startswith("ubuntu-") and matrix.toolkit_from_repo(prof, distro.name):
+        for distro in ubuntus:
+            if matrix.toolkit_from_repo(prof, distro.name):
                 return CUDA_IMAGE.format(
                     toolkit=prof.toolkit_version, release=distro.name.split("-", 1)[1]
                 )
+        if ubuntus:
+            return UBUNTU_IMAGE.format(release=ubuntus[0].name.split("-", 1)[1])
         raise BuildError(
-            f"profile {profile}: no Ubuntu in compat/matrix.yml has its toolkit packages "
-            f"and one of its Pythons ({pythons}); pass --base"
+            f"profile {profile}: no Ubuntu in compat/matrix.yml inside its standard support on "
+            f"{today} has one of its Pythons ({pythons}); pass --base"
         )
     for distro in hosts:
         if distro.name.startswith("debian-"):
             return CPU_IMAGE.format(release=distro.name.split("-", 1)[1])
     raise BuildError(
-        f"profile {profile}: no Debian in compat/matrix.yml has one of its Pythons; pass --base"
+        f"profile {profile}: no Debian in compat/matrix.yml inside its standard support on "
+        f"{today} has one of its Pythons ({pythons}); pass --base"
     )
 
 

@@ -4,8 +4,9 @@ or a workstation, never shipped to a node (`python -m torchfleet_bench COMMAND` 
 
 Contract: the client side of every benchmark is shared: the connections, request bodies and
 model card come from infra.client (the controller's one client of a runtime), the closed loop
-from `levels`, the offline ceiling from `offline` (the only import of the runtime's internals in
-the tool, and so on the controller side), the host facts and plots from `report`. Each command
+from `levels`, the offline ceiling from `offline` (with `pipeline`, which times the runtime's own
+batch pipeline, the only imports of the runtime's internals in the tool, and so on the
+controller side), the host facts and plots from `report`. Each command
 is a module with `main(argv) -> exit status`, listed in `cli.COMMANDS`.
 """
 

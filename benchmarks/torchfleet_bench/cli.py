@@ -41,6 +41,10 @@ COMMANDS = {
         "the GPU check's table: replicas vs one device, fp16 vs fp32, batching, memory sizing",
     ),
     "py39": ("py39", "the runtime on the legacy stack (Python 3.9, torch 1.12.1) in a container"),
+    "pipeline": (
+        "pipeline",
+        "the batch pipeline offline per bucket: eager vs staged vs CUDA graphs, worker work-ahead",
+    ),
 }
 
 

@@ -40,7 +40,14 @@ from infra.alicloud.network import AlicloudNetwork
 from infra.config import STABLE_BACKEND_WEIGHT, StackConfig
 from infra.constants import ROLLOUT_METRICS_OUTPUT
 from infra.interface import NODE_ROLE_TAG, Deployment, instances_deployment
-from infra.nodeboot import CANDIDATE_TAG, candidate_group_name, group_name, track_models, user_data
+from infra.nodeboot import (
+    CANDIDATE_TAG,
+    MODEL_PREFIX,
+    candidate_group_name,
+    group_name,
+    track_models,
+    user_data,
+)
 from infra.schedule import iso_utc
 
 # What a node may call on its own group (docs/contracts/node.md): find and complete its lifecycle
@@ -135,7 +142,7 @@ class AlicloudFleet(pulumi.ComponentResource):
         if cfg.model_bucket:
             self._grant(
                 "models",
-                "read the model bucket",
+                f"read the model bucket's {MODEL_PREFIX}",
                 json.dumps(
                     {
                         "Version": "1",
@@ -144,11 +151,12 @@ class AlicloudFleet(pulumi.ComponentResource):
                                 "Effect": "Allow",
                                 "Action": ["oss:ListObjects"],
                                 "Resource": [f"acs:oss:*:*:{cfg.model_bucket}"],
+                                "Condition": {"StringLike": {"oss:Prefix": [MODEL_PREFIX + "*"]}},
                             },
                             {
                                 "Effect": "Allow",
                                 "Action": ["oss:GetObject"],
-                                "Resource": [f"acs:oss:*:*:{cfg.model_bucket}/*"],
+                                "Resource": [f"acs:oss:*:*:{cfg.model_bucket}/{MODEL_PREFIX}*"],
                             },
                         ],
                     }
@@ -183,6 +191,7 @@ class AlicloudFleet(pulumi.ComponentResource):
             self.deployment = instances_deployment(cfg, self.instances, image.login_user)
         else:
             self.group, clb = self._group(network, image_id)
+            self.clb = clb
             self.deployment = Deployment(
                 nodes=[],
                 endpoint=clb.address.apply(lambda a: edge.endpoint(cfg, a)),
@@ -201,7 +210,8 @@ class AlicloudFleet(pulumi.ComponentResource):
     def _rollout_metrics(self) -> dict[str, object]:
         """Where a rollout's guards read each track's figures without a Prometheus
         (infra/rollout/signals.py's CloudMonitorSource): the nodes' custom metrics in the stack's
-        application group, by scaling group (one per track; the candidate's while it exists)."""
+        application group, by scaling group (one per track; the candidate's while it exists),
+        and the CLB whose own figures cross-check them."""
         account = alicloud.get_account_output(opts=pulumi.InvokeOutputOptions(parent=self)).id
         groups = {"stable": self.group.id}
         if self.candidate_group is not None:
@@ -210,6 +220,9 @@ class AlicloudFleet(pulumi.ComponentResource):
             "namespace": account.apply(lambda a: f"acs_customMetric_{a}"),
             "metric_group": self.metrics_group.id,
             "scaling_groups": groups,
+            # the CLB's own figures, which the guard holds the nodes' against (no node writes
+            # them: cms:PutCustomMetric cannot be scoped, docs/security.md)
+            "load_balancer": self.clb.id,
         }
 
     def _grant(self, suffix: str, why: str, document: pulumi.Input[str]) -> pulumi.CustomResource:

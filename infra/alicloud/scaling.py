@@ -12,6 +12,11 @@ application group, read by ESS alarms that drive step scaling rules:
 - scale in: one alarm on both signals at once (&&, for SCALE_IN_PERIODS minutes) below the
   hysteresis threshold, -1 node. As with AWS target tracking, any signal adds nodes and only
   all together remove one.
+Forged figures (docs/security.md): CloudMonitor lets any node with cms:PutCustomMetric write
+any custom metric, so the alarms never read a mean one node can drag: scale-out fires only when
+the Minimum over the group's nodes is above the target, scale-in only when the Maximum is below
+the threshold. A single node's figure, however forged, can hold the group where it is, never
+move it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ from infra.lifecycle import (
     terminate_timeout_s,
 )
 from infra.nodeboot import GPU_METRIC, LAUNCH_HOOK, QUEUE_METRIC, REQUEST_METRIC, TERMINATE_HOOK
+
+SCALE_OUT_STATISTIC = "Minimum"  # every node above the target, forger or not
+SCALE_IN_STATISTIC = "Maximum"  # every node below the threshold
 
 
 def hooks(cfg: StackConfig) -> list[dict[str, Any]]:
@@ -134,7 +142,7 @@ def register(
             metric_type="custom",
             cloud_monitor_group_id=cms_group,
             metric_name=metric,
-            statistics="Average",
+            statistics=SCALE_OUT_STATISTIC,
             period=METRIC_PERIOD_S,
             evaluation_count=SCALE_OUT_PERIODS,
             comparison_operator=">=",
@@ -171,7 +179,7 @@ def register(
             expressions=[
                 alicloud.ess.AlarmExpressionArgs(
                     metric_name=metric,
-                    statistics="Average",
+                    statistics=SCALE_IN_STATISTIC,
                     period=METRIC_PERIOD_S,
                     comparison_operator="<",
                     threshold=round(target * ratio, 3),

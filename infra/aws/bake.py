@@ -18,7 +18,7 @@ import pulumi_aws as aws
 from infra import images
 from infra.aws import imds
 from infra.aws.bundle_store import AwsBundleStore
-from infra.aws.iam import assume_role, bundle_read_policy
+from infra.aws.iam import SSM_MANAGED_POLICY, assume_role, bundle_read_policy
 from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
 from infra.lifecycle import COLD_BOOTSTRAP_BUDGET_S
@@ -91,7 +91,9 @@ class AwsBake(pulumi.ComponentResource):
         )
         for suffix, policy in (
             ("builder", "EC2InstanceProfileForImageBuilder"),
-            ("ssm", "AmazonSSMManagedInstanceCore"),
+            # Image Builder runs its components on the build instance through Systems Manager:
+            # the instance needs the agent's grant whatever access.ssm says (infra.grants).
+            ("ssm", SSM_MANAGED_POLICY),
         ):
             aws.iam.RolePolicyAttachment(
                 f"{name}-{suffix}",

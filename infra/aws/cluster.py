@@ -31,8 +31,14 @@ import pulumi_aws as aws
 
 from infra.addressing import split_cidrs
 from infra.aws import imds
+from infra.aws.iam import SSM_MANAGED_POLICY, model_read_policy
 from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
+from infra.grants import (
+    AUTOSCALER_OWNED_TAG,
+    AUTOSCALER_READ_ACTIONS,
+    AUTOSCALER_WRITE_ACTIONS,
+)
 from infra.interface import NODE_ROLE_TAG, Deployment
 from infra.k8s import addons, pools
 from infra.k8s.cost import cluster_cost
@@ -52,8 +58,7 @@ NODE_POLICIES = (
     "AmazonEKSWorkerNodePolicy",
     "AmazonEKS_CNI_Policy",
     "AmazonEC2ContainerRegistryPullOnly",
-    "AmazonSSMManagedInstanceCore",
-)
+)  # and SSM_MANAGED_POLICY with access.ssm: true
 S3_CSI_ADDON = "aws-mountpoint-s3-csi-driver"
 S3_CSI_SERVICE_ACCOUNT = "kube-system:s3-csi-driver-sa"
 AUTOSCALER_SERVICE_ACCOUNT = "kube-system:cluster-autoscaler"
@@ -245,7 +250,7 @@ class EksCluster(pulumi.ComponentResource):
             aws.iam.RolePolicyAttachment(
                 f"{name}-node-{p}", role=node_role.name, policy_arn=self._managed(p), opts=child
             )
-            for p in NODE_POLICIES
+            for p in NODE_POLICIES + ((SSM_MANAGED_POLICY,) if cfg.ssm else ())
         ]
         groups_opts = pulumi.ResourceOptions.merge(
             child,
@@ -404,7 +409,7 @@ class EksCluster(pulumi.ComponentResource):
     def _autoscaler_policy(self) -> str:
         # Describe* calls take no resource scoping in IAM; the calls that change capacity are
         # limited to the groups EKS tags as this cluster's.
-        owned = f"aws:ResourceTag/k8s.io/cluster-autoscaler/{self.cluster_name}"
+        owned = AUTOSCALER_OWNED_TAG.format(cluster=self.cluster_name)  # infra.grants
         return json.dumps(
             {
                 "Version": "2012-10-17",
@@ -412,26 +417,12 @@ class EksCluster(pulumi.ComponentResource):
                     {
                         "Effect": "Allow",
                         "Resource": ["*"],
-                        "Action": [
-                            "autoscaling:DescribeAutoScalingGroups",
-                            "autoscaling:DescribeAutoScalingInstances",
-                            "autoscaling:DescribeLaunchConfigurations",
-                            "autoscaling:DescribeScalingActivities",
-                            "autoscaling:DescribeTags",
-                            "ec2:DescribeImages",
-                            "ec2:DescribeInstanceTypes",
-                            "ec2:DescribeLaunchTemplateVersions",
-                            "ec2:GetInstanceTypesFromInstanceRequirements",
-                            "eks:DescribeNodegroup",
-                        ],
+                        "Action": list(AUTOSCALER_READ_ACTIONS),
                     },
                     {
                         "Effect": "Allow",
                         "Resource": ["*"],
-                        "Action": [
-                            "autoscaling:SetDesiredCapacity",
-                            "autoscaling:TerminateInstanceInAutoScalingGroup",
-                        ],
+                        "Action": list(AUTOSCALER_WRITE_ACTIONS),
                         "Condition": {"StringEquals": {owned: "owned"}},
                     },
                 ],
@@ -444,29 +435,11 @@ class EksCluster(pulumi.ComponentResource):
         assert cfg.kubernetes
         if not cfg.kubernetes.model_prefix or not cfg.model_bucket:
             return None, []
-        bucket = f"arn:{self.partition}:s3:::{cfg.model_bucket}"
         prefix = cfg.kubernetes.model_prefix
         role = self._irsa(
             "model-reader",
             S3_CSI_SERVICE_ACCOUNT,
-            json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Action": ["s3:ListBucket"],
-                            "Resource": [bucket],
-                            "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}},
-                        },
-                        {
-                            "Effect": "Allow",
-                            "Action": ["s3:GetObject"],
-                            "Resource": [f"{bucket}/{prefix}*"],
-                        },
-                    ],
-                }
-            ),
+            model_read_policy(self.partition, cfg.model_bucket, prefix),
         )
         aws.eks.Addon(
             f"{self.name}-s3-csi",

@@ -7,7 +7,6 @@ notice), roll when the launch template changes (instance refresh) and scale on l
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,14 @@ from infra import edge, images
 from infra.aws import edge as aws_edge
 from infra.aws import fallback, healing, imds, scaling
 from infra.aws.bundle_store import AwsBundleStore
-from infra.aws.iam import assume_role, bundle_read_policy, group_arn, lifecycle_policy
+from infra.aws.iam import (
+    SSM_MANAGED_POLICY,
+    assume_role,
+    bundle_read_policy,
+    group_arn,
+    lifecycle_policy,
+    model_read_policy,
+)
 from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
 from infra.constants import HEALTH_PATH, ROLLOUT_METRICS_OUTPUT
@@ -93,31 +99,21 @@ class AwsFleet(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        # Session Manager access (an SSH alternative that needs no open port) and nothing else.
-        aws.iam.RolePolicyAttachment(
-            f"{name}-node-ssm",
-            role=role.name,
-            policy_arn=f"arn:{arn_partition}:iam::aws:policy/AmazonSSMManagedInstanceCore",
-            opts=child,
-        )
+        # Session Manager (an SSH alternative that needs no open port) only where the stack
+        # asks for it (access.ssm): it lets whoever holds ssm:StartSession or SendCommand on the
+        # account run commands as root on every node (docs/security.md).
+        if cfg.ssm:
+            aws.iam.RolePolicyAttachment(
+                f"{name}-node-ssm",
+                role=role.name,
+                policy_arn=f"arn:{arn_partition}:iam::aws:policy/{SSM_MANAGED_POLICY}",
+                opts=child,
+            )
         if cfg.model_bucket:
-            bucket = f"arn:{arn_partition}:s3:::{cfg.model_bucket}"
             aws.iam.RolePolicy(
                 f"{name}-node-models",
                 role=role.id,
-                policy=json.dumps(
-                    {
-                        "Version": "2012-10-17",
-                        "Statement": [
-                            {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [bucket]},
-                            {
-                                "Effect": "Allow",
-                                "Action": ["s3:GetObject"],
-                                "Resource": [f"{bucket}/*"],
-                            },
-                        ],
-                    }
-                ),
+                policy=model_read_policy(arn_partition, cfg.model_bucket),
                 opts=child,
             )
 

@@ -9,6 +9,11 @@ torchfleet/QueueDepth and torchfleet/GpuUtilization by AutoScalingGroupName; the
 the mean over the GPUs that serve a model replica, `scaling.gpu_utilization_percent` its target).
 The group scales out when any is above its target and in only when all are below;
 `scaling.scale_in: false` makes them out-only.
+Forged figures (docs/security.md): any node of the stack may write the torchfleet namespace, so
+the two node-published policies track the Minimum over the group's nodes, not the Average: one
+node writing a huge figure cannot scale the group out (the honest nodes' figures hold the
+minimum), and a low one can only join a scale-in the ALB's own figure (which no node writes)
+already asks for.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from infra.nodeboot import (
     TERMINATE_HOOK,
     group_name,
 )
+
+# The node-published figures' statistic (infra.grants: PutMetricData takes no resource).
+FORGE_PROOF_STATISTIC = "Minimum"
 
 # A group's own 1-minute size metrics (free), which the on-demand fallback's alarms read.
 GROUP_METRICS = (
@@ -183,7 +191,7 @@ def register(
                 customized_metric_specification=aws.autoscaling.PolicyTargetTrackingConfigurationCustomizedMetricSpecificationArgs(
                     namespace=METRICS_NAMESPACE,
                     metric_name=metric,
-                    statistic="Average",
+                    statistic=FORGE_PROOF_STATISTIC,
                     unit=unit,
                     metric_dimensions=[
                         aws.autoscaling.PolicyTargetTrackingConfigurationCustomizedMetricSpecificationMetricDimensionArgs(

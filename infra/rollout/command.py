@@ -16,6 +16,8 @@ roll), the record in .cache/fleet/STACK. The figures: --prometheus URL when give
 group stack the cloud's per-track metrics (--window 60s at least): AWS, the ALB's per target
 group in CloudWatch; Alibaba, the nodes' own in CloudMonitor by scaling group (the CLB's are per
 listener). A kubernetes stack needs --prometheus. Instances stacks are refused, nothing moved.
+Before the first step a rollout prints what its p99 guard can see at the stable's p99 (the
+latency buckets' resolution there) and refuses a max_p99_ratio finer than that.
 Exit codes: 0 promoted (or the control was done), 2 bad arguments or settings, 10 rolled back or
 aborted.
 """
@@ -42,7 +44,7 @@ from infra.nodeboot import group_name
 from infra.rollout.cloud import TRACKS, CloudSplit
 from infra.rollout.engine import Fleet, Options, Rollout, RolloutError
 from infra.rollout.local import FLEET_FILE, LocalFleet, SwitchError
-from infra.rollout.policy import AB, STRATEGIES, guard_settings, parse_duration
+from infra.rollout.policy import AB, GUARD_RULES, STRATEGIES, guard_settings, parse_duration
 from infra.rollout.ref import ModelRef, RefError, Store
 from infra.rollout.refresh import AsgRefresh, EssRoll, Refresh, RefreshError
 from infra.rollout.signals import (
@@ -105,8 +107,7 @@ def add_parser(sub: Any, stack_help: str) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a guard threshold: max_error_ratio_increase, max_p99_ratio, "
-        "min_p99_increase_s, min_requests, min_shadow_agreement",
+        help="a guard threshold: " + ", ".join(GUARD_RULES),
     )
     p.add_argument(
         "--prometheus",

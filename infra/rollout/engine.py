@@ -3,7 +3,11 @@
 Contract. `Rollout(fleet, state, store, source, options, say)`:
 - `start(ref)`: the reference is checked (ref.Store.put: digest) before anything moves; the
   stable version is recorded first when the stack has none (the file node 0 serves, kept in the
-  store; nodes serving different versions are refused, nothing moved). Then, per step of the
+  store; nodes serving different versions are refused, nothing moved). A source that says
+  which latency buckets it reads p99s from (signals.py: `latency_bounds`) is read over one
+  window before the first step (the window just past, where it has `recent`): the line says
+  what the p99 guard can see at the stable's p99 (policy.p99_resolution), and a max_p99_ratio
+  finer than that is refused, nothing moved. Then, per step of the
   strategy (policy.steps): the nodes the split needs switch to the candidate one at a time
   (weight 0, the fleet's zero-downtime reload, then the step's weights), and the step bakes
   for `bake_s`: windows of `window_s` are judged (policy.judge: candidate against stable over
@@ -12,7 +16,10 @@ Contract. `Rollout(fleet, state, store, source, options, say)`:
   reloads the stable file, then gets its weight back (at 100 % one node at a time, so some node
   always serves); the line names the guard and the numbers.
   A step ends after its bake with at least one window judged ok; three bakes without one
-  (too little traffic to judge) roll back too. After the last step the candidate is promoted:
+  (too little traffic to judge) roll back too. A window whose figures disagree with the load
+  balancer's own (signals.SignalMismatch: a node may be forging them) is neither judged nor
+  counted: the rollout pauses itself (the split held until `rollout resume` or `abort`), so a
+  forged figure neither rolls back nor promotes. After the last step the candidate is promoted:
   it becomes `stable`, the one before it `previous`.
 - Controls between windows (state.control, from `rollout pause|resume|abort`): pause holds the
   current split and judges nothing until resume; abort rolls back.
@@ -43,11 +50,12 @@ from infra.rollout.policy import (
     Verdict,
     judge,
     judge_shadow,
+    p99_resolution,
     split,
     steps,
 )
 from infra.rollout.ref import ModelRef, Store, sha256_of
-from infra.rollout.signals import ShadowCounts, SignalError, Source
+from infra.rollout.signals import ShadowCounts, SignalError, SignalMismatch, Source
 from infra.rollout.state import ACTIVE, RolloutState, engine_alive
 
 EQUAL_WEIGHT = 100  # every node's weight outside a split
@@ -138,6 +146,7 @@ class Rollout:
         if stable["sha256"] == ref.sha256:
             raise RolloutError(f"{ref} is the stable version {stable['version']} already")
         cand = {"sha256": ref.sha256, "file": str(kept), "version": None, "ref": str(ref)}
+        self._resolution(stable["version"])
 
         def begin(d: dict[str, Any]) -> None:
             d.update(
@@ -161,6 +170,42 @@ class Rollout:
             f"stable {stable['version']}"
         )
         return self._run(shares)
+
+    def _resolution(self, stable_version: str) -> None:
+        """Say what the p99 guard can see at the stable's p99 now; RolloutSettingsError (nothing
+        moved) when max_p99_ratio is finer than the source's latency buckets resolve there."""
+        bounds_of = getattr(self.source, "latency_bounds", None)
+        if bounds_of is None:  # a source that does not say (scripted windows)
+            return
+        o = self.options
+        recent = getattr(self.source, "recent", None)
+        try:
+            if recent is not None:
+                figures = recent(o.window_s)
+            else:
+                self.source.begin()
+                self.sleep(o.window_s)
+                figures = self.source.end()
+            bounds = bounds_of()
+        except SignalError as exc:
+            self.say(f"p99 guard: resolution unknown, no figures before the first step ({exc})")
+            return
+        if bounds is None:
+            self.say(
+                "p99 guard: the source's p99 is a percentile statistic, not read from buckets: "
+                f"max_p99_ratio {o.guards.max_p99_ratio:g} is judged as set"
+            )
+            return
+        stable = figures.get(stable_version)
+        if stable is None or stable.p99_s is None or stable.requests < o.guards.min_requests:
+            self.say(
+                f"p99 guard: resolution unknown, fewer than {o.guards.min_requests} stable "
+                f"requests in the {o.window_s:g} s before the first step"
+            )
+            return
+        seen = p99_resolution(stable.p99_s, bounds, o.guards)
+        self._baseline = stable
+        self.say(f"p99 guard: {seen.text()} (max_p99_ratio {o.guards.max_p99_ratio:g})")
 
     def _record_stable(self) -> dict[str, Any]:
         """The version every node serves, recorded as the stable one (node 0's file kept). Nodes
@@ -264,6 +309,9 @@ class Rollout:
             verdict = self._window(step, share)
             if verdict.decision == "rollback":
                 return verdict
+            if verdict.decision == "hold":  # a forged figure moves nothing: pause for a person
+                self.state.update(lambda d: d.update(control="pause"))
+                continue
             judged_ok = judged_ok or verdict.decision == "ok"
             now = self.clock()
             if now >= deadline and judged_ok:
@@ -288,6 +336,10 @@ class Rollout:
         self.sleep(self.options.window_s)
         try:
             figures = self.source.end()
+        except SignalMismatch as exc:
+            verdict = Verdict("hold", "signals", f"the figures are not trusted: {exc}")
+            self._record(step, share, verdict, "figures disagree with the load balancer's")
+            return verdict
         except SignalError as exc:
             return self._unreadable(step, share, exc)
         self._unreadable_windows = 0

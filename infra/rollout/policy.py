@@ -12,19 +12,28 @@ Contract.
   (`guard_settings(raw)` names every bad key); defaults: candidate error ratio at most the
   stable's + 0.1 %, candidate p99 at most 1.2 x the stable's (and never judged on less than
   `min_p99_increase_s` of difference: a 1 ms p99 against 2 ms is noise, not a regression), a
-  window needs `min_requests` candidate requests to count, shadow agreement at least 99 %.
+  window needs `min_requests` candidate requests to count, shadow agreement at least 99 %, a
+  candidate node's capacity (instances/s at its batch cap) at least 0.8 of a stable node's.
 - `judge(stable, candidate, settings)`: the verdict on one window, the two versions' figures
-  over the same seconds: `rollback` naming the guard that fired with the numbers, `wait` when
-  the window holds too few candidate requests to judge, else `ok`.
+  over the same seconds: `rollback` naming the guard that fired with the numbers (the capacity
+  guard first: it needs no traffic), `wait` when the window holds too few candidate requests to
+  judge, else `ok`.
+- `p99_resolution(p99, bounds, settings)`: what the p99 guard can see at the stable's p99 when
+  the p99s are read from a histogram with those bucket bounds: the smallest ratio it tells
+  apart (torchfleet_compat.histogram.resolution), and a RolloutSettingsError naming
+  max_p99_ratio when it is finer than that, unless `min_p99_increase_s` is at least that
+  bucket's width (then the absolute floor decides there, not the ratio).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchfleet_compat.histogram import resolution
 from torchfleet_compat.problems import InvalidInput, Problems, sentence
 
 STRATEGIES: dict[str, tuple[int, ...]] = {
@@ -123,6 +132,7 @@ class GuardSettings:
     min_p99_increase_s: float = 0.025  # ... unless the two differ by less than this
     min_requests: int = 20  # candidate requests a window needs before it is judged
     min_shadow_agreement: float = 0.99  # shadow: argmax agreement at least this
+    min_capacity_ratio: float = 0.8  # candidate instances/s per node at its cap >= this x stable's
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in GUARD_RULES}
@@ -135,6 +145,7 @@ GUARD_RULES: dict[str, tuple[Any, Any, str]] = {
     "min_p99_increase_s": (float, lambda v: v >= 0, "seconds >= 0"),
     "min_requests": (int, lambda v: v >= 1, "an integer >= 1"),
     "min_shadow_agreement": (float, lambda v: 0 <= v <= 1, "a ratio in [0, 1]"),
+    "min_capacity_ratio": (float, lambda v: 0 <= v <= 1, "a ratio in [0, 1]"),
 }
 
 
@@ -164,12 +175,17 @@ def guard_settings(raw: dict[str, Any] | None, where: str = "") -> GuardSettings
 
 @dataclass(frozen=True)
 class Figures:
-    """One version's requests over one window: counts and the p99 in seconds (None: no data)."""
+    """One version's requests over one window: counts and the p99 in seconds (None: no data);
+    what one of its nodes sustains (instances/s at its batch cap, the runtime's
+    torchfleet_capacity_items_per_second, averaged over the version's nodes) and the lowest
+    batch cap among them, where the source reads them."""
 
     version: str
     requests: float
     errors: float  # answered 5xx
     p99_s: float | None
+    capacity: float | None = None
+    batch_cap: int | None = None
 
     @property
     def error_ratio(self) -> float:
@@ -177,31 +193,48 @@ class Figures:
 
     def text(self) -> str:
         p99 = "-" if self.p99_s is None else f"{self.p99_s * 1000:.1f} ms"
-        return f"{self.version}: {self.requests:.0f} req, {self.error_ratio * 100:.2f} % 5xx, p99 {p99}"
+        text = f"{self.version}: {self.requests:.0f} req, {self.error_ratio * 100:.2f} % 5xx, p99 {p99}"
+        if self.capacity is not None:
+            text += f", {self.capacity:.0f}/s per node at cap {self.batch_cap}"
+        return text
+
+    def numbers(self) -> dict[str, Any]:
+        out = {
+            "requests": self.requests,
+            "error_ratio": round(self.error_ratio, 6),
+            "p99_s": self.p99_s,
+        }
+        if self.capacity is not None:
+            out.update(capacity_items_per_s=round(self.capacity, 1), batch_cap=self.batch_cap)
+        return out
 
 
 @dataclass(frozen=True)
 class Verdict:
-    decision: str  # ok | wait | rollback
+    decision: str  # ok | wait | hold (figures not trusted: the split stays) | rollback
     guard: str = ""  # the guard that fired (rollback) or why it waits
     reason: str = ""
     numbers: dict[str, Any] = field(default_factory=dict)
 
 
 def judge(stable: Figures | None, cand: Figures, s: GuardSettings) -> Verdict:
-    numbers: dict[str, Any] = {
-        "candidate": {
-            "requests": cand.requests,
-            "error_ratio": round(cand.error_ratio, 6),
-            "p99_s": cand.p99_s,
-        }
-    }
+    numbers: dict[str, Any] = {"candidate": cand.numbers()}
     if stable is not None:
-        numbers["stable"] = {
-            "requests": stable.requests,
-            "error_ratio": round(stable.error_ratio, 6),
-            "p99_s": stable.p99_s,
-        }
+        numbers["stable"] = stable.numbers()
+    if (
+        stable is not None
+        and stable.capacity
+        and cand.capacity is not None
+        and cand.capacity < s.min_capacity_ratio * stable.capacity
+    ):
+        return Verdict(
+            "rollback",
+            "capacity",
+            f"a candidate node sustains {cand.capacity:.0f} instances/s at batch cap "
+            f"{cand.batch_cap}, {cand.capacity / stable.capacity:.2f} of a stable node's "
+            f"{stable.capacity:.0f}/s at cap {stable.batch_cap} (< {s.min_capacity_ratio:g})",
+            numbers,
+        )
     if cand.requests < s.min_requests:
         return Verdict(
             "wait",
@@ -230,6 +263,46 @@ def judge(stable: Figures | None, cand: Figures, s: GuardSettings) -> Verdict:
                 numbers,
             )
     return Verdict("ok", "", "within every guard", numbers)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What the p99 guard can see at the stable's p99: the bucket (lower, upper] holding it and
+    the smallest ratio of two p99s those bounds tell apart."""
+
+    p99_s: float
+    lower_s: float
+    upper_s: float
+    ratio: float
+
+    def text(self) -> str:
+        bucket = f"{self.lower_s * 1000:g}-{self.upper_s * 1000:g} ms"
+        seen = "none (the bucket is open-ended)" if math.isinf(self.ratio) else f"{self.ratio:g}"
+        return (
+            f"stable p99 {self.p99_s * 1000:.1f} ms, in the latency bucket {bucket}: the smallest "
+            f"p99 ratio the guard can tell apart there is {seen}"
+        )
+
+
+def p99_resolution(p99_s: float, bounds: Sequence[float], s: GuardSettings) -> Resolution:
+    """The resolution at the stable's p99 (see the module doc); RolloutSettingsError naming
+    max_p99_ratio when the guard's threshold there is finer than the buckets."""
+    finite = sorted(b for b in bounds if math.isfinite(b))
+    upper = next((b for b in finite if p99_s <= b), math.inf)
+    lower = max((b for b in finite if b < p99_s), default=0.0)
+    seen = Resolution(p99_s, lower, upper, resolution(p99_s, finite))
+    # an absolute floor as wide as the bucket decides there, whatever the ratio
+    if s.max_p99_ratio < seen.ratio and s.min_p99_increase_s < upper - lower:
+        raise RolloutSettingsError(
+            sentence(
+                "max_p99_ratio",
+                s.max_p99_ratio,
+                f"a ratio of at least {seen.ratio:g} here, or min_p99_increase_s of at least "
+                f"{upper - lower:g} s (the bucket's width)",
+                why=seen.text(),
+            )
+        )
+    return seen
 
 
 def judge_shadow(agreement: float | None, compared: float, s: GuardSettings) -> Verdict:

@@ -25,9 +25,24 @@ compared over the same seconds:
   RequestCount, ErrorCount and LatencyP99 (the node agent publishes them every 15 s, keyed by
   the node's scaling group: one per track) in the stack's CloudMonitor application group, read
   per track with DescribeMetricList over the same whole minutes as CloudWatch's (the CLB's own
-  figures are per listener, the same for both tracks). Both are a `TrackMetricsSource`.
+  figures are per listener, the same for both tracks). Any node can write any custom metric
+  (CloudMonitor scopes PutCustomMetric to nothing: docs/security.md), so each window's totals
+  are held against the CLB's own (InstanceQps, InstanceUpstreamCode5xx: `cross_check`); when
+  they disagree the window raises SignalMismatch and the engine holds the split. Both are a
+  `TrackMetricsSource`.
 `quantile(q, buckets)` is Prometheus' histogram_quantile over cumulative buckets
 (torchfleet_compat.histogram, the one rule the runtime and the node agent use too).
+
+What a source can see (the engine asks before the first step, policy.p99_resolution):
+`latency_bounds()` is the bucket bounds its p99s are read from: the nodes' own (ScrapeSource,
+from the last scrape), the `le` values Prometheus holds, the runtime's LATENCY_BOUNDS for the
+node agent's LatencyP99 (CloudMonitor), None for CloudWatch (the ALB's p99 is CloudWatch's own
+percentile statistic, not a bucket reading). `recent(window_s)`, where a source has it, reads the
+window just past without waiting (Prometheus, the clouds' published minutes); ScrapeSource has
+none (a window is two scrapes). The capacity guard's figures, a node's instances/s at its batch
+cap (`torchfleet_capacity_items_per_second`, averaged over a version's nodes) and its batch cap
+(`torchfleet_max_batch_size`, the lowest), come from the nodes' /metrics and from Prometheus; the
+clouds' per-track metrics carry none, so there the capacity guard judges nothing.
 """
 
 from __future__ import annotations
@@ -37,13 +52,13 @@ import math
 import time
 import urllib.parse
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
-from torchfleet_compat.histogram import quantile
+from torchfleet_compat.histogram import LATENCY_BOUNDS, quantile
 from torchfleet_compat.problems import sentence
 
 from infra import client
@@ -58,6 +73,11 @@ from infra.rollout.policy import Figures, RolloutSettingsError
 
 class SignalError(RuntimeError):
     """The figures could not be read (the message says from where and why)."""
+
+
+class SignalMismatch(SignalError):
+    """The figures were read but disagree with the load balancer's own, which no node can
+    write: a node may be forging them. The engine holds the split instead of judging."""
 
 
 class Source(Protocol):
@@ -81,6 +101,8 @@ class Sample:
     requests: float = 0.0
     errors: float = 0.0
     buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
+    capacity: float = 0.0  # instances/s at the batch cap (0: not timed)
+    batch_cap: int = 0
     shadow: dict[str, dict[str, float]] = field(default_factory=dict)  # version -> counters
 
 
@@ -96,6 +118,10 @@ def parse_metrics(text: str) -> Sample:
                     s.errors += value
             elif name == "torchfleet_request_duration_seconds_bucket":
                 s.buckets[float(labels["le"])] = value
+            elif name == "torchfleet_capacity_items_per_second":
+                s.capacity = value
+            elif name == "torchfleet_max_batch_size":
+                s.batch_cap = int(value)
             elif name in (
                 "torchfleet_shadow_instances_total",
                 "torchfleet_shadow_argmax_agreements_total",
@@ -105,11 +131,25 @@ def parse_metrics(text: str) -> Sample:
     return s
 
 
+def capacity_of(nodes: list[tuple[float, float]]) -> tuple[float | None, int | None]:
+    """A version's (instances/s per node at its batch cap, the lowest batch cap) from its nodes'
+    (capacity, cap); nodes that did not time their cap (capacity 0) are left out."""
+    timed = [(c, cap) for c, cap in nodes if c > 0 and math.isfinite(c)]
+    if not timed:
+        return None, None
+    return sum(c for c, _ in timed) / len(timed), int(min(cap for _, cap in timed))
+
+
 class ScrapeSource:
     def __init__(self, urls: Callable[[], dict[str, str]], auth: client.Auth | None = None) -> None:
         self._urls = urls  # node name -> base URL, read at each end (nodes come and go)
         self._auth = auth or client.Auth()
         self._start: dict[str, Sample] = {}
+        self._bounds: list[float] = []
+
+    def latency_bounds(self) -> list[float]:
+        """The latency buckets' bounds the nodes exposed at the last scrape."""
+        return self._bounds
 
     def scrape(self) -> dict[str, Sample]:
         out = {}
@@ -120,6 +160,7 @@ class ScrapeSource:
             if status != 200:
                 raise SignalError(f"{name}: GET {url}/metrics answered {status}")
             out[name] = parse_metrics(body.decode())
+            self._bounds = sorted(out[name].buckets) or self._bounds
         return out
 
     def begin(self) -> None:
@@ -137,8 +178,17 @@ class ScrapeSource:
             totals[s.version][1] += s.errors - before.errors
             for le, c in s.buckets.items():
                 buckets[s.version][le] += c - before.buckets.get(le, 0.0)
+        nodes: dict[str, list[Sample]] = defaultdict(list)
+        for s in now.values():
+            nodes[s.version].append(s)
         return {
-            v: Figures(v, req, err, quantile(0.99, buckets[v].items()) if req else None)
+            v: Figures(
+                v,
+                req,
+                err,
+                quantile(0.99, buckets[v].items()) if req else None,
+                *capacity_of([(s.capacity, s.batch_cap) for s in nodes[v]]),
+            )
             for v, (req, err) in totals.items()
         }
 
@@ -198,7 +248,29 @@ class PrometheusSource:
                 "histogram_quantile(0.99, sum by (model_version, le) ("
                 f"rate(torchfleet_request_duration_seconds_bucket{{{sel}}}[{w}]) {_JOIN}))"
             ),
+            "capacity": (
+                "avg by (model_version) ("
+                f"(torchfleet_capacity_items_per_second{{{sel}}} > 0) {_JOIN})"
+            ),
+            "batch_cap": (
+                "min by (model_version) ("
+                f"(torchfleet_max_batch_size{{{sel}}} and torchfleet_capacity_items_per_second"
+                f"{{{sel}}} > 0) {_JOIN})"
+            ),
         }
+
+    def latency_bounds(self) -> list[float]:
+        """The `le` bounds of the stack's request-latency buckets Prometheus holds now."""
+        rows = self.query(
+            f"count by (le) (torchfleet_request_duration_seconds_bucket{{{self.selector}}})",
+            self._clock(),
+        )
+        return sorted(float(r["metric"]["le"]) for r in rows if "le" in r["metric"])
+
+    def recent(self, window_s: float) -> dict[str, Figures]:
+        """The figures of the `window_s` seconds just past (no waiting)."""
+        self._start = self._clock() - window_s
+        return self.end()
 
     def begin(self) -> None:
         self._start = self._clock()
@@ -227,6 +299,8 @@ class PrometheusSource:
                 f.get("requests", 0.0),
                 f.get("errors", 0.0),
                 f["p99"] if math.isfinite(f.get("p99", math.nan)) else None,
+                f.get("capacity"),
+                int(f["batch_cap"]) if "batch_cap" in f else None,
             )
             for v, f in got.items()
         }
@@ -321,6 +395,15 @@ class TrackMetricsSource:
     def begin(self) -> None:
         self._versions = self._versions_of()
 
+    def recent(self, window_s: float) -> dict[str, Figures]:
+        """The last published period (the one a window ending now reads): no waiting."""
+        self.begin()
+        return self.end()
+
+    def latency_bounds(self) -> Sequence[float] | None:
+        """The bounds the track's p99 is read from (None: a percentile statistic, exact)."""
+        raise NotImplementedError
+
     def _read(
         self, tracks: Mapping[str, Any], start: datetime, end: datetime
     ) -> dict[str, Figures]:
@@ -345,6 +428,9 @@ class CloudWatchSource(TrackMetricsSource):
     service = "CloudWatch"
     tracks_key = "target_groups"
     track_kind = "target group"
+
+    def latency_bounds(self) -> None:
+        return None  # TargetResponseTime's p99 is CloudWatch's percentile of the raw times
 
     def describe(self) -> str:
         return (
@@ -415,6 +501,14 @@ class CloudWatchSource(TrackMetricsSource):
 
 # --- CloudMonitor (an Alibaba group stack's nodes' own metrics) --------------------------------
 
+# The CLB's own layer-7 figures of the whole instance (both tracks), per second, 1-minute
+# periods: what CloudMonitorSource holds the nodes' totals against.
+CLB_NAMESPACE = "acs_slb_dashboard"
+CLB_METRICS = ("InstanceQps", "InstanceUpstreamCode5xx")
+CROSS_CHECK_SLACK = 0.2  # of the load balancer's figure
+MIN_REQUEST_SLACK = 20.0
+MIN_ERROR_SLACK = 5.0
+
 # metric -> the statistic read over each minute; the node agent publishes them every 15 s
 # (torchfleet_agent/metrics.py: what each node answered since its last sample)
 NODE_METRICS = {
@@ -450,6 +544,10 @@ class CloudMonitorSource(TrackMetricsSource):
     tracks_key = "scaling_groups"
     track_kind = "scaling group"
 
+    def latency_bounds(self) -> tuple[float, ...]:
+        """The runtime's latency buckets, which the node agent reads LatencyP99 from."""
+        return LATENCY_BOUNDS
+
     def describe(self) -> str:
         return (
             f"CloudMonitor (the nodes' RequestCount, ErrorCount, LatencyP99 per scaling group, "
@@ -458,18 +556,32 @@ class CloudMonitorSource(TrackMetricsSource):
         )
 
     def _points(self, metric: str, group: str, start: datetime, end: datetime) -> list[dict]:
+        dims = self.dims()
+        return self._describe(
+            dims["namespace"],
+            metric,
+            [{"groupId": str(dims["metric_group"]), "dimension": f"scaling_group={group}"}],
+            start,
+            end,
+        )
+
+    def _describe(
+        self,
+        namespace: str,
+        metric: str,
+        dimensions: list[dict[str, str]],
+        start: datetime,
+        end: datetime,
+    ) -> list[dict]:
         from alibabacloud_cms20190101 import models
 
-        dims = self.dims()
         request = models.DescribeMetricListRequest(
-            namespace=dims["namespace"],
+            namespace=namespace,
             metric_name=metric,
             period=str(self.period_s),
             start_time=str(int(start.timestamp() * 1000)),
             end_time=str(int(end.timestamp() * 1000)),
-            dimensions=json.dumps(
-                [{"groupId": str(dims["metric_group"]), "dimension": f"scaling_group={group}"}]
-            ),
+            dimensions=json.dumps(dimensions),
         )
         if self._client is None:
             self._client = cms_client(self.region)
@@ -487,6 +599,21 @@ class CloudMonitorSource(TrackMetricsSource):
             if not body.next_token:
                 return points
             request.next_token = body.next_token
+
+    def _balancer(self, start: datetime, end: datetime) -> tuple[float, float]:
+        """The CLB's own requests and backend 5xx over the period (acs_slb_dashboard, its
+        per-second averages times the period's seconds): figures no node can write."""
+        lb = self.dims().get("load_balancer")
+        if not lb:
+            raise SignalError(
+                f"the stack output {ROLLOUT_METRICS_OUTPUT} names no load_balancer: "
+                "`torchfleet up` exports it"
+            )
+        out = []
+        for metric in CLB_METRICS:
+            points = self._describe(CLB_NAMESPACE, metric, [{"instanceId": lb}], start, end)
+            out.append(sum(float(p.get("Average", 0.0)) for p in points) * self.period_s)
+        return out[0], out[1]
 
     def _read(
         self, tracks: Mapping[str, Any], start: datetime, end: datetime
@@ -510,7 +637,35 @@ class CloudMonitorSource(TrackMetricsSource):
                 sum(got["errors"]),
                 max(got["p99"]) if got["p99"] and requests else None,
             )
+        cross_check(
+            sum(f.requests for f in out.values()),
+            sum(f.errors for f in out.values()),
+            *self._balancer(start, end),
+        )
         return out
+
+
+def cross_check(
+    node_requests: float, node_errors: float, lb_requests: float, lb_errors: float
+) -> None:
+    """SignalMismatch unless the nodes' own totals agree with the load balancer's: no more
+    requests than it forwarded, and as many 5xx as its backends answered, each within
+    CROSS_CHECK_SLACK (minute edges, the agent's 15 s publishing). What it cannot see: a node
+    moving figures between the tracks while the totals still agree (docs/security.md)."""
+
+    def near(mine: float, theirs: float, floor: float) -> bool:
+        return abs(mine - theirs) <= max(floor, CROSS_CHECK_SLACK * theirs)
+
+    if node_requests > lb_requests + max(MIN_REQUEST_SLACK, CROSS_CHECK_SLACK * lb_requests):
+        raise SignalMismatch(
+            f"the nodes report {node_requests:.0f} requests, the load balancer forwarded "
+            f"{lb_requests:.0f}"
+        )
+    if not near(node_errors, lb_errors, MIN_ERROR_SLACK):
+        raise SignalMismatch(
+            f"the nodes report {node_errors:.0f} 5xx, the load balancer saw {lb_errors:.0f} from "
+            "its backends"
+        )
 
 
 def _together(version: str, figures: list[Figures]) -> Figures:

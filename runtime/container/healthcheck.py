@@ -4,7 +4,8 @@ The address is resolved the way the server resolved it, by the runtime's own cod
 process's flags (its /proc/PID/cmdline: PID 1, or a child of an init such as `--init`) parsed by
 the runtime's CLI parser, its environment (/proc/PID/environ) and config file through
 `load_config`. So `podman run IMAGE --port 9000` or `-e TORCHFLEET_PORT=9000` is checked on
-9000 without a second setting. A wildcard bind address is probed on loopback.
+9000 without a second setting. A wildcard bind address is probed on loopback, over HTTPS when
+the runtime serves it (trusting exactly its tls_cert_file, as `diagnose` does).
 
 Runs on the image's Python (3.8+), stdlib plus the runtime package; one line of output goes to
 the container engine's health log.
@@ -48,6 +49,7 @@ def main() -> int:
     argv, env = found
     from torchfleet_runtime.cli import build_parser
     from torchfleet_runtime.config import FIELDS, ConfigError, load_config
+    from torchfleet_runtime.diagnose import pinned_context
 
     args = build_parser().parse_args(["serve", *argv])
     try:
@@ -58,18 +60,25 @@ def main() -> int:
         print(f"unhealthy: {exc}")
         return 1
     host = WILDCARD.get(config.host, config.host)
-    conn = http.client.HTTPConnection(host, config.port, timeout=TIMEOUT_S)
+    if config.tls_cert_file:
+        scheme = "https"
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            host, config.port, timeout=TIMEOUT_S, context=pinned_context(config.tls_cert_file)
+        )
+    else:
+        scheme = "http"
+        conn = http.client.HTTPConnection(host, config.port, timeout=TIMEOUT_S)
     try:
         conn.request("GET", "/readyz")
         resp = conn.getresponse()
         body = resp.read(200).decode(errors="replace").strip()
     except OSError as exc:
-        print(f"unhealthy: http://{host}:{config.port}/readyz: {exc}")
+        print(f"unhealthy: {scheme}://{host}:{config.port}/readyz: {exc}")
         return 1
     finally:
         conn.close()
     verdict = "healthy" if resp.status == 200 else "unhealthy"
-    print(f"{verdict}: http://{host}:{config.port}/readyz {resp.status} {body}")
+    print(f"{verdict}: {scheme}://{host}:{config.port}/readyz {resp.status} {body}")
     return 0 if resp.status == 200 else 1
 
 

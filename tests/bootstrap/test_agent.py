@@ -128,14 +128,43 @@ def test_interval_figures_from_the_runtimes_own_exposition() -> None:
     values, second = metrics.scrape(generate_latest(m.registry).decode(), first, now_s=15.0)
     assert values["RequestCount"] == (50.0, "Count")
     assert values["ErrorCount"] == (10.0, "Count")
-    # all 50 in the (0.25, 0.5] bucket: p99 interpolated inside it, the first 100 not counted
-    assert values["LatencyP99"] == (pytest.approx(0.25 + 0.25 * 0.99), "Seconds")
+    # all 50 in the (0.28, 0.33] bucket: p99 interpolated inside it, the first 100 not counted
+    assert values["LatencyP99"] == (pytest.approx(0.28 + 0.05 * 0.99), "Seconds")
     assert values["RequestRate"] == (pytest.approx(50 / 15), "Count/Second")
     # a sample after a restart (counters went down): nothing to compare with
     fresh = Metrics()
     fresh.requests.labels(code="200").inc()
     restarted, _ = metrics.scrape(generate_latest(fresh.registry).decode(), second, now_s=30.0)
     assert not {"RequestCount", "ErrorCount", "LatencyP99"} & set(restarted)
+
+
+def test_the_agents_p99_resolves_what_the_rollout_guard_is_told_it_does() -> None:
+    """LatencyP99 comes from the runtime's own buckets, the bounds CloudMonitorSource says its
+    p99s are read from (torchfleet_compat's LATENCY_BOUNDS): an interval 1.2x slower than the
+    one before reads about 1.2x slower."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from torchfleet_compat.histogram import LATENCY_BOUNDS
+    from torchfleet_runtime.metrics import Metrics
+
+    m = Metrics()
+    text = generate_latest(m.registry).decode()
+    exposed = sorted(
+        float(s.labels["le"])
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "torchfleet_request_duration_seconds_bucket" and s.labels["le"] != "+Inf"
+    )
+    assert exposed == list(LATENCY_BOUNDS)  # what CloudMonitorSource.latency_bounds() answers
+    p99s = []
+    sample = metrics.scrape(text, None, now_s=0.0)[1]
+    for i, seconds in enumerate((0.11, 0.132), 1):
+        for k in range(100):
+            m.request_duration.observe(seconds + k * 0.0001)
+            m.requests.labels(code="200").inc()
+        values, sample = metrics.scrape(generate_latest(m.registry).decode(), sample, i * 15.0)
+        p99s.append(values["LatencyP99"][0])
+    assert p99s[1] / p99s[0] > 1.15, p99s
 
 
 def test_gpu_utilization_is_the_mean_over_the_gpus_that_serve_a_replica() -> None:

@@ -17,6 +17,13 @@ def pages() -> list[Path]:
     return [README, *sorted(DOCS.rglob("*.md"))]
 
 
+def readmes() -> list[Path]:
+    """The READMEs beside the code, which users read as docs too."""
+    beside = [REPO / "runtime" / "README.md", REPO / "benchmarks" / "README.md"]
+    roles = sorted(role / "README.md" for role in (REPO / "roles").iterdir())
+    return [*beside, *(r for r in roles if r.is_file())]
+
+
 def section(page: Path, name: str) -> str:
     """The text between a page's `<!-- NAME:start -->` and `<!-- NAME:end -->` lines."""
     text = page.read_text()

@@ -18,7 +18,8 @@ from docs_support import DOCS, REPO, pages, section, table
 
 from infra.deploy import demo, pipeline, stage
 
-HEADER = re.compile(r"\[(\d+)/(\d+)\] ([a-z]+)")
+# `[4/6] converge`, and a bare `[2/9]` in prose: every header a page shows, named or not
+HEADER = re.compile(r"\[(\d+)/(\d+)\](?: ([a-z]+))?")
 
 
 def steps_of(function) -> list[str]:
@@ -65,7 +66,9 @@ def test_every_stage_header_in_the_docs_is_numbered_as_its_job_numbers_it():
             job, names = by_total.get(int(total), (None, []))
             where = f"{page.relative_to(REPO)}: [{number}/{total}] {name}"
             assert job, f"{where}: no job runs {total} stages ({JOBS})"
-            assert names[int(number) - 1] == name, f"{where}: {job} numbers {names}"
+            assert 1 <= int(number) <= len(names), f"{where}: {job} numbers {names}"
+            if name:
+                assert names[int(number) - 1] == name, f"{where}: {job} numbers {names}"
             shown += 1
     assert shown >= 5
 
@@ -187,3 +190,26 @@ def test_the_version_tables_are_the_matrix():
     for name, text in expected.items():
         assert section(page, name) == text, f"{page.relative_to(REPO)}, {name}, should be:\n{text}"
     assert f"`{matrix['default_profile']}` (`default_profile`)" in page.read_text()
+
+
+def test_the_clis_exit_code_epilog_is_the_codes_it_exits_with():
+    """`torchfleet --help` lists the exit codes (infra/cli.py's epilog, and so the generated
+    reference page): each of up's stages, and the codes outside them, by number and name."""
+    from infra import cli
+
+    named = {
+        **{code: name for name, code in stage.STAGES.items()},
+        stage.EXIT_OK: "success",
+        stage.EXIT_BUG: "unexpected error",
+        stage.EXIT_USAGE: "usage",
+        stage.EXIT_REFUSED: "refused",
+        stage.EXIT_ROLLED_BACK: "rollout",
+        stage.EXIT_INTERRUPTED: "interrupted",
+    }
+    listed = {
+        int(code): text
+        for code, text in re.findall(r"(?:^|\s)(\d+) ([a-z]+(?: [a-z]+)*)", cli.EPILOG)
+    }
+    assert set(listed) == set(named), f"infra/cli.py's epilog lists codes {sorted(listed)}"
+    for code, name in named.items():
+        assert listed[code].startswith(name), f"infra/cli.py's epilog: {code} {listed[code]!r}"

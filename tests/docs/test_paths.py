@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from docs_support import DOCS, README, REPO, pages
+from docs_support import DOCS, README, REPO, pages, readmes
 
 # Where a citation may start: the repository's top-level folders and files (what git tracks at
 # the root), and .cache/ (generated, git-ignored).
@@ -88,8 +88,9 @@ def test_the_path_pattern_finds_what_the_docs_cite():
 
 
 def test_every_repository_path_cited_in_the_docs_exists():
+    """The docs, the READMEs beside the code and the example stacks' comments."""
     missing, seen = [], 0
-    for page in pages():
+    for page in [*pages(), *readmes(), *sorted(REPO.glob("Pulumi.*.yaml"))]:
         for path in sorted(cited(page.read_text())):
             seen += 1
             if not exists(path):

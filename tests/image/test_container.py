@@ -1,8 +1,11 @@
 """The runtime image, built and run for real: runtime/Containerfile on the debootstrapped Debian 12
 base with the CPU torch wheel from the host wheelhouse (no registry here), then one container
-with the demo model mounted read-only at /models, reached through a port published on 127.0.0.1.
+with the demo model mounted read-only at /models, a token file and a certificate (trustme) as the
+README runs it, reached over HTTPS through a port published on 127.0.0.1.
 
-Checks: start -> /readyz 200; a prediction equal to the model's output computed in this process;
+Checks: without a token the image refuses to start on 0.0.0.0 with the sentence naming the keys;
+with one: start -> /readyz 200 over TLS, /v1/* 401 without the token; a prediction equal to
+the model's output computed in this process;
 the image's HEALTHCHECK reports healthy; the server is PID 1, non-root, with a SIGTERM handler;
 SIGTERM with a long request in flight drains (/readyz and new predictions 503 during the drain,
 the in-flight request answered in full, exit code 0); the `baked` target started with flags after
@@ -15,6 +18,7 @@ import http.client
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -25,6 +29,7 @@ from typing import Any
 
 import pytest
 import torch
+import trustme
 from image_helpers import record, unique_name
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1500)]
@@ -37,11 +42,17 @@ UID = 10001  # the Containerfile's default
 # max_queue is raised so it can hold up to DRAIN_MAX_INSTANCES (48 MB of float32 at 3x64x64).
 DRAIN_REQUEST_S = 4.0  # as timed on 4 instances; SIGTERM -> exit measured 7.8-8.5 s
 DRAIN_MAX_INSTANCES = 1024
+TOKEN = "image-test-token-0123456789"
+CA = trustme.CA()
 
 
 class Http:
-    def __init__(self, port: int) -> None:
-        self.port = port
+    """The published port over HTTPS (the test CA's trust), with the token unless told."""
+
+    def __init__(self, port: int, token: str | None = TOKEN) -> None:
+        self.port, self.token = port, token
+        self.context = ssl.create_default_context()
+        CA.configure_trust(self.context)
 
     def call(
         self,
@@ -51,9 +62,12 @@ class Http:
         headers: dict[str, str] | None = None,
         timeout: float = 10,
     ) -> tuple[int, dict[str, str], bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn = http.client.HTTPSConnection(
+            "127.0.0.1", self.port, timeout=timeout, context=self.context
+        )
+        auth = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         try:
-            conn.request(method, path, body=body, headers=headers or {})
+            conn.request(method, path, body=body, headers={**auth, **(headers or {})})
             resp = conn.getresponse()
             return resp.status, dict(resp.getheaders()), resp.read()
         finally:
@@ -105,8 +119,49 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def container(
+def secrets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What runtime/README.md mounts: a token file and a certificate with its key, readable by
+    the image's uid (a bind mount here; the README uses podman secrets for the tokens)."""
+    out = tmp_path_factory.mktemp("secrets")
+    cert = CA.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_pem.write_to_path(str(out / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(out / "cert.pem"))
+    (out / "api-tokens").write_text(TOKEN + "\n")
+    out.chmod(0o755)
+    for f in out.iterdir():
+        f.chmod(0o644)
+    return out
+
+
+SECURE = [
+    "-e",
+    "TORCHFLEET_API_TOKEN_FILE=/secrets/api-tokens",
+    "-e",
+    "TORCHFLEET_TLS_CERT_FILE=/secrets/cert.pem",
+    "-e",
+    "TORCHFLEET_TLS_KEY_FILE=/secrets/key.pem",
+]
+
+
+def test_without_a_token_the_image_refuses_to_serve_naming_the_keys(
     image: dict[str, Any], model_dir: Path, podman: Callable[..., Any]
+) -> None:
+    name = unique_name("open")
+    run = podman(
+        "run", "--name", name, "-v", f"{model_dir}:/models:ro", image["image"], timeout=120
+    )
+    try:
+        assert run.returncode == 2, run.stdout + run.stderr
+        said = run.stdout + run.stderr
+        assert "host = '0.0.0.0' is invalid (predictions on a non-loopback address" in said, said
+        assert "api_token / api_token_file" in said and "allow_unauthenticated: true" in said
+    finally:
+        podman("rm", "--force", "--time", "0", name, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def container(
+    image: dict[str, Any], model_dir: Path, secrets: Path, podman: Callable[..., Any]
 ) -> Iterator[dict[str, Any]]:
     name = unique_name("run")
     started = time.monotonic()
@@ -117,6 +172,9 @@ def container(
         name,
         "-v",
         f"{model_dir}:/models:ro",
+        "-v",
+        f"{secrets}:/secrets:ro",
+        *SECURE,
         "-p",
         "127.0.0.1::8080",
         # The image's config file is used as shipped; two keys come from the environment.
@@ -152,10 +210,12 @@ def test_container_is_ready_and_predicts_what_the_model_computes(
     container: dict[str, Any], model_dir: Path
 ) -> None:
     client: Http = container["client"]
+    assert Http(client.port, token=None).call("GET", "/v1/model")[0] == 401
     status, _, body = client.call("GET", "/v1/model")
     assert status == 200
     card = json.loads(body)
     assert (card["device"], card["max_batch_size"], card["state"]) == ("cpu", 4, "ready")
+    assert card["access"] == "bearer token required"
     assert card["torch_version"].startswith("2.13.0")
 
     x = torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(7))
@@ -191,7 +251,7 @@ def test_healthcheck_reports_healthy(container: dict[str, Any], podman: Callable
         podman("inspect", "--format", "{{json .State.Health}}", container["name"]).stdout
     )
     assert state["Status"] == "healthy"
-    assert "127.0.0.1:8080/readyz 200" in state["Log"][-1]["Output"]
+    assert "https://127.0.0.1:8080/readyz 200" in state["Log"][-1]["Output"]
 
 
 def test_runtime_is_pid_1_non_root_and_handles_sigterm(
@@ -304,6 +364,7 @@ def test_baked_model_and_flags_after_the_image_name(
     build_image: Callable[..., dict[str, Any]],
     image: dict[str, Any],
     model_dir: Path,
+    secrets: Path,
     podman: Callable[..., Any],
 ) -> None:
     """Target `baked` (the model copied to /models: one small layer on the same cache), started
@@ -326,6 +387,9 @@ def test_baked_model_and_flags_after_the_image_name(
         "-d",
         "--name",
         name,
+        "-v",
+        f"{secrets}:/secrets:ro",
+        *SECURE,
         "-p",
         "127.0.0.1::8081",
         "--health-interval",
@@ -349,6 +413,6 @@ def test_baked_model_and_flags_after_the_image_name(
         check = podman("healthcheck", "run", name, timeout=60)
         assert check.returncode == 0, check.stdout + check.stderr
         health = json.loads(podman("inspect", "--format", "{{json .State.Health}}", name).stdout)
-        assert "127.0.0.1:8081/readyz 200" in health["Log"][-1]["Output"]
+        assert "https://127.0.0.1:8081/readyz 200" in health["Log"][-1]["Output"]
     finally:
         podman("rm", "--force", "--time", "0", name, timeout=120)

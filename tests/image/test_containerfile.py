@@ -72,9 +72,10 @@ def test_containerfile_defaults_are_the_matrix_default_profile() -> None:
         )
 
 
-def test_default_build_is_cu116_on_nvidia_cuda_ubuntu2004() -> None:
+def test_default_build_is_cu116_on_an_ubuntu_inside_its_support() -> None:
+    # cu116's toolkit is packaged only for distros past their standard support (ubuntu-20.04)
     args = derived()
-    assert args["BASE"] == "docker.io/nvidia/cuda:11.6.2-cudnn8-runtime-ubuntu20.04"
+    assert args["BASE"] == "docker.io/library/ubuntu:22.04"
     assert (args["TORCH"], args["TORCHVISION"]) == ("1.12.1+cu116", "0.13.1+cu116")
     assert args["NUMPY"] == "numpy<2"  # torch 1.x: the legacy pin
     assert args["WHEEL_INDEX"].endswith("/whl/cu116")
@@ -83,8 +84,8 @@ def test_default_build_is_cu116_on_nvidia_cuda_ubuntu2004() -> None:
 @pytest.mark.parametrize(
     ("profile", "base", "numpy"),
     [
-        ("cu118", "docker.io/nvidia/cuda:11.8.0-cudnn8-runtime-ubuntu20.04", "numpy"),
-        ("cu121", "docker.io/nvidia/cuda:12.1.1-cudnn8-runtime-ubuntu20.04", "numpy"),
+        ("cu118", "docker.io/nvidia/cuda:11.8.0-cudnn8-runtime-ubuntu22.04", "numpy"),
+        ("cu121", "docker.io/nvidia/cuda:12.1.1-cudnn8-runtime-ubuntu22.04", "numpy"),
         ("cpu", "docker.io/library/debian:12-slim", "numpy"),
     ],
 )
@@ -124,7 +125,9 @@ def test_make_image_stops_at_once_naming_a_base_that_cannot_be_pulled() -> None:
 
 
 def test_the_base_follows_the_matrix_toolkit_repos_and_pythons(tmp_path) -> None:
-    """Without ubuntu2004 packages, cu121 moves to the next Ubuntu; without any, a clear stop."""
+    """Only a distro inside its standard support on the day is a base: an Ubuntu that packages
+    the toolkit gets NVIDIA's image, else the Ubuntu's own (the torch wheel bundles CUDA); with
+    no Ubuntu in support, a clear stop."""
     raw = yaml.safe_load((REPO / "compat" / "matrix.yml").read_text())
     raw["profiles"]["cu121"]["toolkit_repos"] = ["ubuntu2204"]
     raw["profiles"]["cu118"]["toolkit_repos"] = ["debian11"]
@@ -135,5 +138,12 @@ def test_the_base_follows_the_matrix_toolkit_repos_and_pythons(tmp_path) -> None
         script.default_base(matrix, "cu121")
         == "docker.io/nvidia/cuda:12.1.1-cudnn8-runtime-ubuntu22.04"
     )
+    assert script.default_base(matrix, "cu118", "2026-12-06") == "docker.io/library/ubuntu:22.04"
+    # the day before ubuntu-20.04 left its support, cu116 still had NVIDIA's image on it
+    assert (
+        script.default_base(matrix, "cu116", "2025-05-31")
+        == "docker.io/nvidia/cuda:11.6.2-cudnn8-runtime-ubuntu20.04"
+    )
+    assert script.default_base(matrix, "cu116", "2025-06-01") == "docker.io/library/ubuntu:22.04"
     with pytest.raises(script.BuildError, match="profile cu118: no Ubuntu .* pass --base"):
-        script.default_base(matrix, "cu118")
+        script.default_base(matrix, "cu118", "2027-07-01")

@@ -223,7 +223,7 @@ def test_more_zones_than_the_address_plan_refused(settings):
 def test_group_mode_needs_a_request_target(settings):
     msg = problems(base(settings, "aws-prod", scaling=None), "aws-prod")
     assert (
-        "torchfleet:scaling.requests_per_node = None" in msg and "torchfleet-runtime bench" in msg
+        "torchfleet:scaling.requests_per_node = None" in msg and "torchfleet-bench load URL" in msg
     )
     msg = problems(
         base(settings, "alicloud-prod", scaling={"requests_per_node": 0}), "alicloud-prod"

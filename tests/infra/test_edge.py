@@ -208,6 +208,23 @@ def test_a_public_prod_stack_without_tls_is_refused_before_any_resource(with_ove
     assert config.load(config.raw_from_pulumi_config(values), "aws-prod").tls is None
 
 
+def test_a_public_dev_group_without_tls_is_refused_too(with_overrides, settings):
+    """The environment does not matter: a dev group whose load balancer clients outside the
+    VPC reach carries the same bearer token, so it serves HTTPS only as well."""
+    dev = with_overrides(
+        "aws-dev",
+        mode="group",
+        client_cidrs=["198.51.100.0/24"],
+        scaling=settings("aws-prod")["scaling"],
+    )
+    with pytest.raises(config.ConfigError) as err:
+        config.load(config.raw_from_pulumi_config(dev), "aws-dev")
+    assert "torchfleet:tls = None is invalid" in str(err.value) and "(dev too)" in str(err.value)
+    assert len(err.value.problems) == 1, err.value  # nothing else is wrong with it
+    dev.pop("torchfleet:client_cidrs")  # inside the VPC only: plain HTTP may stay
+    assert config.load(config.raw_from_pulumi_config(dev), "aws-dev").tls is None
+
+
 def test_tls_values_are_checked(with_overrides):
     wrong_region = (
         "arn:aws:acm:eu-west-1:123456789012:certificate/00000000-0000-4000-8000-000000000000"

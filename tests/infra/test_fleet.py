@@ -282,7 +282,7 @@ def test_every_group_scales_on_load(runs, settings, with_overrides):
             )
             for name, unit in (("QueueDepth", "Count"), ("GpuUtilization", "Percent")):
                 custom = metrics[name]  # what the node agent publishes, by group
-                assert custom["namespace"] == "torchfleet" and custom["statistic"] == "Average"
+                assert custom["namespace"] == "torchfleet" and custom["statistic"] == "Minimum"
                 assert custom["unit"] == unit
                 assert custom["metricDimensions"] == [
                     {"name": "AutoScalingGroupName", "value": group.inputs["name"]}

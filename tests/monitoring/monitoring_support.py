@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import subprocess
 from pathlib import Path
 from types import ModuleType
 
@@ -39,3 +40,16 @@ def need(binary: str) -> str:
             "prometheus-alertmanager and prometheus-node-exporter from Debian)"
         )
     return found
+
+
+def promtool_test(path: Path) -> None:
+    """`promtool test rules` on one unit test file (run in its folder: its rule_files are
+    relative to it); fails with promtool's own output."""
+    done = subprocess.run(
+        [need("promtool"), "test", "rules", path.name],
+        cwd=path.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

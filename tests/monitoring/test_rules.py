@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from markdown.extensions.toc import slugify
-from monitoring_support import RULE_FILES, need
+from monitoring_support import RULE_FILES, need, promtool_test
 
 TESTS_DIR = Path(__file__).resolve().parent / "rules"
 TEST_FILES = sorted(TESTS_DIR.glob("*.test.yml"))
@@ -39,14 +39,7 @@ def test_rule_files_pass_promtool_check() -> None:
 
 @pytest.mark.parametrize("test_file", TEST_FILES, ids=[p.name for p in TEST_FILES])
 def test_promtool_unit_tests_pass(test_file: Path) -> None:
-    done = subprocess.run(
-        [need("promtool"), "test", "rules", test_file.name],
-        cwd=TESTS_DIR,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    promtool_test(test_file)
 
 
 def test_every_alert_is_tested_firing_and_not_firing() -> None:

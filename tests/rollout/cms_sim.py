@@ -7,7 +7,9 @@ tests/bootstrap/fake_alibaba.py (which checks the signatures):
   application group and dimension ("k=v&..." with the keys in order) in (StartTime, EndTime]
   (milliseconds), aggregated per Period into Sum, Maximum, Minimum, Average and SampleCount,
   as a JSON string of data points, like the cloud answers (Alibaba's samples for custom
-  monitoring: the dimension {"groupId", "dimension"})."""
+  monitoring: the dimension {"groupId", "dimension"});
+- DescribeMetricList on acs_slb_dashboard (the dimension {"instanceId"}): the CLB's own figures,
+  which no node can write: a test records them with `balancer(...)`."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from collections import defaultdict
 from typing import Any
 
 ACTIONS = ("PutCustomMetric", "DescribeMetricList")
+SLB_NAMESPACE = "acs_slb_dashboard"
 
 
 class CmsSim:
@@ -23,6 +26,12 @@ class CmsSim:
         self.namespace = f"acs_customMetric_{account}"
         # (group id, metric, dimension) -> [(time ms, value)]
         self.points: dict[tuple[str, str, str], list[tuple[int, float]]] = defaultdict(list)
+        # (instance id, metric) -> [(time ms, per-second value)]: the CLB's own
+        self.slb: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+
+    def balancer(self, instance: str, metric: str, time_ms: int, per_s: float) -> None:
+        """What the load balancer itself measured (InstanceQps, InstanceUpstreamCode5xx)."""
+        self.slb[(instance, metric)].append((time_ms, per_s))
 
     def answer(self, action: str, params: dict[str, str]) -> dict[str, Any]:
         if action == "PutCustomMetric":
@@ -43,6 +52,10 @@ class CmsSim:
                 )
                 n += 1
             return {"Code": "200", "Message": "success"}
+        if action == "DescribeMetricList" and params.get("Namespace") == SLB_NAMESPACE:
+            (dim,) = json.loads(params["Dimensions"])
+            series = self.slb.get((dim["instanceId"], params["MetricName"]), [])
+            return self._aggregate(params, series, {"instanceId": dim["instanceId"]})
         if action == "DescribeMetricList":
             if params.get("Namespace") != self.namespace:
                 return {
@@ -51,31 +64,37 @@ class CmsSim:
                     "Success": False,
                 }
             (dim,) = json.loads(params["Dimensions"])
-            period = int(params["Period"]) * 1000
-            start, end = int(params["StartTime"]), int(params["EndTime"])
-            buckets: dict[int, list[float]] = defaultdict(list)
-            for t, v in self.points.get(
-                (dim["groupId"], params["MetricName"], dim["dimension"]), []
-            ):
-                if start < t <= end:
-                    buckets[t - t % period].append(v)
-            points = [
-                {
-                    "timestamp": at,
-                    "groupId": dim["groupId"],
-                    "dimension": dim["dimension"],
-                    "Sum": sum(vs),
-                    "Maximum": max(vs),
-                    "Minimum": min(vs),
-                    "Average": sum(vs) / len(vs),
-                    "SampleCount": len(vs),
-                }
-                for at, vs in sorted(buckets.items())
-            ]
-            return {
-                "Code": "200",
-                "Success": True,
-                "Period": params["Period"],
-                "Datapoints": json.dumps(points),
-            }
+            series = self.points.get((dim["groupId"], params["MetricName"], dim["dimension"]), [])
+            return self._aggregate(
+                params, series, {"groupId": dim["groupId"], "dimension": dim["dimension"]}
+            )
         return {"Code": "UnsupportedOperation", "Message": action}
+
+    @staticmethod
+    def _aggregate(
+        params: dict[str, str], series: list[tuple[int, float]], labels: dict[str, str]
+    ) -> dict[str, Any]:
+        period = int(params["Period"]) * 1000
+        start, end = int(params["StartTime"]), int(params["EndTime"])
+        buckets: dict[int, list[float]] = defaultdict(list)
+        for t, v in series:
+            if start < t <= end:
+                buckets[t - t % period].append(v)
+        points = [
+            {
+                "timestamp": at,
+                **labels,
+                "Sum": sum(vs),
+                "Maximum": max(vs),
+                "Minimum": min(vs),
+                "Average": sum(vs) / len(vs),
+                "SampleCount": len(vs),
+            }
+            for at, vs in sorted(buckets.items())
+        ]
+        return {
+            "Code": "200",
+            "Success": True,
+            "Period": params["Period"],
+            "Datapoints": json.dumps(points),
+        }

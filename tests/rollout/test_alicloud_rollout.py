@@ -12,7 +12,8 @@ when Pulumi replaces it; the promotion's roll then has to move every running nod
   never fewer in service, before the candidate group leaves;
 - a 5xx candidate: rolled back at 10 %, the stable nodes never touched;
 - no --prometheus: the guards read the nodes' own figures in CloudMonitor (the CLB's are per
-  listener), which the node agent publishes (tests/rollout/cms_sim.py keeps them)."""
+  listener), which the node agent publishes (tests/rollout/cms_sim.py keeps them), held against
+  the CLB's own totals: a figure one node forged pauses the rollout instead of moving it."""
 
 from __future__ import annotations
 
@@ -253,14 +254,56 @@ def test_without_prometheus_the_guards_read_the_nodes_metrics_in_cloudmonitor(
     """No --prometheus: CloudMonitorSource over the stack's output rollout_metrics (as `up` left
     it). While the first window sleeps, one node of each track publishes what it answered
     through the node agent's own code (its RAM role's credentials from the fake's metadata
-    service): the candidate 30 of 100 in 5xx, so the canary's first window rolls it back. The
-    engine's clock and sleep are fake; the source reads the minute the nodes published in."""
+    service): the candidate 30 of 100 in 5xx, which the CLB's own backend 5xx agree with, so the
+    canary's first window rolls it back. The engine's clock and sleep are fake; the source reads
+    the minute the nodes published in."""
     fake, sim = cloud
     stack = FakeStack(sim, {"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
+    _publish_at_first_sleep(fake, stack, monkeypatch, balancer_errors=30)
+    code, out = _run(
+        stack, monkeypatch, tmp_path, Windows(), prometheus="", bake="60s", window=None
+    )
+    assert code == 10, out
+    assert out.startswith(
+        f"rollout {STACK}: figures from CloudMonitor (the nodes' RequestCount, ErrorCount, "
+        "LatencyP99 per scaling group, cn-shanghai): each window reads a 60 s period"
+    ), out
+    judged = [line for line in out.splitlines() if "step 1 10 %" in line]
+    assert "100 req, 30.00 % 5xx" in judged[0] and "900 req, 0.00 % 5xx" in judged[0], out
+    assert "error_ratio" in judged[0]
+    # before the first step the probe had no figures (the rollout's first `up` exports the
+    # tracks' dimensions): it says so and goes on
+    assert "p99 guard: resolution unknown, no figures before the first step" in out, out
+    assert fake.refused == []
+    # what the source asked: each track's scaling group in the stack's application group
+    asked = [c["params"] for c in fake.calls if c["action"] == "DescribeMetricList"]
+    nodes = {a["MetricName"] for a in asked if a["Namespace"].startswith("acs_customMetric_")}
+    assert nodes == {"RequestCount", "ErrorCount", "LatencyP99"}
+    assert {a["Namespace"] for a in asked} == {
+        f"acs_customMetric_{FAKE_ALI_ACCOUNT}",
+        "acs_slb_dashboard",  # the CLB's own totals, which the nodes' are held against
+    }
+    assert stack.values[KEY]["candidate_weight"] == 0 and sim.removed == []
+
+
+def balancer(cms: CmsSim, lb: str, requests: float, errors: float) -> None:
+    """The CLB's own figures of the minute now: requests and backend 5xx, per second."""
+    at = int(time.time() * 1000)
+    cms.balancer(lb, "InstanceQps", at, requests / 60)
+    cms.balancer(lb, "InstanceUpstreamCode5xx", at, errors / 60)
+
+
+def _publish_at_first_sleep(fake, stack, monkeypatch, balancer_errors, each_sleep=None) -> None:
+    """While the first window sleeps, one node of each track publishes what it answered through
+    the node agent's own code (its RAM role's credentials from the fake's metadata service: the
+    candidate 30 of 100 in 5xx), and the CLB's own figures are recorded (1000 requests,
+    `balancer_errors` backend 5xx). The engine's clock and sleep are fake; the source reads the
+    minute the nodes published in."""
     published: list[float] = []
 
     def traffic() -> None:
         dims = stack.outputs_of_up["rollout_metrics"]
+        balancer(fake.cms, dims["load_balancer"], requests=1000, errors=balancer_errors)
         for track, requests, errors in (("stable", 900, 0), ("candidate", 100, 30)):
             node = cloud_of(
                 {
@@ -286,9 +329,13 @@ def test_without_prometheus_the_guards_read_the_nodes_metrics_in_cloudmonitor(
         if clock[0] == 0.0:
             traffic()
         clock[0] += s
+        if each_sleep is not None:
+            each_sleep()
 
     def now() -> float:  # a minute and a second after the minute the nodes published in
-        return (published[0] // 60) * 60 + 60 + signals.CLOUDWATCH_DELAY_S + 1
+        # (before they publish, the resolution probe before the first step: nothing yet)
+        at = published[0] if published else time.time()
+        return (at // 60) * 60 + 60 + signals.CLOUDWATCH_DELAY_S + 1
 
     monkeypatch.setattr(command, "Rollout", partial(Rollout, clock=lambda: clock[0], sleep=sleep))
 
@@ -297,22 +344,33 @@ def test_without_prometheus_the_guards_read_the_nodes_metrics_in_cloudmonitor(
             super().__init__(*args, clock=now, **kw)
 
     monkeypatch.setattr(command, "CloudMonitorSource", AtNow)
+
+
+def test_a_forged_figure_alone_neither_rolls_back_nor_promotes(cloud, monkeypatch, tmp_path):
+    """Any node may write any custom metric (cms:PutCustomMetric takes no resource), so one node
+    of the stable group claims 30 5xx for the candidate track while the CLB's backends answered
+    none: the window's totals disagree with the load balancer's, the rollout holds the split
+    and pauses itself (no rollback, no promotion) until a person acts; here the operator aborts.
+    With no forger, the same candidate's honest figures would pass (the CLB saw no 5xx)."""
+    fake, sim = cloud
+    stack = FakeStack(sim, {"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
+    state_file = tmp_path / "fleets" / STACK / "rollout.json"
+    sleeps = [0]
+
+    def operator() -> None:  # a person reads the pause and aborts
+        sleeps[0] += 1
+        if RolloutState(state_file).read().get("status") == "paused" and sleeps[0] > 3:
+            RolloutState(state_file).update(lambda d: d.update(control="abort"))
+        assert sleeps[0] < 50, "the rollout neither paused nor ended"
+
+    _publish_at_first_sleep(fake, stack, monkeypatch, balancer_errors=0, each_sleep=operator)
     code, out = _run(
         stack, monkeypatch, tmp_path, Windows(), prometheus="", bake="60s", window=None
     )
-    assert code == 10, out
-    assert out.startswith(
-        f"rollout {STACK}: figures from CloudMonitor (the nodes' RequestCount, ErrorCount, "
-        "LatencyP99 per scaling group, cn-shanghai): each window reads a 60 s period"
-    ), out
-    judged = [line for line in out.splitlines() if "step 1 10 %" in line]
-    assert "100 req, 30.00 % 5xx" in judged[0] and "900 req, 0.00 % 5xx" in judged[0], out
-    assert "error_ratio" in judged[0]
-    assert fake.refused == []
-    # what the source asked: each track's scaling group in the stack's application group
-    asked = [c["params"] for c in fake.calls if c["action"] == "DescribeMetricList"]
-    assert {a["MetricName"] for a in asked} == {"RequestCount", "ErrorCount", "LatencyP99"}
-    assert {a["Namespace"] for a in asked} == {f"acs_customMetric_{FAKE_ALI_ACCOUNT}"}
+    assert "the nodes report 30 5xx, the load balancer saw 0 from its backends" in out, out
+    assert "-> hold" in out and "paused" in out, out
+    assert "guard error_ratio" not in out and "promoted" not in out, out
+    assert "aborted by `torchfleet rollout abort`" in out, out  # the person, not the figure
     assert stack.values[KEY]["candidate_weight"] == 0 and sim.removed == []
 
 

@@ -264,18 +264,22 @@ def test_an_output_without_the_candidate_target_group_is_a_signal_error():
 class StubCms:
     """DescribeMetricList answers as the SDK hands them back (a body with a Datapoints string)."""
 
-    def __init__(self, points: list[dict], code: str = "200") -> None:
+    def __init__(
+        self, points: list[dict], code: str = "200", balancer: list[dict] | None = None
+    ) -> None:
         self.points, self.code, self.asked = points, code, []
+        self.balancer = balancer or []  # acs_slb_dashboard's answer: the CLB's own figures
 
     def describe_metric_list(self, request):
         from types import SimpleNamespace
 
         self.asked.append(request)
+        clb = request.namespace == signals.CLB_NAMESPACE
         body = SimpleNamespace(
             code=self.code,
             success=self.code == "200",
             message="denied" if self.code != "200" else None,
-            datapoints=json.dumps(self.points),
+            datapoints=json.dumps(self.balancer if clb else self.points),
             next_token=None,
         )
         return SimpleNamespace(body=body)
@@ -285,6 +289,7 @@ ALI_DIMS = {
     "namespace": "acs_customMetric_1208863178610000",
     "metric_group": "4242",
     "scaling_groups": {"stable": "asg-stable", "candidate": "asg-cand"},
+    "load_balancer": "lb-uf6test",
 }
 
 
@@ -319,10 +324,45 @@ def test_cloudmonitor_figures_that_cannot_be_read_are_a_signal_error(client, dim
 
 
 def test_cloudmonitor_asks_each_tracks_scaling_group_in_the_application_group():
-    client = StubCms([{"timestamp": 1, "Sum": 10.0, "Maximum": 0.2}])
+    # each track: 10 requests, 10 of them 5xx; the CLB: 20 requests, 20 backend 5xx in 60 s
+    client = StubCms(
+        [{"timestamp": 1, "Sum": 10.0, "Maximum": 0.2}],
+        balancer=[{"timestamp": 1, "Average": 20 / 60}],
+    )
     figures = _cms_source(client).end()
     assert figures["v1"].requests == 10.0 and figures["v2"].p99_s == 0.2
+    nodes = [r for r in client.asked if r.namespace == ALI_DIMS["namespace"]]
+    clb = [r for r in client.asked if r.namespace == "acs_slb_dashboard"]
+    assert {r.metric_name for r in clb} == {"InstanceQps", "InstanceUpstreamCode5xx"}
+    assert [json.loads(r.dimensions) for r in clb] == [[{"instanceId": "lb-uf6test"}]] * 2
+    client.asked = nodes
     dims = {json.loads(r.dimensions)[0]["dimension"] for r in client.asked}
     assert dims == {"scaling_group=asg-stable", "scaling_group=asg-cand"}
     assert {json.loads(r.dimensions)[0]["groupId"] for r in client.asked} == {"4242"}
     assert {r.period for r in client.asked} == {"60"}
+
+
+@pytest.mark.parametrize(
+    ("nodes", "balancer", "says"),
+    [
+        ((1000, 30), (1000, 30), None),  # they agree
+        ((990, 31), (1050, 28), None),  # minute edges, redirects the CLB answers itself
+        ((1000, 30), (1000, 0), "the nodes report 30 5xx, the load balancer saw 0"),  # forged
+        ((1000, 0), (1000, 30), "the nodes report 0 5xx, the load balancer saw 30"),  # hidden
+        ((5000, 0), (1000, 0), "the nodes report 5000 requests, the load balancer forwarded"),
+    ],
+)
+def test_the_nodes_totals_are_held_against_the_load_balancer(nodes, balancer, says):
+    if says is None:
+        signals.cross_check(*nodes, *balancer)
+        return
+    with pytest.raises(signals.SignalMismatch, match=says):
+        signals.cross_check(*nodes, *balancer)
+
+
+def test_a_stack_output_without_the_load_balancer_cannot_be_cross_checked():
+    client = StubCms([{"timestamp": 1, "Sum": 1.0, "Maximum": 0.2}])
+    dims = {k: v for k, v in ALI_DIMS.items() if k != "load_balancer"}
+    with pytest.raises(SignalError, match="names no load_balancer") as err:
+        _cms_source(client, dims).end()
+    assert not isinstance(err.value, signals.SignalMismatch)  # unreadable, not a forgery

@@ -6,6 +6,12 @@ HTTPS listener throughout, `torchfleet rollout` (infra/rollout/command.py) movin
 - a candidate that answers 5xx is rolled back by the error guard, a several-times slower one by
   the p99 guard, each within one evaluation window: the failed requests stay within the canary's
   share of the requests sent while it was in the rotation, and none fail after the rollback;
+- over a stable whose p99 lies between 100 and 250 ms (one latency bucket before the
+  buckets became fine), a candidate 1.5x slower at every batch size is rolled back by the p99
+  guard at its default 1.2, after the command said what that guard can see; a max_p99_ratio
+  finer than the buckets there is refused, nothing moved;
+- a candidate whose latency-budget batch cap falls to a quarter is rolled back by the capacity
+  guard (the nodes size their cap by latency: no --max-batch-size);
 - a model reference whose digest is wrong moves nothing.
 The nodes' /metrics are the figures (ScrapeSource); PrometheusSource's queries are unit-tested.
 No container; every load loop is bounded in requests and seconds."""
@@ -61,13 +67,21 @@ ROLLOUT = [
 pytestmark = pytest.mark.timeout(600)
 
 
-def _write_model(path: Path, mode: str, version: str) -> str:
+# Every model costs this per instance (a batch of 256 about 51 ms): the capacity the runtimes
+# measure at warm-up is then the model's, not the microsecond noise of a bare linear layer on a
+# shared CPU (which moved by a third between two files of the same model).
+ITEM_S = 0.0002
+
+
+def _write_model(path: Path, mode: str, version: str, **cost: float) -> str:
+    """A Switchable model file and its sidecar; `cost`: pace_s, item_s (rt_models)."""
     import torch
 
     sys.path.insert(0, str(RT_MODELS))
     import rt_models
 
-    torch.save(rt_models.switchable(mode).state_dict(), path)
+    cost.setdefault("item_s", ITEM_S)
+    torch.save(rt_models.switchable(mode, **cost).state_dict(), path)
     path.with_suffix(".json").write_text(json.dumps({"input_shape": [4], "version": version}))
     return f"{path}@sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
 
@@ -93,7 +107,7 @@ def _start_node(folder: Path, name: str) -> tuple[subprocess.Popen[bytes], Local
         "serve",
         *("--host", "127.0.0.1", "--port", str(port), "--model", str(model)),
         *("--model-format", "eager", "--factory", "rt_models:switchable"),
-        *("--max-delay-ms", "2", "--max-batch-size", "8", "--admin-token", admin.read_text()),
+        *("--max-delay-ms", "2", "--admin-token", admin.read_text()),
         *("--spot-watch", "off", "--log-format", "text", "--log-level", "warning"),
         *("--shadow-model", str(home / "shadow.pt"), "--shadow-sample", "1.0"),
     ]
@@ -248,3 +262,99 @@ def test_the_guards_read_prometheus_where_there_is_one(fleet, prometheus, capsys
     during, failed = load.sent(began, ended), load.failed(began, ended)
     assert 0 < failed <= 0.25 * during, (failed, during)
     print(f"prometheus errors: {failed} of {during} requests failed\n{out}")
+
+
+# The stable's pace and the slow candidate's (1.5x): with three clients, a request waits for at
+# most one batch before its own, so the stable's p99 sits between one and two paces (100-250 ms).
+PACE_S = 0.1
+SLOWER = 1.5
+# Two of three nodes at 67 %: each node, candidate or stable, takes a third of the requests (at
+# 50 % the one stable node would take twice a candidate node's and queue more).
+SPLIT_EVENLY = ("--strategy", "linear", "--steps", "67,100")
+GUARDED = ("--bake", "8s", "--window", "4s", "--guard", "min_requests=10")
+
+
+def _stable_version(fleet: Fleet) -> str:
+    """The recorded stable version, or (before any rollout) the one every node serves."""
+    recorded = fleet.local.state().read()["stable"]
+    if recorded:
+        return str(recorded["version"])
+    (serving,) = versions(fleet.local)
+    return serving
+
+
+def _paced_stable(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> str:
+    """Every node on a model paced at PACE_S per batch (promoted at once, only the error guard
+    in force: its p99 is meant to be higher); its version."""
+    stable = "paced"
+    if _stable_version(fleet) != stable:
+        ref = _write_model(fleet.models / "paced.pt", "good", stable, pace_s=PACE_S)
+        args = ("--model", ref, "--strategy", "all-at-once", *GUARDED)
+        code = under_load(
+            _load(fleet), lambda: _rollout(fleet, *args, "--guard", "min_p99_increase_s=10"), 0.5
+        )[0]
+        assert code == EXIT_OK, capsys.readouterr().out
+    capsys.readouterr()
+    return stable
+
+
+def test_a_candidate_slower_by_half_over_a_p99_between_100_and_250_ms_is_rolled_back(fleet, capsys):
+    stable = _paced_stable(fleet, capsys)
+    ref = _write_model(fleet.models / "slower.pt", "good", "slower", pace_s=PACE_S * SLOWER)
+    load = _load(fleet)
+    run = lambda: _rollout(fleet, "--model", ref, *SPLIT_EVENLY, *GUARDED)  # noqa: E731
+    code, began, ended = under_load(load, run, 1.0)
+    out = capsys.readouterr().out
+    assert code == EXIT_ROLLED_BACK, out
+    check_rolled_back(fleet.local, load, out, "p99", stable, (began, ended), answers_5xx=False)
+    # before the first step: the stable's p99 and the ratio the buckets resolve there
+    line = next(x for x in out.splitlines() if x.startswith("p99 guard: stable p99"))
+    p99_ms = float(line.split("stable p99 ", 1)[1].split(" ms", 1)[0])
+    ratio = float(line.split("tell apart there is ", 1)[1].split(" ", 1)[0])
+    assert 100 <= p99_ms <= 250 and ratio <= 1.2, line
+    numbers = fleet.local.state().read()["timeline"][-1]["numbers"]
+    seen = numbers["candidate"]["p99_s"] / numbers["stable"]["p99_s"]
+    assert seen > 1.2, numbers
+    print(f"p99: {line}\n{out}")
+
+
+def test_a_max_p99_ratio_finer_than_the_buckets_is_refused(fleet, capsys):
+    _paced_stable(fleet, capsys)
+    before = versions(fleet.local)
+    ref = _write_model(fleet.models / "fine.pt", "good", "fine")
+    fine = ("--guard", "max_p99_ratio=1.05", "--guard", "min_p99_increase_s=0")
+    args = ("--model", ref, *GUARDED, *fine)
+    code = under_load(_load(fleet), lambda: _rollout(fleet, *args), 0.5)[0]
+    out = capsys.readouterr().out
+    assert code == EXIT_USAGE, out
+    assert "max_p99_ratio = 1.05 is invalid" in out and "tell apart there is" in out, out
+    assert versions(fleet.local) == before
+    assert fleet.local.state().read()["status"] != "running"
+
+
+# A quarter of the stable's cap takes this long per batch in the candidate: within the default
+# 100 ms latency budget, twice as many instances are not.
+QUARTER_CAP_S = 0.08
+
+
+def test_a_candidate_whose_batch_cap_falls_to_a_quarter_is_rolled_back_by_capacity(fleet, capsys):
+    stable = _stable_version(fleet)
+    node = fleet.local.nodes()[0]
+    card = client.get_json(client.Target.parse(fleet.local.urls()[node]), "/v1/model", timeout=5)
+    cap = card["max_batch_size"]  # Tiny's, sized by the latency budget on this machine
+    assert cap >= 8 and card["batch_cap_method"] == "latency", card
+    item_s = QUARTER_CAP_S / (cap // 4)
+    ref = _write_model(fleet.models / "narrow.pt", "good", "narrow", item_s=item_s)
+    load = _load(fleet)
+    code, began, ended = under_load(load, lambda: _rollout(fleet, "--model", ref, *GUARDED), 1.0)
+    out = capsys.readouterr().out
+    assert code == EXIT_ROLLED_BACK, out
+    check_rolled_back(fleet.local, load, out, "capacity", stable, (began, ended), answers_5xx=False)
+    numbers = fleet.local.state().read()["timeline"][-1]["numbers"]
+    cand, base = numbers["candidate"], numbers["stable"]
+    assert base["batch_cap"] == cap and cand["batch_cap"] == cap // 4, numbers
+    assert cand["capacity_items_per_s"] < 0.8 * base["capacity_items_per_s"], numbers
+    # the node that ran it said so: its log and its last reload (back to the stable now)
+    log = (fleet.folder / f"{node}.log").read_text()
+    assert f"the batch cap changed from {cap} to {cap // 4}" in log, log[-2000:]
+    print(f"capacity: {numbers}\n{out}")

@@ -154,3 +154,116 @@ def test_ab_holds_one_share_below_100():
     for bad in (None, "100", "0", "10,100", "ten"):
         with pytest.raises(RolloutSettingsError, match="one percent 1-99 with --strategy ab"):
             steps("ab", bad)
+
+
+# --- what the p99 guard can see, and the capacity guard ----------------------------------------
+
+OLD_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def test_the_latency_buckets_resolve_a_fifth_from_5_ms_to_5_s():
+    from torchfleet_compat.histogram import FINE_FROM_S, FINE_TO_S, LATENCY_BOUNDS, resolution
+
+    fine = [b for b in LATENCY_BOUNDS if FINE_FROM_S <= b <= FINE_TO_S]
+    assert fine[0] == 0.005 and fine[-1] == 5.0
+    assert max(b / a for a, b in zip(fine, fine[1:], strict=False)) <= 1.2 + 1e-9
+    assert list(LATENCY_BOUNDS) == sorted(set(LATENCY_BOUNDS))
+    assert 0.2 in LATENCY_BOUNDS  # the latency alert's threshold is a bound
+    # the issue's case: any p99 between 100 and 250 ms sat in one bucket
+    assert resolution(0.12, OLD_BOUNDS) == 2.5
+    for p in (0.0051, 0.012, 0.12, 0.24, 0.7, 4.9):
+        assert resolution(p, LATENCY_BOUNDS) <= 1.2, p
+    assert resolution(0.0005, LATENCY_BOUNDS) == float("inf")  # the lowest bucket starts at 0
+    assert resolution(20.0, LATENCY_BOUNDS) == float("inf")  # past the last finite bound
+
+
+def test_a_1_2x_slower_p99_reads_as_slower_on_the_new_buckets_only():
+    """Two tracks' p99s read with histogram_quantile from what each track's requests fill in:
+    the candidate 1.2x the stable at every request. On the old buckets, both read in the same
+    bucket; on the new ones the reading moves by about the ratio."""
+    from torchfleet_compat.histogram import LATENCY_BOUNDS
+
+    def p99(latencies: list[float], bounds) -> float:
+        counts = {b: float(sum(1 for x in latencies if x <= b)) for b in bounds}
+        counts[float("inf")] = float(len(latencies))
+        value = quantile(0.99, counts)
+        assert value is not None
+        return value
+
+    stable = [0.105 + 0.0001 * i for i in range(200)]  # 105-125 ms
+    cand = [x * 1.2 for x in stable]
+    old = p99(cand, OLD_BOUNDS) / p99(stable, OLD_BOUNDS)
+    new = p99(cand, LATENCY_BOUNDS) / p99(stable, LATENCY_BOUNDS)
+    assert old < 1.1 < 1.15 < new, (old, new)
+    verdict = judge(
+        Figures("v1", 1000, 0, p99(stable, LATENCY_BOUNDS)),
+        Figures("v2", 1000, 0, p99(cand, LATENCY_BOUNDS)),
+        GuardSettings(max_p99_ratio=1.15),
+    )
+    assert verdict.guard == "p99", verdict
+
+
+def test_the_resolution_at_the_stable_p99_is_said_and_a_finer_ratio_refused():
+    from torchfleet_compat.histogram import LATENCY_BOUNDS
+
+    from infra.rollout.policy import p99_resolution
+
+    seen = p99_resolution(0.13, LATENCY_BOUNDS, S)
+    assert (seen.lower_s, seen.upper_s, seen.ratio) == (0.12, 0.142, 1.183)
+    assert "130.0 ms, in the latency bucket 120-142 ms" in seen.text()
+    assert "tell apart there is 1.183" in seen.text()
+    # the old buckets at 130 ms: 100-250 ms, a ratio of 2.5; 1.2 is refused, named
+    with pytest.raises(RolloutSettingsError) as err:
+        p99_resolution(0.13, OLD_BOUNDS, S)
+    message = str(err.value)
+    assert "max_p99_ratio = 1.2 is invalid" in message
+    assert "a ratio of at least 2.5 here, or min_p99_increase_s of at least 0.15 s" in message
+    assert p99_resolution(0.13, OLD_BOUNDS, GuardSettings(max_p99_ratio=2.5)).ratio == 2.5
+    # where the absolute floor covers the bucket, the ratio does not decide: not refused
+    assert p99_resolution(0.003, LATENCY_BOUNDS, S).ratio == 2.0
+    with pytest.raises(RolloutSettingsError):
+        p99_resolution(0.003, LATENCY_BOUNDS, GuardSettings(min_p99_increase_s=0.001))
+
+
+def test_the_capacity_guard_compares_instances_per_second_at_the_cap():
+    stable = Figures("v1", 500, 0, 0.05, capacity=1000.0, batch_cap=16)
+    quarter = Figures("v2", 3, 0, None, capacity=240.0, batch_cap=4)
+    v = judge(stable, quarter, S)  # no traffic needed: it is what the node measured
+    assert (v.decision, v.guard) == ("rollback", "capacity"), v
+    assert "240 instances/s at batch cap 4, 0.24 of a stable node's 1000/s at cap 16" in v.reason
+    assert v.numbers["candidate"]["capacity_items_per_s"] == 240.0
+    assert judge(stable, Figures("v2", 100, 0, 0.05, 800.0, 16), S).decision == "ok"
+    assert judge(stable, Figures("v2", 100, 0, 0.05, 790.0, 16), S).guard == "capacity"
+    lax = guard_settings({"min_capacity_ratio": "0.2"})
+    assert judge(stable, Figures("v2", 100, 0, 0.05, 240.0, 4), lax).decision == "ok"
+    # no figure on either side (a cloud's per-track metrics): nothing judged
+    assert judge(Figures("v1", 500, 0, 0.05), quarter, S).decision == "wait"
+    with pytest.raises(RolloutSettingsError, match="min_capacity_ratio = '2'"):
+        guard_settings({"min_capacity_ratio": "2"})
+
+
+def test_a_scrape_carries_each_nodes_capacity_and_cap():
+    text = (
+        "# TYPE torchfleet_capacity_items_per_second gauge\n"
+        "torchfleet_capacity_items_per_second 812.5\n"
+        "# TYPE torchfleet_max_batch_size gauge\n"
+        "torchfleet_max_batch_size 32\n"
+    )
+    sample = parse_metrics(text)
+    assert (sample.capacity, sample.batch_cap) == (812.5, 32)
+    from infra.rollout.signals import capacity_of
+
+    assert capacity_of([(800.0, 32), (1000.0, 64), (0.0, 8)]) == (900.0, 32)
+    assert capacity_of([(0.0, 8)]) == (None, None)
+
+
+def test_the_latency_histogram_costs_what_the_docs_say_per_node():
+    """metrics.py's docstring and docs/monitoring.md state the series one node exposes for the
+    request-latency histogram: a series per bound, +Inf, _sum, _count and _created."""
+    from torchfleet_runtime.metrics import Metrics
+
+    m = Metrics()
+    m.request_duration.observe(0.1)
+    text = m.render().decode()
+    series = [x for x in text.splitlines() if x.startswith("torchfleet_request_duration_seconds")]
+    assert len(series) == 50, series  # the figure the docs state

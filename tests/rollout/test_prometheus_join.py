@@ -1,7 +1,8 @@
 """PrometheusSource's queries (infra/rollout/signals.py) evaluated by Debian's Prometheus engine
 (promtool's unit tests, no server): a node that reloaded v1 -> v2 while Prometheus was down
-leaves its v1 info series unmarked for 5 minutes; the window's requests, 5xx and p99 still go to
-v2 alone. And the recording rules join the same way (one expression, held equal here)."""
+leaves its v1 info series unmarked for 5 minutes; the window's requests, 5xx, p99 and the node's
+capacity at its batch cap still go to v2 alone. And the recording rules join the same way (one
+expression, held equal here)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def _promtool(tmp_path: Path, exprs: dict[str, str], expect: dict[str, list[dict
         f'torchfleet_request_duration_seconds_bucket{{{NODE},le="0.05"}}': "0+40x40",
         f'torchfleet_request_duration_seconds_bucket{{{NODE},le="0.1"}}': "0+50x40",
         f'torchfleet_request_duration_seconds_bucket{{{NODE},le="+Inf"}}': "0+50x40",
+        f"torchfleet_capacity_items_per_second{{{NODE}}}": "800x40",
+        f"torchfleet_max_batch_size{{{NODE}}}": "32x40",
     }
     doc = {
         "rule_files": [],
@@ -64,6 +67,8 @@ def test_a_window_after_a_restart_goes_to_the_version_served_now(tmp_path):
             "requests": queries["requests"],
             "errors": queries["errors"],
             "p99": f"round({queries['p99']}, 0.0001)",
+            "capacity": queries["capacity"],
+            "batch_cap": queries["batch_cap"],
         },
         {
             # 50 answers per 15 s, 5 of them 5xx, over a minute; 40 of each 50 within 0.05 s, so the
@@ -71,6 +76,9 @@ def test_a_window_after_a_restart_goes_to_the_version_served_now(tmp_path):
             "requests": [{"labels": v2, "value": 200}],
             "errors": [{"labels": v2, "value": 20}],
             "p99": [{"labels": v2, "value": 0.0975}],
+            # the node's capacity at its cap goes to the version it serves now
+            "capacity": [{"labels": v2, "value": 800}],
+            "batch_cap": [{"labels": v2, "value": 32}],
         },
     )
     assert "SUCCESS" in out, out
@@ -88,5 +96,5 @@ def test_the_plain_join_the_queries_replace_fails_there(tmp_path):
 
 def test_the_recording_rules_join_as_the_rollout_does():
     text = re.sub(r"\s+", " ", RULES.read_text())
-    assert text.count("group_left (model_version)") == 5
-    assert text.count(f"group_left (model_version) {CURRENT_VERSION}") == 5
+    assert text.count("group_left (model_version)") == 6
+    assert text.count(f"group_left (model_version) {CURRENT_VERSION}") == 6

@@ -157,16 +157,26 @@ class Switchable(Tiny):
     """Tiny whose behaviour is a buffer of its state_dict, so model files of one factory differ
     the way retrained models do: mode 0 answers as Tiny, 1 raises, 2 takes `SLOW_S` longer, 3
     answers its classes in reverse order, each only on instances whose first value is TRIGGER
-    (the clients' requests; warm-up's random samples never are), so every file loads and warms."""
+    (the clients' requests; warm-up's random samples never are), so every file loads and warms.
+    Two more buffers shape its cost: `pace_s`, seconds every batch holding a TRIGGER instance
+    takes (a model slower at every batch size on real traffic; warm-up's cap unchanged), and
+    `item_s`, seconds per instance of every batch, warm-up's too (its latency-budget cap falls)."""
 
     SLOW_S = 0.5
 
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("mode", torch.tensor(0))
+        self.register_buffer("pace_s", torch.tensor(0.0))
+        self.register_buffer("item_s", torch.tensor(0.0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x)
+        cost = float(self.item_s) * x.shape[0]
+        if float(self.pace_s) and bool((x[:, 0] == TRIGGER).any()):
+            cost += float(self.pace_s)
+        if cost:
+            time.sleep(cost)
         mode = int(self.mode)
         if mode == 0 or not bool((x[:, 0] == TRIGGER).any()):
             return y
@@ -178,9 +188,11 @@ class Switchable(Tiny):
         return y.flip(1)
 
 
-def switchable(mode: str = "good") -> Switchable:
+def switchable(mode: str = "good", pace_s: float = 0.0, item_s: float = 0.0) -> Switchable:
     m = Switchable()
     m.mode.fill_(MODES[mode])
+    m.pace_s.fill_(pace_s)
+    m.item_s.fill_(item_s)
     return m
 
 

@@ -68,8 +68,6 @@ def test_waiting_requests_form_one_padded_batch(start_runtime, client_for):
 class _Doubler:
     """A model that records the batch sizes it is given."""
 
-    device = torch.device("cpu")
-
     def __init__(self) -> None:
         self.sizes: list[int] = []
 
@@ -99,7 +97,12 @@ FLAT = {1: 0.008, 2: 0.008, 4: 0.008, 8: 0.009, 16: 0.009, 32: 0.010}  # GPU-lik
 def test_a_batch_between_buckets_is_padded_or_trimmed_by_measured_cost(seconds, arriving, runs):
     model = _Doubler()
     batcher = Batcher(
-        model, buckets_up_to(32), 0.0, 64, wait_for_arrivals=True, bucket_seconds=seconds
+        Predictor(model, torch.device("cpu"), None),
+        buckets_up_to(32),
+        0.0,
+        64,
+        wait_for_arrivals=True,
+        bucket_seconds=seconds,
     )
     xs = [torch.full((1, 3), float(i)) for i in range(20)]
     requests = [batcher.submit(x) for x in xs]

@@ -124,18 +124,51 @@ def test_a_named_config_file_must_exist(tmp_path):
         load_config({}, env={}, config_file=str(tmp_path / "nope.yml"))
 
 
-def test_serve_reports_config_errors_with_exit_2():
-    proc = subprocess.run(
-        [CLI, "serve", "--model", "m.pt", "--max-queue", "zero"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+def _serve(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CLI, "serve", *argv], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin"}
     )
+
+
+def test_serve_reports_config_errors_with_exit_2():
+    proc = _serve("--model", "m.pt", "--max-queue", "zero")
     assert proc.returncode == 2
     assert (
         "flag --max-queue: max_queue = 'zero' is invalid (expected an integer); "
         "allowed: an integer >= 1"
     ) in proc.stderr
+
+
+def test_a_network_address_without_a_token_is_refused_naming_the_keys(tmp_path):
+    """The image's case: host 0.0.0.0 and no token. The sentence names the key, the value and
+    every way out (a loopback host, a token key, allow_unauthenticated)."""
+    with pytest.raises(ConfigError) as err:
+        load_config({}, env={"TORCHFLEET_HOST": "0.0.0.0"}, config_file=None)
+    text = str(err.value)
+    assert text.startswith("env TORCHFLEET_HOST: host = '0.0.0.0' is invalid"), text
+    assert "predictions on a non-loopback address with no API token" in text
+    for key in ("127.0.0.1", "api_token / api_token_file", "allow_unauthenticated: true"):
+        assert key in text, key
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("a-token-of-sixteen-chars\n")
+    for env in (
+        {"TORCHFLEET_HOST": "0.0.0.0", "TORCHFLEET_API_TOKEN": "a-token-of-sixteen-chars"},
+        {"TORCHFLEET_HOST": "10.0.1.5", "TORCHFLEET_API_TOKEN_FILE": str(tokens)},
+        {"TORCHFLEET_HOST": "::", "TORCHFLEET_ALLOW_UNAUTHENTICATED": "true"},  # said so
+        {"TORCHFLEET_HOST": "::1"},  # loopback: only this machine
+        {"TORCHFLEET_HOST": "localhost"},
+        {},  # the default host, 127.0.0.1
+    ):
+        load_config({}, env=env, config_file=None)
+
+
+def test_serve_refuses_an_open_network_endpoint_before_loading_anything():
+    proc = _serve("--model", "/nonexistent/m.pt", "--host", "0.0.0.0")
+    assert proc.returncode == 2
+    assert "flag --host: host = '0.0.0.0' is invalid (predictions on a non-loopback" in (
+        proc.stderr
+    )
 
 
 def test_demo_model_is_deterministic_and_serves_its_own_answers(

@@ -113,3 +113,72 @@ def test_nothing_answering_is_exit_1(capsys):
 
     code = main(["diagnose", "--url", f"http://127.0.0.1:{free_port()}", "--window", "0"])
     assert code == 1 and "no runtime answers" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion:DeprecationWarning")
+def test_diagnose_reads_the_token_file_and_tls_from_the_node_config(
+    start_runtime, tmp_path, capsys
+):
+    """A converged node's shape: the token only in api_token_file, HTTPS with a certificate
+    whose names are not the loopback address. diagnose, given only the config file, gets in:
+    the model card answers 200 and the version block is full."""
+    import trustme
+    import yaml
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("node-7.fleet.example")  # not 127.0.0.1: the pin, not the name
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    (tmp_path / "api-tokens").write_text("# current\ndiagnose-test-token-0001\n")
+    settings = {
+        "host": "127.0.0.1",
+        "api_token_file": str(tmp_path / "api-tokens"),
+        "tls_cert_file": str(tmp_path / "cert.pem"),
+        "tls_key_file": str(tmp_path / "key.pem"),
+    }
+    rt = start_runtime(rt_models.tiny(), **settings)
+    config = tmp_path / "runtime.yml"
+    config.write_text(yaml.safe_dump({**settings, "port": rt.port}))
+
+    code, out = _run(capsys, "--config", str(config), "--window", "0", "--json")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert doc["url"] == f"https://127.0.0.1:{rt.port}"
+    assert doc["v1_model"] == {"status": 200, "access": "bearer token required"}
+    assert doc["model"]["model_version"] and doc["versions"]["runtime"]
+
+    # without the token the same node answers 401 and the version block is empty
+    (tmp_path / "other").write_text("not-the-token-of-node\n")
+    config.write_text(
+        yaml.safe_dump({**settings, "port": rt.port, "api_token_file": str(tmp_path / "other")})
+    )
+    code, out = _run(capsys, "--config", str(config), "--window", "0", "--json")
+    doc = json.loads(out)
+    assert doc["v1_model"]["status"] == 401 and doc["model"]["model_version"] is None
+
+
+def test_diagnose_trusts_only_the_node_s_own_certificate(start_runtime, tmp_path, capsys):
+    import trustme
+    import yaml
+
+    served, other = trustme.CA().issue_cert("node"), trustme.CA().issue_cert("node")
+    served.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    served.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    other.cert_chain_pems[0].write_to_path(str(tmp_path / "other.pem"))
+    rt = start_runtime(
+        rt_models.tiny(),
+        tls_cert_file=str(tmp_path / "cert.pem"),
+        tls_key_file=str(tmp_path / "key.pem"),
+    )
+    config = tmp_path / "runtime.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "port": rt.port,
+                "tls_cert_file": str(tmp_path / "other.pem"),  # a stranger's certificate
+                "tls_key_file": str(tmp_path / "key.pem"),
+            }
+        )
+    )
+    code = main(["diagnose", "--config", str(config), "--window", "0"])
+    assert code == 1 and "CERTIFICATE_VERIFY_FAILED" in capsys.readouterr().err

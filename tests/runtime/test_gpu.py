@@ -97,7 +97,8 @@ class Hungry(nn.Module):
 
 def test_a_real_cuda_oom_splits_and_lowers_the_cap(start_runtime, client_for):
     m = Hungry()
-    rt = start_runtime(m, device="cuda", max_batch_size=8)
+    # eager runs: a graph replays the kernels it captured, never Hungry's Python allocation
+    rt = start_runtime(m, device="cuda", max_batch_size=8, cuda_graphs="off")
     m.armed = True
     x = torch.randn(8, 4)
     status, _, doc = client_for(rt).predict(x.tolist())

@@ -128,16 +128,16 @@ def test_where_the_pass_does_not_apply_the_reason_is_recorded(convbn_file):
 
 def test_outputs_are_compared_by_structure_dtype_and_value_nan_included():
     t = torch.tensor([1.0, float("nan"), 3.0])
-    assert optimize._differs(t, t.clone(), "o") == ""
-    assert "differ by up to" in optimize._differs(t, t + 0.5, "o")
-    assert optimize._differs((t, {"a": t}), (t, {"a": t}), "o") == ""
-    assert optimize._differs((t, {"a": t}), (t, {"b": t}), "o") == (
+    assert optimize.differs(t, t.clone(), "o") == ""
+    assert "differ by up to" in optimize.differs(t, t + 0.5, "o")
+    assert optimize.differs((t, {"a": t}), (t, {"a": t}), "o") == ""
+    assert optimize.differs((t, {"a": t}), (t, {"b": t}), "o") == (
         "o[1]: dict with keys ['a'] became dict with keys ['b']"
     )
-    assert optimize._differs([t], (t, t), "o") == "o: list of 1 became tuple of 2"
+    assert optimize.differs([t], (t, t), "o") == "o: list of 1 became tuple of 2"
     ints = torch.tensor([1, 2])
-    assert optimize._differs(ints, ints + 1, "o") == "o: integer values differ"
-    assert optimize._differs(t, t.double(), "o").endswith("became tensor (3,) torch.float64")
+    assert optimize.differs(ints, ints + 1, "o") == "o: integer values differ"
+    assert optimize.differs(t, t.double(), "o").endswith("became tensor (3,) torch.float64")
 
 
 def test_the_demo_model_is_served_optimised_and_the_model_card_says_so(

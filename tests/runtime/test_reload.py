@@ -154,3 +154,41 @@ def test_reload_needs_the_admin_token(served_file):
         c.call("POST", "/admin/reload", headers={"Authorization": "Bearer " + "x" * 24})[0] == 401
     )
     assert c.call("GET", "/admin/reload", headers=AUTH)[0] == 405
+
+
+def test_a_reload_that_changes_the_batch_cap_says_so(tmp_path, start_runtime, caplog):
+    """The cap sized by the latency budget (no max_batch_size): a model that costs more per
+    instance fits fewer in the budget. The reload logs the change and /v1/model and /metrics
+    carry the cap and the instances/s it sustains (a rollout's capacity guard reads them)."""
+    path = tmp_path / "model.pt"
+    torch.save(rt_models.switchable("good").state_dict(), path)
+    svc = start_runtime(
+        model=str(path),
+        model_format="eager",
+        factory="rt_models:switchable",
+        admin_token=ADMIN,
+        log_level="info",
+    )
+    c = Client(svc.port)
+    before = c.get_json("/v1/model")[1]
+    cap = before["max_batch_size"]  # Tiny's: sized on this machine, a power of two
+    assert cap >= 8 and before["batch_cap_method"] == "latency", before
+    # a quarter of the cap takes 80 ms of the 100 ms budget, half of it 160 ms
+    torch.save(rt_models.switchable("good", item_s=0.08 / (cap // 4)).state_dict(), path)
+    status, _, data = c.call("POST", "/admin/reload", headers=AUTH)
+    assert status == 200, data
+    assert json.loads(data)["batch_cap"] == {"before": cap, "after": cap // 4}
+    after = c.get_json("/v1/model")[1]
+    assert after["max_batch_size"] == cap // 4
+    assert after["reloads"]["last"]["batch_cap"] == {"before": cap, "after": cap // 4}
+    # the quarter cap in 80 ms and a little (the sleep's overshoot)
+    assert (cap // 4) / 0.1 < after["capacity_items_per_s"] <= (cap // 4) / 0.08, after
+    assert after["capacity_items_per_s"] < 0.25 * before["capacity_items_per_s"], (before, after)
+    text = c.call("GET", "/metrics")[2].decode()
+    assert metric_value(text, "torchfleet_max_batch_size") == cap // 4
+    assert metric_value(text, "torchfleet_capacity_items_per_second") == pytest.approx(
+        after["capacity_items_per_s"], abs=0.1
+    )
+    changed = [r for r in caplog.records if "the batch cap changed" in r.getMessage()]
+    assert changed and changed[0].levelname == "WARNING", [r.getMessage() for r in caplog.records]
+    assert f"from {cap} to {cap // 4}" in changed[0].getMessage()

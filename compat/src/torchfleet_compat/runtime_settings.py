@@ -7,13 +7,17 @@ environment (`TORCHFLEET_<KEY>`). `parse_value(key, raw)` turns one raw value in
 or raises `ValueError` saying why. The runtime's config loader (torchfleet_runtime/config.py:
 sources and precedence) parses with it; infra builds the runtime's environment in Kubernetes and
 reads its defaults from it, and the inference_runtime role checks `inference_runtime_config`
-keys against it, all without importing the runtime (which needs torch).
+keys against it, all without importing the runtime (which needs torch). `access(...)` is the
+one rule of who may call /v1/*: a token, or loopback only, or `allow_unauthenticated` said in
+so many words; the runtime refuses to start otherwise and states the answer at start, in
+/v1/model and in `diagnose`.
 Standard library only, Python 3.8+.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -35,6 +39,7 @@ class Config:
     devices: Any = "auto"  # "auto" | "all" | a tuple of replicas, each a tuple of device ids
     precision: str = "fp32"
     optimize: str = "auto"
+    cuda_graphs: str = "auto"
     max_batch_size: int | None = None
     max_delay_ms: float = 5.0
     batch_wait: str = "arrivals"
@@ -59,6 +64,7 @@ class Config:
     api_token: str | None = None
     api_token_file: str | None = None
     admin_token: str | None = None
+    allow_unauthenticated: bool = False
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_min_version: str = "1.2"
@@ -253,6 +259,12 @@ FIELDS: dict[str, _Field] = {
         help="auto: a CPU TorchScript fp32 model runs optimize_for_inference where checked "
         "right and faster; off: as loaded",
     ),
+    "cuda_graphs": _choice(
+        "auto",
+        "off",
+        help="auto: a CUDA replica captures a CUDA graph per warmed bucket at warm-up and "
+        "replays those that answer as eager runs do and are faster; off: eager runs only",
+    ),
     "max_batch_size": _Field(
         _as_optional_int,
         "auto or an integer >= 1",
@@ -344,6 +356,12 @@ FIELDS: dict[str, _Field] = {
         "16-512 token characters",
         help="bearer token of POST /admin/reload (default: none, the admin API is off)",
     ),
+    "allow_unauthenticated": _Field(
+        _as_bool,
+        "true or false",
+        help="serve /v1/* without a token on a non-loopback host (default false: such a "
+        "config is refused at start)",
+    ),
     "tls_cert_file": _Field(
         _as_str,
         "a path to a PEM certificate (chain)",
@@ -418,3 +436,35 @@ def parse_value(key: str, raw: Any) -> Any:
     if value is not None and not field.check(value):
         raise ValueError("")
     return value
+
+
+LOOPBACK_NAMES = ("localhost",)
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: only this machine reaches the listener."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name other than localhost, or a wildcard such as ""
+        return False
+
+
+def access(host: str, tokens: bool, allow_unauthenticated: bool) -> str | None:
+    """Who may call /v1/* (predictions), in words; None when the settings must be refused: a
+    non-loopback `host` with no token (api_token, api_token_file) and no
+    `allow_unauthenticated: true`."""
+    if tokens:
+        return "bearer token required"
+    if is_loopback(host):
+        return "no token: loopback only"
+    if allow_unauthenticated:
+        return f"no token: anyone who reaches {host} (allow_unauthenticated: true)"
+    return None
+
+
+UNAUTHENTICATED_ALLOWED = (
+    "a loopback host (127.0.0.1, ::1, localhost); or api_token / api_token_file; or "
+    "allow_unauthenticated: true to serve predictions to the network without a token on purpose"
+)

@@ -266,6 +266,7 @@ ROWS: tuple[RowSpec, ...] = (
                     ),
                 ),
                 unit="percentunit",
+                width=6,
                 stacking="percent",
                 description="The split an A/B or a canary holds (torchfleet rollout, the "
                 "stack's rollout.candidate_weight, HAProxy weights).",
@@ -280,6 +281,7 @@ ROWS: tuple[RowSpec, ...] = (
                     ),
                 ),
                 unit="percentunit",
+                width=6,
                 threshold=0.001,
                 description="Each version's errors over 5 minutes: the rollout's error guard "
                 "compares the candidate with the stable version the same way.",
@@ -295,7 +297,23 @@ ROWS: tuple[RowSpec, ...] = (
                 ),
                 unit="s",
                 threshold=0.2,
-                description="Compare a new model version with the one it replaces.",
+                width=6,
+                description="Compare a new model version with the one it replaces: the "
+                "runtime's latency buckets resolve a 1.2x change from 5 ms to 5 s.",
+            ),
+            PanelSpec(
+                "Capacity per node by model version",
+                "timeseries",
+                (
+                    Target(
+                        f"stack_version:torchfleet_capacity_items_per_second:avg{{{S}}}",
+                        "{{model_version}}",
+                    ),
+                ),
+                width=6,
+                description="Instances per second one node sustains at its batch cap (measured "
+                "at warm-up): the rollout's capacity guard compares the candidate with the "
+                "stable version the same way.",
             ),
         ),
     ),

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from .auth import Tokens
-from .config import Config, ConfigError
+from .config import Config, ConfigError, access_of
 from .edges import EdgePool, edge_workers
 from .errors import ApiError
 from .httpd import HttpServer
@@ -93,11 +93,12 @@ class Service:
         self.http.start()
         self._listening = True
         log.info(
-            "listening on %s://%s:%d%s",
+            "listening on %s://%s:%d%s; predictions: %s",
             self.http.scheme,
             self.config.host,
             self.port,
             f" ({len(self.tokens)} API token(s) accepted)" if self.tokens.enabled else "",
+            access_of(self.config),
         )
 
     def start(self) -> None:

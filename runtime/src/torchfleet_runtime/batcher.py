@@ -198,6 +198,7 @@ class Batcher:
         self._wait_for_arrivals = wait_for_arrivals
         self._expected = 0  # requests being received: announced by expect(), not yet submitted
         self._forming: Worker | None = None  # the worker filling the next batch
+        self._idle = 0  # workers waiting in next_batch for a batch to form
         self._seconds_per_instance = 0.0  # EWMA, for Retry-After
         self.on_batch: list[Callable[[BatchInfo], None]] = []
         self.on_lost: list[Callable[[Worker], None]] = []
@@ -210,6 +211,21 @@ class Batcher:
     @property
     def cap(self) -> int:
         return self.buckets[-1]
+
+    @property
+    def capacity(self) -> float | None:
+        """Instances per second the node sustains with batches up to its cap: per live replica
+        the best rate of its warmed buckets (bucket over warm-up's fastest run of it; the cap
+        is the largest bucket within the latency budget at most a quarter below that rate, so
+        noise that moves the cap by one bucket barely moves this), summed. None when no
+        replica timed its buckets. A rollout's capacity guard compares it between versions."""
+        cap = self.cap
+        rates = [
+            max(b / s for b, s in w.bucket_s.items() if b <= cap and s > 0)
+            for w in self.live_workers()
+            if any(b <= cap and s > 0 for b, s in w.bucket_s.items())
+        ]
+        return sum(rates) if rates else None
 
     @property
     def thread_tuner(self) -> ThreadTuner | None:
@@ -261,11 +277,18 @@ class Batcher:
         is not thread-safe)."""
         if index in self._threads:
             raise RuntimeError("run_now() is only allowed before the worker starts")
-        return self.workers[index].run_split(tensor)
+        return self.workers[index].run_direct(tensor)
+
+    def check_now(self, sample: torch.Tensor, index: int = 0) -> None:
+        """Worker `index`'s start-up self-check of its batch assembly, in the caller's thread
+        (like run_now, only before that worker serves)."""
+        if index in self._threads:
+            raise RuntimeError("check_now() is only allowed before the worker starts")
+        self.workers[index].check_pipeline(sample)
 
     def attach_metrics(self, metrics: Metrics) -> None:
         self._metrics = metrics
-        metrics.batch_cap.set(self.cap)
+        metrics.set_cap(self.cap, self.capacity)
         for w in self.workers:
             w.metrics = metrics.device(w.label)
             w.metrics.torch_threads.set(w.threads or torch.get_num_threads())
@@ -356,7 +379,7 @@ class Batcher:
             log.warning("out of memory at batch %d: the batch cap is now %d", below, kept[-1])
             self.buckets = kept
             if self._metrics is not None:
-                self._metrics.batch_cap.set(self.cap)
+                self._metrics.set_cap(self.cap, self.capacity)
 
     def _retry_after(self) -> int:
         live = max(1, len(self.live_workers()))
@@ -376,13 +399,29 @@ class Batcher:
             size += chunk.n
         return take, size
 
-    def next_batch(self, worker: Worker) -> tuple[list[_Chunk], str] | None:
-        """The next batch for `worker` (blocking), or None once closed and empty."""
+    def next_batch(self, worker: Worker, wait: bool = True) -> tuple[list[_Chunk], str] | None:
+        """The next batch for `worker` (blocking), or None once closed and empty. With `wait`
+        False (a worker gathering its next batch while its current one runs): only a batch that
+        should run now by the same rules, and only when no other worker is idle (it takes
+        the batch at once instead); else None at once."""
         with self.cond:
-            while not self._queue or self._forming is not None:
-                if self._stopping and not self._queue:
+            if not wait:
+                if (
+                    not self._queue
+                    or self._forming is not None
+                    or self._idle > 0
+                    or not self._ready(self._queue[0].enqueued_at + self.max_delay_s)
+                ):
                     return None
-                self.cond.wait()
+            else:
+                self._idle += 1
+                try:
+                    while not self._queue or self._forming is not None:
+                        if self._stopping and not self._queue:
+                            return None
+                        self.cond.wait()
+                finally:
+                    self._idle -= 1
             self._forming = worker
             try:
                 reason = self._fill()
@@ -393,27 +432,44 @@ class Batcher:
                 chunks = [self._queue.popleft() for _ in range(take)]
                 self._queued -= size
                 self._set_depth()
-                worker.running = chunks
+                worker.running = worker.running + chunks
             finally:
                 self._forming = None
                 self.cond.notify_all()  # what is left is for another idle worker
             return chunks, reason
 
+    def give_back(self, worker: Worker, chunks: list[_Chunk]) -> None:
+        """Chunks `worker` took but will not run (its replica was lost before it started them)
+        go back to the head of the queue, in order, for another replica."""
+        back = {id(c) for c in chunks}
+        with self.cond:
+            self._queue.extendleft(reversed(chunks))
+            self._queued += sum(c.n for c in chunks)
+            worker.running = [c for c in worker.running if id(c) not in back]
+            self._set_depth()
+            self.cond.notify_all()
+
+    def _ready(self, deadline: float) -> str:
+        """Why the head batch should run now ("" while it should wait for company)."""
+        take, size = self._fitting()
+        if size >= self.cap or take < len(self._queue):
+            return "full"
+        if self._stopping:
+            return "draining"
+        if self._wait_for_arrivals and self._expected <= 0:
+            return "idle"
+        if deadline - self.clock() <= 0:
+            return "deadline"
+        return ""
+
     def _fill(self) -> str:
         """Wait (holding `cond`, which wait() releases) until the head batch should run; why."""
         deadline = self._queue[0].enqueued_at + self.max_delay_s
         while True:
-            take, size = self._fitting()
-            if size >= self.cap or take < len(self._queue):
-                return "full"
-            if self._stopping:
-                return "draining"
-            if self._wait_for_arrivals and self._expected <= 0:
-                return "idle"
-            remaining = deadline - self.clock()
-            if remaining <= 0:
-                return "deadline"
-            self.cond.wait(remaining)
+            reason = self._ready(deadline)
+            if reason:
+                return reason
+            self.cond.wait(deadline - self.clock())
 
     def _trimmed(self, worker: Worker, take: int, size: int, more: bool) -> tuple[int, int]:
         """The head chunks to run: all `take` of them padded up to their bucket, or fewer that

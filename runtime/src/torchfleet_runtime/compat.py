@@ -8,6 +8,7 @@ inline; keeping it in one module makes the supported range auditable).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, Callable, ContextManager
 
 import torch
@@ -20,6 +21,41 @@ HAS_AUTOCAST = hasattr(torch, "autocast")
 
 # torch.frombuffer: 1.10+. Used to turn request bytes into a tensor without numpy.
 HAS_FROMBUFFER = hasattr(torch, "frombuffer")
+
+
+def _cuda_graphs() -> tuple[str, dict[str, Any]]:
+    """Why graphs.py must not capture on this torch ("" when it may), and the capture's extra
+    arguments. torch.cuda.CUDAGraph and the torch.cuda.graph context (with `pool`) exist from
+    1.10, so 1.12 has them; but before `capture_error_mode` (2.1) a capture runs in CUDA's
+    global mode, where a CUDA call from any other thread of the process (another replica
+    warming, the old model serving during a reload) fails while the capture runs."""
+    if not (hasattr(torch.cuda, "CUDAGraph") and hasattr(torch.cuda, "graph")):
+        return f"torch {torch.__version__} has no CUDA graphs", {}
+    try:
+        params = inspect.signature(torch.cuda.graph.__init__).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    if "capture_error_mode" not in params:
+        return (
+            f"torch {torch.__version__} captures CUDA graphs in global mode only (other "
+            "threads' CUDA calls would fail during a capture)",
+            {},
+        )
+    return "", {"capture_error_mode": "thread_local"}
+
+
+CUDA_GRAPHS_WHY_NOT, CUDA_GRAPH_CAPTURE_ARGS = _cuda_graphs()
+
+# Tensor.untyped_storage: 2.0+; 1.12 has Tensor.storage() (deprecated in 2.x).
+_HAS_UNTYPED_STORAGE = hasattr(torch.Tensor, "untyped_storage")
+
+
+def storage_span(t: torch.Tensor) -> tuple[int, int]:
+    """The address range [start, end) of the memory `t`'s storage owns (views share it)."""
+    s = t.untyped_storage() if _HAS_UNTYPED_STORAGE else t.storage()
+    size = s.nbytes() if _HAS_UNTYPED_STORAGE else s.size() * t.element_size()
+    return s.data_ptr(), s.data_ptr() + size
+
 
 # torch.cuda.OutOfMemoryError: 2.0+ (a RuntimeError subclass). 1.12 raises a plain RuntimeError
 # whose message contains "out of memory".
@@ -57,15 +93,19 @@ def is_device_lost(exc: BaseException) -> bool:
     return any(phrase in text for phrase in _DEVICE_LOST)
 
 
-def autocast(device_type: str, dtype: torch.dtype | None) -> ContextManager[Any]:
-    """Autocast for `device_type` at `dtype`, or a no-op when dtype is None (fp32)."""
+def autocast(
+    device_type: str, dtype: torch.dtype | None, cache: bool = True
+) -> ContextManager[Any]:
+    """Autocast for `device_type` at `dtype`, or a no-op when dtype is None (fp32). `cache`
+    False while capturing a CUDA graph: PyTorch's CUDA-graph notes require autocast's cast
+    cache off there (cached casts would be freed behind the graph's back)."""
     if dtype is None:
         return contextlib.nullcontext()
     if not HAS_AUTOCAST:  # torch < 1.10: only CUDA autocast, fp16 only
         if device_type == "cuda" and dtype == torch.float16:
             return torch.cuda.amp.autocast()
         raise RuntimeError(f"torch {torch.__version__} has no autocast for {device_type}/{dtype}")
-    return torch.autocast(device_type=device_type, dtype=dtype)
+    return torch.autocast(device_type=device_type, dtype=dtype, cache_enabled=cache)
 
 
 def dispatcher_autocast_for_torchscript() -> None:

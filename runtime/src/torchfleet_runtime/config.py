@@ -16,9 +16,17 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from torchfleet_compat.problems import InvalidInput, Problems
-from torchfleet_compat.runtime_settings import ENV_PREFIX, FIELDS, Config, defaults, parse_value
+from torchfleet_compat.runtime_settings import (
+    ENV_PREFIX,
+    FIELDS,
+    UNAUTHENTICATED_ALLOWED,
+    Config,
+    access,
+    defaults,
+    parse_value,
+)
 
-__all__ = ["ENV_PREFIX", "FIELDS", "Config", "ConfigError", "load_config"]
+__all__ = ["ENV_PREFIX", "FIELDS", "Config", "ConfigError", "access_of", "load_config"]
 
 DEFAULT_CONFIG_FILE = "/etc/torchfleet/runtime.yml"
 
@@ -103,6 +111,15 @@ def load_config(
     return Config(**values), sources
 
 
+def access_of(config: Config) -> str:
+    """Who may call /v1/* under `config` (torchfleet_compat.runtime_settings.access), for the
+    start-up log line, /v1/model and `diagnose`. A Config built in code skips load_config's
+    refusal: then it says so plainly."""
+    tokens = bool(config.api_token or config.api_token_file)
+    stated = access(config.host, tokens, config.allow_unauthenticated)
+    return stated or f"no token: anyone who reaches {config.host} (not checked at start)"
+
+
 def _check_combinations(values: dict[str, Any], sources: dict[str, str], found: Problems) -> None:
     """Rules between keys, on the values that parsed (so one pass reports these too)."""
     model_format = values.get("model_format", defaults()["model_format"])
@@ -121,3 +138,13 @@ def _check_combinations(values: dict[str, Any], sources: dict[str, str], found: 
         missing = "tls_key_file" if cert else "tls_cert_file"
         given = "tls_cert_file" if cert else "tls_key_file"
         found.add(missing, None, f"a PEM path, required when {given} is set (HTTPS needs both)")
+    host = values.get("host", defaults()["host"])
+    tokens = bool(values.get("api_token") or values.get("api_token_file"))
+    if access(host, tokens, bool(values.get("allow_unauthenticated"))) is None:
+        found.add(
+            "host",
+            host,
+            UNAUTHENTICATED_ALLOWED,
+            where=sources.get("host", ""),
+            why="predictions on a non-loopback address with no API token",
+        )

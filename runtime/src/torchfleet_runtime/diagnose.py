@@ -1,8 +1,11 @@
 """`torchfleet-runtime diagnose`: what an on-call engineer needs from one node, in one screen.
 
-It asks the running runtime (the address and token of its config file, or `--url`): /readyz,
+It asks the running runtime (the address, token and TLS of its config file: api_token or the
+first token of api_token_file, HTTPS pinned to its tls_cert_file; `--url` overrides the
+address; on a converged node run it as the runtime's group, which owns the config): /readyz,
 /v1/model and /metrics twice, `--window` seconds apart, and prints
-- the node: state (with the replicas that fail, if degraded), versions (runtime, torch, CUDA,
+- the node: state (with the replicas that fail, if degraded), who may call /v1/* (the
+  runtime's own statement), versions (runtime, torch, CUDA,
   driver, Python), the model (version, format, precision, batch cap);
 - traffic over the window: requests/s by status code, latency p50/p99, queue depth;
 - where the time goes: each stage's mean and p99 over the window (decode, queue, model,
@@ -21,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import socket
+import ssl
 import sys
 import time
 import urllib.error
@@ -32,7 +37,10 @@ from typing import Any, Dict, Tuple
 from prometheus_client.parser import text_string_to_metric_families
 from torchfleet_compat.histogram import quantile
 
-from .config import ConfigError, load_config
+from .auth import read_token_file
+from .config import DEFAULT_CONFIG_FILE, ConfigError, load_config
+
+DEFAULT_CONFIG_DIR = os.path.dirname(DEFAULT_CONFIG_FILE)
 
 # The thresholds the alert rules use (roles/monitoring/files/rules/torchfleet-alerts.rules.yml):
 # a finding here is the same signal an alert fires on, seen from the node.
@@ -52,19 +60,61 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON document instead of text")
 
 
-def _base_url(args: argparse.Namespace) -> tuple[str, str | None]:
+class Target:
+    """Where and how to ask the runtime: its base URL, a token it accepts, and for HTTPS the
+    context that trusts the node's own certificate."""
+
+    def __init__(self, base: str, token: str | None, context: ssl.SSLContext | None) -> None:
+        self.base, self.token, self.context = base, token, context
+
+
+def pinned_context(cert_file: str) -> ssl.SSLContext:
+    """Trust exactly the certificate the runtime serves (its tls_cert_file), whoever issued it:
+    diagnose asks over loopback, where the certificate's names do not match, so the pin is the
+    check instead of the name; the image's HEALTHCHECK asks the same way)."""
+    ctx = ssl.create_default_context(cafile=cert_file)
+    ctx.verify_flags |= getattr(ssl, "VERIFY_X509_PARTIAL_CHAIN", 0x80000)  # a leaf as anchor
+    ctx.check_hostname = False
+    return ctx
+
+
+def target(args: argparse.Namespace) -> Target:
+    """The runtime's address, token and TLS from its config file (the token from api_token or
+    the first of api_token_file; HTTPS when tls_cert_file is set); `--url` overrides the
+    address. ConfigError when the config cannot be read (run as the runtime's group)."""
+    if args.config is None and _unreadable(DEFAULT_CONFIG_DIR):
+        raise ConfigError(
+            f"cannot read {DEFAULT_CONFIG_FILE} ({DEFAULT_CONFIG_DIR} is the runtime group's): "
+            "run as a member of that group, e.g. sudo -u torchfleet torchfleet-runtime diagnose"
+        )
     cfg, _ = load_config(config_file=args.config)
+    token = cfg.api_token
+    if token is None and cfg.api_token_file:
+        tokens = read_token_file(cfg.api_token_file)
+        token = tokens[0] if tokens else None
+    context = pinned_context(cfg.tls_cert_file) if cfg.tls_cert_file else None
     if args.url:
-        return args.url.rstrip("/"), cfg.api_token
+        return Target(args.url.rstrip("/"), token, context)
     host = cfg.host if cfg.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
     host = f"[{host}]" if ":" in host else host
-    return f"http://{host}:{cfg.port}", cfg.api_token
+    scheme = "https" if context else "http"
+    return Target(f"{scheme}://{host}:{cfg.port}", token, context)
 
 
-def _get(url: str, token: str | None = None, timeout: float = 10.0) -> tuple[int, bytes]:
+def _unreadable(directory: str) -> bool:
+    """The directory exists but this user may not enter it (is_file() then says False)."""
+    return os.path.isdir(directory) and not os.access(directory, os.X_OK)
+
+
+def _get(
+    url: str,
+    token: str | None = None,
+    timeout: float = 10.0,
+    context: ssl.SSLContext | None = None,
+) -> tuple[int, bytes]:
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -113,17 +163,22 @@ def _histogram(new: Samples, old: Samples, name: str, **match: str) -> dict[str,
     }
 
 
-def collect(base: str, token: str | None, window: float) -> dict[str, Any]:
+def collect(where: Target, window: float) -> dict[str, Any]:
     """Everything the report shows, as one document (raises OSError when nothing answers)."""
-    ready_status, ready_body = _get(base + "/readyz")
-    status, card_body = _get(base + "/v1/model", token)
+    base = where.base
+
+    def get(path: str, token: str | None = None) -> tuple[int, bytes]:
+        return _get(base + path, token, context=where.context)
+
+    ready_status, ready_body = get("/readyz")
+    status, card_body = get("/v1/model", where.token)
     card: dict[str, Any] = (
         json.loads(card_body) if status == 200 else {"error": card_body.decode(errors="replace")}
     )
     t0 = time.monotonic()
-    before = parse_metrics(_get(base + "/metrics")[1].decode())
+    before = parse_metrics(get("/metrics")[1].decode())
     time.sleep(window)
-    after = parse_metrics(_get(base + "/metrics")[1].decode())
+    after = parse_metrics(get("/metrics")[1].decode())
     seconds = time.monotonic() - t0
     devices = sorted(
         {dict(k).get("device", "") for k in _select(after, "torchfleet_replica_ready")}
@@ -138,6 +193,7 @@ def collect(base: str, token: str | None, window: float) -> dict[str, Any]:
         "url": base,
         "window_s": round(seconds, 2),
         "readyz": {"status": ready_status, "body": _json_or_text(ready_body)},
+        "v1_model": {"status": status, "access": card.get("access")},
         "versions": {
             "runtime": card.get("runtime_version"),
             "torch": card.get("torch_version"),
@@ -274,6 +330,7 @@ def render(doc: dict[str, Any]) -> str:
     lines = [
         f"node {doc['node']} ({doc['url']}), window {doc['window_s']} s",
         f"state {m.get('state')} (/readyz {doc['readyz']['status']})",
+        f"predictions: {doc['v1_model']['access'] or '-'} (/v1/model {doc['v1_model']['status']})",
         "versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val),
         f"model {m.get('name')} {m.get('model_version')} ({m.get('format')}, "
         f"{m.get('precision')}), batch cap {m.get('max_batch_size')}",
@@ -327,17 +384,30 @@ def render(doc: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        base, token = _base_url(args)
+        where = target(args)
     except ConfigError as exc:
         print(f"torchfleet-runtime diagnose: {exc}", file=sys.stderr)
         return 2
     try:
-        doc = collect(base, token, max(0.0, args.window))
+        doc = collect(where, max(0.0, args.window))
     except OSError as exc:
-        print(f"torchfleet-runtime diagnose: no runtime answers at {base}: {exc}", file=sys.stderr)
+        print(
+            f"torchfleet-runtime diagnose: no runtime answers at {where.base}: {exc}",
+            file=sys.stderr,
+        )
         return 1
     print(json.dumps(doc, indent=1) if args.json else render(doc))
     return 0
 
 
-__all__ = ["collect", "configure_parser", "findings", "parse_metrics", "quantile", "render", "run"]
+__all__ = [
+    "collect",
+    "configure_parser",
+    "findings",
+    "parse_metrics",
+    "pinned_context",
+    "quantile",
+    "render",
+    "run",
+    "target",
+]

@@ -1,8 +1,16 @@
 """Prometheus metrics: one registry per runtime (so tests can run several in one process).
 
 The names are a contract (dashboards and alert rules are written against them). Latencies are
-histograms in seconds. What one model replica does carries its `device` label (placement.py:
-cuda:0, cpu, cpu:1, cpu:0-1): `torchfleet_stage_duration_seconds{stage, device}` (decode,
+histograms in seconds. `torchfleet_request_duration_seconds` uses torchfleet_compat's
+LATENCY_BOUNDS (each bound at most 20 % above the one below from 5 ms to 5 s, coarse outside),
+which the rollout's guards and the node agent read it with: unlabelled, it costs one series per
+bound, +Inf, _sum, _count and _created per node (50, where the coarser buckets before it took
+18: tests/rollout/test_policy.py counts them). `torchfleet_capacity_items_per_second`: the
+instances per second the node sustains with batches up to its cap (Batcher.capacity), beside
+`torchfleet_max_batch_size`; both change on a reload or a lowered cap.
+
+What one model replica does carries its `device` label (placement.py: cuda:0, cpu, cpu:1,
+cpu:0-1): `torchfleet_stage_duration_seconds{stage, device}` (decode,
 queue, encode and write once per prediction, labelled with the replica that ran it; model once
 per batch run: the forward with its pad and split), `torchfleet_batch_size{device}`,
 `torchfleet_torch_threads{device}`, `torchfleet_oom_recoveries_total{device}`,
@@ -30,25 +38,13 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from torchfleet_compat.histogram import LATENCY_BOUNDS
 
 log = logging.getLogger(__name__)
 
-LATENCY_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
+# Each bound at most 20 % above the one below from 5 ms to 5 s (torchfleet_compat.histogram, which
+# the rollout's guards read them with): a p99 moved by that ratio reads as moved.
+LATENCY_BUCKETS = LATENCY_BOUNDS
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # Stages run from microseconds (decode of a binary body) to seconds (a big batch on CPU).
 STAGE_BUCKETS = (
@@ -170,6 +166,12 @@ class Metrics:
             registry=r,
         )
         self.batch_cap = Gauge("torchfleet_max_batch_size", "The batch cap in force.", registry=r)
+        self.capacity = Gauge(
+            "torchfleet_capacity_items_per_second",
+            "Instances per second the node sustains with batches up to its cap (the best rate of "
+            "warm-up's fastest runs, summed over the replicas); 0 when not timed.",
+            registry=r,
+        )
         self.torch_threads = Gauge(
             "torchfleet_torch_threads",
             "Torch intra-op threads the replica runs with now (auto: chosen under load).",
@@ -267,6 +269,11 @@ class Metrics:
             buckets=STAGE_BUCKETS,
             registry=r,
         )
+
+    def set_cap(self, cap: int, capacity: float | None) -> None:
+        """The batch cap in force and the instances per second it sustains (None: not timed)."""
+        self.batch_cap.set(cap)
+        self.capacity.set(capacity or 0.0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -188,12 +188,28 @@ class Predictor:
         self.amp_dtype = amp_dtype
         self._uses_torch = uses_torch
 
+    @property
+    def uses_torch(self) -> bool:
+        """False for ONNX: its session places and runs the batch itself (no device tensors)."""
+        return self._uses_torch
+
     def __call__(self, batch: torch.Tensor) -> Outputs:
+        return self.fetch(self.launch(batch))
+
+    def launch(self, batch: torch.Tensor, capturing: bool = False) -> Outputs:
+        """Start one batch: its outputs on the device, queued on the current CUDA stream and not
+        waited for (on CPU, computed). The batch travels at the model's input dtype; autocast
+        casts on the device. `capturing`: inside a CUDA graph capture (graphs.py)."""
         if not self._uses_torch:  # ONNX: the session handles device and precision itself
             return self._fn(batch)
-        with compat.inference_mode(), compat.autocast(self.device.type, self.amp_dtype):
-            out = self._fn(batch.to(self.device, non_blocking=True))
-        return _to_cpu(out)
+        with compat.inference_mode(), compat.autocast(
+            self.device.type, self.amp_dtype, cache=not capturing
+        ):
+            return self._fn(batch.to(self.device, non_blocking=True))
+
+    def fetch(self, out: Outputs) -> Outputs:
+        """`launch`'s outputs on the CPU (waits for the device), half precisions as float32."""
+        return _to_cpu(out) if self._uses_torch else out
 
 
 def _to_cpu(out: Outputs) -> Outputs:

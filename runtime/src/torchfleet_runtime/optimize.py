@@ -118,10 +118,12 @@ def _compare(base: Predictor, cand: Predictor, batch: torch.Tensor) -> tuple[flo
             outs[name] = pred(batch)
             if i >= SPECIALISE_RUNS:
                 best[name] = min(best[name], time.perf_counter() - t0)
-    return best["base"], best["cand"], _differs(outs["base"], outs["cand"], "outputs")
+    return best["base"], best["cand"], differs(outs["base"], outs["cand"], "outputs")
 
 
-def _differs(a: Any, b: Any, where: str) -> str:
+def differs(a: Any, b: Any, where: str) -> str:
+    """How `b` differs from `a` beyond RTOL/ATOL ("" when they agree): the one rule for a graph
+    that must answer as the model does (this module's candidate, graphs.py's replays)."""
     if isinstance(a, torch.Tensor):
         if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
             return f"{where}: {_kind(a)} became {_kind(b)}"
@@ -143,7 +145,7 @@ def _differs(a: Any, b: Any, where: str) -> str:
     else:
         return "" if a == b else f"{where}: {a!r} became {b!r}"
     for at, x, y in pairs:
-        found = _differs(x, y, at)
+        found = differs(x, y, at)
         if found:
             return found
     return ""

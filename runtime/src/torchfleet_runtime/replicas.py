@@ -5,7 +5,8 @@ Contract. `build_slot(config, places, module, ...)` starts one thread per `Place
 (placement.py); each pins itself there, then:
   1. loads the model onto its device, optimises it (optimize.py) and sizes its batch cap;
   2. once every replica has sized (or failed), warms the buckets of the smallest cap (one cap and
-     one set of buckets for the node: the shared queue forms batches any replica may run);
+     one set of buckets for the node: the shared queue forms batches any replica may run), then
+     captures a CUDA graph per warmed bucket where `cuda_graphs` allows (graphs.py);
   3. once every replica has warmed, the batcher is made with a worker per surviving replica;
      each replica runs the self-test (one JSON request through the real path) on its own worker
      and then serves in the same thread (see Batcher.serve_here).
@@ -31,6 +32,7 @@ from . import codec
 from .batcher import Batcher, thread_name
 from .config import Config
 from .errors import ApiError
+from .graphs import Graphs, capture
 from .model import LoadedModel, ModelError, load
 from .optimize import optimize
 from .placement import Place, pin_current_thread
@@ -52,6 +54,7 @@ class Replica:
     sample: torch.Tensor | None = None
     seconds: dict[int, float] = field(default_factory=dict)  # bucket -> fastest run
     warmed: list[int] = field(default_factory=list)
+    graphs: Graphs | None = None  # CUDA graphs captured at warm-up (graphs.py), or why not
     load_s: float = 0.0
     warm_s: float = 0.0
     error: BaseException | None = None
@@ -182,6 +185,7 @@ def build_slot(
                         {b: s.seconds[b] for b in buckets if b in s.seconds},
                         tuner(s),
                         s.place.threads or 0,
+                        s.graphs,
                     )
                 build.batcher = make_batcher([workers[k] for k in sorted(workers)], buckets)
         batcher = build.batcher
@@ -273,6 +277,8 @@ def _warm(config: Config, r: Replica, cap: int) -> None:
         r.sizing.runs,
         r.seconds,
     )
+    # every bucket is warm (readiness needs no graph): capture where it is right and faster
+    r.graphs = capture(r.loaded.predictor, r.sample, r.warmed, config.cuda_graphs)
     r.warm_s += time.perf_counter() - t0
     log.info("warmed batch sizes %s on %s in %.2f s", r.warmed, r.label, r.warm_s)
 
@@ -284,6 +290,7 @@ def _self_test(r: Replica, batcher: Batcher, index: int) -> None:
     assert r.loaded is not None and r.sample is not None
     t0 = time.perf_counter()
     meta = r.loaded.metadata
+    batcher.check_now(r.sample, index)  # staging kept only where not slower (staging.py)
     body = codec.dumps({"inputs": r.sample[0].tolist()})
     tensor, batched = codec.decode(body, "application/json", {}, meta.input_shape, meta.torch_dtype)
     outputs = batcher.run_now(tensor, index)

@@ -17,7 +17,10 @@ throughout.
   old batcher finishes what it holds and stops its workers. A model that fails on any replica
   leaves the old one serving: `ApiError` 422 naming why, an error log line,
   `torchfleet_reloads_total{result="failed"}`. One reload at a time (409). A degraded node may
-  reload: one that brings every replica back is ready again.
+  reload: one that brings every replica back is ready again. A reload whose model sustains
+  another batch cap logs the change (a warning: before, after, the instances/s at the new cap)
+  and its record in /v1/model's `reloads.last.batch_cap` says both; /v1/model's
+  `capacity_items_per_s` is what the batcher's `capacity` measured.
 - Drain (SIGTERM, SIGINT, a spot notice): /readyz and new predictions 503 with Connection:
   close at once; those 503s are not in-flight work. A prediction is admitted once its headers
   are accepted (its body may still be arriving). `drain()` returns as soon as every admitted
@@ -43,7 +46,7 @@ import torch
 
 from . import __version__, compat, gpu_metrics
 from .batcher import Batcher, BatchInfo
-from .config import Config, ConfigError
+from .config import Config, ConfigError, access_of
 from .cpus import usable_cpus
 from .errors import ApiError
 from .logs import BatchSummary
@@ -58,6 +61,10 @@ from .warmup import SizingReport
 from .worker import Worker
 
 log = logging.getLogger(__name__)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def configure_threads(config: Config) -> tuple[int, int]:
@@ -217,10 +224,12 @@ class Runtime:
             if len(slot.replicas) == 1
             else serving[0].place.device.type,
             precision=self.config.precision,
+            access=access_of(self.config),
             optimization=slot.loaded.optimization,
             state=self.state,
             max_batch_size=slot.batcher.cap,
             batch_cap_method=slot.sizing.method,
+            capacity_items_per_s=_rounded(slot.batcher.capacity),
             warmed_batch_sizes=list(slot.batcher.buckets),
             max_delay_ms=self.config.max_delay_ms,
             max_queue=slot.batcher.max_queue,
@@ -254,6 +263,7 @@ class Runtime:
             "warm_s": round(r.warm_s, 3),
         }
         if worker is not None:
+            out["pipeline"] = worker.describe()
             out["busy_s"] = round(worker.busy_s, 3)
             out["recent_batches"] = [
                 {
@@ -454,11 +464,23 @@ class Runtime:
         self._activate(new)
         self._set_ready()  # every replica serves again (a reload heals a degraded node)
         self._start_shadow(new)
-        previous = old.version
+        previous, old_cap = old.version, old.batcher.cap
         old.batcher.close(timeout=self.config.stuck_timeout_s)  # finishes what it holds
         del old
         compat.cuda_empty_cache()
-        result = self._record_reload("ok", started, previous, new.version, None)
+        caps = (old_cap, new.batcher.cap)
+        result = self._record_reload(
+            "ok", started, previous, new.version, None, {"before": caps[0], "after": caps[1]}
+        )
+        if caps[0] != caps[1]:  # the new model sustains another batch: a rollout's capacity guard
+            log.warning(
+                "reload: the batch cap changed from %d to %d (%s), %s instances/s at the cap",
+                caps[0],
+                caps[1],
+                new.sizing.method,
+                _rounded(new.batcher.capacity),
+                extra={"fields": {"batch_cap": result["batch_cap"]}},
+            )
         log.info(
             "reload done: version %s serving (was %s) after %.2f s",
             new.version,
@@ -469,7 +491,13 @@ class Runtime:
         return result
 
     def _record_reload(
-        self, result: str, started: float, previous: str, version: str | None, error: str | None
+        self,
+        result: str,
+        started: float,
+        previous: str,
+        version: str | None,
+        error: str | None,
+        batch_cap: dict[str, int] | None = None,
     ) -> dict[str, Any]:
         self._reloads[result] += 1
         self.metrics.reloads.labels(result=result).inc()
@@ -480,6 +508,7 @@ class Runtime:
             "previous_version": previous,
             "model_version": version,
             "error": error,
+            "batch_cap": batch_cap,  # before and after an ok reload
         }
         return dict(self._last_reload)
 
