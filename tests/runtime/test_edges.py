@@ -183,8 +183,13 @@ def test_an_edge_killed_under_load_is_replaced_and_only_its_requests_fail(start_
                     else:
                         failed.append(f"{status} {doc}")
             except (ConnectionError, http.client.HTTPException) as exc:
+                # a connection the killed edge held: reset, closed, or its pipe broken
+                lost = isinstance(
+                    exc,
+                    (ConnectionError, http.client.RemoteDisconnected, http.client.IncompleteRead),
+                )
                 with lock:
-                    failed.append(type(exc).__name__)
+                    failed.append("connection lost" if lost else repr(exc))
 
     threads = [threading.Thread(target=load, args=(k,)) for k in range(4)]
     for t in threads:
@@ -205,9 +210,7 @@ def test_an_edge_killed_under_load_is_replaced_and_only_its_requests_fail(start_
         t.join(30)
     # only the killed edge's connections could fail (one in flight per client at most), never
     # with a wrong answer or an HTTP error
-    assert len(failed) <= 4 and all(
-        f in ("RemoteDisconnected", "ConnectionResetError") for f in failed
-    ), failed
+    assert len(failed) <= 4 and set(failed) <= {"connection lost"}, failed
     assert victim not in svc.http.pids()
 
 
