@@ -137,7 +137,8 @@ class EdgePool:
     # --- the listener interface --------------------------------------------------------------
 
     def start(self) -> None:
-        """Bind (OSError here when the port is taken), start the edges, push the state."""
+        """Bind (OSError here when the port is taken) and start the edges; they start while the
+        model loads (connections wait in the socket's backlog until an edge accepts them)."""
         host, port = self.config.host, self.config.port
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         self._listen = socket.create_server((host, port), family=family, backlog=1024)
@@ -149,7 +150,6 @@ class EdgePool:
             target=self._poll, name="torchfleet-edge-state", daemon=True
         )
         self._poller.start()
-        self.sync_state()
 
     def begin_closing(self) -> None:
         """Drain: every edge answers new predictions 503 with Connection: close from now on."""
