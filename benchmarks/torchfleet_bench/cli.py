@@ -37,6 +37,14 @@ COMMANDS = {
         "the GPU check's table: replicas vs one device, fp16 vs fp32, batching, memory sizing",
     ),
     "py39": ("py39", "the runtime on the legacy stack (Python 3.9, torch 1.12.1) in a container"),
+    "gpu-peers": (
+        "gpu_peers",
+        "the GPU side by side: torchfleet (edges 1 / auto) vs Mosec (1 / N decoders), wrk",
+    ),
+    "gpu-pack": (
+        "gpu_pack",
+        "wheels, wrk and an entry script for a GPU machine with no package index (.cache/)",
+    ),
 }
 
 

@@ -311,7 +311,10 @@ def quiesce(pid: int, limit_s: float, window_s: float = 0.25, idle_cores: float 
     return round(time.monotonic() - t0, 2)
 
 
-def offline(model: models.ModelFiles, threads: str, seconds: float) -> dict[str, Any]:
+def offline(
+    model: models.ModelFiles, threads: str, seconds: float, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The child process of peers/offline.py; `extra`: its other options (--device, --batches)."""
     env = base_env(Settings(threads=threads))
     p = subprocess.run(
         [
@@ -323,6 +326,7 @@ def offline(model: models.ModelFiles, threads: str, seconds: float) -> dict[str,
             ",".join(map(str, model.input_shape)),
             "--seconds",
             str(seconds),
+            *extra,
         ],
         capture_output=True,
         text=True,

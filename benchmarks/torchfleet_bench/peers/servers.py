@@ -42,6 +42,9 @@ class Settings:
     threads: str = "default"  # "default": leave torch's own; "1": OMP/MKL_NUM_THREADS=1
     max_batch: int = 16  # the peers' max batch size (torchfleet sizes its own)
     max_wait_ms: float = 10.0  # the peers' max wait for a batch to fill
+    # more environment for the server (the GPU side by side: device, decode workers, edges)
+    env: dict[str, str] = field(default_factory=dict)
+    python: Path | None = None  # a peer's interpreter (default: its venv under .cache/peers/)
 
 
 def venv_python(peer: str) -> Path:
@@ -58,6 +61,7 @@ def base_env(settings: Settings, extra_path: Path | None = None) -> dict[str, st
     if extra_path:
         env["PATH"] = f"{extra_path}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(settings.env)
     return env
 
 
@@ -107,7 +111,7 @@ class Server:
                 "--port",
                 str(self.port),
             ], base_env(s)
-        py = venv_python(self.name)
+        py = s.python or venv_python(self.name)
         if not py.exists():
             raise RuntimeError(
                 f"{self.name} is not installed: run benchmarks/peers/install.sh {self.name}"
