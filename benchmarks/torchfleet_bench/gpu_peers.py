@@ -146,7 +146,9 @@ def _cell(f: dict[str, Any] | None) -> str:
         return "-"
 
     def ms(v: float | None) -> str:
-        return "-" if v is None else f"{v:.3g}"
+        if v is None:
+            return "-"
+        return f"{v:.0f}" if v >= 10 else f"{v:.2g}"
 
     rss = "-" if f.get("rss_mb") is None else f"{f['rss_mb']:.0f}"
     err = f", {f['errors']} err" if f.get("errors") else ""

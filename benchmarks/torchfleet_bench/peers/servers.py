@@ -15,11 +15,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,7 +125,10 @@ class Server:
         if self.name == "litserve":
             return [str(py), str(APPS / "litserve_app.py"), str(self.port)], env
         if self.name == "mosec":
-            ipc = self.work / f"mosec-ipc-{secrets.token_hex(4)}"
+            # its unix sockets: a short path (AF_UNIX allows about 107 bytes; a deep work folder,
+            # such as the device tool's output folder, exceeds it), removed in stop()
+            ipc = Path(tempfile.mkdtemp(prefix="mosec-")) / "ipc"
+            self.info["ipc_dir"] = str(ipc.parent)
             return [
                 str(py),
                 str(APPS / "mosec_app.py"),
@@ -236,6 +239,8 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             rc = self.proc.wait()
         self._log.close()
+        if "ipc_dir" in self.info:
+            shutil.rmtree(self.info["ipc_dir"], ignore_errors=True)
         return {
             "exit_code": rc,
             "sigterm_to_exit_s": round(gone_s, 3),
