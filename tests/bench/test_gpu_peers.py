@@ -5,6 +5,7 @@ servers themselves run in the dry run (benchmarks/README.md), not here."""
 from __future__ import annotations
 
 import http.server
+import json
 import shutil
 import threading
 from pathlib import Path
@@ -163,3 +164,17 @@ def test_post_lua_sends_the_extra_headers_to_a_real_server(tmp_path):
         srv.shutdown()
     assert res.requests > 5 and res.errors == 0, raw
     assert set(_Headers.seen) == {("application/octet-stream", "1,16", "float32")}
+
+
+def test_the_first_answer_on_a_gpu_allows_tf32_rounding_not_a_wrong_answer():
+    from torchfleet_bench.peers import bench
+
+    expected = [1.0, -2.0, 0.5]
+    tf32 = json.dumps({"outputs": [1.004, -2.006, 0.503]}).encode()  # about 2**-10 relative
+    wrong = json.dumps({"outputs": [1.2, -2.0, 0.5]}).encode()
+    assert gpu_peers.tolerance("cpu") == (bench.RTOL, bench.ATOL)
+    assert bench.check_answer("t", tf32, expected, gpu_peers.tolerance("cuda"))["correct"]
+    with pytest.raises(RuntimeError, match="differs"):
+        bench.check_answer("t", tf32, expected, gpu_peers.tolerance("cpu"))
+    with pytest.raises(RuntimeError, match="differs"):
+        bench.check_answer("t", wrong, expected, gpu_peers.tolerance("cuda"))
