@@ -106,3 +106,10 @@ def test_the_entry_script_installs_without_an_index_and_parses():
     import subprocess
 
     assert subprocess.run([bash, "-n", str(script)]).returncode == 0
+
+
+def test_a_python_version_that_is_not_major_minor_is_refused(capsys):
+    with pytest.raises(SystemExit) as done:
+        gpu_pack.main(["--python-version", "cp312", "--out", "unused"])
+    assert done.value.code == 2
+    assert "--python-version = 'cp312' is invalid; allowed: MAJOR.MINOR" in capsys.readouterr().err

@@ -178,3 +178,10 @@ def test_the_first_answer_on_a_gpu_allows_tf32_rounding_not_a_wrong_answer():
         bench.check_answer("t", tf32, expected, gpu_peers.tolerance("cpu"))
     with pytest.raises(RuntimeError, match="differs"):
         bench.check_answer("t", wrong, expected, gpu_peers.tolerance("cuda"))
+
+
+def test_an_unknown_model_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit) as done:
+        gpu_peers.main(["--device", "cpu", "--models", "demo,huge"])
+    assert done.value.code == 2
+    assert "--models = 'demo,huge' is invalid; allowed: demo, wide" in capsys.readouterr().err
