@@ -1,7 +1,7 @@
 -- wrk script of `make bench-peers`: every connection POSTs the same body, and `done` prints one
 -- machine-readable line (WRK_JSON {...}) with wrk's exact counters and percentiles, so the
 -- harness does not have to trust the rounded text summary.
--- Usage: wrk -t T -c C -d D -s post.lua URL -- BODY_FILE [CONTENT_TYPE]
+-- Usage: wrk -t T -c C -d D -s post.lua URL -- BODY_FILE [CONTENT_TYPE ["Name: value" ...]]
 
 function init(args)
   local path = args[1]
@@ -13,6 +13,13 @@ function init(args)
   f:close()
   wrk.method = "POST"
   wrk.headers["Content-Type"] = args[2] or "application/json"
+  for i = 3, #args do
+    local name, value = string.match(args[i], "^([^:]+):%s*(.*)$")
+    if name == nil then
+      error("post.lua: a header must be 'Name: value', got " .. args[i])
+    end
+    wrk.headers[name] = value
+  end
 end
 
 function done(summary, latency, requests)

@@ -45,6 +45,14 @@ COMMANDS = {
         "pipeline",
         "the batch pipeline offline per bucket: eager vs staged vs CUDA graphs, worker work-ahead",
     ),
+    "gpu-peers": (
+        "gpu_peers",
+        "the GPU side by side: torchfleet (edges 1 / auto) vs Mosec (1 / N decoders), wrk",
+    ),
+    "gpu-pack": (
+        "gpu_pack",
+        "wheels, wrk and an entry script for a GPU machine with no package index (.cache/)",
+    ),
 }
 
 

@@ -163,7 +163,11 @@ FRESH_REPEATS = 5
 
 
 def first_request(
-    srv: Server, body: bytes, expected: list[float], timeout: float
+    srv: Server,
+    body: bytes,
+    expected: list[float],
+    timeout: float,
+    tolerance: tuple[float, float] = (RTOL, ATOL),
 ) -> dict[str, Any]:
     """One POST on a fresh connection right after ready. A server that is "ready" but cannot
     answer yet is retried every 50 ms (its figure then shows the gap); its answer must match.
@@ -185,7 +189,7 @@ def first_request(
         raise RuntimeError(
             f"{srv.name}: no 200 within {timeout:g} s of ready (last {status}: {data[:300]!r})"
         )
-    out.update(check_answer(srv.name, data, expected))
+    out.update(check_answer(srv.name, data, expected, tolerance))
     out["fresh_ms"] = []
     for _ in range(FRESH_REPEATS):
         status, data, ms = post()
@@ -195,7 +199,14 @@ def first_request(
     return out
 
 
-def check_answer(name: str, data: bytes, expected: list[float]) -> dict[str, Any]:
+def check_answer(
+    name: str,
+    data: bytes,
+    expected: list[float],
+    tolerance: tuple[float, float] = (RTOL, ATOL),
+) -> dict[str, Any]:
+    """The answer's outputs allclose to `expected` at (rtol, atol) `tolerance`."""
+    rtol, atol = tolerance
     try:
         got = json.loads(data)["outputs"]
     except (ValueError, KeyError, TypeError):
@@ -204,7 +215,7 @@ def check_answer(name: str, data: bytes, expected: list[float]) -> dict[str, Any
         raise RuntimeError(f"{name}: {len(got)} outputs, expected {len(expected)}")
     diff = max(abs(a - b) for a, b in zip(got, expected, strict=True))
     if not all(
-        math.isclose(a, b, rel_tol=RTOL, abs_tol=ATOL) for a, b in zip(got, expected, strict=True)
+        math.isclose(a, b, rel_tol=rtol, abs_tol=atol) for a, b in zip(got, expected, strict=True)
     ):
         raise RuntimeError(
             f"{name}: the answer differs from the in-process output (max |diff| {diff:.3g})"
@@ -311,7 +322,10 @@ def quiesce(pid: int, limit_s: float, window_s: float = 0.25, idle_cores: float 
     return round(time.monotonic() - t0, 2)
 
 
-def offline(model: models.ModelFiles, threads: str, seconds: float) -> dict[str, Any]:
+def offline(
+    model: models.ModelFiles, threads: str, seconds: float, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The child process of peers/offline.py; `extra`: its other options (--device, --batches)."""
     env = base_env(Settings(threads=threads))
     p = subprocess.run(
         [
@@ -323,6 +337,7 @@ def offline(model: models.ModelFiles, threads: str, seconds: float) -> dict[str,
             ",".join(map(str, model.input_shape)),
             "--seconds",
             str(seconds),
+            *extra,
         ],
         capture_output=True,
         text=True,

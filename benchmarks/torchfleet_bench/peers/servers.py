@@ -15,11 +15,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +42,9 @@ class Settings:
     threads: str = "default"  # "default": leave torch's own; "1": OMP/MKL_NUM_THREADS=1
     max_batch: int = 16  # the peers' max batch size (torchfleet sizes its own)
     max_wait_ms: float = 10.0  # the peers' max wait for a batch to fill
+    # more environment for the server (the GPU side by side: device, decode workers, edges)
+    env: dict[str, str] = field(default_factory=dict)
+    python: Path | None = None  # a peer's interpreter (default: its venv under .cache/peers/)
 
 
 def venv_python(peer: str) -> Path:
@@ -58,6 +61,7 @@ def base_env(settings: Settings, extra_path: Path | None = None) -> dict[str, st
     if extra_path:
         env["PATH"] = f"{extra_path}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(settings.env)
     return env
 
 
@@ -107,7 +111,7 @@ class Server:
                 "--port",
                 str(self.port),
             ], base_env(s)
-        py = venv_python(self.name)
+        py = s.python or venv_python(self.name)
         if not py.exists():
             raise RuntimeError(
                 f"{self.name} is not installed: run benchmarks/peers/install.sh {self.name}"
@@ -121,7 +125,10 @@ class Server:
         if self.name == "litserve":
             return [str(py), str(APPS / "litserve_app.py"), str(self.port)], env
         if self.name == "mosec":
-            ipc = self.work / f"mosec-ipc-{secrets.token_hex(4)}"
+            # its unix sockets: a short path (AF_UNIX allows about 107 bytes; a deep work folder,
+            # such as the device tool's output folder, exceeds it), removed in stop()
+            ipc = Path(tempfile.mkdtemp(prefix="mosec-")) / "ipc"
+            self.info["ipc_dir"] = str(ipc.parent)
             return [
                 str(py),
                 str(APPS / "mosec_app.py"),
@@ -232,6 +239,8 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             rc = self.proc.wait()
         self._log.close()
+        if "ipc_dir" in self.info:
+            shutil.rmtree(self.info["ipc_dir"], ignore_errors=True)
         return {
             "exit_code": rc,
             "sigterm_to_exit_s": round(gone_s, 3),

@@ -10,6 +10,7 @@ same `WrkResult`.
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -120,8 +121,17 @@ def _from_text(output: str) -> WrkResult:
 
 
 def command(
-    url: str, body: Path, connections: int, duration_s: float, threads: int, timeout_s: float
+    url: str,
+    body: Path,
+    connections: int,
+    duration_s: float,
+    threads: int,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
 ) -> list[str]:
+    """wrk's argv; `headers` (a binary body's Content-Type, X-Shape, X-Dtype) go to post.lua."""
+    hdrs = dict(headers or {})
+    content_type = hdrs.pop("Content-Type", "application/json")
     return [
         "wrk",
         "-t",
@@ -129,7 +139,7 @@ def command(
         "-c",
         str(connections),
         "-d",
-        f"{duration_s:g}s",
+        f"{max(1, math.ceil(duration_s))}s",  # wrk takes whole seconds only
         "--timeout",
         f"{timeout_s:g}s",
         "--latency",
@@ -138,6 +148,7 @@ def command(
         url,
         "--",
         str(body),
+        *([content_type, *(f"{k}: {v}" for k, v in hdrs.items())] if headers else []),
     ]
 
 
@@ -148,10 +159,11 @@ def run(
     duration_s: float,
     threads: int = 2,
     timeout_s: float = 30.0,
+    headers: dict[str, str] | None = None,
 ) -> tuple[WrkResult, str]:
     """-> (result, wrk's stdout). A socket timeout is `timeout_s`, far above any answer we
     expect, so a slow answer is measured rather than dropped (wrk's default is 2 s)."""
-    cmd = command(url, body, connections, duration_s, threads, timeout_s)
+    cmd = command(url, body, connections, duration_s, threads, timeout_s, headers)
     try:
         proc = subprocess.run(
             cmd, capture_output=True, text=True, timeout=duration_s + timeout_s + 30
