@@ -368,6 +368,10 @@ class Edge:
             self._stats_due = True
             self.http.loop.call_soon(self._send_stats)
 
+    def _ack(self, token: bytes) -> None:
+        self._send_stats()
+        self.writer.send(handoff.frame(handoff.ACK, token))
+
     def _send_stats(self) -> None:
         if self._stats_due:
             self._stats_due = False
@@ -412,7 +416,8 @@ class Edge:
                 elif kind == handoff.TOKENS:
                     self.tokens.reload()
                 elif kind == handoff.ACK_REQUEST:
-                    self.writer.send(handoff.frame(handoff.ACK, p))
+                    # through the event loop: what it has scheduled to send goes first
+                    self.loop_call(lambda p=p: self._ack(p))  # type: ignore[misc]
             if answers:
                 self.loop_call(lambda answers=answers: self._deliver(answers))  # type: ignore[misc]
             if not serving and told:
