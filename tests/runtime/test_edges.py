@@ -343,7 +343,8 @@ def test_edge_workers_auto_leaves_the_owner_its_cpus_and_bad_values_are_refused(
     cfg = Config()
     assert edges.edge_workers(cfg, on_gpu=True, cpus=16) == 15  # the owner keeps one CPU
     assert edges.edge_workers(cfg, on_gpu=False, cpus=16) == 4  # the model's threads keep most
-    assert edges.edge_workers(cfg, on_gpu=False, cpus=2) == 1
+    assert edges.edge_workers(cfg, on_gpu=False, cpus=2) == 0  # no core to spare: in-process
+    assert edges.edge_workers(cfg, on_gpu=False, cpus=4) == 1
     assert edges.edge_workers(cfg, on_gpu=True, cpus=1) == 1
     assert edges.edge_workers(cfg.replace(edge_workers=3), on_gpu=True, cpus=16) == 3
     assert edges.edge_workers(cfg.replace(edge_workers=0), on_gpu=True, cpus=16) == 0

@@ -339,7 +339,8 @@ FIELDS: dict[str, _Field] = {
         "auto or an integer >= 0",
         lambda v: v is None or v >= 0,
         help="HTTP edge processes in front of the model owner (default auto: on a GPU node "
-        "every usable CPU but one, on a CPU node one per four usable CPUs, at least 1; 0: the "
+        "every usable CPU but one, at least 1; on a CPU node one per four usable CPUs, none "
+        "below four; 0: the "
         "edge runs in the owner's process)",
     ),
     "api_token": _Field(

@@ -63,12 +63,14 @@ RESTART_BACKOFF_S = 1.0  # an edge that exits sooner than this after its start w
 
 def edge_workers(config: Config, on_gpu: bool, cpus: int | None = None) -> int:
     """`edge_workers`, auto resolved: on a GPU node every usable CPU but one for the owner (its
-    threads feed the GPU and do little arithmetic); on a CPU-only node one edge per four usable
-    CPUs, since there the model's torch threads need the cores the edges would take. At least 1."""
+    threads feed the GPU and do little arithmetic), at least 1; on a CPU-only node one edge per four
+    usable CPUs, since there the model's torch threads need the cores the edges would take, and
+    below four none (0: the edge in the owner's process): with no core to spare, a process hop
+    only costs (benchmarks/README.md, "Edge processes")."""
     if config.edge_workers is not None:
         return config.edge_workers
     n = usable_cpus() if cpus is None else cpus
-    return max(1, n - 1 if on_gpu else n // 4)
+    return max(1, n - 1) if on_gpu else n // 4
 
 
 # one queued answer: the request, the owner's call, a failure decided before the batch
