@@ -85,11 +85,11 @@ def stack_facts(stack: str, cfg: StackConfig | None = None) -> dict[str, Any]:
     """node.json for a stack: the group variables of its inventory output (infra.inventory)
     without the SSH login, and the GPU of every instance type of its cloud (infra.catalog).
     `cfg`: the program's validated config; None reads and validates Pulumi.<stack>.yaml."""
-    from infra import config, inventory, plan
+    from infra import config, inventory, stacks
 
     if cfg is None:
         try:
-            raw = plan.load_stack_config(stack)
+            raw = stacks.load_stack_config(stack)
         except FileNotFoundError as err:
             raise BundleError(str(err)) from err
         cfg = config.load(config.raw_from_pulumi_config(raw), stack)

@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager
 from infra.deploy import stage
 from infra.deploy.progress import Console
 from infra.deploy.stage import StageError
-from infra.plan import STACKS
+from infra.stacks import STACKS
 
 EPILOG = """exit codes:
   0 success                       6 converge: site.yml/verify.yml failed on a host
@@ -198,7 +198,9 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
     if args.command == "cost":
         from infra import spend
 
-        _print_summary(console, pipeline.cost(args.stack, console, spend.parse_since(args.since)))
+        with pipeline.spend_errors():
+            days = spend.parse_since(args.since)
+        _print_summary(console, pipeline.cost(args.stack, console, days))
         return stage.EXIT_OK
     if args.command == "demo":
         from infra.deploy import containers, demo

@@ -18,20 +18,21 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from infra import config as stack_config
-from infra import edge, healing, pricing
+from infra import healing, pricing
 from infra.config import BOOT_MODES, ConfigError
 from infra.deploy import capacity
-from infra.matrix import REPO_ROOT
 from infra.offline import OfflineRun, Registered, run_offline
 from infra.schedule import deploy_time
 
+# The stacks and their reading live in infra.stacks; imported here by name for the tests and
+# the scripts that import them from the offline plan.
+from infra.stacks import ALL_STACKS as ALL_STACKS
+from infra.stacks import KUBERNETES_STACKS as KUBERNETES_STACKS
+from infra.stacks import STACKS as STACKS
+from infra.stacks import load_stack_config as load_stack_config
+
 TITLE = "OFFLINE PLAN (mock engine: nothing is created)"
-STACKS = ("aws-dev", "aws-prod", "alicloud-dev", "alicloud-prod")
-KUBERNETES_STACKS = ("aws-k8s", "alicloud-k8s")  # mode: kubernetes (EKS, ACK)
-ALL_STACKS = STACKS + KUBERNETES_STACKS
 # Input properties worth a glance, by their (camelCase) name at any depth.
 KEY_PROPERTIES = {
     "cidrBlock",
@@ -147,26 +148,6 @@ KEY_PROPERTIES = {
     "nvidia.com/gpu",
     "image",
 }
-
-
-def load_stack_config(stack: str, path: Path | None = None) -> dict[str, Any]:
-    path = path or REPO_ROOT / f"Pulumi.{stack}.yaml"
-    if not path.exists():
-        raise FileNotFoundError(f"no stack file {path} (stacks: {', '.join(ALL_STACKS)})")
-    data = yaml.safe_load(path.read_text()) or {}
-    values = data.get("config") or {}
-    for key, value in values.items():
-        name = key.split(":", 1)[-1]
-        if isinstance(value, dict) and set(value) == {"secure"} and name in edge.SECRET_KEYS:
-            values[key] = edge.offline_placeholder(name)
-        elif isinstance(value, dict) and set(value) == {"secure"}:
-            raise ConfigError(
-                [
-                    f"{key} is a Pulumi secret: the offline plan cannot decrypt it; "
-                    "set a plain value in a copy of the stack file"
-                ]
-            )
-    return values
 
 
 def _flatten(value: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:

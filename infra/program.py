@@ -15,8 +15,8 @@ from pulumi.runtime.config import CONFIG, get_config_env
 from infra import config, inventory, pricing
 from infra.config import StackConfig
 from infra.cost import estimate, priced_types
-from infra.deploy.capacity import fallback_reason
 from infra.interface import Deployment
+from infra.market import fallback_reason
 from infra.schedule import iso_utc, ttl_expiry
 from infra.tags import base_tags
 

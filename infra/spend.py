@@ -29,11 +29,16 @@ from infra import billing
 from infra.billing import STACK_TAG, Spend, ce_client, window
 from infra.config import StackConfig
 from infra.cost import HOURS_PER_MONTH, CostEstimate
-from infra.deploy.stage import StageError
 
 __all__ = ["STACK_TAG", "Spend", "ce_client", "window"]  # infra.billing's, re-exported for the CLI
 SINCE = re.compile(r"^(\d{1,3})([dw])$")
 MAX_DAYS = 365  # Cost Explorer's history for daily granularity is 14 months; a year is plenty
+
+
+class SpendError(ValueError):
+    """A bad `--since` or no credentials to read the bill with: the operator's to fix before any
+    call is made. `torchfleet cost` reports it as its preflight stage's error
+    (infra.deploy.pipeline.spend_errors)."""
 
 
 def parse_since(text: str) -> int:
@@ -41,8 +46,7 @@ def parse_since(text: str) -> int:
     m = SINCE.match(text.strip())
     days = int(m.group(1)) * (7 if m.group(2) == "w" else 1) if m else 0
     if not 1 <= days <= MAX_DAYS:
-        raise StageError(
-            "preflight",
+        raise SpendError(
             f"--since = {text!r} is invalid; allowed: a number of days or weeks, 1d to "
             f"{MAX_DAYS}d (e.g. 7d, 2w)",
         )
@@ -63,7 +67,7 @@ def bss_client(region: str) -> Any:
 
     keys = alicloud_keys(os.environ, Path(os.environ.get("HOME") or Path.home()))
     if keys is None:
-        raise StageError("preflight", "no Alibaba Cloud credentials for BSS")
+        raise SpendError("no Alibaba Cloud credentials for BSS")
     return billing.bss_client(keys.config(region, os.environ.get("ALICLOUD_BSS_ENDPOINT")))
 
 

@@ -15,6 +15,9 @@ run_lint() {
   ruff format --check .
   echo "== mypy (pyproject.toml [tool.mypy]: infra, runtime, torchfleet-compat, the bench tool)"
   mypy
+  echo "== infra's layers (import-linter: pyproject.toml [tool.importlinter]) and no circle of imports"
+  lint-imports --no-cache
+  python scripts/check_import_circles.py
   echo "== runtime/, compat/, the node agent and the scripts roles run on nodes parse as Python 3.8"
   python scripts/check_py38.py runtime/src compat/src infra/bootstrap/torchfleet_agent \
     roles/preflight/library roles/autostop/files roles/gpu_monitoring/files roles/pytorch/files \

@@ -8,54 +8,26 @@ says so; with `spot.fallback: fail` the capacity error is the stage's error, wit
 Every `up` tries spot first: an on-demand node of an earlier fallback is replaced by a spot one
 as soon as an `up` finds spot capacity again.
 
-Groups fall back inside the cloud (infra.aws.fallback; Alibaba's ESS compensate_with_on_demand),
+The market rules themselves (MARKET_ENV, the capacity error codes) are infra.market's. Groups
+fall back inside the cloud (infra.aws.fallback; Alibaba's ESS compensate_with_on_demand),
 not here."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from infra.config import StackConfig
 from infra.deploy.stage import StageError
-
-# The program reads it (infra.program): the reason spot was left, empty or unset: spot.
-MARKET_ENV = "TORCHFLEET_SPOT_FALLBACK"
+from infra.market import MARKET_ENV as MARKET_ENV  # the tests read it here too
+from infra.market import can_fall_back, capacity_code
 
 T = TypeVar("T")
-
-# The providers' error codes for "no spot capacity at this price now" (not a quota or a typo).
-CAPACITY_ERRORS = (
-    "InsufficientInstanceCapacity",
-    "InsufficientCapacity",
-    "SpotMaxPriceTooLow",
-    "MaxSpotInstanceCountExceeded",
-    "capacity-not-available",
-    "OperationDenied.NoStock",
-    "Zone.NotOnSale",
-)
 
 
 def capacity_error(err: StageError) -> str | None:
     """The capacity error code `err` reports, or None (any other failure)."""
-    text = "\n".join([err.message, *err.details])
-    return next((code for code in CAPACITY_ERRORS if code in text), None)
-
-
-def can_fall_back(cfg: StackConfig | None) -> bool:
-    return (
-        cfg is not None
-        and cfg.mode == "instances"
-        and cfg.spot.enabled
-        and cfg.spot.fallback == "on_demand"
-    )
-
-
-def fallback_reason(cfg: StackConfig, env: Mapping[str, str] | None = None) -> str:
-    """The reason this program run buys on-demand, or "" (spot, or not instances mode)."""
-    reason = (os.environ if env is None else env).get(MARKET_ENV, "")
-    return reason if reason and can_fall_back(cfg) else ""
+    return capacity_code("\n".join([err.message, *err.details]))
 
 
 def provision(

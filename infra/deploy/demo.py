@@ -60,9 +60,10 @@ from infra.deploy.summary import Summary
 from infra.inventory import GROUP
 from infra.matrix import REPO_ROOT
 from infra.offline import run_offline
-from infra.plan import cost_rows, load_stack_config
+from infra.plan import cost_rows
 from infra.rollout.command import FLEETS
 from infra.rollout.local import FLEET_FILE, LocalFleet, LocalNode
+from infra.stacks import load_stack_config
 
 SHAPE_STACK = "aws-dev"  # the stack whose outputs the demo's inventory copies
 PLAN_STACKS = ("aws-dev", "alicloud-dev")

@@ -382,6 +382,16 @@ def status(stack: str, console: Console, ssh_key: str | None = None) -> Summary:
         return status_of(stack, result.values, cfg, INVENTORIES, pf.ssh_key)
 
 
+@contextlib.contextmanager
+def spend_errors() -> Iterator[None]:
+    """infra.spend's refusals (a bad `--since`, no credentials for the bill) as the preflight
+    stage's error: the operator's to fix before any call."""
+    try:
+        yield
+    except spend.SpendError as err:
+        raise StageError("preflight", str(err)) from err
+
+
 def cost(stack: str, console: Console, since_days: int, today: date | None = None) -> list[str]:
     """`torchfleet cost`: the stack's measured spend over the last `since_days` whole days next
     to the estimate for the same hours (infra.spend)."""
@@ -401,11 +411,12 @@ def cost(stack: str, console: Console, since_days: int, today: date | None = Non
         else:
             api, grant = "BSS DescribeInstanceBill", "read access to BSS (AliyunBSSReadOnlyAccess)"
         try:
-            measured = (
-                spend.aws_spend(stack, start, end)
-                if cfg.cloud == "aws"
-                else spend.alicloud_spend(stack, cfg.region, start, end)
-            )
+            with spend_errors():
+                measured = (
+                    spend.aws_spend(stack, start, end)
+                    if cfg.cloud == "aws"
+                    else spend.alicloud_spend(stack, cfg.region, start, end)
+                )
         except StageError:
             raise
         except Exception as err:  # the SDKs' errors: access denied, no data, the network

@@ -37,8 +37,8 @@ from infra.config import ConfigError, StackConfig
 from infra.cost import estimate
 from infra.credentials import ALI_FIX, CredentialsError, alicloud_keys, aws_credentials
 from infra.matrix import REPO_ROOT
-from infra.plan import load_stack_config
 from infra.schedule import deploy_time
+from infra.stacks import load_stack_config
 
 KEY_CANDIDATES = ("id_ed25519", "id_ecdsa", "id_rsa")
 SELF_MANAGED = ("file://", "s3://", "gs://", "azblob://", "postgres://")

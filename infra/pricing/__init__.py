@@ -33,34 +33,15 @@ from typing import Any
 from infra import catalog
 from infra.matrix import REPO_ROOT
 
+# What a backend answers (infra.pricing.aws / .alicloud import it from infra.pricing.quote: this
+# package imports its backends, never the reverse).
+from infra.pricing.quote import PricingError, Quote
+
 MODES = ("auto", "offline")
 CACHE_DIR = REPO_ROOT / ".cache" / "prices"
 CACHE_MAX_AGE = timedelta(hours=24)
 CACHE_FORMAT = 1
 MODE_ENV = "TORCHFLEET_PRICES"  # auto | offline: what the program uses when not told
-
-
-class PricingError(Exception):
-    """A cloud's price API did not answer as needed (the message says which call and why)."""
-
-
-def one_currency(currencies: set[str], api: str) -> str:
-    """The one currency an API answered in (PricingError when it used several)."""
-    if len(currencies) != 1:
-        raise PricingError(f"{api} answered in {sorted(currencies)}, not one currency")
-    return next(iter(currencies))
-
-
-@dataclass(frozen=True)
-class Quote:
-    """What a cloud's price APIs said for one region."""
-
-    currency: str
-    on_demand: Mapping[str, float]  # type -> per hour
-    spot: Mapping[str, float]  # type -> recent spot price per hour (mean over the zones)
-    fees: Mapping[str, float]  # catalog.FEES key -> amount
-    source: str  # the APIs asked
-    fetched: str  # ISO 8601 UTC
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ ECS DescribePrice (pay-as-you-go instance types and the ESSD system disk) and
 DescribeSpotPriceHistory, in the account's own currency (CNY on the China site, USD on the
 international one: the answers say which).
 
-Contract: `quote(region, zones, types, now)` -> infra.pricing.Quote, or PricingError naming
+Contract: `quote(region, zones, types, now)` -> infra.pricing.quote.Quote, or PricingError naming
 the call that failed. One try per call, short timeouts. ALICLOUD_ECS_ENDPOINT (a URL) overrides
 the region's ECS endpoint (a local fake in the tests). The NAT gateway, CLB, EIP, OSS and ACK
 fees have no ECS price API: they stay the reference table's figures where its currency is the
@@ -18,7 +18,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from infra.pricing import PricingError, Quote, one_currency
+from infra.pricing.quote import PricingError, Quote, one_currency
 
 HOURS_PER_MONTH = 730.0
 SPOT_WINDOW = timedelta(hours=24)

@@ -1,7 +1,7 @@
 """A region's prices from AWS: the Price List API (on-demand Linux prices and the fees of the
 rest of the bill) and EC2's spot price history.
 
-Contract: `quote(region, zones, types, now)` -> infra.pricing.Quote in the partition's currency
+Contract: `quote(region, zones, types, now)` -> infra.pricing.quote.Quote in the partition's currency
 (USD; CNY in the China regions, whose Price List endpoint is cn-northwest-1), or PricingError
 naming the call that failed. Every call has short timeouts and no retries: a plan without a
 network falls back at once. boto3 honours AWS_ENDPOINT_URL_PRICING / AWS_ENDPOINT_URL_EC2,
@@ -22,7 +22,7 @@ from statistics import mean
 from typing import Any
 
 from infra.billing import AWS_TIMEOUTS
-from infra.pricing import PricingError, Quote, one_currency
+from infra.pricing.quote import PricingError, Quote, one_currency
 
 
 class NotListed(PricingError):

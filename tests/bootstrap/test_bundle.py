@@ -124,10 +124,10 @@ def test_bad_stacks_fail_with_what_exists(tmp_path: Path) -> None:
 def test_an_invalid_stack_config_fails_before_packing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from infra import plan
+    from infra import stacks
 
     monkeypatch.setattr(
-        plan,
+        stacks,
         "load_stack_config",
         lambda stack: {"torchfleet:cloud": "aws", "torchfleet:cuda_profile": "cu999"},
     )

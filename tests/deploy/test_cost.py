@@ -112,8 +112,11 @@ def test_since(text, days):
 
 @pytest.mark.parametrize("text", ["0d", "366d", "7", "7h", "-1d", ""])
 def test_since_refused(text):
-    with pytest.raises(StageError):
+    with pytest.raises(spend.SpendError, match="--since"):
         spend.parse_since(text)
+    with pytest.raises(StageError) as err, pipeline.spend_errors():
+        spend.parse_since(text)
+    assert err.value.stage == "preflight"
 
 
 def bss_bill(calls: list):

@@ -444,7 +444,7 @@ def test_the_program_hands_the_bundle_its_validated_config(with_overrides, monke
     again (which may hold Pulumi secrets): the file is never opened here."""
     import tarfile
 
-    from infra import bundle, nodeboot, plan
+    from infra import bundle, nodeboot, stacks
 
     seen = []
     real = bundle.build
@@ -458,7 +458,7 @@ def test_the_program_hands_the_bundle_its_validated_config(with_overrides, monke
 
     nodeboot.clear_bundle_cache()
     monkeypatch.setattr(bundle, "build", recording)
-    monkeypatch.setattr(plan, "load_stack_config", no_file)
+    monkeypatch.setattr(stacks, "load_stack_config", no_file)
     try:
         run = run_offline(
             "aws-prod",
