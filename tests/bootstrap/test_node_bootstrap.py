@@ -65,6 +65,7 @@ STACK, REGION = "aws-prod", "us-east-1"
 GROUP, LAUNCH, TERMINATE = "torchfleet-aws-prod-asg", "torchfleet-launch", "torchfleet-terminate"
 BUNDLES, MODELS = "torchfleet-aws-prod-bundles", "torchfleet-test-models"
 MOTO_PORT, IMDS_PORT = 5000, 1338
+TOKEN = "bootstrap-test-token-0123456789"
 INSTANCE_TYPE = "m7i.large"  # not a GPU type of the catalog: preflight detects no GPU itself
 
 
@@ -199,6 +200,9 @@ def _group_vars(tmp: Path, model: Path) -> Path:
                 "inference_runtime_metadata_checksum": f"sha256:{sha256(model / 'model.json')}",
                 "inference_runtime_drain_timeout_s": 5,
                 "autostop_enabled": False,
+                # the node listens on every address, so it serves /v1/* only with a token (a
+                # stack's nodes read theirs from the cloud's secret; this test stack has none)
+                "inference_runtime_api_token": TOKEN,
                 # warm-up on a shared 2-core machine can outlast the role's default 3 minutes
                 "inference_runtime_ready_retries": 300,
             },
@@ -395,7 +399,8 @@ def _predict(node: Node) -> dict[str, Any]:
     script = (
         "import json, urllib.request as u; body=json.dumps({'inputs': [[[[0.5]*64]*64]*3]}).encode(); "
         "r=u.urlopen(u.Request('http://127.0.0.1:8080/v1/predict', data=body, "
-        "headers={'Content-Type': 'application/json'}), timeout=30); print(r.read().decode())"
+        f"headers={{'Content-Type': 'application/json', 'Authorization': 'Bearer {TOKEN}'}}), "
+        "timeout=30); print(r.read().decode())"
     )
     return json.loads(node.sh(f'python3 -c "{script}"'))
 
