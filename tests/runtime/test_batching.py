@@ -60,7 +60,7 @@ def test_waiting_requests_form_one_padded_batch(start_runtime, client_for):
         )
     assert [(b.size, b.bucket, b.chunks) for b in batches] == [(1, 1, 1), (7, 8, 7)]
     assert m.sizes == {8: 1}  # padded to the warmed bucket, not run at an unwarmed 7
-    text = rt.runtime.metrics.render().decode()
+    text = rt.runtime.metrics_text().decode()
     assert metric_value(text, "torchfleet_batch_size_count", 'device="cpu"') == 2
     assert metric_value(text, "torchfleet_batch_size_sum", 'device="cpu"') == 8
 
@@ -251,7 +251,7 @@ def test_past_the_queue_bound_503_with_retry_after_at_once(start_runtime, client
     for t, out in [(first, first_out), *queued]:
         t.join(20)
         assert out[0][0] == 200
-    text = rt.runtime.metrics.render().decode()
+    text = rt.runtime.metrics_text().decode()
     assert metric_value(text, "torchfleet_requests_total", 'code="503"') == 1
     assert metric_value(text, "torchfleet_requests_total", 'code="200"') == 3
 
@@ -269,7 +269,7 @@ def test_oom_frees_splits_retries_and_lowers_the_cap(start_runtime, client_for):
     assert rt.runtime.batcher.cap == 2 and c.get_json("/v1/model")[1]["max_batch_size"] == 2
     assert (
         metric_value(
-            rt.runtime.metrics.render().decode(), "torchfleet_oom_recoveries_total", 'device="cpu"'
+            rt.runtime.metrics_text().decode(), "torchfleet_oom_recoveries_total", 'device="cpu"'
         )
         == 2
     )
@@ -442,7 +442,7 @@ def test_not_ready_until_warm_up_ends(start_runtime, client_for):
     assert status == 503 and headers["Retry-After"] == "1"
     assert c.predict([1.0, 1.0, 1.0, 1.0])[0] == 503
     assert c.get_json("/livez")[0] == 200  # alive: it is making progress
-    assert metric_value(rt.runtime.metrics.render().decode(), "torchfleet_ready") == 0
+    assert metric_value(rt.runtime.metrics_text().decode(), "torchfleet_ready") == 0
     m.warm_gate.set()
     wait_until(lambda: c.call("GET", "/readyz")[0] == 200, "readiness")
     assert c.predict([1.0, 1.0, 1.0, 1.0])[0] == 200

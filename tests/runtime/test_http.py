@@ -123,7 +123,7 @@ def test_bad_input_is_a_json_4xx_and_the_server_keeps_serving(served, body, head
     assert ok == 200 and len(doc["outputs"]) == 3
     assert (
         metric_value(
-            rt.runtime.metrics.render().decode(), "torchfleet_requests_total", f'code="{status}"'
+            rt.runtime.metrics_text().decode(), "torchfleet_requests_total", f'code="{status}"'
         )
         >= 1
     )
