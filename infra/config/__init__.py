@@ -11,7 +11,8 @@ pass and docs/configuration.md's table come.
 
   keys.py        Key and `key(...)`: how a key is declared
   reader.py      the problem-collecting reader the parsers share; ConfigError
-  fleet.py       cloud, env, region, zones, mode, instance types, nodes, spot, scaling, boot, image
+  fleet.py       cloud, env, region, zones, mode, instance types, nodes, spot, scaling, warm pool
+  image.py       boot path, image, distro, CUDA profile, root disk
   network.py     VPC, admin and client CIDRs, port, SSH key, access, TLS, tokens
   operations.py  schedule, TTL, owner, tags, budget, model bucket, monitoring host
   kubernetes.py  the cluster block of mode: kubernetes (rules in infra/k8s/settings.py)
@@ -26,13 +27,11 @@ Imports below this package's modules: `from infra.config import X` for every nam
 
 from infra.config.checks import cross_checks
 from infra.config.fleet import (
-    BOOT_MODES,
     CLOUDS,
     ENVS,
     INTERRUPTION,
     LAUNCH_TIMEOUT_RANGE,
     MAX_PRICE_RATIO,
-    MIN_DISK_OVERHEAD_GB,
     MODES,
     POOL_MODES,
     SPOT_FALLBACKS,
@@ -41,6 +40,7 @@ from infra.config.fleet import (
     Spot,
     WarmPool,
 )
+from infra.config.image import BOOT_MODES, MIN_DISK_OVERHEAD_GB
 from infra.config.keys import REQUIRED, Key
 from infra.config.loader import load, raw_from_pulumi_config
 from infra.config.network import SSH_KEY_PREFIXES

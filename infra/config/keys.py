@@ -1,12 +1,13 @@
 """How a `torchfleet:` key is declared: once, as the field of a section's record.
 
-A section (infra/config/fleet.py, network.py, operations.py, kubernetes.py, rollout.py) is a
-frozen dataclass; each field that a stack file sets is declared with `key(...)`, which carries
-everything about it in one place: the field's name and type (the record), the YAML kind, the
-default, what is allowed and the one-line doc (the table in docs/configuration.md and the
-default wording of its errors), its sub-keys, and the parser that turns the raw value into the
-field's value. `declared(section)` reads the declarations back in the section's order; the
-loader (infra/config/loader.py) runs the parsers in that order and builds the StackConfig.
+A section (infra/config/fleet.py, image.py, network.py, operations.py, kubernetes.py and
+rollout.py) is a frozen dataclass; each field that a stack file sets is declared with `key(...)`,
+which carries everything about it in one place: the field's name and type (the record), the
+YAML kind, the default, what is allowed and the one-line doc (the table in
+docs/configuration.md and the default wording of its errors), its sub-keys, and the parser that
+turns the raw value into the field's value. `declared(section)` reads the declarations back in
+the section's order; the loader (infra/config/loader.py) runs the parsers in that order and
+builds the StackConfig.
 
 Rules between keys that no single parser owns are plain functions (infra/config/checks.py).
 """

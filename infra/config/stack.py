@@ -1,7 +1,7 @@
 """The record of a stack: `StackConfig`, the sections' fields together (each declared once, in
-its section: infra/config/fleet.py, network.py, operations.py, kubernetes.py, rollout.py), the
-stack's name and what the program adds after load (the region's prices, a spot fallback), and
-the figures derived from them (physical names, prices, spot caps)."""
+its section: infra/config/fleet.py, image.py, network.py, operations.py, kubernetes.py,
+rollout.py), the stack's name and what the program adds after load (the region's prices, a spot
+fallback), and the figures derived from them (physical names, prices, spot caps)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from torchfleet_compat import matrix as compat
 from infra import catalog, pricing
 from infra.catalog import InstanceType
 from infra.config.fleet import Fleet
+from infra.config.image import Image
 from infra.config.kubernetes import Kubernetes
 from infra.config.network import Network
 from infra.config.operations import Operations
@@ -22,13 +23,13 @@ from infra.matrix import load_matrix
 from infra.pricing import PriceBook
 
 # The sections in the stack file's order: the docs' table and the loader's pass follow it.
-SECTIONS: tuple[type, ...] = (Fleet, Network, Operations, Kubernetes, Rollout)
+SECTIONS: tuple[type, ...] = (Fleet, Image, Network, Operations, Kubernetes, Rollout)
 
 
 # A dataclass collects fields from its bases last base first: the bases below are SECTIONS
 # reversed, so the record's fields are in the same order. Every field is keyword-only.
 @dataclass(frozen=True, kw_only=True)
-class StackConfig(Rollout, Kubernetes, Operations, Network, Fleet):
+class StackConfig(Rollout, Kubernetes, Operations, Network, Image, Fleet):
     stack: str
     # The prices every estimate and spot cap uses (infra.pricing); None: the reference table.
     # load() never asks a cloud; the program resolves the region's own (with_prices).
