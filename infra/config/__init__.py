@@ -22,7 +22,10 @@ pass and docs/configuration.md's table come.
   table.py       FIELDS (every key, in order) and the docs' table
   loader.py      load()
 
-Imports below this package's modules: `from infra.config import X` for every name here.
+The rest of infra imports from the package (`from infra.config import X`, every name in
+`__all__`), never from its modules; the modules import each other in layers (pyproject.toml's
+`config` contract): loader, then table and checks, then stack, then the sections (which never
+import each other), then reader, then keys.
 """
 
 from infra.config.checks import cross_checks
@@ -60,7 +63,7 @@ from infra.config.rollout import (
     RolloutSplit,
     model_digest,
 )
-from infra.config.stack import StackConfig, distro_warning
+from infra.config.stack import SECTIONS, StackConfig, distro_warning
 from infra.config.table import FIELDS, KEYS, SUBKEYS, readme_table
 
 __all__ = [
@@ -84,6 +87,7 @@ __all__ = [
     "REQUIRED",
     "RESERVED_TAGS",
     "ROLLOUT_SUBKEYS",
+    "SECTIONS",
     "SPOT_FALLBACKS",
     "SSH_KEY_PREFIXES",
     "STABLE_BACKEND_WEIGHT",

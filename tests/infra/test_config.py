@@ -347,8 +347,16 @@ def test_each_key_is_declared_once_as_a_field_of_its_section():
     its parser) fills exactly one field, and a block's sub-keys are its record's fields."""
     from dataclasses import fields
 
-    from infra.config import FIELDS, Budget, Nodes, RolloutSplit, Scaling, Spot, StackConfig
-    from infra.config.stack import SECTIONS
+    from infra.config import (
+        FIELDS,
+        SECTIONS,
+        Budget,
+        Nodes,
+        RolloutSplit,
+        Scaling,
+        Spot,
+        StackConfig,
+    )
 
     record = {f.name for f in fields(StackConfig)} - {"stack", "prices", "fallback_reason"}
     parsed = [decl for decl in FIELDS.values() if decl.parse is not None]
