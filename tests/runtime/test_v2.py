@@ -5,6 +5,7 @@ edge in the owner's process (edge_workers 0) and in edge processes (2)."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 import threading
 
@@ -207,3 +208,19 @@ def test_fp16_model_binary_and_json(start_runtime, client_for):
         b"\0" * 16,
     )
     assert status == 400 and "float16" in json.loads(body)["error"]
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_bench_load_drives_v2_and_reads_the_server_cpu(start_runtime, tmp_path, binary):
+    from torchfleet_bench.load import main as load
+
+    svc = start_runtime(rt_models.tiny(), edge_workers=2)
+    out = tmp_path / "load.json"
+    argv = [f"http://127.0.0.1:{svc.port}", "--protocol", "v2", "--concurrency", "2"]
+    argv += ["--requests", "40", "--batch", "3", "--server-pid", str(os.getpid())]
+    assert load(argv + ["--json", str(out)] + (["--binary"] if binary else [])) == 0
+    report = json.loads(out.read_text())
+    (level,) = report["levels"]
+    assert report["config"]["route"] == "/v2/models/model/infer"
+    assert level["ok"] == level["requests"] == 40 and level["errors"] == {}
+    assert level["server_cpu_us_per_request"] > 0  # this process and its edge processes
