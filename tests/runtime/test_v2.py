@@ -8,6 +8,7 @@ import json
 import os
 import struct
 import threading
+import time
 
 import pytest
 import rt_models
@@ -224,3 +225,28 @@ def test_bench_load_drives_v2_and_reads_the_server_cpu(start_runtime, tmp_path, 
     assert report["config"]["route"] == "/v2/models/model/infer"
     assert level["ok"] == level["requests"] == 40 and level["errors"] == {}
     assert level["server_cpu_us_per_request"] > 0  # this process and its edge processes
+
+
+def test_a_drain_serves_an_admitted_v2_request_and_refuses_new_ones(start_runtime, client_for):
+    from test_batching import in_thread, wait_until
+
+    m = rt_models.Instrumented()
+    svc = start_runtime(m, max_batch_size=1, drain_timeout_s=30, edge_workers=0)
+    rt = svc.runtime
+    gated = _doc([rt_models.GATE_VALUE, 0, 0, 0])
+    stuck, stuck_out = in_thread(lambda: _infer(client_for(svc), gated))
+    assert m.entered.wait(20)
+    rt.request_stop("test")
+    svc.http.begin_closing()
+    status, h, body = _infer(client_for(svc), _doc())
+    assert status == 503 and h["Connection"] == "close" and "Retry-After" in h
+    assert "draining" in json.loads(body)["error"]
+    wait_until(lambda: client_for(svc).call("GET", "/v2/health/ready")[0] == 503, "not ready")
+    drained: list[bool] = []
+    waiter, _ = in_thread(lambda: drained.append(rt.drain(30)))
+    time.sleep(0.2)
+    assert not drained  # the admitted /v2 request is still running: the drain waits for it
+    m.gate.set()
+    waiter.join(10)
+    stuck.join(10)
+    assert drained == [True] and stuck_out[0][0] == 200
