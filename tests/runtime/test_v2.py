@@ -250,3 +250,14 @@ def test_a_drain_serves_an_admitted_v2_request_and_refuses_new_ones(start_runtim
     waiter.join(10)
     stuck.join(10)
     assert drained == [True] and stuck_out[0][0] == 200
+
+
+def test_the_body_limit_and_media_type_on_v2(start_runtime, client_for):
+    svc = start_runtime(rt_models.tiny(), max_body_mb=0.01)  # 10,485 bytes
+    client = client_for(svc)
+    big = _doc([0.5] * 4000, shape=(1000, 4))
+    status, h, body = _infer(client, big)
+    assert status == 413 and "max_body_mb" in json.loads(body)["error"] and "X-Request-Id" in h
+    status, _, body = _infer(client, _doc(), headers={"Content-Type": "text/plain"})
+    assert status == 415 and isinstance(json.loads(body)["error"], str)
+    assert _infer(client, _doc())[0] == 200

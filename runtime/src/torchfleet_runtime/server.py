@@ -12,11 +12,12 @@ metrics exposition); it never touches the batcher, the loaded model or the metri
 Headers: every /v1/predict answer carries `X-Request-Id` (the client's when it sent a sane one:
 1-128 of A-Z a-z 0-9 . _ : / + = @ -, else a new one) and `X-Model-Version` once a model is
 loaded; a 200 carries `Server-Timing: decode;dur=, queue;dur=, model;dur=, encode;dur=` (ms).
-Auth: with `api_token` or `api_token_file` set, /v1/* and /v2/* (but /v2/health/*) need `Authorization: Bearer <token>`
-with one of the accepted tokens (auth.py; 401 otherwise); /admin/* always needs `admin_token`
-and is 403 while none is configured; POST /admin/reload re-reads the token file too. Health
-and metrics stay open: load balancers and the scraper reach them from inside the network, which
-the security groups bound. With `tls_cert_file` the edge speaks HTTPS (tls.py).
+Auth: with `api_token` or `api_token_file` set, /v1/* and /v2/* (but /v2/health/*) need
+`Authorization: Bearer <token>` with one of the accepted tokens (auth.py; 401 otherwise);
+/admin/* always needs `admin_token` and is 403 while none is configured; POST /admin/reload
+re-reads the token file too. Health and metrics stay open: load balancers and the scraper reach
+them from inside the network, which the security groups bound. With `tls_cert_file` the edge
+speaks HTTPS (tls.py).
 """
 
 from __future__ import annotations
