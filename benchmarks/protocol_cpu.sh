@@ -33,11 +33,11 @@ curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null || { cat "$work/serve.log";
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); edge_workers $EDGES; $REQUESTS requests x $ROUNDS rounds at concurrency 8"
 for r in $(seq "$ROUNDS"); do
   for mode in "v1 json" "v1 binary" "v2 json" "v2 binary"; do
-    set -- $mode
+    read -r protocol body <<<"$mode"
     flag=()
-    [ "$2" = binary ] && flag=(--binary)
-    "$BENCH" load "http://127.0.0.1:$port" --protocol "$1" "${flag[@]}" --concurrency 8 \
-      --requests "$REQUESTS" --server-pid "$pid" --json "$work/$1-$2-$r.json" >/dev/null
+    if [ "$body" = binary ]; then flag=(--binary); fi
+    "$BENCH" load "http://127.0.0.1:$port" --protocol "$protocol" "${flag[@]}" --concurrency 8 \
+      --requests "$REQUESTS" --server-pid "$pid" --json "$work/$protocol-$body-$r.json" >/dev/null
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
