@@ -68,10 +68,11 @@ from infra.bootstrap.torchfleet_agent.metrics import (
     REQUEST_COUNT_METRIC,
 )
 from infra.constants import ALB_NAMESPACE, ROLLOUT_METRICS_OUTPUT
+from infra.rollout.errors import RolloutError
 from infra.rollout.policy import Figures, RolloutSettingsError
 
 
-class SignalError(RuntimeError):
+class SignalError(RolloutError):
     """The figures could not be read (the message says from where and why)."""
 
 
