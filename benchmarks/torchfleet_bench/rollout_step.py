@@ -1,12 +1,15 @@
 """`torchfleet-bench rollout-step`: one weight step of a group-mode rollout, timed under Pulumi's
-mock engine, moved two ways:
+mock engine, moved two ways (three timings):
 
 - `up`: the split's `rollout.candidate_weight` written and the whole `torchfleet up` pipeline
   run (preflight, provision, inventory, readiness, smoke: infra/deploy/pipeline.py), what a
   group-mode step did before the targeted step existed;
 - `targeted`: the same config change applied by the targeted step (infra/deploy/split.py): a
   `pulumi up` whose targets are the resources the new split changes, then the candidate's
-  readiness and a prediction through the endpoint.
+  readiness and a prediction through the endpoint; cold (the step runs the program under the
+  mock engine for the config before and after to find its targets: a rollout's first weight
+  step after the candidate's file was placed) and `targeted-warm` (the run of the config before
+  is the one the step before kept: a step after a step).
 
 What is real: the pipeline's and the step's own code (preflight's checks against this
 process's environment, with a stand-in `pulumi` on PATH that answers `version` and `whoami`,
@@ -18,7 +21,7 @@ server, answering /v1/model and /v1/predict), the group's health (as many health
 its desired size at once: no node boot is timed) and Cost Explorer. So the figure is what the
 controller itself spends per step, not a cloud's apply or boot time.
 
-The two paths alternate round by round (the machine is shared: compare within one run).
+The paths alternate round by round (the machine is shared: compare within one run).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from typing import Any
 
 from pulumi import automation as auto
 
-PATHS = ("up", "targeted")
+PATHS = ("up", "targeted", "targeted-warm")
 FAKE_PULUMI = """#!/bin/sh
 while [ "${1#--}" != "$1" ]; do shift; done
 case "$1" in
@@ -72,12 +75,18 @@ class MockEngineStack:
     def set_config(self, key: str, value: auto.ConfigValue, *, path: bool = False) -> None:
         self.values[key] = json.loads(value.value)
 
-    def up(self, target: list[str] | None = None, **_: Any) -> auto.UpResult:
+    def run(self) -> Any:
+        """The program under the mock engine with the current config (an infra.offline
+        OfflineRun); its outputs become the stack's."""
         from infra.offline import run_offline
 
         run = run_offline(self.stack, dict(self.values))
-        self.targets.append(target)
         self._outputs = {**run.outputs, "endpoint": self.endpoint}
+        return run
+
+    def up(self, target: list[str] | None = None, **_: Any) -> auto.UpResult:
+        self.run()
+        self.targets.append(target)
         return auto.UpResult(stdout="", stderr="", summary=None, outputs=self.outputs())  # type: ignore[arg-type]
 
     def outputs(self) -> dict[str, auto.OutputValue]:
@@ -150,8 +159,8 @@ def bench_machine(folder: Path) -> Iterator[None]:
         def update_cost_allocation_tags_status(self, **_: Any) -> dict[str, Any]:
             return {"Errors": []}
 
-    readiness.aws_group_health = healthy  # type: ignore[assignment]
-    spend.ce_client = NoBill  # type: ignore[assignment]
+    readiness.aws_group_health = healthy
+    spend.ce_client = NoBill
     try:
         yield
     finally:
@@ -163,30 +172,50 @@ def bench_machine(folder: Path) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _step_functions(
-    stack: str, handle: MockEngineStack, console: Any
-) -> dict[str, Callable[[], Any] | None]:
-    """path -> the `up` a CloudSplit runs for it (None: not built in this checkout)."""
+def _splits(stack: str, handle: MockEngineStack, console: Any) -> dict[str, Callable[[], Any]]:
+    """path -> a CloudSplit over `handle` that moves the split that way (a path not built in
+    this checkout is left out)."""
     from infra.deploy import automation, pipeline
+    from infra.rollout.cloud import CloudSplit
 
-    automation.open_stack = lambda name: handle  # type: ignore[assignment]
-    steps: dict[str, Callable[[], Any] | None] = {
-        "up": lambda: pipeline.up(stack, console),
-        "targeted": None,
-    }
+    setattr(automation, "open_stack", lambda name: handle)  # noqa: B010 (a stand-in, not a Stack)
+    say = lambda _: None  # noqa: E731
+
+    def whole() -> Any:
+        return CloudSplit(handle, lambda: pipeline.up(stack, console), tracks=None, say=say)  # type: ignore[arg-type]
+
+    splits: dict[str, Callable[[], Any]] = {"up": whole}
     try:
-        from infra.deploy import split as targeted
+        from infra.deploy.split import TargetedStep, config_values
     except ImportError:
-        return steps
-    steps["targeted"] = targeted.bench_step(stack, handle, console)
-    return steps
+        return splits
+    from infra import config
+
+    raw = {k.split(":", 1)[1]: v for k, v in handle.values.items()}
+    cfg = config.load(raw, stack)
+
+    def targeted(warm: bool) -> Any:
+        def refuse() -> None:
+            raise AssertionError("the targeted path ran the whole `up`")
+
+        # a new step each round: cold, neither config's program run is known yet (two runs for
+        # the targets: a rollout's first weight step after the candidate's file was placed);
+        # warm, the config before is (one run: a step after a step, whose run the step keeps)
+        step = TargetedStep(stack, handle, cfg, console)
+        if warm:
+            step.plan(config_values(handle.get_all_config()))
+        return CloudSplit(handle, refuse, tracks=None, say=say, step=step)  # type: ignore[arg-type]
+
+    splits["targeted"] = lambda: targeted(False)
+    splits["targeted-warm"] = lambda: targeted(True)
+    return splits
 
 
 def measure(
     stack: str, rounds: int, shares: tuple[int, int], say: Callable[[str], None]
 ) -> dict[str, Any]:
     from infra.deploy.progress import Console
-    from infra.rollout.cloud import KEY, CloudSplit
+    from infra.rollout.cloud import KEY
     from infra.rollout.policy import split
     from infra.stacks import load_stack_config
 
@@ -201,17 +230,15 @@ def measure(
     with tempfile.TemporaryDirectory() as tmp, balancer() as endpoint, bench_machine(Path(tmp)):
         handle = MockEngineStack(stack, {**base, KEY: block}, endpoint)
         console = Console(io.StringIO(), live=False)
-        steps = _step_functions(stack, handle, console)
-        built = [p for p in PATHS if steps[p] is not None]
+        splits = _splits(stack, handle, console)
+        built = [p for p in PATHS if p in splits]
         handle.up()  # the stack as the step before left it (and the mock engine warm)
         sp = split(shares[1], 2)
         weights = {"candidate": sp.candidate_weight, "stable": sp.stable_weight}
         for _ in range(rounds):
             for path in built:
                 handle.values[KEY] = dict(block)
-                fn = steps[path]
-                assert fn is not None
-                cloud = CloudSplit(handle, fn, tracks=None, say=lambda _: None)  # type: ignore[arg-type]
+                cloud = splits[path]()
                 handle.targets.clear()
                 started = time.perf_counter()
                 cloud.set_weights(weights)
@@ -221,7 +248,7 @@ def measure(
     result: dict[str, Any] = {"stack": stack, "step": f"{shares[0]} % -> {shares[1]} %"}
     for path in PATHS:
         if not times[path]:
-            say(f"{path:>9}: not built in this checkout")
+            say(f"{path:>13}: not built in this checkout")
             continue
         t = sorted(times[path])
         result[path] = {
@@ -237,13 +264,17 @@ def measure(
             else f"{len(targets[path])} targeted resource(s)"
         )
         say(
-            f"{path:>9}: median {statistics.median(t):.3f} s (min {t[0]:.3f}, max {t[-1]:.3f}) "
+            f"{path:>13}: median {statistics.median(t):.3f} s (min {t[0]:.3f}, max {t[-1]:.3f}) "
             f"over {len(t)} rounds; pulumi up of {what}"
         )
     if "median_s" in result.get("up", {}) and "median_s" in result.get("targeted", {}):
         ratio = result["targeted"]["median_s"] / result["up"]["median_s"]
         result["targeted_over_up"] = round(ratio, 3)
         say(f"targeted / up: {ratio:.2f}")
+    if "median_s" in result.get("up", {}) and "median_s" in result.get("targeted-warm", {}):
+        ratio = result["targeted-warm"]["median_s"] / result["up"]["median_s"]
+        result["targeted_warm_over_up"] = round(ratio, 3)
+        say(f"targeted-warm / up: {ratio:.2f}")
     return result
 
 

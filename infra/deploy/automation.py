@@ -115,7 +115,8 @@ def up(
             on_output=_to_log(console),
             color="never",
             message="torchfleet up" if target is None else "torchfleet rollout: the split",
-            **({"target": target, "target_dependents": True} if target is not None else {}),
+            target=target,
+            target_dependents=True if target is not None else None,
         )
     except auto.CommandError as err:
         raise _failed("up", stack, progress, err) from err

@@ -373,6 +373,10 @@ class TrackMetricsSource:
         self._dims: Mapping[str, Any] | None = None
         self._versions: dict[str, str] = {}
 
+    def describe(self) -> str:
+        """Where the figures come from, in words (the command's line before the first step)."""
+        raise NotImplementedError
+
     def dims(self) -> Mapping[str, Any]:
         if self._dims is None:
             dims = self._dimensions()

@@ -18,8 +18,8 @@ when Pulumi replaces it; the promotion's roll then has to move every running nod
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import base64
+import dataclasses
 import hashlib
 import json
 import time

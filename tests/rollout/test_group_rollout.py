@@ -10,8 +10,8 @@ without it the figures from CloudWatch: moto's, the dimensions the program's out
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import base64
+import dataclasses
 import hashlib
 import json
 from collections.abc import Iterator
@@ -45,6 +45,16 @@ STABLE_BYTES, CAND_BYTES = b"stable model", b"candidate model"
 STABLE_SHA = hashlib.sha256(STABLE_BYTES).hexdigest()
 CAND_SHA = hashlib.sha256(CAND_BYTES).hexdigest()
 CANDIDATE_GROUP = "torchfleet-aws-prod-candidate-asg"
+# A canary rolled back at 10 % on a stack whose stable groups serve STABLE_SHA, one state per
+# `up`: the candidate named (no group at weight 0), the canary's node, out at once (weight 0:
+# its group removed), then the candidate track named on the stable's file; the stable groups
+# never moved
+ROLLED_BACK = [
+    (0, None, STABLE_SHA, 0),
+    (1, CAND_SHA, STABLE_SHA, 10),
+    (0, None, STABLE_SHA, 0),
+    (0, None, STABLE_SHA, 0),
+]
 
 
 def _node_model(run, group: dict) -> str | None:
@@ -225,14 +235,7 @@ def test_a_failing_candidate_on_aws_prod_is_rolled_back_and_its_group_removed(
     split = _split(tmp_path, stack, s3)
     result = canary_engine(split, Windows(cand_errors=30)).start(_candidate(tmp_path))
     assert result == "rolled_back"
-    # the canary's node, out at once (weight 0: its group removed), then the candidate track
-    # named on the stable's file (no group at weight 0); the stable groups never moved
-    assert stack.ups == [
-        (0, None, STABLE_SHA, 0),
-        (1, CAND_SHA, STABLE_SHA, 10),
-        (0, None, STABLE_SHA, 0),
-        (0, None, STABLE_SHA, 0),
-    ]
+    assert stack.ups == ROLLED_BACK
     assert stack.values[KEY]["candidate_weight"] == 0
     assert stack.values[KEY]["candidate_model"] == f"{STABLE_SHA}.pt"
     assert RolloutState(tmp_path / "rollout.json").read()["status"] == "rolled_back"
