@@ -32,6 +32,7 @@ from test_group_rollout import (  # noqa: F401 (s3: the fixture)
 from torchfleet_bench.rollout_step import MockEngineStack
 
 from infra import config
+from infra.config import RolloutSplit
 from infra.deploy import preflight, split
 from infra.deploy.automation import Outputs
 from infra.deploy.progress import Console
@@ -39,6 +40,7 @@ from infra.deploy.stage import StageError
 from infra.matrix import REPO_ROOT
 from infra.rollout.cloud import KEY, CloudSplit
 from infra.rollout.state import RolloutState
+from infra.stacks import load_stack_config
 
 STACK = "aws-prod"
 CAND, STABLE = f"{CAND_SHA}.pt", f"{STABLE_SHA}.pt"
@@ -247,3 +249,31 @@ def test_a_failing_candidate_rolls_back_as_before_with_targeted_weight_steps(
     assert RolloutState(tmp_path / "rollout.json").read()["status"] == "rolled_back"
     # each targeted step guarded by readiness and a prediction through the endpoint
     assert guarded == ["aws", "aws"] and Endpoint.predictions == ["/v1/predict"] * 2
+
+
+def test_on_alibaba_a_step_between_two_shares_targets_the_candidates_vserver_weight():
+    """alicloud-prod: the split is the candidate ESS group's weight in the one VServer group
+    (ESS re-attaches that group to apply it); nothing of the stable group is targeted."""
+    ali = "alicloud-prod"
+    values = {
+        **load_stack_config(ali),
+        "torchfleet:model_bucket": BUCKET,
+        KEY: {"candidate_weight": 10, "candidate_model": CAND, "stable_model": STABLE},
+    }
+    stack = MockEngineStack(ali, values, "http://127.0.0.1:9/")
+    raw = {k.split(":", 1)[1]: v for k, v in values.items()}
+    cfg = config.load(raw, ali)
+    step = split.TargetedStep(ali, stack, cfg, Console(io.StringIO()))
+    before = stack.get_all_config()
+    stack.values[KEY] = {**stack.values[KEY], "candidate_weight": 25}
+    targets = step.targets(before)
+    assert _names(targets) == ["fleet-candidate-group-backends"]
+    (attach,) = [
+        r
+        for r in step.plan(split.config_values(stack.get_all_config())).resources
+        if r.urn == targets[0]
+    ]
+    weights = [g["weight"] for g in attach.inputs["vserverGroups"][0]["vserverAttributes"]]
+    want = RolloutSplit(candidate_weight=25).backend_weight(cfg.nodes.min, cfg.nodes.max)
+    was = RolloutSplit(candidate_weight=10).backend_weight(cfg.nodes.min, cfg.nodes.max)
+    assert weights == [want] and want != was
