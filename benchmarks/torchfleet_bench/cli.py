@@ -53,6 +53,10 @@ COMMANDS = {
         "gpu_pack",
         "wheels, wrk and an entry script for a GPU machine with no package index (.cache/)",
     ),
+    "rollout-step": (
+        "rollout_step",
+        "one group-mode rollout weight step under the mock engine: whole `up` vs targeted",
+    ),
 }
 
 

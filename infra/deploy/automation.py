@@ -99,8 +99,11 @@ def up(
     console: Console,
     opener: Callable[[str], auto.Stack] | None = None,
     env: Mapping[str, str] | None = None,
+    target: list[str] | None = None,
 ) -> Outputs:
-    """`env`: variables for the program's process (infra.deploy.capacity's market)."""
+    """`env`: variables for the program's process (infra.deploy.capacity's market). `target`:
+    the URNs of a targeted update (infra/deploy/split.py), their dependents with them; the
+    stack's other resources stay as they are."""
     progress = EngineProgress(console)
     handle = _select(stack, opener)
     if env:
@@ -111,7 +114,9 @@ def up(
             on_event=progress.on_event,
             on_output=_to_log(console),
             color="never",
-            message="torchfleet up",
+            message="torchfleet up" if target is None else "torchfleet rollout: the split",
+            target=target,
+            target_dependents=True if target is not None else None,
         )
     except auto.CommandError as err:
         raise _failed("up", stack, progress, err) from err

@@ -8,5 +8,9 @@
   stack's Prometheus or, where there is none, from the nodes' own /metrics;
 - state.py: the stack's rollout record (stable, candidate, status, step, timeline, control);
 - engine.py: the loop that moves traffic step by step, judges each window and rolls back;
-- local.py: the local fleet's side of it (HAProxy weights, a node's model file and reload).
+- local.py: the local fleet's side of it (HAProxy weights, a node's model file and reload);
+- cloud.py, tracks.py, refresh.py: a cloud stack's side (the split through its `rollout` block,
+  each track's file, the promotion reaching the stable nodes), and clouds.py: what differs by
+  cloud, one table per cloud (a group stack's weight step: infra/deploy/split.py);
+- errors.py: `RolloutError`, the base of every part's error, which the command catches once.
 """

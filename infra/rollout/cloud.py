@@ -8,8 +8,10 @@ the stable and candidate Deployments, split by replicas). The engine's weights f
 become the block's `candidate_weight`, the percent they give (policy.split's weights: 20 / 180
 is 10 %), written with `set_config` on the stack
 (the Automation API's `Stack`, or any object with its get_all_config / set_config) and applied
-by `up` (the caller's `torchfleet up`); equal weights mean no split (every track serves the same
-version: 0 %). A weight the stack already has runs no `up`. The block's other keys
+by `up` (the caller's `torchfleet up`), or by `step` where one is given (a mode: group stack
+whose cloud allows it: infra/deploy/split.py's targeted update, called with the config as it was
+before the change); equal weights mean no split (every track serves the same version: 0 %). A
+weight the stack already has runs no `up`. The block's other keys
 (sticky_s, candidate_model, stable_model) are kept. `cloud_limit` caps the percent (Kubernetes:
 99, the stable Deployment keeps its replicas; AWS group mode: 100). Which model a track serves
 is the `tracks` object's (serving / switch: a cloud's way to place a file on a track's nodes:
@@ -78,9 +80,10 @@ class CloudSplit:
         tracks: TrackModels,
         cloud_limit: int = 100,
         say: Callable[[str], None] = print,
+        step: Callable[[Mapping[str, auto.ConfigValue]], Any] | None = None,
     ) -> None:
         self.handle, self.up, self.tracks = handle, up, tracks
-        self.cloud_limit, self.say = cloud_limit, say
+        self.cloud_limit, self.say, self.step = cloud_limit, say, step
 
     def block(self) -> dict[str, Any]:
         return block_of(self.handle)
@@ -101,10 +104,15 @@ class CloudSplit:
         block = self.block()
         if block.get("candidate_weight", 0) == weight and block:
             return
+        before = dict(self.handle.get_all_config())
         block["candidate_weight"] = weight
         write_block(self.handle, block)
-        self.say(f"  stack config {KEY}.candidate_weight = {weight}: `up` moves the split")
-        self.up()
+        if self.step is None:
+            self.say(f"  stack config {KEY}.candidate_weight = {weight}: `up` moves the split")
+            self.up()
+            return
+        self.say(f"  stack config {KEY}.candidate_weight = {weight}: a targeted update moves it")
+        self.step(before)
 
     def set_shadow(self, node: str, model: Path | None) -> str | None:
         """A shadow test runs on the stable track's pods (the candidate track has none outside

@@ -33,24 +33,21 @@ from typing import Any
 
 from torchfleet_compat.problems import InvalidInput
 
-from infra.aws import fallback
-from infra.config import RolloutSplit, StackConfig
+from infra.config import StackConfig
 from infra.constants import ROLLOUT_METRICS_OUTPUT
 from infra.deploy import automation, preflight, stage
 from infra.deploy.stage import StageError
-from infra.k8s.addons import ADDON_NAMESPACE
 from infra.matrix import REPO_ROOT
-from infra.nodeboot import group_name
 from infra.rollout.cloud import TRACKS, CloudSplit
-from infra.rollout.engine import Fleet, Options, Rollout, RolloutError
+from infra.rollout.clouds import KUBERNETES_LIMIT as KUBERNETES_LIMIT  # the tests read it here
+from infra.rollout.clouds import rollout_of
+from infra.rollout.engine import Fleet, Options, Rollout
+from infra.rollout.errors import RolloutError
 from infra.rollout.local import FLEET_FILE, LocalFleet, SwitchError
 from infra.rollout.policy import AB, GUARD_RULES, STRATEGIES, guard_settings, parse_duration
-from infra.rollout.ref import ModelRef, RefError, Store
-from infra.rollout.refresh import AsgRefresh, EssRoll, Refresh, RefreshError
+from infra.rollout.ref import ModelRef, Store
 from infra.rollout.signals import (
     CLOUDWATCH_PERIOD_S,
-    CloudMonitorSource,
-    CloudWatchSource,
     PrometheusSource,
     ScrapeSource,
     SignalError,
@@ -59,14 +56,15 @@ from infra.rollout.signals import (
     cloudwatch_period,
 )
 from infra.rollout.state import ACTIVE, RolloutState, engine_alive
-from infra.rollout.tracks import ModelTracks, VolumeError, bundle_model, volume_of
+from infra.rollout.tracks import ModelTracks, bundle_model, volume_of
 
+StepOf = Callable[[str, Any, StackConfig], Callable[[Any], Any]]
 ACTIONS = ("status", "pause", "resume", "abort", "rollback")
 FLEETS = REPO_ROOT / ".cache" / "fleet"
-# The candidate Deployment's share stops below 100: a promotion is the stable Deployment on the
-# candidate's file (config.py refuses candidate_weight 100 in mode: kubernetes).
-KUBERNETES_LIMIT = 99
 DEFAULT_WINDOW = "30s"
+# What the command refuses with its message and exit 2: every part's RolloutError, and a bad
+# setting another layer reports (torchfleet_compat.problems.InvalidInput, e.g. infra.config's).
+REFUSALS = (RolloutError, InvalidInput)
 
 
 def add_parser(sub: Any, stack_help: str) -> None:
@@ -124,9 +122,11 @@ def run(
     args: argparse.Namespace,
     say: Callable[[str], None],
     up_of: Callable[[str], Callable[[], Any]] | None = None,
+    step_of: StepOf | None = None,
 ) -> int:
     """`up_of(stack)`: the `up` a cloud stack's split runs after each config change (the CLI's
-    `torchfleet up`)."""
+    `torchfleet up`); `step_of(stack, handle, cfg)`: a group stack's weight step where its
+    cloud's table allows a targeted one (default: infra/deploy/split.py's TargetedStep)."""
     words = list(args.words)
     action = words.pop(0) if words[0] in ACTIONS else "start"
     if len(words) != 1:
@@ -136,45 +136,43 @@ def run(
         )
         return stage.EXIT_USAGE
     stack = words[0]
+    try:
+        return _run(action, args, stack, say, up_of, step_of)
+    except REFUSALS as exc:  # the one place a rollout's refusal becomes its message
+        say(f"rollout {stack}: {exc}")
+        return stage.EXIT_USAGE
+
+
+def _run(
+    action: str,
+    args: argparse.Namespace,
+    stack: str,
+    say: Callable[[str], None],
+    up_of: Callable[[str], Callable[[], Any]] | None,
+    step_of: StepOf | None,
+) -> int:
     if args.fleet is None and not (FLEETS / stack / FLEET_FILE).is_file():
         cfg = preflight.check_config(stack)[1]
         refusal = _not_built(cfg) if cfg is not None else None
         if refusal:
-            say(f"rollout {stack}: {refusal}. Nothing was changed")
-            return stage.EXIT_USAGE
+            raise RolloutError(f"{refusal}. Nothing was changed")
         if cfg is not None:
-            try:
-                return _cloud(action, args, stack, cfg, say, up_of)
-            except (
-                InvalidInput,
-                RefError,
-                RefreshError,
-                RolloutError,
-                SignalError,
-                VolumeError,
-            ) as exc:
-                say(f"rollout {stack}: {exc}")
-                return stage.EXIT_USAGE
+            return _cloud(action, args, stack, cfg, say, up_of, step_of)
     try:
         fleet = LocalFleet.load(args.fleet or FLEETS / stack)
     except SwitchError as exc:
-        say(
-            f"rollout {stack}: {exc}; and Pulumi.{stack}.yaml is not a valid mode: kubernetes "
+        raise RolloutError(
+            f"{exc}; and Pulumi.{stack}.yaml is not a valid mode: kubernetes "
             "stack (`make plan STACK=...` says why), so nothing was changed"
-        )
-        return stage.EXIT_USAGE
+        ) from exc
     source: PrometheusSource | ScrapeSource = (
         PrometheusSource(args.prometheus, args.selector)
         if args.prometheus
         else ScrapeSource(fleet.urls, fleet.auth)
     )
-    try:
-        if action == "start":
-            return _start(args, fleet, fleet.state(), fleet.store(), source, say)
-        return _control(action, fleet, fleet.state(), fleet.store(), source, say)
-    except (InvalidInput, RefError, RolloutError, SignalError) as exc:
-        say(f"rollout {stack}: {exc}")
-        return stage.EXIT_USAGE
+    if action == "start":
+        return _start(args, fleet, fleet.state(), fleet.store(), source, say)
+    return _control(action, fleet, fleet.state(), fleet.store(), source, say)
 
 
 class _NoFigures:
@@ -205,6 +203,7 @@ def _cloud(
     cfg: StackConfig,
     say: Callable[[str], None],
     up_of: Callable[[str], Callable[[], Any]] | None,
+    step_of: StepOf | None,
 ) -> int:
     """A cloud stack: its two tracks as the engine's two nodes (cloud.py; kubernetes: the two
     Deployments, group: the stable and candidate Auto Scaling groups), their files switched in
@@ -219,11 +218,13 @@ def _cloud(
             "by being replaced, every node twice for one shadow test (the local fleet and mode: "
             "kubernetes run it; here a canary or an ab split)"
         )
+    table = rollout_of(cfg)  # what differs by cloud, looked up once
     # a group stack without --prometheus: its cloud's 1-minute figures per track
     figures = action == "start" and not args.prometheus and cfg.mode == "group"
-    kind = CloudWatchSource if cfg.cloud == "aws" else CloudMonitorSource
-    if action == "start" and not args.prometheus and not figures:
-        raise RolloutError(_needs_prometheus(cfg))
+    kind = table.figures
+    needs = table.needs_prometheus(cfg)
+    if action == "start" and not args.prometheus and needs:
+        raise RolloutError(needs)
     if figures:  # refused before anything is opened: a window the cloud cannot resolve
         args.window = args.window or f"{CLOUDWATCH_PERIOD_S}s"
         window_s = parse_duration("--window", args.window)
@@ -231,9 +232,9 @@ def _cloud(
     volume = volume_of(cfg, folder / "volume")
     handle = automation.open_stack(stack)
     up = up_of(stack) if up_of else _default_up(stack)
+    step = None
     if cfg.mode == "kubernetes":
         tracks = ModelTracks(handle, up, volume, say)
-        limit = KUBERNETES_LIMIT
     else:
         cache = folder / "bundle-model"
         tracks = ModelTracks(
@@ -242,10 +243,11 @@ def _cloud(
             volume,
             say,
             stable_default=bundle_model(stack, cache, cfg.region),
-            refresh=_refresh(cfg, say),
+            refresh=table.refresh(cfg, say),
         )
-        limit = _group_limit(cfg)
-    split = CloudSplit(handle, up, tracks, cloud_limit=limit, say=say)
+        if table.targeted_step:
+            step = (step_of or _default_step)(stack, handle, cfg)
+    split = CloudSplit(handle, up, tracks, cloud_limit=table.limit(cfg), say=say, step=step)
     source: PrometheusSource | TrackMetricsSource | _NoFigures
     if args.prometheus:
         source = PrometheusSource(args.prometheus, args.selector)
@@ -270,39 +272,6 @@ def _cloud(
     return _control(action, split, state, store, source, say)
 
 
-def _needs_prometheus(cfg: StackConfig) -> str:
-    """Why a kubernetes stack needs --prometheus, and where its Prometheus is."""
-    lb = (
-        "the CLB's figures in CloudMonitor"
-        if cfg.cloud == "alicloud"
-        else "the NLB's in CloudWatch"
-    )
-    return (
-        f"--prometheus URL is required on a mode: {cfg.mode} stack on {cfg.cloud}: the guards "
-        f"compare figures per model version, {lb} are per listener, the same for both "
-        "Deployments, and the pods run no node agent to publish their own (mode: group "
-        f"stacks have those). The cluster's Prometheus: `kubectl -n {ADDON_NAMESPACE} "
-        "port-forward svc/prometheus-server 9090:80`, then --prometheus http://127.0.0.1:9090"
-    )
-
-
-def _refresh(cfg: StackConfig, say: Callable[[str], None]) -> Refresh:
-    """How a promotion reaches the running stable nodes of a group stack (refresh.py)."""
-    if cfg.cloud == "aws":
-        return AsgRefresh(fallback.stable_groups(cfg), cfg.region, say)
-    return EssRoll(group_name(cfg), cfg.region, say)
-
-
-def _group_limit(cfg: StackConfig) -> int:
-    """The most candidate share a group stack's split reaches: AWS's listener weights give any,
-    100 % included (the promotion's step); Alibaba's VServer group what its weights can beside
-    the stable group's minimum (RolloutSplit.max_backend_share), the rest stays on the stable
-    nodes until the promotion rolls them."""
-    if cfg.cloud == "aws":
-        return 100
-    return RolloutSplit.max_backend_share(cfg.nodes.min, cfg.nodes.max)
-
-
 def _rollout_metrics(stack: str, handle: Any) -> dict[str, Any]:
     """The stack output a TrackMetricsSource reads its dimensions from (infra/aws/edge.py,
     infra/alicloud/fleet.py)."""
@@ -324,6 +293,13 @@ def _default_up(stack: str) -> Callable[[], Any]:
     from infra.deploy.progress import Console
 
     return lambda: pipeline.up(stack, Console())
+
+
+def _default_step(stack: str, handle: Any, cfg: StackConfig) -> Callable[[Any], Any]:
+    from infra.deploy.progress import Console
+    from infra.deploy.split import TargetedStep
+
+    return TargetedStep(stack, handle, cfg, Console())
 
 
 def _options(args: argparse.Namespace) -> Options:

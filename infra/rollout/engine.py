@@ -44,6 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+from infra.rollout.errors import RolloutError as RolloutError  # the engine's own refusals
 from infra.rollout.policy import (
     Figures,
     GuardSettings,
@@ -61,10 +62,6 @@ from infra.rollout.state import ACTIVE, RolloutState, engine_alive
 EQUAL_WEIGHT = 100  # every node's weight outside a split
 # Windows in a row whose figures could not be read before a rollout backs out (fails safe).
 UNREADABLE_WINDOWS = 3
-
-
-class RolloutError(RuntimeError):
-    """A rollout that cannot start or go on (the message says why and what was left)."""
 
 
 class Fleet(Protocol):

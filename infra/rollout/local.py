@@ -25,6 +25,7 @@ from typing import Any
 
 from infra import client
 from infra.deploy.balancer import Balancer, Certificates
+from infra.rollout.errors import RolloutError
 from infra.rollout.ref import Store
 from infra.rollout.state import RolloutState
 
@@ -32,7 +33,7 @@ FLEET_FILE = "fleet.json"
 RELOAD_TIMEOUT_S = 300.0  # a reload loads and warms the new model beside the old one
 
 
-class SwitchError(RuntimeError):
+class SwitchError(RolloutError):
     """A node did not switch models (the message carries the runtime's reason)."""
 
 

@@ -36,6 +36,8 @@ from typing import Any
 from torchfleet_compat.histogram import resolution
 from torchfleet_compat.problems import InvalidInput, Problems, sentence
 
+from infra.rollout.errors import RolloutError
+
 STRATEGIES: dict[str, tuple[int, ...]] = {
     "canary": (10, 100),
     "linear": (25, 50, 75, 100),
@@ -45,7 +47,7 @@ MAX_WEIGHT = 256  # HAProxy's server weight range is 0-256
 WEIGHT_TOTAL = 200  # the weights of one split add up to about this
 
 
-class RolloutSettingsError(InvalidInput):
+class RolloutSettingsError(InvalidInput, RolloutError):
     heading = "rollout settings are invalid:"
 
 

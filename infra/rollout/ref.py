@@ -20,11 +20,12 @@ from pathlib import Path
 from torchfleet_compat.problems import sentence
 
 from infra.bootstrap.torchfleet_agent.boot import sha256_file
+from infra.rollout.errors import RolloutError
 
 _REF = re.compile(r"(?P<location>.+)@sha256:(?P<sha>[0-9a-f]{64})")
 
 
-class RefError(ValueError):
+class RefError(RolloutError, ValueError):
     """A model reference that is malformed, unreadable or not what its digest says."""
 
 

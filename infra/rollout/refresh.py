@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
+from infra.rollout.errors import RolloutError
+
 # ESS's own default MaxHealthyPercentage for a refresh is 120: one node in five at a time.
 SURGE_PERCENT = 20
 # A GPU node from the stub user-data: boot, converge (driver, CUDA, torch), load and warm.
@@ -52,7 +54,7 @@ AWS_FAILED = {"Failed", "Cancelled", "RollbackSuccessful", "RollbackFailed"}
 IN_SERVICE = "InService"
 
 
-class RefreshError(RuntimeError):
+class RefreshError(RolloutError):
     """The running nodes did not all reach the new configuration (the message says what is
     left)."""
 

@@ -68,10 +68,11 @@ from infra.bootstrap.torchfleet_agent.metrics import (
     REQUEST_COUNT_METRIC,
 )
 from infra.constants import ALB_NAMESPACE, ROLLOUT_METRICS_OUTPUT
+from infra.rollout.errors import RolloutError
 from infra.rollout.policy import Figures, RolloutSettingsError
 
 
-class SignalError(RuntimeError):
+class SignalError(RolloutError):
     """The figures could not be read (the message says from where and why)."""
 
 
@@ -371,6 +372,10 @@ class TrackMetricsSource:
         self._client = client
         self._dims: Mapping[str, Any] | None = None
         self._versions: dict[str, str] = {}
+
+    def describe(self) -> str:
+        """Where the figures come from, in words (the command's line before the first step)."""
+        raise NotImplementedError
 
     def dims(self) -> Mapping[str, Any]:
         if self._dims is None:

@@ -51,13 +51,14 @@ from infra import bundle
 from infra.config import RolloutSplit, StackConfig
 from infra.nodeboot import MODEL_PREFIX
 from infra.rollout.cloud import KEY, StackHandle, block_of, write_block
+from infra.rollout.errors import RolloutError
 from infra.rollout.ref import sha256_of
 from infra.rollout.refresh import Refresh, RefreshError
 
 TRACK_KEYS = {"candidate": "candidate_model", "stable": "stable_model"}
 
 
-class VolumeError(RuntimeError):
+class VolumeError(RolloutError):
     """A model file that could not be placed in or read from the model volume."""
 
 

@@ -28,7 +28,7 @@ def test_an_unknown_command_names_the_allowed_ones(capsys):
     assert capsys.readouterr().err.strip() == (
         "torchfleet-bench: command = 'bench-everything' is invalid; allowed: "
         "load, runtime, peers, http-stack, codec, ab, tls, replicas, edges, gpu, py39, pipeline, "
-        "gpu-peers, gpu-pack"
+        "gpu-peers, gpu-pack, rollout-step"
     )
 
 

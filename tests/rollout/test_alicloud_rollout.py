@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import hashlib
 import json
 import time
@@ -40,7 +41,7 @@ from infra.cli import main
 from infra.config import RolloutSplit
 from infra.matrix import REPO_ROOT
 from infra.offline import FAKE_ALI_ACCOUNT, run_offline
-from infra.rollout import command, refresh, signals
+from infra.rollout import clouds, command, refresh, signals
 from infra.rollout.cloud import KEY
 from infra.rollout.engine import Rollout
 from infra.rollout.state import RolloutState
@@ -156,7 +157,7 @@ def cloud(monkeypatch, tmp_path, alibaba_keys):
         monkeypatch.setenv("ALICLOUD_OSS_ENDPOINT", fake.url)
         monkeypatch.setenv("ALICLOUD_CMS_ENDPOINT", fake.url)
         # no real time passes between the roll's polls
-        monkeypatch.setattr(command, "EssRoll", partial(refresh.EssRoll, sleep=lambda s: None))
+        monkeypatch.setattr(clouds, "EssRoll", partial(refresh.EssRoll, sleep=lambda s: None))
         yield fake, sim
 
 
@@ -194,7 +195,11 @@ def _run(
         fleet=None,
     )
     out: list[str] = []
-    code = command.run(args, out.append, up_of=lambda name: stack.up)
+    # every config change through the fake stack's whole `up` (the targeted weight step is
+    # tests/rollout/test_targeted_step.py's)
+    code = command.run(
+        args, out.append, up_of=lambda name: stack.up, step_of=lambda *_: lambda before: stack.up()
+    )
     return code, "\n".join(out)
 
 
@@ -343,7 +348,9 @@ def _publish_at_first_sleep(fake, stack, monkeypatch, balancer_errors, each_slee
         def __init__(self, *args, **kw) -> None:
             super().__init__(*args, clock=now, **kw)
 
-    monkeypatch.setattr(command, "CloudMonitorSource", AtNow)
+    monkeypatch.setitem(
+        clouds.CLOUDS, "alicloud", dataclasses.replace(clouds.CLOUDS["alicloud"], figures=AtNow)
+    )
 
 
 def test_a_forged_figure_alone_neither_rolls_back_nor_promotes(cloud, monkeypatch, tmp_path):

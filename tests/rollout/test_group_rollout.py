@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import hashlib
 import json
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ from infra import bundle, config
 from infra.bootstrap.torchfleet_agent import boot
 from infra.matrix import REPO_ROOT
 from infra.offline import run_offline
-from infra.rollout import command, signals
+from infra.rollout import clouds, command, signals
 from infra.rollout.cloud import KEY, CloudSplit
 from infra.rollout.engine import Rollout
 from infra.rollout.ref import ModelRef
@@ -44,6 +45,16 @@ STABLE_BYTES, CAND_BYTES = b"stable model", b"candidate model"
 STABLE_SHA = hashlib.sha256(STABLE_BYTES).hexdigest()
 CAND_SHA = hashlib.sha256(CAND_BYTES).hexdigest()
 CANDIDATE_GROUP = "torchfleet-aws-prod-candidate-asg"
+# A canary rolled back at 10 % on a stack whose stable groups serve STABLE_SHA, one state per
+# `up`: the candidate named (no group at weight 0), the canary's node, out at once (weight 0:
+# its group removed), then the candidate track named on the stable's file; the stable groups
+# never moved
+ROLLED_BACK = [
+    (0, None, STABLE_SHA, 0),
+    (1, CAND_SHA, STABLE_SHA, 10),
+    (0, None, STABLE_SHA, 0),
+    (0, None, STABLE_SHA, 0),
+]
 
 
 def _node_model(run, group: dict) -> str | None:
@@ -224,14 +235,7 @@ def test_a_failing_candidate_on_aws_prod_is_rolled_back_and_its_group_removed(
     split = _split(tmp_path, stack, s3)
     result = canary_engine(split, Windows(cand_errors=30)).start(_candidate(tmp_path))
     assert result == "rolled_back"
-    # the canary's node, out at once (weight 0: its group removed), then the candidate track
-    # named on the stable's file (no group at weight 0); the stable groups never moved
-    assert stack.ups == [
-        (0, None, STABLE_SHA, 0),
-        (1, CAND_SHA, STABLE_SHA, 10),
-        (0, None, STABLE_SHA, 0),
-        (0, None, STABLE_SHA, 0),
-    ]
+    assert stack.ups == ROLLED_BACK
     assert stack.values[KEY]["candidate_weight"] == 0
     assert stack.values[KEY]["candidate_model"] == f"{STABLE_SHA}.pt"
     assert RolloutState(tmp_path / "rollout.json").read()["status"] == "rolled_back"
@@ -297,7 +301,7 @@ def test_the_command_drives_aws_prod(tmp_path, s3, monkeypatch, capsys):
     monkeypatch.setattr(command, "PrometheusSource", lambda url, selector: Windows())
     waited: list[tuple[list[str], str]] = []
     monkeypatch.setattr(
-        command,
+        clouds,
         "AsgRefresh",
         lambda groups, region, say: type(
             "Wait", (), {"roll": lambda self, since: waited.append((groups, region))}
@@ -316,7 +320,10 @@ def test_the_command_drives_aws_prod(tmp_path, s3, monkeypatch, capsys):
         selector="",
         fleet=None,
     )
-    assert command.run(args, print, up_of=lambda name: stack.up) == 0, capsys.readouterr().out
+    # every config change through the fake stack's whole `up` (the targeted weight step is
+    # tests/rollout/test_targeted_step.py's)
+    whole = {"up_of": lambda name: stack.up, "step_of": lambda *_: lambda before: stack.up()}
+    assert command.run(args, print, **whole) == 0, capsys.readouterr().out
     assert stack.ups[-1] == (0, None, CAND_SHA, 0)
     # the promotion waited on both stable groups: the spot group and its on-demand fallback
     assert waited == [(["torchfleet-aws-prod-asg", "torchfleet-aws-prod-od-asg"], REGION)]
@@ -397,7 +404,9 @@ def test_without_prometheus_the_command_judges_aws_prod_by_cloudwatch(
         def __init__(self, *args: Any, **kw: Any) -> None:
             super().__init__(*args, client=NoPercentiles(cw), clock=lambda: now, **kw)
 
-    monkeypatch.setattr(command, "CloudWatchSource", AtNow)
+    monkeypatch.setitem(
+        clouds.CLOUDS, "aws", dataclasses.replace(clouds.CLOUDS["aws"], figures=AtNow)
+    )
     args = argparse.Namespace(
         words=[STACK],
         model=str(_candidate(tmp_path)),
@@ -411,7 +420,8 @@ def test_without_prometheus_the_command_judges_aws_prod_by_cloudwatch(
         fleet=None,
     )
     lines: list[str] = []
-    assert command.run(args, lines.append, up_of=lambda name: stack.up) == 10, lines
+    whole = {"up_of": lambda name: stack.up, "step_of": lambda *_: lambda before: stack.up()}
+    assert command.run(args, lines.append, **whole) == 10, lines
     assert lines[0].startswith(
         f"rollout {STACK}: figures from CloudWatch (AWS/ApplicationELB per target group, "
         f"{REGION}): each window reads a 60 s metric period"
