@@ -6,11 +6,11 @@ the stack's tracks, `candidate` then `stable` (AWS group mode: the stable and ca
 groups behind the listener's weighted forward, each with its Auto Scaling group; Kubernetes:
 the stable and candidate Deployments, split by replicas). The engine's weights for the two
 become the block's `candidate_weight`, the percent they give (policy.split's weights: 20 / 180
-is 10 %), written with `set_config` on the stack
+is 10 %; equal weights are 50 % while the tracks serve different versions), written with `set_config` on the stack
 (the Automation API's `Stack`, or any object with its get_all_config / set_config) and applied
 by `up` (the caller's `torchfleet up`), or by `step` where one is given (a mode: group stack
 whose cloud allows it: infra/deploy/split.py's targeted update, called with the config as it was
-before the change); equal weights mean no split (every track serves the same version: 0 %). A
+before the change); equal weights with one version on both tracks mean no split (0 %). A
 weight the stack already has runs no `up`. The block's other keys
 (sticky_s, candidate_model, stable_model) are kept. `cloud_limit` caps the percent (Kubernetes:
 99, the stable Deployment keeps its replicas; AWS group mode: 100). Which model a track serves
@@ -64,11 +64,13 @@ def write_block(handle: StackHandle, block: dict[str, Any]) -> None:
     handle.set_config(KEY, auto.ConfigValue(json.dumps(block, sort_keys=True)))
 
 
-def weight_of(weights: Mapping[str, int]) -> int:
-    """The candidate track's percent of requests for the engine's two weights."""
+def weight_of(weights: Mapping[str, int], split: bool = False) -> int:
+    """The candidate track's percent of requests for the engine's two weights. Equal weights
+    are half the requests each while the two tracks serve different versions (`split`: a 50 %
+    step); with one version on both there is no split: the stable track takes it all."""
     stable, candidate = weights.get("stable", 0), weights.get("candidate", 0)
-    if stable == candidate:
-        return 0  # no split: both tracks serve one version, the stable track takes it all
+    if stable == candidate and not split:
+        return 0
     return round(100 * candidate / (stable + candidate))
 
 
@@ -84,6 +86,9 @@ class CloudSplit:
     ) -> None:
         self.handle, self.up, self.tracks = handle, up, tracks
         self.cloud_limit, self.say, self.step = cloud_limit, say, step
+        # the version each track serves, as the engine last read or placed it: equal weights
+        # are a 50 % split only while the two differ
+        self._versions: dict[str, str] = {}
 
     def block(self) -> dict[str, Any]:
         return block_of(self.handle)
@@ -94,13 +99,20 @@ class CloudSplit:
         return list(TRACKS)
 
     def serving(self, node: str) -> tuple[Path, str]:
-        return self.tracks.serving(node)
+        path, version = self.tracks.serving(node)
+        self._versions[node] = version
+        return path, version
 
     def switch(self, node: str, model: Path) -> str:
-        return self.tracks.switch(node, model)
+        self._versions[node] = version = self.tracks.switch(node, model)
+        return version
 
     def set_weights(self, weights: dict[str, int]) -> None:
-        weight = min(self.cloud_limit, weight_of(weights))
+        versions = self._versions
+        split = "candidate" in versions and versions["candidate"] != versions.get("stable")
+        weight = min(self.cloud_limit, weight_of(weights, split))
+        if weight == 0 and "stable" in versions:  # no split: the candidate track is the stable's
+            versions["candidate"] = versions["stable"]
         block = self.block()
         if block.get("candidate_weight", 0) == weight and block:
             return

@@ -247,7 +247,7 @@ class Rollout:
                 try:
                     version = self.fleet.switch(node, cand_file)
                 except Exception as exc:  # the node keeps serving the stable model
-                    self.fleet.set_weights(self._weights(nodes, on_candidate, 1, 1))
+                    # the rollback's first weights take the candidates out and this node back in
                     return self._rollback(
                         nodes,
                         on_candidate,

@@ -15,8 +15,10 @@ from pulumi import automation as auto
 from infra.matrix import REPO_ROOT
 from infra.offline import run_offline
 from infra.rollout.cloud import KEY, CloudSplit, weight_of
+from infra.rollout.engine import Options, Rollout
 from infra.rollout.policy import Figures
-from infra.rollout.ref import ModelRef
+from infra.rollout.ref import ModelRef, Store
+from infra.rollout.state import RolloutState
 
 LISTENER = "aws:lb/listener:Listener"
 CANDIDATE_FILE = hashlib.sha256(b"candidate").hexdigest() + ".pt"  # group mode: by digest
@@ -167,3 +169,47 @@ def test_kubernetes_caps_the_split_below_a_promotion(tmp_path):
     assert ups == [99]
     # a shadow test runs on the stable track's pods; the candidate track has none outside a split
     assert split.set_shadow("candidate", tmp_path / "x.pt") is None
+
+
+def test_a_fifty_percent_step_keeps_the_split_at_half(tmp_path):
+    """--steps 10,50,100: the engine's 50 % step gives both tracks equal weights, which while
+    they serve two versions is half the requests each, not the end of the split."""
+    stack, tracks = FakeStack("aws-prod"), FakeTracks(tmp_path)
+    stack.values[KEY] = {"candidate_model": CANDIDATE_FILE}
+    split = CloudSplit(stack, stack.up, tracks, say=lambda _: None)
+    clock = [0.0]
+    engine = Rollout(
+        split,
+        RolloutState(tmp_path / "rollout.json"),
+        Store(tmp_path / "store"),
+        Windows(),
+        Options(strategy="linear", steps="10,50,100", bake_s=10, window_s=5),
+        say=lambda _: None,
+        clock=lambda: clock[0],
+        sleep=lambda s: clock.__setitem__(0, clock[0] + s),
+    )
+    assert engine.start(_ref(tmp_path)) == "promoted"
+    assert stack.ups == [
+        {"tg": 90, "candidate": 10},
+        {"tg": 50, "candidate": 50},
+        {"tg": 0, "candidate": 100},
+        {"tg": 100, "candidate": 0},
+    ]
+
+
+def test_equal_weights_are_half_each_only_while_the_tracks_serve_two_versions(tmp_path):
+    stack, tracks = FakeStack("aws-prod"), FakeTracks(tmp_path)
+    stack.values[KEY] = {"candidate_model": CANDIDATE_FILE}
+    split = CloudSplit(stack, stack.up, tracks, say=lambda _: None)
+    split.set_weights({"candidate": 0, "stable": 100})  # no split yet: nothing to apply
+    assert split.serving("stable")[1] == split.serving("candidate")[1] == "v1"
+    split.set_weights({"candidate": 100, "stable": 100})  # one version on both: no split
+    assert stack.ups == []
+    cand = tmp_path / "cand.pt"
+    cand.write_bytes(b"candidate")
+    split.switch("candidate", cand)
+    split.set_weights({"candidate": 100, "stable": 100})  # two versions: half each
+    split.set_weights({"candidate": 0, "stable": 100})  # out at once
+    split.switch("candidate", tracks.files["stable"])
+    split.set_weights({"candidate": 100, "stable": 100})  # one version again: no split
+    assert stack.ups == [{"tg": 50, "candidate": 50}, {"tg": 100, "candidate": 0}]
