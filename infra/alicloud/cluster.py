@@ -34,13 +34,11 @@ import pulumi_alicloud as alicloud
 
 from infra.alicloud.network import AlicloudNetwork
 from infra.config import StackConfig
-from infra.interface import NODE_ROLE_TAG, Deployment
+from infra.interface import NODE_ROLE_TAG
 from infra.k8s import addons
-from infra.k8s.cost import cluster_cost
 from infra.k8s.pools import ScaledPool
 from infra.k8s.workload import (
     GPU_TAINT,
-    MODEL_CLAIM,
     Placement,
     gpu_node_labels,
     model_volume,
@@ -401,45 +399,8 @@ class AckCluster(pulumi.ComponentResource):
     def releases(self) -> list[addons.Release]:
         return [addons.prometheus(self.cfg), addons.prometheus_adapter(self.cfg)]
 
+    def node_pools(self) -> list[pulumi.Resource]:
+        return [self.system_pool, self.gpu_pool]
 
-def deploy_kubernetes(
-    cfg: StackConfig,
-    tags: dict[str, str],
-    network: AlicloudNetwork,
-    opts: pulumi.ResourceOptions,
-    invoke_opts: pulumi.InvokeOptions,
-) -> tuple[AckCluster, Deployment]:
-    """The cluster and the runtime on it; the caller adds the teardown."""
-    from infra.k8s.component import KubernetesApp, lb_endpoint  # pulumi_kubernetes: this mode
-
-    assert cfg.kubernetes
-    cluster = AckCluster("cluster", cfg, tags, network, opts=opts, invoke_opts=invoke_opts)
-    volume, volumes = cluster.model_volume()
-    app = KubernetesApp(
-        "app",
-        cfg,
-        cluster.kubeconfig,
-        cluster.placement(MODEL_CLAIM if volume else None),
-        cluster.releases(),
-        volumes,
-        opts=pulumi.ResourceOptions(depends_on=[cluster.system_pool, cluster.gpu_pool]),
-    )
-    return cluster, Deployment(
-        nodes=[],
-        endpoint=app.service.status.apply(lambda status: lb_endpoint(status, cfg)),
-        login_user="",
-        extra_outputs={
-            "cluster": {
-                "name": cfg.name,
-                "id": cluster.cluster.id,
-                "version": cluster.cluster.version,
-                "spot_caps_per_hour": {t.name: cfg.spot_cap(t) for t in cfg.instance_types}
-                if cfg.spot.enabled
-                else {},
-                "currency": cfg.currency,
-            },
-            "kubeconfig": cluster.kubeconfig,
-            "cluster_cost": cluster_cost(cfg).as_dict(),
-            "api_token": app.token,
-        },
-    )
+    def facts(self) -> dict[str, Any]:
+        return {"name": self.cfg.name, "id": self.cluster.id, "version": self.cluster.version}

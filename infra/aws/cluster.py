@@ -39,11 +39,10 @@ from infra.grants import (
     AUTOSCALER_READ_ACTIONS,
     AUTOSCALER_WRITE_ACTIONS,
 )
-from infra.interface import NODE_ROLE_TAG, Deployment
+from infra.interface import NODE_ROLE_TAG
 from infra.k8s import addons, pools
-from infra.k8s.cost import cluster_cost
 from infra.k8s.pools import ScaledPool
-from infra.k8s.workload import GPU_TAINT, MODEL_CLAIM, Placement, gpu_node_labels, model_volume
+from infra.k8s.workload import GPU_TAINT, Placement, gpu_node_labels, model_volume
 from infra.outputs import first, present
 from infra.tags import with_name
 
@@ -496,6 +495,17 @@ class EksCluster(pulumi.ComponentResource):
             model_claim=model_claim,
         )
 
+    def node_pools(self) -> list[pulumi.Resource]:
+        return [self.system_group, *self.gpu_groups.values()]
+
+    def facts(self) -> dict[str, Any]:
+        assert self.cfg.kubernetes
+        return {
+            "name": self.cluster.name,
+            "version": self.cfg.kubernetes.version,
+            "endpoint": self.cluster.endpoint,
+        }
+
     def releases(self) -> list[addons.Release]:
         cfg = self.cfg
         assert cfg.kubernetes
@@ -508,48 +518,3 @@ class EksCluster(pulumi.ComponentResource):
             addons.prometheus(cfg),
             addons.prometheus_adapter(cfg),
         ]
-
-
-def deploy_kubernetes(
-    cfg: StackConfig,
-    tags: dict[str, str],
-    network: AwsNetwork,
-    arn_partition: str,
-    opts: pulumi.ResourceOptions,
-) -> tuple[EksCluster, Deployment]:
-    """The cluster and the runtime on it; the caller adds the teardown."""
-    from infra.k8s.component import KubernetesApp, lb_endpoint  # pulumi_kubernetes: this mode
-
-    assert cfg.kubernetes
-    cluster = EksCluster("cluster", cfg, tags, network, arn_partition, opts=opts)
-    volume, volumes = cluster.model_volume()
-    app = KubernetesApp(
-        "app",
-        cfg,
-        cluster.kubeconfig,
-        cluster.placement(MODEL_CLAIM if volume else None),
-        cluster.releases(),
-        volumes,
-        opts=pulumi.ResourceOptions(
-            depends_on=[cluster.system_group, *cluster.gpu_groups.values()]
-        ),
-    )
-    return cluster, Deployment(
-        nodes=[],
-        endpoint=app.service.status.apply(lambda status: lb_endpoint(status, cfg)),
-        login_user="",
-        extra_outputs={
-            "cluster": {
-                "name": cluster.cluster.name,
-                "version": cfg.kubernetes.version,
-                "endpoint": cluster.cluster.endpoint,
-                "spot_caps_per_hour": {t.name: cfg.spot_cap(t) for t in cfg.instance_types}
-                if cfg.spot.enabled
-                else {},
-                "currency": cfg.currency,
-            },
-            "kubeconfig": pulumi.Output.secret(cluster.kubeconfig),
-            "cluster_cost": cluster_cost(cfg).as_dict(),
-            "api_token": app.token,
-        },
-    )
