@@ -136,9 +136,33 @@ class EksCluster(pulumi.ComponentResource):
         super().__init__("torchfleet:aws:Cluster", name, None, opts)
         assert cfg.kubernetes
         self.cfg, self.tags, self.name, self.partition = cfg, tags, name, arn_partition
-        self.child = child = pulumi.ResourceOptions(parent=self)
+        self.child = pulumi.ResourceOptions(parent=self)
         self.cluster_name = cfg.name
+        self.cluster = self._control_plane(network)
+        self.oidc, self.issuer_host = self._oidc_provider()
+        self._tag_lb_subnets(network)
+        self.node_role, groups_opts = self._node_role()
+        security = [self.cluster.vpc_config.cluster_security_group_id, network.node_sg.id]
+        self.system_group = self._system_group(network, security, groups_opts)
+        self.gpu_groups: dict[str, aws.eks.NodeGroup] = {}
+        self.scaled_pools: list[ScaledPool] = []
+        self._gpu_groups(network, security, groups_opts)
+        self.autoscaler_role = self._irsa(
+            "autoscaler", AUTOSCALER_SERVICE_ACCOUNT, self._autoscaler_policy()
+        )
+        self.kubeconfig = kubeconfig(
+            self.cluster.name,
+            self.cluster.endpoint,
+            self.cluster.certificate_authority.apply(lambda c: present(c.data, "cluster CA")),
+            cfg.region,
+        )
+        self.register_outputs({"cluster_name": self.cluster.name})
 
+    def _control_plane(self, network: AwsNetwork) -> aws.eks.Cluster:
+        """The cluster, its role (the managed policy and the KMS key it encrypts Secrets
+        with) and its log group."""
+        cfg, tags, name, child = self.cfg, self.tags, self.name, self.child
+        assert cfg.kubernetes
         key = aws.kms.Key(
             f"{name}-secrets",
             description=f"torchfleet {cfg.stack}: EKS Secrets encryption",
@@ -194,7 +218,7 @@ class EksCluster(pulumi.ComponentResource):
         )
 
         public_v4, _ = split_cidrs(cfg.admin_cidrs)  # EKS takes IPv4 public-access CIDRs only
-        self.cluster = aws.eks.Cluster(
+        return aws.eks.Cluster(
             f"{name}-eks",
             name=self.cluster_name,
             version=cfg.kubernetes.version,
@@ -219,30 +243,48 @@ class EksCluster(pulumi.ComponentResource):
                 child, pulumi.ResourceOptions(depends_on=[*attachments, kms_use, logs])
             ),
         )
+
+    def _oidc_provider(self) -> tuple[aws.iam.OpenIdConnectProvider, pulumi.Output[str]]:
+        """The cluster's OIDC provider (service-account roles) and its issuer's host."""
         issuer = self.cluster.identities.apply(
             lambda ids: present(
                 first(first(ids, "cluster identity").oidcs, "OIDC issuer").issuer, "issuer URL"
             )
         )
-        self.oidc = aws.iam.OpenIdConnectProvider(
-            f"{name}-oidc", url=issuer, client_id_lists=["sts.amazonaws.com"], tags=tags, opts=child
+        oidc = aws.iam.OpenIdConnectProvider(
+            f"{self.name}-oidc",
+            url=issuer,
+            client_id_lists=["sts.amazonaws.com"],
+            tags=self.tags,
+            opts=self.child,
         )
-        self.issuer_host = issuer.apply(lambda url: url.removeprefix("https://"))
+        return oidc, issuer.apply(lambda url: url.removeprefix("https://"))
 
-        # Load balancers: the cloud provider puts internal ones in subnets tagged so.
+    def _tag_lb_subnets(self, network: AwsNetwork) -> None:
+        """Load balancers: the cloud provider puts internal ones in subnets tagged so."""
         for i, subnet in enumerate(network.subnets):
             role_tag = (
-                "kubernetes.io/role/elb" if cfg.client_cidrs else "kubernetes.io/role/internal-elb"
+                "kubernetes.io/role/elb"
+                if self.cfg.client_cidrs
+                else "kubernetes.io/role/internal-elb"
             )
             aws.ec2.Tag(
-                f"{name}-subnet-{i}-lb", resource_id=subnet.id, key=role_tag, value="1", opts=child
+                f"{self.name}-subnet-{i}-lb",
+                resource_id=subnet.id,
+                key=role_tag,
+                value="1",
+                opts=self.child,
             )
 
+    def _node_role(self) -> tuple[aws.iam.Role, pulumi.ResourceOptions]:
+        """The nodes' role (with its managed policies), and the options every node group
+        takes: after that role's policies, and its size left to the autoscaler."""
+        cfg, name, child = self.cfg, self.name, self.child
         node_role = aws.iam.Role(
             f"{name}-node-role",
             assume_role_policy=_assume("ec2.amazonaws.com"),
             description=f"torchfleet {cfg.stack} EKS nodes",
-            tags=tags,
+            tags=self.tags,
             opts=child,
         )
         node_attachments = [
@@ -251,7 +293,7 @@ class EksCluster(pulumi.ComponentResource):
             )
             for p in NODE_POLICIES + ((SSM_MANAGED_POLICY,) if cfg.ssm else ())
         ]
-        groups_opts = pulumi.ResourceOptions.merge(
+        return node_role, pulumi.ResourceOptions.merge(
             child,
             pulumi.ResourceOptions(
                 depends_on=node_attachments,
@@ -259,13 +301,18 @@ class EksCluster(pulumi.ComponentResource):
                 ignore_changes=["scalingConfig.desiredSize"],
             ),
         )
-        security = [self.cluster.vpc_config.cluster_security_group_id, network.node_sg.id]
 
+    def _system_group(
+        self, network: AwsNetwork, security: list[Any], opts: pulumi.ResourceOptions
+    ) -> aws.eks.NodeGroup:
+        """The small on-demand group the cluster services run on."""
+        cfg = self.cfg
+        assert cfg.kubernetes
         system = cfg.kubernetes.system
-        self.system_group = aws.eks.NodeGroup(
-            f"{name}-system",
+        return aws.eks.NodeGroup(
+            f"{self.name}-system",
             cluster_name=self.cluster.name,
-            node_role_arn=node_role.arn,
+            node_role_arn=self.node_role.arn,
             node_group_name_prefix=f"{cfg.name}-system-",
             subnet_ids=[s.id for s in network.subnets],
             ami_type=SYSTEM_AMI,
@@ -277,19 +324,23 @@ class EksCluster(pulumi.ComponentResource):
             launch_template=self._template("system", SYSTEM_DISK_GB, security),
             labels=dict(addons.SYSTEM_LABELS),
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
-            tags=tags,
-            opts=groups_opts,
+            tags=self.tags,
+            opts=opts,
         )
 
-        node_tags = with_name(tags, f"{cfg.name}-gpu", **dict([NODE_ROLE_TAG]))
+    def _gpu_groups(
+        self, network: AwsNetwork, security: list[Any], opts: pulumi.ResourceOptions
+    ) -> None:
+        """The GPU groups, one per pool (infra/k8s/pools.py), into gpu_groups and
+        scaled_pools."""
+        cfg, name = self.cfg, self.name
+        node_tags = with_name(self.tags, f"{cfg.name}-gpu", **dict([NODE_ROLE_TAG]))
         gpu_template = self._template("gpu", cfg.disk_gb, security, node_tags)
-        self.gpu_groups: dict[str, aws.eks.NodeGroup] = {}
-        self.scaled_pools: list[ScaledPool] = []
         for pool in pools.split(cfg):
             group = aws.eks.NodeGroup(
                 f"{name}-{pool.name}",
                 cluster_name=self.cluster.name,
-                node_role_arn=node_role.arn,
+                node_role_arn=self.node_role.arn,
                 node_group_name_prefix=f"{cfg.name}-{pool.name}-",
                 subnet_ids=[s.id for s in network.subnets],
                 ami_type=GPU_AMI,
@@ -312,7 +363,7 @@ class EksCluster(pulumi.ComponentResource):
                 update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
                 node_repair_config=aws.eks.NodeGroupNodeRepairConfigArgs(enabled=True),
                 tags={**node_tags, "torchfleet-pool": pool.name},
-                opts=groups_opts,
+                opts=opts,
             )
             self.gpu_groups[pool.name] = group
             asg = group.resources.apply(
@@ -322,17 +373,6 @@ class EksCluster(pulumi.ComponentResource):
                 )
             )
             self.scaled_pools.append(ScaledPool(pool.name, asg, pool.min, pool.max, pool.desired))
-
-        self.autoscaler_role = self._irsa(
-            "autoscaler", AUTOSCALER_SERVICE_ACCOUNT, self._autoscaler_policy()
-        )
-        self.kubeconfig = kubeconfig(
-            self.cluster.name,
-            self.cluster.endpoint,
-            self.cluster.certificate_authority.apply(lambda c: present(c.data, "cluster CA")),
-            cfg.region,
-        )
-        self.register_outputs({"cluster_name": self.cluster.name})
 
     def _managed(self, policy: str) -> str:
         return f"arn:{self.partition}:iam::aws:policy/{policy}"
