@@ -28,7 +28,12 @@ from infra.aws.iam import (
 from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
 from infra.constants import HEALTH_PATH, ROLLOUT_METRICS_OUTPUT
-from infra.interface import NODE_ROLE_TAG, Deployment, instances_deployment
+from infra.interface import (
+    NODE_ROLE_TAG,
+    discovery_tags,
+    group_deployment,
+    instances_deployment,
+)
 from infra.lifecycle import (
     COLD_BOOTSTRAP_BUDGET_S,
     DEREGISTRATION_DELAY_S,
@@ -219,27 +224,22 @@ class AwsFleet(pulumi.ComponentResource):
             self.candidate_group = self._candidate_group(
                 name, store, network, node_tags, child, needs
             )
-            self.deployment = Deployment(
-                nodes=[],
-                endpoint=alb.dns_name.apply(lambda d: edge.endpoint(cfg, d)),
-                login_user=image.login_user,
+            self.deployment = group_deployment(
+                cfg,
+                alb.dns_name,
+                image.login_user,
                 # running by tag; `group_name` lets an inventory keep the InService ones (a
                 # node still in its launch hook is running but bootstrapping itself)
-                discovery={
-                    "cloud": "aws",
-                    "region": cfg.region,
-                    "filters": {
-                        f"tag:{NODE_ROLE_TAG[0]}": NODE_ROLE_TAG[1],
-                        "tag:stack": cfg.stack,
-                        "instance-state-name": "running",
-                    },
-                    "group_name": group_name(cfg),
-                    **(
-                        {"fallback_group_name": fallback_group_name(cfg)}
-                        if fallback.enabled(cfg)
-                        else {}
-                    ),
+                filters={
+                    **{f"tag:{k}": v for k, v in discovery_tags(cfg).items()},
+                    "instance-state-name": "running",
                 },
+                group_name=group_name(cfg),
+                **(
+                    {"fallback_group_name": fallback_group_name(cfg)}
+                    if fallback.enabled(cfg)
+                    else {}
+                ),
             )
             self.deployment.extra_outputs[ROLLOUT_METRICS_OUTPUT] = aws_edge.rollout_metrics(
                 alb, target, self.candidate_target
