@@ -31,7 +31,7 @@ import pulumi_aws as aws
 
 from infra.addressing import split_cidrs
 from infra.aws import imds
-from infra.aws.iam import SSM_MANAGED_POLICY, model_read_policy
+from infra.aws.iam import SSM_MANAGED_POLICY, assume_role, model_read_policy
 from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
 from infra.grants import (
@@ -62,17 +62,6 @@ S3_CSI_ADDON = "aws-mountpoint-s3-csi-driver"
 S3_CSI_SERVICE_ACCOUNT = "kube-system:s3-csi-driver-sa"
 AUTOSCALER_SERVICE_ACCOUNT = "kube-system:cluster-autoscaler"
 TAINT_EFFECT = {"NoSchedule": "NO_SCHEDULE"}  # EKS API spelling of the Kubernetes effect
-
-
-def _assume(service: str) -> str:
-    return json.dumps(
-        {
-            "Version": "2012-10-17",
-            "Statement": [
-                {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}
-            ],
-        }
-    )
 
 
 def kubeconfig(
@@ -173,7 +162,7 @@ class EksCluster(pulumi.ComponentResource):
         )
         role = aws.iam.Role(
             f"{name}-cluster-role",
-            assume_role_policy=_assume("eks.amazonaws.com"),
+            assume_role_policy=assume_role("eks.amazonaws.com"),
             description=f"torchfleet {cfg.stack} EKS control plane",
             tags=tags,
             opts=child,
@@ -282,7 +271,7 @@ class EksCluster(pulumi.ComponentResource):
         cfg, name, child = self.cfg, self.name, self.child
         node_role = aws.iam.Role(
             f"{name}-node-role",
-            assume_role_policy=_assume("ec2.amazonaws.com"),
+            assume_role_policy=assume_role("ec2.amazonaws.com"),
             description=f"torchfleet {cfg.stack} EKS nodes",
             tags=self.tags,
             opts=child,
