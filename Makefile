@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STACK ?= aws-dev
 
-.PHONY: setup demo demo-clean up down status test check lint pytest molecule e2e bench bench-peers plan bundle bake image lock clean
+.PHONY: setup demo demo-clean up down status test check lint format pytest molecule e2e bench bench-peers plan bundle bake image lock clean
 
 setup:
 	@scripts/setup.sh
@@ -37,6 +37,11 @@ check: setup
 
 lint: setup
 	@scripts/test.sh lint
+
+# Rewrite the Python files as `make lint` wants them (ruff format, then ruff's fixable lint fixes):
+# `make lint` only checks, this target writes.
+format: setup
+	@scripts/test.sh format
 
 pytest: setup
 	@scripts/test.sh pytest

@@ -9,6 +9,7 @@ from typing import Any
 
 import pulumi
 
+from infra import edge
 from infra.catalog import InstanceType
 from infra.config import StackConfig
 
@@ -74,4 +75,24 @@ def instances_deployment(cfg: StackConfig, instances: Sequence[Any], login_user:
                 lambda ips: f"ssh -N -L {port}:{ips[1]}:{port} {login_user}@{ips[0]}"
             )
         },
+    )
+
+
+def discovery_tags(cfg: StackConfig) -> dict[str, str]:
+    """The tags every GPU node of the stack carries: what a group's nodes are found by."""
+    return {NODE_ROLE_TAG[0]: NODE_ROLE_TAG[1], "stack": cfg.stack}
+
+
+def group_deployment(
+    cfg: StackConfig, address: pulumi.Output[str], login_user: str, **discovery: Any
+) -> Deployment:
+    """What a group-mode fleet exports, the same on both clouds: no nodes (the group owns its
+    instances), the endpoint at the load balancer's `address`, and how an inventory enumerates
+    the group's nodes: the cloud and region, then the cloud's own filter and group names
+    (`discovery`, built on discovery_tags)."""
+    return Deployment(
+        nodes=[],
+        endpoint=address.apply(lambda a: edge.endpoint(cfg, a)),
+        login_user=login_user,
+        discovery={"cloud": cfg.cloud, "region": cfg.region, **discovery},
     )

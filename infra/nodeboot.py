@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import pulumi
 
@@ -132,7 +132,7 @@ def user_data(
     names = list((extra or {}).keys())
 
     def render(values: list[Any]) -> str:
-        spec = BootstrapSpec(
+        spec: BootstrapSpec = BootstrapSpec(
             cloud=cfg.cloud,
             region=cfg.region,
             stack=cfg.stack,
@@ -146,8 +146,9 @@ def user_data(
             service_port=cfg.service_port,
             metrics_namespace=METRICS_NAMESPACE,
             api_token_secret=edge.secret_name(cfg),
-            **dict(zip(names, values[1:], strict=True)),
         )
+        # the further fields are checked by name where they are rendered (render_user_data)
+        spec.update(cast(BootstrapSpec, dict(zip(names, values[1:], strict=True))))
         return base64.b64encode(render_user_data(spec).encode()).decode()
 
     return pulumi.Output.all(bucket, *[(extra or {})[n] for n in names]).apply(render)

@@ -14,7 +14,8 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -207,22 +208,82 @@ def render_tree(run: OfflineRun) -> list[str]:
     return lines
 
 
-def cost_rows(costs: dict[str, dict[str, Any]]) -> list[str]:
-    head = (
-        f"{'stack':<14} {'type':<22} {'nodes':>5} {'od/spot':>7} {'cur':<3} {'/h on-demand':>12} "
-        f"{'/h spot cap':>11} {'/h typical':>10} {'h/month':>7} {'/mo 24x7 OD':>11} "
-        f"{'/mo worst':>10} {'/mo typical':>11}"
-    )
-    rows = [head, "-" * len(head)]
-    for stack, c in costs.items():
-        rows.append(
-            f"{stack:<14} {c['instance_type']:<22} {c['nodes']:>5} "
-            f"{str(c['on_demand_nodes']) + '/' + str(c['spot_nodes']):>7} {c['currency']:<3} "
-            f"{c['on_demand_per_hour']:>12.3f} {c['spot_cap_per_hour']:>11.3f} "
-            f"{c['spot_typical_per_hour']:>10.3f} {c['hours_per_month']:>7.1f} "
-            f"{c['monthly_on_demand_24x7']:>11.2f} {c['monthly_worst_case']:>10.2f} "
-            f"{c['monthly_typical']:>11.2f}"
+@dataclass(frozen=True)
+class Column:
+    """One column of a fixed-width table: its heading and width, the row's value it shows (a key
+    of the row, or a function of it), that value's format, and its side (numbers right)."""
+
+    head: str
+    width: int
+    value: str | Callable[[dict[str, Any]], Any]
+    spec: str = ""
+    left: bool = False
+
+    def render(self, value: Any, spec: str = "") -> str:
+        return format(value, f"{'<' if self.left else '>'}{self.width}{spec}")
+
+    def cell(self, row: dict[str, Any]) -> str:
+        return self.render(
+            row[self.value] if isinstance(self.value, str) else self.value(row), self.spec
         )
+
+
+def table(columns: Sequence[Column], rows: dict[str, dict[str, Any]]) -> list[str]:
+    """The heading, a rule as long as it, and one line per stack (`rows`: stack -> its row; the
+    row's "stack" is the stack's name)."""
+    head = " ".join(c.render(c.head) for c in columns)
+    lines = [head, "-" * len(head)]
+    for stack, row in rows.items():
+        cells = {"stack": stack, **row}
+        lines.append(" ".join(c.cell(cells) for c in columns))
+    return lines
+
+
+COST_COLUMNS = (
+    Column("stack", 14, "stack", left=True),
+    Column("type", 22, "instance_type", left=True),
+    Column("nodes", 5, "nodes"),
+    Column("od/spot", 7, lambda c: f"{c['on_demand_nodes']}/{c['spot_nodes']}"),
+    Column("cur", 3, "currency", left=True),
+    Column("/h on-demand", 12, "on_demand_per_hour", ".3f"),
+    Column("/h spot cap", 11, "spot_cap_per_hour", ".3f"),
+    Column("/h typical", 10, "spot_typical_per_hour", ".3f"),
+    Column("h/month", 7, "hours_per_month", ".1f"),
+    Column("/mo 24x7 OD", 11, "monthly_on_demand_24x7", ".2f"),
+    Column("/mo worst", 10, "monthly_worst_case", ".2f"),
+    Column("/mo typical", 11, "monthly_typical", ".2f"),
+)
+BOUNDS_COLUMNS = (
+    Column("stack", 14, "stack", left=True),
+    Column("min", 4, "min_nodes"),
+    Column("max", 4, "max_nodes"),
+    Column("/h cap @min", 11, "spot_cap_per_hour_at_min", ".3f"),
+    Column("/h cap @max", 11, "spot_cap_per_hour_at_max", ".3f"),
+    Column("/mo worst @min", 14, "monthly_worst_at_min", ".2f"),
+    Column("/mo worst @max", 14, "monthly_worst_at_max", ".2f"),
+    Column("/mo warm pool", 13, "warm_pool_per_month", ".2f"),
+    Column("monitoring", 12, lambda c: c.get("monitoring_instance_type") or "-", left=True),
+    Column("/mo monitoring", 14, lambda c: c.get("monitoring_per_month", 0.0), ".2f"),
+)
+CLUSTER_COLUMNS = (
+    Column("stack", 14, "stack", left=True),
+    Column("cur", 3, "currency", left=True),
+    Column("/h control", 10, "control_plane_per_hour", ".3f"),
+    Column("system", 6, "system_nodes"),
+    Column("/h system", 9, "system_per_hour", ".3f"),
+    Column("/h fixed", 8, "fixed_per_hour", ".3f"),
+    Column("GPU min-max", 11, lambda c: f"{c['gpu_nodes_min']}-{c['gpu_nodes_max']}"),
+    Column("/h GPU min", 10, "gpu_min_per_hour", ".3f"),
+    Column("/h GPU max", 10, "gpu_max_per_hour", ".3f"),
+    Column("GPU h/mo", 8, "gpu_hours_per_month", ".1f"),
+    Column("/mo fixed", 9, "monthly_fixed", ".2f"),
+    Column("/mo at min", 10, "monthly_min", ".2f"),
+    Column("/mo at max", 10, "monthly_max", ".2f"),
+)
+
+
+def cost_rows(costs: dict[str, dict[str, Any]]) -> list[str]:
+    rows = table(COST_COLUMNS, costs)
     rows += [
         "",
         "the whole bill (lines below; traffic not priced): worst = schedule applied, spot nodes "
@@ -459,43 +520,13 @@ def estimate_lines() -> list[str]:
 
 
 def bounds_rows(costs: dict[str, dict[str, Any]]) -> list[str]:
-    head = (
-        f"{'stack':<14} {'min':>4} {'max':>4} {'/h cap @min':>11} {'/h cap @max':>11} "
-        f"{'/mo worst @min':>14} {'/mo worst @max':>14} {'/mo warm pool':>13} "
-        f"{'monitoring':<12} {'/mo monitoring':>14}"
-    )
-    rows = [head, "-" * len(head)]
-    for stack, c in costs.items():
-        rows.append(
-            f"{stack:<14} {c['min_nodes']:>4} {c['max_nodes']:>4} "
-            f"{c['spot_cap_per_hour_at_min']:>11.3f} "
-            f"{c['spot_cap_per_hour_at_max']:>11.3f} "
-            f"{c['monthly_worst_at_min']:>14.2f} {c['monthly_worst_at_max']:>14.2f} "
-            f"{c['warm_pool_per_month']:>13.2f} "
-            f"{c.get('monitoring_instance_type') or '-':<12} "
-            f"{c.get('monitoring_per_month', 0.0):>14.2f}"
-        )
-    return rows
+    return table(BOUNDS_COLUMNS, costs)
 
 
 def cluster_rows(clusters: dict[str, dict[str, Any]]) -> list[str]:
     """Kubernetes stacks: the fixed part (control plane, system nodes) and the GPU pool at its
     min and max, beside the steady-size estimate above."""
-    head = (
-        f"{'stack':<14} {'cur':<3} {'/h control':>10} {'system':>6} {'/h system':>9} "
-        f"{'/h fixed':>8} {'GPU min-max':>11} {'/h GPU min':>10} {'/h GPU max':>10} "
-        f"{'GPU h/mo':>8} {'/mo fixed':>9} {'/mo at min':>10} {'/mo at max':>10}"
-    )
-    rows = [head, "-" * len(head)]
-    for stack, c in clusters.items():
-        rows.append(
-            f"{stack:<14} {c['currency']:<3} {c['control_plane_per_hour']:>10.3f} "
-            f"{c['system_nodes']:>6} {c['system_per_hour']:>9.3f} {c['fixed_per_hour']:>8.3f} "
-            f"{str(c['gpu_nodes_min']) + '-' + str(c['gpu_nodes_max']):>11} "
-            f"{c['gpu_min_per_hour']:>10.3f} {c['gpu_max_per_hour']:>10.3f} "
-            f"{c['gpu_hours_per_month']:>8.1f} {c['monthly_fixed']:>9.2f} "
-            f"{c['monthly_min']:>10.2f} {c['monthly_max']:>10.2f}"
-        )
+    rows = table(CLUSTER_COLUMNS, clusters)
     rows += [
         "",
         "fixed = control plane + system nodes, 730 h/month (a schedule or the TTL empties "

@@ -3,7 +3,8 @@
 # need no container on both cores (pytest-xdist), then the ones that converge or run containers,
 # one at a time (Molecule scenarios, the node bootstrap, the demo's node path, the runtime image).
 # `scripts/test.sh check` is the fast tier (lint + every test without a container: `make check`);
-# `scripts/test.sh lint|docs|pytest|molecule|e2e|containers` runs one part.
+# `scripts/test.sh lint|docs|pytest|molecule|e2e|containers` runs one part; `scripts/test.sh format`
+# writes what lint's ruff steps check (`make format`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -29,6 +30,13 @@ run_lint() {
   fi
 }
 
+# What run_lint's ruff steps check, written: the formatting, then the fixes ruff can make safely.
+run_format() {
+  echo "== ruff format, ruff check --fix"
+  ruff format .
+  ruff check --fix .
+}
+
 run_docs() {
   echo "== the docs site (mkdocs build --strict into .cache/site/)"
   # NO_MKDOCS_2_WARNING: Material prints a banner about its successor on every build
@@ -49,6 +57,7 @@ run_fast() { run_pytest -n 2 --dist loadfile -m "not ($CONTAINERS)"; }
 
 case "$part" in
   lint) run_lint ;;
+  format) run_format ;;
   check) run_lint; run_docs; run_fast ;;
   docs) run_docs ;;
   pytest) run_pytest -m "not molecule and not e2e" ;;
@@ -56,5 +65,5 @@ case "$part" in
   e2e) run_pytest -m e2e ;;
   containers) run_pytest -m "$CONTAINERS" ;;
   all) run_lint; run_docs; run_fast; run_pytest -m "$CONTAINERS" ;;
-  *) echo "usage: $0 [lint|check|docs|pytest|molecule|e2e|containers|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [lint|format|check|docs|pytest|molecule|e2e|containers|all]" >&2; exit 2 ;;
 esac

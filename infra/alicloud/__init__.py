@@ -58,12 +58,13 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
     provider = alicloud.Provider("alicloud", region=cfg.region)
     opts = pulumi.ResourceOptions(provider=provider)
     if cfg.mode == "kubernetes":  # an ACK cluster instead of a fleet (infra/alicloud/cluster.py)
-        from infra.alicloud.cluster import deploy_kubernetes
+        from infra.alicloud.cluster import AckCluster
+        from infra.k8s.component import deploy_kubernetes  # pulumi_kubernetes: this mode only
 
         network = AlicloudNetwork("net", cfg, tags, opts=opts)
-        cluster, deployment = deploy_kubernetes(
-            cfg, tags, network, opts, pulumi.InvokeOptions(provider=provider)
-        )
+        invoke = pulumi.InvokeOptions(provider=provider)
+        cluster = AckCluster("cluster", cfg, tags, network, opts=opts, invoke_opts=invoke)
+        deployment = deploy_kubernetes(cfg, cluster)
         AlicloudTeardown("teardown", cfg, tags, cluster, expiry, opts=opts)
         return deployment
     image_id = resolve_image(cfg, pulumi.InvokeOptions(provider=provider))

@@ -34,13 +34,11 @@ import pulumi_alicloud as alicloud
 
 from infra.alicloud.network import AlicloudNetwork
 from infra.config import StackConfig
-from infra.interface import NODE_ROLE_TAG, Deployment
+from infra.interface import NODE_ROLE_TAG
 from infra.k8s import addons
-from infra.k8s.cost import cluster_cost
 from infra.k8s.pools import ScaledPool
 from infra.k8s.workload import (
     GPU_TAINT,
-    MODEL_CLAIM,
     Placement,
     gpu_node_labels,
     model_volume,
@@ -102,14 +100,42 @@ class AckCluster(pulumi.ComponentResource):
         invoke_opts: pulumi.InvokeOptions | None = None,
     ):
         super().__init__("torchfleet:alicloud:Cluster", name, None, opts)
+        assert cfg.kubernetes
+        self.cfg, self.tags, self.name = cfg, tags, name
+        self.child = pulumi.ResourceOptions(parent=self)
+        invoke = invoke_opts or pulumi.InvokeOptions()
+        switches = [s.id for s in network.switches]
+        self.cluster = self._managed_cluster(switches, invoke)
+        common = self._pool_settings(switches)
+        self.system_pool = self._system_pool(common)
+        self.gpu_pool = self._gpu_pool(common)
+        self._autoscaler()
+        self.scaled_pools = [
+            ScaledPool(
+                "gpu",
+                self.gpu_pool.scaling_group_id,
+                cfg.nodes.min,
+                cfg.nodes.max,
+                cfg.nodes.desired,
+            )
+        ]
+        self.clients_acl = self._clients_acl()
+        credential = alicloud.cs.get_cluster_credential_output(
+            cluster_id=self.cluster.id, temporary_duration_minutes=CREDENTIAL_MINUTES, opts=invoke
+        )
+        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(
+            credential.apply(lambda c: c.kube_config)
+        )
+        self.switch_id = network.switches[0].id
+        self.register_outputs({"cluster_id": self.cluster.id})
+
+    def _managed_cluster(
+        self, switches: list[pulumi.Output[str]], invoke: pulumi.InvokeOptions
+    ) -> alicloud.cs.ManagedKubernetes:
+        """The ACK Pro cluster and the KMS key its Secrets are encrypted with."""
+        cfg, tags, name, child = self.cfg, self.tags, self.name, self.child
         k = cfg.kubernetes
         assert k
-        self.cfg, self.tags, self.name = cfg, tags, name
-        self.child = child = pulumi.ResourceOptions(parent=self)
-        invoke = invoke_opts or pulumi.InvokeOptions()
-        node_tags = {**tags, NODE_ROLE_TAG[0]: NODE_ROLE_TAG[1]}
-        switches = [s.id for s in network.switches]
-
         key = alicloud.kms.Key(
             f"{name}-secrets",
             description=f"torchfleet {cfg.stack}: ACK Secrets encryption",
@@ -122,7 +148,7 @@ class AckCluster(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        self.cluster = alicloud.cs.ManagedKubernetes(
+        return alicloud.cs.ManagedKubernetes(
             f"{name}-ack",
             name=cfg.name,
             cluster_spec=CLUSTER_SPEC,
@@ -143,6 +169,11 @@ class AckCluster(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
+
+    def _pool_settings(self, switches: list[pulumi.Output[str]]) -> dict[str, Any]:
+        """What both node pools take: the switches, the login key, encrypted ESSD system disks,
+        metadata in token mode only, public bandwidth, auto repair."""
+        cfg, tags, name, child = self.cfg, self.tags, self.name, self.child
         login = alicloud.ecs.EcsKeyPair(
             f"{name}-key",
             key_pair_name=f"{cfg.name}-nodes",
@@ -150,8 +181,7 @@ class AckCluster(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-
-        common: dict[str, Any] = dict(
+        return dict(
             cluster_id=self.cluster.id,
             vswitch_ids=switches,
             instance_charge_type="PostPaid",
@@ -168,7 +198,13 @@ class AckCluster(pulumi.ComponentResource):
                 enable=True, auto_repair=True, max_unavailable=1
             ),
         )
-        self.system_pool = alicloud.cs.NodePool(
+
+    def _system_pool(self, common: dict[str, Any]) -> alicloud.cs.NodePool:
+        """The small pay-as-you-go pool the cluster services run on."""
+        cfg, tags, name, child = self.cfg, self.tags, self.name, self.child
+        k = cfg.kubernetes
+        assert k
+        return alicloud.cs.NodePool(
             f"{name}-system",
             node_pool_name=f"{cfg.name}-system",
             instance_types=[k.system.instance_type],
@@ -184,6 +220,10 @@ class AckCluster(pulumi.ComponentResource):
             opts=child,
         )
 
+    def _gpu_pool(self, common: dict[str, Any]) -> alicloud.cs.NodePool:
+        """The GPU pool: pay-as-you-go base, spot above it with a cap per type (spot.enabled)."""
+        cfg, name, child = self.cfg, self.name, self.child
+        node_tags = {**self.tags, NODE_ROLE_TAG[0]: NODE_ROLE_TAG[1]}
         spot: dict[str, Any] = {"spot_strategy": "NoSpot"}
         if cfg.spot.enabled:
             spot = dict(
@@ -200,7 +240,7 @@ class AckCluster(pulumi.ComponentResource):
                 spot_instance_remedy=True,
                 compensate_with_on_demand=True,
             )
-        self.gpu_pool = alicloud.cs.NodePool(
+        return alicloud.cs.NodePool(
             f"{name}-gpu",
             node_pool_name=f"{cfg.name}-gpu",
             instance_types=[t.name for t in cfg.instance_types],
@@ -223,6 +263,10 @@ class AckCluster(pulumi.ComponentResource):
             **common,
             opts=child,
         )
+
+    def _autoscaler(self) -> None:
+        """ACK's managed cluster autoscaler, over the GPU pool's scaling config."""
+        name, child = self.name, self.child
         alicloud.cs.AutoscalingConfig(
             f"{name}-autoscaler",
             cluster_id=self.cluster.id,
@@ -243,36 +287,21 @@ class AckCluster(pulumi.ComponentResource):
                 child, pulumi.ResourceOptions(depends_on=[self.gpu_pool])
             ),
         )
-        self.scaled_pools = [
-            ScaledPool(
-                "gpu",
-                self.gpu_pool.scaling_group_id,
-                cfg.nodes.min,
-                cfg.nodes.max,
-                cfg.nodes.desired,
-            )
-        ]
 
-        self.clients_acl = None
-        if cfg.client_cidrs:
-            self.clients_acl = alicloud.slb.Acl(
-                f"{name}-clients",
-                name=f"{cfg.name}-k8s-clients",
-                entry_lists=[
-                    alicloud.slb.AclEntryListArgs(entry=c, comment="client")
-                    for c in cfg.client_cidrs
-                ],
-                tags=tags,
-                opts=child,
-            )
-        credential = alicloud.cs.get_cluster_credential_output(
-            cluster_id=self.cluster.id, temporary_duration_minutes=CREDENTIAL_MINUTES, opts=invoke
+    def _clients_acl(self) -> alicloud.slb.Acl | None:
+        """The load balancer's allow-list of client CIDRs (None: an intranet one)."""
+        cfg, tags, name, child = self.cfg, self.tags, self.name, self.child
+        if not cfg.client_cidrs:
+            return None
+        return alicloud.slb.Acl(
+            f"{name}-clients",
+            name=f"{cfg.name}-k8s-clients",
+            entry_lists=[
+                alicloud.slb.AclEntryListArgs(entry=c, comment="client") for c in cfg.client_cidrs
+            ],
+            tags=tags,
+            opts=child,
         )
-        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(
-            credential.apply(lambda c: c.kube_config)
-        )
-        self.switch_id = network.switches[0].id
-        self.register_outputs({"cluster_id": self.cluster.id})
 
     def model_volume(self) -> tuple[str | None, list[dict[str, Any]]]:
         cfg = self.cfg
@@ -401,45 +430,8 @@ class AckCluster(pulumi.ComponentResource):
     def releases(self) -> list[addons.Release]:
         return [addons.prometheus(self.cfg), addons.prometheus_adapter(self.cfg)]
 
+    def node_pools(self) -> list[pulumi.Resource]:
+        return [self.system_pool, self.gpu_pool]
 
-def deploy_kubernetes(
-    cfg: StackConfig,
-    tags: dict[str, str],
-    network: AlicloudNetwork,
-    opts: pulumi.ResourceOptions,
-    invoke_opts: pulumi.InvokeOptions,
-) -> tuple[AckCluster, Deployment]:
-    """The cluster and the runtime on it; the caller adds the teardown."""
-    from infra.k8s.component import KubernetesApp, lb_endpoint  # pulumi_kubernetes: this mode
-
-    assert cfg.kubernetes
-    cluster = AckCluster("cluster", cfg, tags, network, opts=opts, invoke_opts=invoke_opts)
-    volume, volumes = cluster.model_volume()
-    app = KubernetesApp(
-        "app",
-        cfg,
-        cluster.kubeconfig,
-        cluster.placement(MODEL_CLAIM if volume else None),
-        cluster.releases(),
-        volumes,
-        opts=pulumi.ResourceOptions(depends_on=[cluster.system_pool, cluster.gpu_pool]),
-    )
-    return cluster, Deployment(
-        nodes=[],
-        endpoint=app.service.status.apply(lambda status: lb_endpoint(status, cfg)),
-        login_user="",
-        extra_outputs={
-            "cluster": {
-                "name": cfg.name,
-                "id": cluster.cluster.id,
-                "version": cluster.cluster.version,
-                "spot_caps_per_hour": {t.name: cfg.spot_cap(t) for t in cfg.instance_types}
-                if cfg.spot.enabled
-                else {},
-                "currency": cfg.currency,
-            },
-            "kubeconfig": cluster.kubeconfig,
-            "cluster_cost": cluster_cost(cfg).as_dict(),
-            "api_token": app.token,
-        },
-    )
+    def facts(self) -> dict[str, Any]:
+        return {"name": self.cfg.name, "id": self.cluster.id, "version": self.cluster.version}

@@ -39,7 +39,12 @@ from infra.alicloud.bundle_store import AlicloudBundleStore
 from infra.alicloud.network import AlicloudNetwork
 from infra.config import STABLE_BACKEND_WEIGHT, StackConfig
 from infra.constants import ROLLOUT_METRICS_OUTPUT
-from infra.interface import NODE_ROLE_TAG, Deployment, instances_deployment
+from infra.interface import (
+    NODE_ROLE_TAG,
+    discovery_tags,
+    group_deployment,
+    instances_deployment,
+)
 from infra.nodeboot import (
     CANDIDATE_TAG,
     MODEL_PREFIX,
@@ -192,16 +197,12 @@ class AlicloudFleet(pulumi.ComponentResource):
         else:
             self.group, clb = self._group(network, image_id)
             self.clb = clb
-            self.deployment = Deployment(
-                nodes=[],
-                endpoint=clb.address.apply(lambda a: edge.endpoint(cfg, a)),
-                login_user=image.login_user,
-                discovery={
-                    "cloud": "alicloud",
-                    "region": cfg.region,
-                    "tags": {NODE_ROLE_TAG[0]: NODE_ROLE_TAG[1], "stack": cfg.stack},
-                    "scaling_group_name": group_name(cfg),
-                },
+            self.deployment = group_deployment(
+                cfg,
+                clb.address,
+                image.login_user,
+                tags=discovery_tags(cfg),
+                scaling_group_name=group_name(cfg),
             )
             if cfg.rollout is not None:
                 self.deployment.extra_outputs[ROLLOUT_METRICS_OUTPUT] = self._rollout_metrics()

@@ -33,7 +33,8 @@ class AlicloudNetwork(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("torchfleet:alicloud:Network", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        self.name, self.child = name, pulumi.ResourceOptions(parent=self)
+        child = self.child
         self.vpc = alicloud.vpc.Network(
             f"{name}-vpc",
             vpc_name=f"{cfg.name}-vpc",
@@ -42,72 +43,83 @@ class AlicloudNetwork(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        self.switches: list[alicloud.vpc.Switch] = []
-        for zone, cidr in zip(cfg.zones, zone_subnets(cfg.vpc_cidr, len(cfg.zones)), strict=True):
-            self.switches.append(
-                alicloud.vpc.Switch(
-                    f"{name}-{zone}",
-                    vpc_id=self.vpc.id,
-                    cidr_block=cidr,
-                    zone_id=zone,
-                    vswitch_name=f"{cfg.name}-{zone}",
-                    tags=tags,
-                    opts=child,
-                )
-            )
-
-        self.sg = alicloud.ecs.SecurityGroup(
-            f"{name}-nodes",
-            vpc_id=self.vpc.id,
-            security_group_name=f"{cfg.name}-nodes",
-            description=f"torchfleet {cfg.stack}: GPU nodes",
-            tags=tags,
-            opts=child,
-        )
-
+        self.switches = self._zone_switches(cfg, tags)
+        self.sg = self._security_group("nodes", "GPU nodes", cfg, tags)
         self.monitoring_sg: alicloud.ecs.SecurityGroup | None = None
         self.services_switch: alicloud.vpc.Switch | None = None
         if cfg.monitoring:
             self.services_switch = self._services_switch(name, cfg, tags, child)
-            self.monitoring_sg = alicloud.ecs.SecurityGroup(
-                f"{name}-monitoring",
+            self.monitoring_sg = self._security_group("monitoring", "monitoring host", cfg, tags)
+        self._node_rules(cfg)
+        if self.monitoring_sg is not None:
+            self._monitoring_rules(cfg, self.monitoring_sg)
+        self.register_outputs({"vpc_id": self.vpc.id, "vswitch_ids": [s.id for s in self.switches]})
+
+    def _zone_switches(self, cfg: StackConfig, tags: dict[str, str]) -> list[alicloud.vpc.Switch]:
+        """One vSwitch per zone."""
+        return [
+            alicloud.vpc.Switch(
+                f"{self.name}-{zone}",
                 vpc_id=self.vpc.id,
-                security_group_name=f"{cfg.name}-monitoring",
-                description=f"torchfleet {cfg.stack}: monitoring host",
+                cidr_block=cidr,
+                zone_id=zone,
+                vswitch_name=f"{cfg.name}-{zone}",
                 tags=tags,
-                opts=child,
+                opts=self.child,
             )
-
-        def rule(
-            suffix: str,
-            kind: str,
-            protocol: str,
-            ports: str,
-            cidr: str | None,
-            why: str,
-            group: alicloud.ecs.SecurityGroup | None = None,
-            source: alicloud.ecs.SecurityGroup | None = None,
-        ) -> None:
-            """`cidr`, or the members of security group `source`, may reach `group`."""
-            v6 = cidr is not None and ipaddress.ip_network(cidr).version == 6
-            alicloud.ecs.SecurityGroupRule(
-                f"{name}-{suffix}",
-                security_group_id=(group or self.sg).id,
-                type=kind,
-                ip_protocol=protocol,
-                port_range=ports,
-                policy="accept",
-                priority=1,
-                nic_type="intranet",
-                description=why,
-                cidr_ip=None if v6 else cidr,
-                ipv6_cidr_ip=cidr if v6 else None,
-                source_security_group_id=source.id if source else None,
-                opts=child,
+            for zone, cidr in zip(
+                cfg.zones, zone_subnets(cfg.vpc_cidr, len(cfg.zones)), strict=True
             )
+        ]
 
+    def _security_group(
+        self, suffix: str, what: str, cfg: StackConfig, tags: dict[str, str]
+    ) -> alicloud.ecs.SecurityGroup:
+        """An empty security group (its rules: _rule)."""
+        return alicloud.ecs.SecurityGroup(
+            f"{self.name}-{suffix}",
+            vpc_id=self.vpc.id,
+            security_group_name=f"{cfg.name}-{suffix}",
+            description=f"torchfleet {cfg.stack}: {what}",
+            tags=tags,
+            opts=self.child,
+        )
+
+    def _rule(
+        self,
+        suffix: str,
+        kind: str,
+        protocol: str,
+        ports: str,
+        cidr: str | None,
+        why: str,
+        group: alicloud.ecs.SecurityGroup | None = None,
+        source: alicloud.ecs.SecurityGroup | None = None,
+    ) -> None:
+        """`cidr`, or the members of security group `source`, may reach `group` (default: the
+        nodes' group)."""
+        v6 = cidr is not None and ipaddress.ip_network(cidr).version == 6
+        alicloud.ecs.SecurityGroupRule(
+            f"{self.name}-{suffix}",
+            security_group_id=(group or self.sg).id,
+            type=kind,
+            ip_protocol=protocol,
+            port_range=ports,
+            policy="accept",
+            priority=1,
+            nic_type="intranet",
+            description=why,
+            cidr_ip=None if v6 else cidr,
+            ipv6_cidr_ip=cidr if v6 else None,
+            source_security_group_id=source.id if source else None,
+            opts=self.child,
+        )
+
+    def _node_rules(self, cfg: StackConfig) -> None:
+        """The GPU nodes admit SSH from the admins and the service port from the VPC (and the
+        load balancer in group mode); egress open."""
         for i, cidr in enumerate(cfg.admin_cidrs):
-            rule(
+            self._rule(
                 f"ssh-{i}",
                 "ingress",
                 "tcp",
@@ -116,9 +128,9 @@ class AlicloudNetwork(pulumi.ComponentResource):
                 "SSH from admin networks",
             )
         port = f"{cfg.service_port}/{cfg.service_port}"
-        rule("service-vpc", "ingress", "tcp", port, cfg.vpc_cidr, "service port from the VPC")
+        self._rule("service-vpc", "ingress", "tcp", port, cfg.vpc_cidr, "service port from the VPC")
         if cfg.mode == "group":
-            rule(
+            self._rule(
                 "service-clb",
                 "ingress",
                 "tcp",
@@ -126,50 +138,51 @@ class AlicloudNetwork(pulumi.ComponentResource):
                 CLB_SOURCE_RANGE,
                 "service port from the load balancer",
             )
-        rule("egress", "egress", "all", "-1/-1", "0.0.0.0/0", "packages, wheels, models")
-        if self.monitoring_sg is not None:
-            mon = self.monitoring_sg
-            for job, scrape in monitoring.scrape_ports(cfg).items():
-                rule(
-                    f"scrape-{job}",
-                    "ingress",
-                    "tcp",
-                    f"{scrape}/{scrape}",
-                    None,
-                    f"{job} scrape from monitoring",
-                    source=mon,
-                )
-            journal = monitoring.journal_port(cfg)
-            rule(
-                "monitoring-journal",
+        self._rule("egress", "egress", "all", "-1/-1", "0.0.0.0/0", "packages, wheels, models")
+
+    def _monitoring_rules(self, cfg: StackConfig, mon: alicloud.ecs.SecurityGroup) -> None:
+        """The nodes admit the scrape ports from the monitoring host; it admits the nodes'
+        journal upload and SSH from the admins; its egress is open."""
+        for job, scrape in monitoring.scrape_ports(cfg).items():
+            self._rule(
+                f"scrape-{job}",
                 "ingress",
                 "tcp",
-                f"{journal}/{journal}",
+                f"{scrape}/{scrape}",
                 None,
-                "journal upload from the GPU nodes",
-                group=mon,
-                source=self.sg,
+                f"{job} scrape from monitoring",
+                source=mon,
             )
-            for i, cidr in enumerate(cfg.admin_cidrs):
-                rule(
-                    f"monitoring-ssh-{i}",
-                    "ingress",
-                    "tcp",
-                    f"{SSH_PORT}/{SSH_PORT}",
-                    cidr,
-                    "SSH from admin networks",
-                    group=mon,
-                )
-            rule(
-                "monitoring-egress",
-                "egress",
-                "all",
-                "-1/-1",
-                "0.0.0.0/0",
-                "packages, the nodes' scrape ports",
+        journal = monitoring.journal_port(cfg)
+        self._rule(
+            "monitoring-journal",
+            "ingress",
+            "tcp",
+            f"{journal}/{journal}",
+            None,
+            "journal upload from the GPU nodes",
+            group=mon,
+            source=self.sg,
+        )
+        for i, cidr in enumerate(cfg.admin_cidrs):
+            self._rule(
+                f"monitoring-ssh-{i}",
+                "ingress",
+                "tcp",
+                f"{SSH_PORT}/{SSH_PORT}",
+                cidr,
+                "SSH from admin networks",
                 group=mon,
             )
-        self.register_outputs({"vpc_id": self.vpc.id, "vswitch_ids": [s.id for s in self.switches]})
+        self._rule(
+            "monitoring-egress",
+            "egress",
+            "all",
+            "-1/-1",
+            "0.0.0.0/0",
+            "packages, the nodes' scrape ports",
+            group=mon,
+        )
 
     def _services_switch(
         self, name: str, cfg: StackConfig, tags: dict[str, str], child: pulumi.ResourceOptions

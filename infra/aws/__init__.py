@@ -58,10 +58,12 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
     arn_partition = partition(cfg.region)
     account = aws.get_caller_identity_output(opts=invoke).account_id
     if cfg.mode == "kubernetes":  # an EKS cluster instead of a fleet (infra/aws/cluster.py)
-        from infra.aws.cluster import deploy_kubernetes
+        from infra.aws.cluster import EksCluster
+        from infra.k8s.component import deploy_kubernetes  # pulumi_kubernetes: this mode only
 
         network = AwsNetwork("net", cfg, tags, opts=opts)
-        cluster, deployment = deploy_kubernetes(cfg, tags, network, arn_partition, opts)
+        cluster = EksCluster("cluster", cfg, tags, network, arn_partition, opts=opts)
+        deployment = deploy_kubernetes(cfg, cluster)
         AwsTeardown(
             "teardown",
             cfg,

@@ -28,6 +28,8 @@ from infra.outputs import first, present
 STATUS_FILE = "/var/lib/torchfleet/bootstrap.json"
 BOOTSTRAP_UNIT = "torchfleet-bootstrap.service"
 POLL_S = 15
+# The bake is a whole cold converge on a GPU builder (not a heartbeat gap).
+BAKE_TIMEOUT_S = COLD_BOOTSTRAP_BUDGET_S
 
 
 def wait_component(timeout_s: int) -> str:
@@ -78,10 +80,23 @@ class AwsBake(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("torchfleet:aws:Bake", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        sha = store.bundle.sha256[:12]
-        # The bake is a whole cold converge on a GPU builder (not a heartbeat gap).
-        timeout = COLD_BOOTSTRAP_BUDGET_S
+        self.cfg, self.tags, self.name = cfg, tags, name
+        self.child = pulumi.ResourceOptions(parent=self)
+        profile = self._builder_profile(store, arn_partition)
+        recipe = self._recipe(store, parent_image)
+        infrastructure = self._infrastructure(network, profile)
+        image = self._image(recipe, infrastructure)
+        self.image_id: pulumi.Output[str] = image.output_resources.apply(
+            lambda res: present(first(first(res, "image output").amis, "AMI").image, "AMI id")
+        )
+        self.register_outputs({"image_id": self.image_id})
+
+    def _builder_profile(
+        self, store: AwsBundleStore, arn_partition: str
+    ) -> aws.iam.InstanceProfile:
+        """The build instance's role: Image Builder's and Systems Manager's managed policies,
+        and reading the stack's bundle."""
+        cfg, tags, name, child = self.cfg, self.tags, self.name, self.child
         role = aws.iam.Role(
             f"{name}-role",
             assume_role_policy=assume_role("ec2.amazonaws.com"),
@@ -107,19 +122,27 @@ class AwsBake(pulumi.ComponentResource):
             policy=store.read_arn.apply(bundle_read_policy),
             opts=child,
         )
-        profile = aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags, opts=child)
+        return aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags, opts=child)
+
+    def _recipe(
+        self, store: AwsBundleStore, parent_image: pulumi.Input[str]
+    ) -> aws.imagebuilder.ImageRecipe:
+        """The parent image, an encrypted root, the bake's user-data, and the component that
+        waits for the bake to finish."""
+        cfg, tags, name, child = self.cfg, self.tags, self.name, self.child
+        sha = store.bundle.sha256[:12]
         component = aws.imagebuilder.Component(
             f"{name}-wait",
             name=f"{cfg.name}-bake-wait-{sha}",
             platform="Linux",
             version="1.0.0",
-            data=wait_component(timeout),
+            data=wait_component(BAKE_TIMEOUT_S),
             description="wait for the torchfleet bake",
             tags=tags,
             opts=child,
         )
         root = images.query("aws", cfg.image_distro).root_device
-        recipe = aws.imagebuilder.ImageRecipe(
+        return aws.imagebuilder.ImageRecipe(
             f"{name}-recipe",
             name=f"{cfg.name}-{sha}",
             version="1.0.0",
@@ -143,7 +166,12 @@ class AwsBake(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        infrastructure = aws.imagebuilder.InfrastructureConfiguration(
+
+    def _infrastructure(
+        self, network: AwsNetwork, profile: aws.iam.InstanceProfile
+    ) -> aws.imagebuilder.InfrastructureConfiguration:
+        cfg, tags, name, child = self.cfg, self.tags, self.name, self.child
+        return aws.imagebuilder.InfrastructureConfiguration(
             f"{name}-infra",
             name=f"{cfg.name}-bake",
             instance_profile_name=profile.name,
@@ -159,7 +187,14 @@ class AwsBake(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        image = aws.imagebuilder.Image(
+
+    def _image(
+        self,
+        recipe: aws.imagebuilder.ImageRecipe,
+        infrastructure: aws.imagebuilder.InfrastructureConfiguration,
+    ) -> aws.imagebuilder.Image:
+        tags, name, child = self.tags, self.name, self.child
+        return aws.imagebuilder.Image(
             f"{name}-image",
             image_recipe_arn=recipe.arn,
             infrastructure_configuration_arn=infrastructure.arn,
@@ -171,11 +206,7 @@ class AwsBake(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions.merge(
                 child,
                 pulumi.ResourceOptions(
-                    custom_timeouts=pulumi.CustomTimeouts(create=f"{timeout // 60 + 30}m")
+                    custom_timeouts=pulumi.CustomTimeouts(create=f"{BAKE_TIMEOUT_S // 60 + 30}m")
                 ),
             ),
         )
-        self.image_id: pulumi.Output[str] = image.output_resources.apply(
-            lambda res: present(first(first(res, "image output").amis, "AMI").image, "AMI id")
-        )
-        self.register_outputs({"image_id": self.image_id})

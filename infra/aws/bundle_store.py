@@ -40,6 +40,39 @@ class AwsBundleStore(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
+        ownership, public, encryption = self._private(name, child)
+        versioning = self._versioned(name, child)
+        policy = self._tls_only(name, public, child)
+        self.object = aws.s3.BucketObjectv2(
+            f"{name}-object",
+            bucket=self.bucket.id,
+            key=self.bundle.key,
+            source=pulumi.FileAsset(str(self.bundle.path)),
+            content_type="application/gzip",
+            metadata={"sha256": self.bundle.sha256, "version": self.bundle.version},
+            tags=tags,
+            # Encrypted and versioned from its first byte; readable only once the policy holds.
+            opts=pulumi.ResourceOptions.merge(
+                child,
+                pulumi.ResourceOptions(depends_on=[ownership, encryption, versioning, policy]),
+            ),
+        )
+        self.read_arn = self.bucket.arn.apply(lambda arn: f"{arn}/{self.prefix}*")
+        self.outputs = {
+            "bundle_sha256": self.bundle.sha256,
+            "bundle_url": self.bucket.bucket.apply(lambda b: bundle_url(cfg, b, self.bundle.key)),
+            "bundle_version": self.bundle.version,
+        }
+        self.register_outputs({"bucket": self.bucket.bucket, "key": self.bundle.key})
+
+    def _private(
+        self, name: str, child: pulumi.ResourceOptions
+    ) -> tuple[
+        aws.s3.BucketOwnershipControls,
+        aws.s3.BucketPublicAccessBlock,
+        aws.s3.BucketServerSideEncryptionConfiguration,
+    ]:
+        """The bucket owns its objects (no ACLs), refuses public access and encrypts at rest."""
         bucket_id = self.bucket.id
         ownership = aws.s3.BucketOwnershipControls(
             f"{name}-ownership",
@@ -68,6 +101,11 @@ class AwsBundleStore(pulumi.ComponentResource):
             ],
             opts=child,
         )
+        return ownership, public, encryption
+
+    def _versioned(self, name: str, child: pulumi.ResourceOptions) -> aws.s3.BucketVersioning:
+        """Versioning, and the lifecycle that expires old bundles' versions."""
+        bucket_id = self.bucket.id
         versioning = aws.s3.BucketVersioning(
             f"{name}-versioning",
             bucket=bucket_id,
@@ -96,7 +134,14 @@ class AwsBundleStore(pulumi.ComponentResource):
                 child, pulumi.ResourceOptions(depends_on=[versioning])
             ),
         )
-        policy = aws.s3.BucketPolicy(
+        return versioning
+
+    def _tls_only(
+        self, name: str, public: aws.s3.BucketPublicAccessBlock, child: pulumi.ResourceOptions
+    ) -> aws.s3.BucketPolicy:
+        """A policy that refuses every request without TLS (after the public-access block)."""
+        bucket_id = self.bucket.id
+        return aws.s3.BucketPolicy(
             f"{name}-tls-only",
             bucket=bucket_id,
             policy=self.bucket.arn.apply(
@@ -118,24 +163,3 @@ class AwsBundleStore(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[public])),
         )
-        self.object = aws.s3.BucketObjectv2(
-            f"{name}-object",
-            bucket=bucket_id,
-            key=self.bundle.key,
-            source=pulumi.FileAsset(str(self.bundle.path)),
-            content_type="application/gzip",
-            metadata={"sha256": self.bundle.sha256, "version": self.bundle.version},
-            tags=tags,
-            # Encrypted and versioned from its first byte; readable only once the policy holds.
-            opts=pulumi.ResourceOptions.merge(
-                child,
-                pulumi.ResourceOptions(depends_on=[ownership, encryption, versioning, policy]),
-            ),
-        )
-        self.read_arn = self.bucket.arn.apply(lambda arn: f"{arn}/{self.prefix}*")
-        self.outputs = {
-            "bundle_sha256": self.bundle.sha256,
-            "bundle_url": self.bucket.bucket.apply(lambda b: bundle_url(cfg, b, self.bundle.key)),
-            "bundle_version": self.bundle.version,
-        }
-        self.register_outputs({"bucket": self.bucket.bucket, "key": self.bundle.key})

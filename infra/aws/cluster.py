@@ -31,7 +31,7 @@ import pulumi_aws as aws
 
 from infra.addressing import split_cidrs
 from infra.aws import imds
-from infra.aws.iam import SSM_MANAGED_POLICY, model_read_policy
+from infra.aws.iam import SSM_MANAGED_POLICY, assume_role, model_read_policy
 from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
 from infra.grants import (
@@ -39,11 +39,10 @@ from infra.grants import (
     AUTOSCALER_READ_ACTIONS,
     AUTOSCALER_WRITE_ACTIONS,
 )
-from infra.interface import NODE_ROLE_TAG, Deployment
+from infra.interface import NODE_ROLE_TAG
 from infra.k8s import addons, pools
-from infra.k8s.cost import cluster_cost
 from infra.k8s.pools import ScaledPool
-from infra.k8s.workload import GPU_TAINT, MODEL_CLAIM, Placement, gpu_node_labels, model_volume
+from infra.k8s.workload import GPU_TAINT, Placement, gpu_node_labels, model_volume
 from infra.outputs import first, present
 from infra.tags import with_name
 
@@ -63,17 +62,6 @@ S3_CSI_ADDON = "aws-mountpoint-s3-csi-driver"
 S3_CSI_SERVICE_ACCOUNT = "kube-system:s3-csi-driver-sa"
 AUTOSCALER_SERVICE_ACCOUNT = "kube-system:cluster-autoscaler"
 TAINT_EFFECT = {"NoSchedule": "NO_SCHEDULE"}  # EKS API spelling of the Kubernetes effect
-
-
-def _assume(service: str) -> str:
-    return json.dumps(
-        {
-            "Version": "2012-10-17",
-            "Statement": [
-                {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}
-            ],
-        }
-    )
 
 
 def kubeconfig(
@@ -137,9 +125,33 @@ class EksCluster(pulumi.ComponentResource):
         super().__init__("torchfleet:aws:Cluster", name, None, opts)
         assert cfg.kubernetes
         self.cfg, self.tags, self.name, self.partition = cfg, tags, name, arn_partition
-        self.child = child = pulumi.ResourceOptions(parent=self)
+        self.child = pulumi.ResourceOptions(parent=self)
         self.cluster_name = cfg.name
+        self.cluster = self._control_plane(network)
+        self.oidc, self.issuer_host = self._oidc_provider()
+        self._tag_lb_subnets(network)
+        self.node_role, groups_opts = self._node_role()
+        security = [self.cluster.vpc_config.cluster_security_group_id, network.node_sg.id]
+        self.system_group = self._system_group(network, security, groups_opts)
+        self.gpu_groups: dict[str, aws.eks.NodeGroup] = {}
+        self.scaled_pools: list[ScaledPool] = []
+        self._gpu_groups(network, security, groups_opts)
+        self.autoscaler_role = self._irsa(
+            "autoscaler", AUTOSCALER_SERVICE_ACCOUNT, self._autoscaler_policy()
+        )
+        self.kubeconfig = kubeconfig(
+            self.cluster.name,
+            self.cluster.endpoint,
+            self.cluster.certificate_authority.apply(lambda c: present(c.data, "cluster CA")),
+            cfg.region,
+        )
+        self.register_outputs({"cluster_name": self.cluster.name})
 
+    def _control_plane(self, network: AwsNetwork) -> aws.eks.Cluster:
+        """The cluster, its role (the managed policy and the KMS key it encrypts Secrets
+        with) and its log group."""
+        cfg, tags, name, child = self.cfg, self.tags, self.name, self.child
+        assert cfg.kubernetes
         key = aws.kms.Key(
             f"{name}-secrets",
             description=f"torchfleet {cfg.stack}: EKS Secrets encryption",
@@ -150,7 +162,7 @@ class EksCluster(pulumi.ComponentResource):
         )
         role = aws.iam.Role(
             f"{name}-cluster-role",
-            assume_role_policy=_assume("eks.amazonaws.com"),
+            assume_role_policy=assume_role("eks.amazonaws.com"),
             description=f"torchfleet {cfg.stack} EKS control plane",
             tags=tags,
             opts=child,
@@ -195,7 +207,7 @@ class EksCluster(pulumi.ComponentResource):
         )
 
         public_v4, _ = split_cidrs(cfg.admin_cidrs)  # EKS takes IPv4 public-access CIDRs only
-        self.cluster = aws.eks.Cluster(
+        return aws.eks.Cluster(
             f"{name}-eks",
             name=self.cluster_name,
             version=cfg.kubernetes.version,
@@ -220,30 +232,48 @@ class EksCluster(pulumi.ComponentResource):
                 child, pulumi.ResourceOptions(depends_on=[*attachments, kms_use, logs])
             ),
         )
+
+    def _oidc_provider(self) -> tuple[aws.iam.OpenIdConnectProvider, pulumi.Output[str]]:
+        """The cluster's OIDC provider (service-account roles) and its issuer's host."""
         issuer = self.cluster.identities.apply(
             lambda ids: present(
                 first(first(ids, "cluster identity").oidcs, "OIDC issuer").issuer, "issuer URL"
             )
         )
-        self.oidc = aws.iam.OpenIdConnectProvider(
-            f"{name}-oidc", url=issuer, client_id_lists=["sts.amazonaws.com"], tags=tags, opts=child
+        oidc = aws.iam.OpenIdConnectProvider(
+            f"{self.name}-oidc",
+            url=issuer,
+            client_id_lists=["sts.amazonaws.com"],
+            tags=self.tags,
+            opts=self.child,
         )
-        self.issuer_host = issuer.apply(lambda url: url.removeprefix("https://"))
+        return oidc, issuer.apply(lambda url: url.removeprefix("https://"))
 
-        # Load balancers: the cloud provider puts internal ones in subnets tagged so.
+    def _tag_lb_subnets(self, network: AwsNetwork) -> None:
+        """Load balancers: the cloud provider puts internal ones in subnets tagged so."""
         for i, subnet in enumerate(network.subnets):
             role_tag = (
-                "kubernetes.io/role/elb" if cfg.client_cidrs else "kubernetes.io/role/internal-elb"
+                "kubernetes.io/role/elb"
+                if self.cfg.client_cidrs
+                else "kubernetes.io/role/internal-elb"
             )
             aws.ec2.Tag(
-                f"{name}-subnet-{i}-lb", resource_id=subnet.id, key=role_tag, value="1", opts=child
+                f"{self.name}-subnet-{i}-lb",
+                resource_id=subnet.id,
+                key=role_tag,
+                value="1",
+                opts=self.child,
             )
 
+    def _node_role(self) -> tuple[aws.iam.Role, pulumi.ResourceOptions]:
+        """The nodes' role (with its managed policies), and the options every node group
+        takes: after that role's policies, and its size left to the autoscaler."""
+        cfg, name, child = self.cfg, self.name, self.child
         node_role = aws.iam.Role(
             f"{name}-node-role",
-            assume_role_policy=_assume("ec2.amazonaws.com"),
+            assume_role_policy=assume_role("ec2.amazonaws.com"),
             description=f"torchfleet {cfg.stack} EKS nodes",
-            tags=tags,
+            tags=self.tags,
             opts=child,
         )
         node_attachments = [
@@ -252,7 +282,7 @@ class EksCluster(pulumi.ComponentResource):
             )
             for p in NODE_POLICIES + ((SSM_MANAGED_POLICY,) if cfg.ssm else ())
         ]
-        groups_opts = pulumi.ResourceOptions.merge(
+        return node_role, pulumi.ResourceOptions.merge(
             child,
             pulumi.ResourceOptions(
                 depends_on=node_attachments,
@@ -260,13 +290,18 @@ class EksCluster(pulumi.ComponentResource):
                 ignore_changes=["scalingConfig.desiredSize"],
             ),
         )
-        security = [self.cluster.vpc_config.cluster_security_group_id, network.node_sg.id]
 
+    def _system_group(
+        self, network: AwsNetwork, security: list[Any], opts: pulumi.ResourceOptions
+    ) -> aws.eks.NodeGroup:
+        """The small on-demand group the cluster services run on."""
+        cfg = self.cfg
+        assert cfg.kubernetes
         system = cfg.kubernetes.system
-        self.system_group = aws.eks.NodeGroup(
-            f"{name}-system",
+        return aws.eks.NodeGroup(
+            f"{self.name}-system",
             cluster_name=self.cluster.name,
-            node_role_arn=node_role.arn,
+            node_role_arn=self.node_role.arn,
             node_group_name_prefix=f"{cfg.name}-system-",
             subnet_ids=[s.id for s in network.subnets],
             ami_type=SYSTEM_AMI,
@@ -278,19 +313,23 @@ class EksCluster(pulumi.ComponentResource):
             launch_template=self._template("system", SYSTEM_DISK_GB, security),
             labels=dict(addons.SYSTEM_LABELS),
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
-            tags=tags,
-            opts=groups_opts,
+            tags=self.tags,
+            opts=opts,
         )
 
-        node_tags = with_name(tags, f"{cfg.name}-gpu", **dict([NODE_ROLE_TAG]))
+    def _gpu_groups(
+        self, network: AwsNetwork, security: list[Any], opts: pulumi.ResourceOptions
+    ) -> None:
+        """The GPU groups, one per pool (infra/k8s/pools.py), into gpu_groups and
+        scaled_pools."""
+        cfg, name = self.cfg, self.name
+        node_tags = with_name(self.tags, f"{cfg.name}-gpu", **dict([NODE_ROLE_TAG]))
         gpu_template = self._template("gpu", cfg.disk_gb, security, node_tags)
-        self.gpu_groups: dict[str, aws.eks.NodeGroup] = {}
-        self.scaled_pools: list[ScaledPool] = []
         for pool in pools.split(cfg):
             group = aws.eks.NodeGroup(
                 f"{name}-{pool.name}",
                 cluster_name=self.cluster.name,
-                node_role_arn=node_role.arn,
+                node_role_arn=self.node_role.arn,
                 node_group_name_prefix=f"{cfg.name}-{pool.name}-",
                 subnet_ids=[s.id for s in network.subnets],
                 ami_type=GPU_AMI,
@@ -313,7 +352,7 @@ class EksCluster(pulumi.ComponentResource):
                 update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
                 node_repair_config=aws.eks.NodeGroupNodeRepairConfigArgs(enabled=True),
                 tags={**node_tags, "torchfleet-pool": pool.name},
-                opts=groups_opts,
+                opts=opts,
             )
             self.gpu_groups[pool.name] = group
             asg = group.resources.apply(
@@ -323,17 +362,6 @@ class EksCluster(pulumi.ComponentResource):
                 )
             )
             self.scaled_pools.append(ScaledPool(pool.name, asg, pool.min, pool.max, pool.desired))
-
-        self.autoscaler_role = self._irsa(
-            "autoscaler", AUTOSCALER_SERVICE_ACCOUNT, self._autoscaler_policy()
-        )
-        self.kubeconfig = kubeconfig(
-            self.cluster.name,
-            self.cluster.endpoint,
-            self.cluster.certificate_authority.apply(lambda c: present(c.data, "cluster CA")),
-            cfg.region,
-        )
-        self.register_outputs({"cluster_name": self.cluster.name})
 
     def _managed(self, policy: str) -> str:
         return f"arn:{self.partition}:iam::aws:policy/{policy}"
@@ -496,6 +524,17 @@ class EksCluster(pulumi.ComponentResource):
             model_claim=model_claim,
         )
 
+    def node_pools(self) -> list[pulumi.Resource]:
+        return [self.system_group, *self.gpu_groups.values()]
+
+    def facts(self) -> dict[str, Any]:
+        assert self.cfg.kubernetes
+        return {
+            "name": self.cluster.name,
+            "version": self.cfg.kubernetes.version,
+            "endpoint": self.cluster.endpoint,
+        }
+
     def releases(self) -> list[addons.Release]:
         cfg = self.cfg
         assert cfg.kubernetes
@@ -508,48 +547,3 @@ class EksCluster(pulumi.ComponentResource):
             addons.prometheus(cfg),
             addons.prometheus_adapter(cfg),
         ]
-
-
-def deploy_kubernetes(
-    cfg: StackConfig,
-    tags: dict[str, str],
-    network: AwsNetwork,
-    arn_partition: str,
-    opts: pulumi.ResourceOptions,
-) -> tuple[EksCluster, Deployment]:
-    """The cluster and the runtime on it; the caller adds the teardown."""
-    from infra.k8s.component import KubernetesApp, lb_endpoint  # pulumi_kubernetes: this mode
-
-    assert cfg.kubernetes
-    cluster = EksCluster("cluster", cfg, tags, network, arn_partition, opts=opts)
-    volume, volumes = cluster.model_volume()
-    app = KubernetesApp(
-        "app",
-        cfg,
-        cluster.kubeconfig,
-        cluster.placement(MODEL_CLAIM if volume else None),
-        cluster.releases(),
-        volumes,
-        opts=pulumi.ResourceOptions(
-            depends_on=[cluster.system_group, *cluster.gpu_groups.values()]
-        ),
-    )
-    return cluster, Deployment(
-        nodes=[],
-        endpoint=app.service.status.apply(lambda status: lb_endpoint(status, cfg)),
-        login_user="",
-        extra_outputs={
-            "cluster": {
-                "name": cluster.cluster.name,
-                "version": cfg.kubernetes.version,
-                "endpoint": cluster.cluster.endpoint,
-                "spot_caps_per_hour": {t.name: cfg.spot_cap(t) for t in cfg.instance_types}
-                if cfg.spot.enabled
-                else {},
-                "currency": cfg.currency,
-            },
-            "kubeconfig": pulumi.Output.secret(cluster.kubeconfig),
-            "cluster_cost": cluster_cost(cfg).as_dict(),
-            "api_token": app.token,
-        },
-    )

@@ -28,7 +28,13 @@ from infra.aws.iam import (
 from infra.aws.network import AwsNetwork
 from infra.config import StackConfig
 from infra.constants import HEALTH_PATH, ROLLOUT_METRICS_OUTPUT
-from infra.interface import NODE_ROLE_TAG, Deployment, instances_deployment
+from infra.interface import (
+    NODE_ROLE_TAG,
+    Deployment,
+    discovery_tags,
+    group_deployment,
+    instances_deployment,
+)
 from infra.lifecycle import (
     COLD_BOOTSTRAP_BUDGET_S,
     DEREGISTRATION_DELAY_S,
@@ -81,41 +87,58 @@ class AwsFleet(pulumi.ComponentResource):
     ):
         super().__init__("torchfleet:aws:Fleet", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.cfg = cfg
+        self.cfg, self.name, self.tags, self.child = cfg, name, tags, child
         node_tags = with_name(tags, f"{cfg.name}-node", **dict([NODE_ROLE_TAG]))
         image = images.query("aws", cfg.image_distro)
-
-        self.key = key = aws.ec2.KeyPair(
+        self.key = aws.ec2.KeyPair(
             f"{name}-key",
             key_name_prefix=f"{cfg.name}-",
             public_key=cfg.ssh_public_key,
             tags=tags,
             opts=child,
         )
-        role = aws.iam.Role(
-            f"{name}-node-role",
-            assume_role_policy=assume_role("ec2.amazonaws.com"),
-            description=f"torchfleet {cfg.stack} GPU nodes",
-            tags=tags,
-            opts=child,
+        profile = self._node_profile(network, store, account, arn_partition)
+        # The bundle's sha256 is inside: a new bundle is a new template version (group) and a
+        # new instance (instances mode, below).
+        self.user_data = user_data(
+            cfg,
+            store.bucket.bucket,
+            mode=cfg.bootstrap_mode,
+            group=cfg.mode == "group",
+            extra=self._node_extra(self.target, "stable"),
         )
-        # Session Manager (an SSH alternative that needs no open port) only where the stack
-        # asks for it (access.ssm): it lets whoever holds ssm:StartSession or SendCommand on the
-        # account run commands as root on every node (docs/security.md).
-        if cfg.ssm:
-            aws.iam.RolePolicyAttachment(
-                f"{name}-node-ssm",
-                role=role.name,
-                policy_arn=f"arn:{arn_partition}:iam::aws:policy/{SSM_MANAGED_POLICY}",
-                opts=child,
-            )
-        if cfg.model_bucket:
-            aws.iam.RolePolicy(
-                f"{name}-node-models",
-                role=role.id,
-                policy=model_read_policy(arn_partition, cfg.model_bucket),
-                opts=child,
-            )
+        spot_instances = cfg.mode == "instances" and cfg.market == "spot"
+        # Only a persistent request can be stopped (by a schedule) and restarted.
+        self.persistent_spot = spot_instances and cfg.spot.interruption in ("stop", "hibernate")
+        self._node = _NodeTemplate(
+            image_id, self.key.key_name, network.node_sg.id, profile.arn, node_tags, tags, child
+        )
+        self.template = self.launch_template(f"{name}-lt", self.user_data, spot_instances)
+        # A node fetches the bundle at boot: the object and the grants come first.
+        needs = pulumi.ResourceOptions.merge(
+            child, pulumi.ResourceOptions(depends_on=[store.object, *self.grants])
+        )
+        self.fallback_group: aws.autoscaling.Group | None = None
+        self.candidate_group: aws.autoscaling.Group | None = None
+        if cfg.mode == "instances":
+            self.instances = self._healed_instances(node_tags, network, needs, arn_partition)
+            self.deployment = instances_deployment(cfg, self.instances, image.login_user)
+        else:
+            self.deployment = self._groups(node_tags, network, store, needs, image.login_user)
+        self.register_outputs({"launch_template_id": self.template.id})
+
+    def _node_profile(
+        self,
+        network: AwsNetwork,
+        store: AwsBundleStore,
+        account: pulumi.Input[str],
+        arn_partition: str,
+    ) -> aws.iam.InstanceProfile:
+        """The nodes' instance profile: their role and its grants (self.grants, which every
+        node waits for), with the API token's secret and, in group mode, the target groups
+        the grants name."""
+        cfg, name, tags, child = self.cfg, self.name, self.tags, self.child
+        role = self._node_role(arn_partition)
 
         def grant(what: str, policy: pulumi.Input[str]) -> None:
             """One of the node role's policies; every node waits for all of them."""
@@ -156,95 +179,110 @@ class AwsFleet(pulumi.ComponentResource):
                 lambda a: [group_arn(arn_partition, cfg.region, a, g) for g in groups]
             )
             grant("lifecycle", arns.apply(lambda arns: lifecycle_policy(*arns)))
-        profile = aws.iam.InstanceProfile(f"{name}-node", role=role.name, tags=tags, opts=child)
+        return aws.iam.InstanceProfile(f"{name}-node", role=role.name, tags=tags, opts=child)
 
-        # The bundle's sha256 is inside: a new bundle is a new template version (group) and a
-        # new instance (instances mode, below).
-        self.user_data = user_data(
+    def _node_role(self, arn_partition: str) -> aws.iam.Role:
+        """The nodes' role, with Session Manager's policy (access.ssm) and the model bucket's
+        read policy where the stack has them."""
+        cfg, name, child = self.cfg, self.name, self.child
+        role = aws.iam.Role(
+            f"{name}-node-role",
+            assume_role_policy=assume_role("ec2.amazonaws.com"),
+            description=f"torchfleet {cfg.stack} GPU nodes",
+            tags=self.tags,
+            opts=child,
+        )
+        # Session Manager (an SSH alternative that needs no open port) only where the stack
+        # asks for it (access.ssm): it lets whoever holds ssm:StartSession or SendCommand on the
+        # account run commands as root on every node (docs/security.md).
+        if cfg.ssm:
+            aws.iam.RolePolicyAttachment(
+                f"{name}-node-ssm",
+                role=role.name,
+                policy_arn=f"arn:{arn_partition}:iam::aws:policy/{SSM_MANAGED_POLICY}",
+                opts=child,
+            )
+        if cfg.model_bucket:
+            aws.iam.RolePolicy(
+                f"{name}-node-models",
+                role=role.id,
+                policy=model_read_policy(arn_partition, cfg.model_bucket),
+                opts=child,
+            )
+        return role
+
+    def _healed_instances(
+        self,
+        node_tags: dict[str, str],
+        network: AwsNetwork,
+        needs: pulumi.ResourceOptions,
+        arn_partition: str,
+    ) -> list[aws.ec2.Instance]:
+        """Instances mode: the nodes, each with the self-healing its type allows."""
+        cfg, name = self.cfg, self.name
+        instances = self._instances(name, node_tags, network, needs)
+        for i, inst in enumerate(instances):
+            healing.register(
+                f"{name}-node-{i}",
+                cfg,
+                f"gpu-{i}",
+                inst,
+                cfg.instance_type,
+                cfg.market == "spot",
+                arn_partition,
+                self.child,
+                self.tags,
+            )
+        return instances
+
+    def _groups(
+        self,
+        node_tags: dict[str, str],
+        network: AwsNetwork,
+        store: AwsBundleStore,
+        needs: pulumi.ResourceOptions,
+        login_user: str,
+    ) -> Deployment:
+        """Group mode: the stable group behind the ALB and its scaling, the on-demand fallback
+        group (infra.aws.fallback), the rollout's candidate group; what they export."""
+        cfg, name, tags, child = self.cfg, self.name, self.tags, self.child
+        self.group, alb, target = self._group(name, tags, node_tags, network, child, needs)
+        self.policies = scaling.register(name, cfg, self.group, alb, target, child)
+        if fallback.enabled(cfg):
+            od_template = self.launch_template(
+                f"{name}-od-lt",
+                self._group_user_data(store, fallback_group_name(cfg), target, "stable"),
+                spot=False,
+            )
+            self.fallback_group = fallback.register(
+                name,
+                cfg,
+                self._mixed(od_template, on_demand_only=True),
+                [s.id for s in network.subnets],
+                target,
+                node_tags,
+                tags,
+                child,
+                needs,
+            )
+        self.candidate_group = self._candidate_group(name, store, network, node_tags, child, needs)
+        deployment = group_deployment(
             cfg,
-            store.bucket.bucket,
-            mode=cfg.bootstrap_mode,
-            group=cfg.mode == "group",
-            extra=self._node_extra(self.target, "stable"),
+            alb.dns_name,
+            login_user,
+            # running by tag; `group_name` lets an inventory keep the InService ones (a node
+            # still in its launch hook is running but bootstrapping itself)
+            filters={
+                **{f"tag:{k}": v for k, v in discovery_tags(cfg).items()},
+                "instance-state-name": "running",
+            },
+            group_name=group_name(cfg),
+            **({"fallback_group_name": fallback_group_name(cfg)} if fallback.enabled(cfg) else {}),
         )
-        spot_instances = cfg.mode == "instances" and cfg.market == "spot"
-        # Only a persistent request can be stopped (by a schedule) and restarted.
-        self.persistent_spot = spot_instances and cfg.spot.interruption in ("stop", "hibernate")
-        self._node = _NodeTemplate(
-            image_id, key.key_name, network.node_sg.id, profile.arn, node_tags, tags, child
+        deployment.extra_outputs[ROLLOUT_METRICS_OUTPUT] = aws_edge.rollout_metrics(
+            alb, target, self.candidate_target
         )
-        self.template = self.launch_template(f"{name}-lt", self.user_data, spot_instances)
-
-        # A node fetches the bundle at boot: the object and the grants come first.
-        needs = pulumi.ResourceOptions.merge(
-            child, pulumi.ResourceOptions(depends_on=[store.object, *self.grants])
-        )
-        self.fallback_group: aws.autoscaling.Group | None = None
-        self.candidate_group: aws.autoscaling.Group | None = None
-        if cfg.mode == "instances":
-            self.instances = self._instances(name, node_tags, network, needs)
-            for i, inst in enumerate(self.instances):
-                healing.register(
-                    f"{name}-node-{i}",
-                    cfg,
-                    f"gpu-{i}",
-                    inst,
-                    cfg.instance_type,
-                    cfg.market == "spot",
-                    arn_partition,
-                    child,
-                    tags,
-                )
-            self.deployment = instances_deployment(cfg, self.instances, image.login_user)
-        else:
-            self.group, alb, target = self._group(name, tags, node_tags, network, child, needs)
-            self.policies = scaling.register(name, cfg, self.group, alb, target, child)
-            if fallback.enabled(cfg):
-                od_template = self.launch_template(
-                    f"{name}-od-lt",
-                    self._group_user_data(store, fallback_group_name(cfg), target, "stable"),
-                    spot=False,
-                )
-                self.fallback_group = fallback.register(
-                    name,
-                    cfg,
-                    self._mixed(od_template, on_demand_only=True),
-                    [s.id for s in network.subnets],
-                    target,
-                    node_tags,
-                    tags,
-                    child,
-                    needs,
-                )
-            self.candidate_group = self._candidate_group(
-                name, store, network, node_tags, child, needs
-            )
-            self.deployment = Deployment(
-                nodes=[],
-                endpoint=alb.dns_name.apply(lambda d: edge.endpoint(cfg, d)),
-                login_user=image.login_user,
-                # running by tag; `group_name` lets an inventory keep the InService ones (a
-                # node still in its launch hook is running but bootstrapping itself)
-                discovery={
-                    "cloud": "aws",
-                    "region": cfg.region,
-                    "filters": {
-                        f"tag:{NODE_ROLE_TAG[0]}": NODE_ROLE_TAG[1],
-                        "tag:stack": cfg.stack,
-                        "instance-state-name": "running",
-                    },
-                    "group_name": group_name(cfg),
-                    **(
-                        {"fallback_group_name": fallback_group_name(cfg)}
-                        if fallback.enabled(cfg)
-                        else {}
-                    ),
-                },
-            )
-            self.deployment.extra_outputs[ROLLOUT_METRICS_OUTPUT] = aws_edge.rollout_metrics(
-                alb, target, self.candidate_target
-            )
-        self.register_outputs({"launch_template_id": self.template.id})
+        return deployment
 
     def _group_user_data(
         self, store: AwsBundleStore, group: str, target: aws.lb.TargetGroup, track: str

@@ -19,6 +19,38 @@ from infra.tags import with_name
 SSH_PORT = 22
 
 
+def tcp_ingress(
+    port: int,
+    description: str,
+    *,
+    cidr_blocks: pulumi.Input[list[str]] | None = None,
+    ipv6_cidr_blocks: pulumi.Input[list[str]] | None = None,
+    security_groups: list[pulumi.Input[str]] | None = None,
+) -> aws.ec2.SecurityGroupIngressArgs:
+    """One TCP port admitted from CIDRs or from other security groups."""
+    return aws.ec2.SecurityGroupIngressArgs(
+        protocol="tcp",
+        from_port=port,
+        to_port=port,
+        cidr_blocks=cidr_blocks,
+        ipv6_cidr_blocks=ipv6_cidr_blocks,
+        security_groups=security_groups,
+        description=description,
+    )
+
+
+def open_egress(description: str, *, ipv6: bool) -> aws.ec2.SecurityGroupEgressArgs:
+    """Every protocol to anywhere (IPv4, and IPv6 with `ipv6`)."""
+    return aws.ec2.SecurityGroupEgressArgs(
+        protocol="-1",
+        from_port=0,
+        to_port=0,
+        cidr_blocks=["0.0.0.0/0"],
+        ipv6_cidr_blocks=["::/0"] if ipv6 else None,
+        description=description,
+    )
+
+
 class AwsNetwork(pulumi.ComponentResource):
     def __init__(
         self,
@@ -37,6 +69,23 @@ class AwsNetwork(pulumi.ComponentResource):
             tags=with_name(tags, f"{cfg.name}-vpc"),
             opts=child,
         )
+        self.subnets = self._public_subnets(name, cfg, tags, child)
+        self.lb_sg = self._lb_group(name, cfg, tags, child) if cfg.mode == "group" else None
+        # Created before the nodes' group, which names it; its own rules come after it.
+        self.monitoring_sg: aws.ec2.SecurityGroup | None = None
+        self.services_subnet: aws.ec2.Subnet | None = None
+        if cfg.monitoring:
+            self.services_subnet = self._services_subnet(name, cfg, tags, child)
+            self.monitoring_sg = self._monitoring_group(name, cfg, tags, child)
+        self.node_sg = self._node_group(name, cfg, tags, child)
+        if self.monitoring_sg is not None:
+            self._monitoring_ingress(name, cfg, tags, child)
+        self.register_outputs({"vpc_id": self.vpc.id, "subnet_ids": [s.id for s in self.subnets]})
+
+    def _public_subnets(
+        self, name: str, cfg: StackConfig, tags: dict[str, str], child: pulumi.ResourceOptions
+    ) -> list[aws.ec2.Subnet]:
+        """One subnet per zone, routed to the internet through the VPC's gateway."""
         igw = aws.ec2.InternetGateway(
             f"{name}-igw", vpc_id=self.vpc.id, tags=with_name(tags, f"{cfg.name}-igw"), opts=child
         )
@@ -47,7 +96,7 @@ class AwsNetwork(pulumi.ComponentResource):
             tags=with_name(tags, f"{cfg.name}-public"),
             opts=child,
         )
-        self.subnets: list[aws.ec2.Subnet] = []
+        subnets: list[aws.ec2.Subnet] = []
         for zone, cidr in zip(cfg.zones, zone_subnets(cfg.vpc_cidr, len(cfg.zones)), strict=True):
             subnet = aws.ec2.Subnet(
                 f"{name}-{zone}",
@@ -63,127 +112,99 @@ class AwsNetwork(pulumi.ComponentResource):
             aws.ec2.RouteTableAssociation(
                 f"{name}-{zone}-route", subnet_id=subnet.id, route_table_id=routes.id, opts=child
             )
-            self.subnets.append(subnet)
+            subnets.append(subnet)
+        return subnets
 
-        self.lb_sg: aws.ec2.SecurityGroup | None = None
-        if cfg.mode == "group":
-            # An internal ALB (VPC only) unless client CIDRs are named.
-            clients_v4, clients_v6 = split_cidrs(cfg.client_cidrs or (cfg.vpc_cidr,))
-            self.lb_sg = aws.ec2.SecurityGroup(
-                f"{name}-lb",
-                vpc_id=self.vpc.id,
-                description=f"torchfleet {cfg.stack}: load balancer",
-                ingress=[
-                    aws.ec2.SecurityGroupIngressArgs(
-                        protocol="tcp",
-                        from_port=port,
-                        to_port=port,
-                        cidr_blocks=clients_v4,
-                        ipv6_cidr_blocks=clients_v6,
-                        description="inference clients",
-                    )
-                    for port in lb_ports(cfg)
-                ],
-                egress=[
-                    aws.ec2.SecurityGroupEgressArgs(
-                        protocol="tcp",
-                        from_port=cfg.service_port,
-                        to_port=cfg.service_port,
-                        cidr_blocks=[cfg.vpc_cidr],
-                        description="to the nodes' service port",
-                    )
-                ],
-                tags=with_name(tags, f"{cfg.name}-lb"),
-                opts=child,
-            )
+    def _lb_group(
+        self, name: str, cfg: StackConfig, tags: dict[str, str], child: pulumi.ResourceOptions
+    ) -> aws.ec2.SecurityGroup:
+        """The load balancer's group (group mode): an internal ALB (VPC only) unless client
+        CIDRs are named."""
+        clients_v4, clients_v6 = split_cidrs(cfg.client_cidrs or (cfg.vpc_cidr,))
+        return aws.ec2.SecurityGroup(
+            f"{name}-lb",
+            vpc_id=self.vpc.id,
+            description=f"torchfleet {cfg.stack}: load balancer",
+            ingress=[
+                tcp_ingress(
+                    port,
+                    "inference clients",
+                    cidr_blocks=clients_v4,
+                    ipv6_cidr_blocks=clients_v6,
+                )
+                for port in lb_ports(cfg)
+            ],
+            egress=[
+                aws.ec2.SecurityGroupEgressArgs(
+                    protocol="tcp",
+                    from_port=cfg.service_port,
+                    to_port=cfg.service_port,
+                    cidr_blocks=[cfg.vpc_cidr],
+                    description="to the nodes' service port",
+                )
+            ],
+            tags=with_name(tags, f"{cfg.name}-lb"),
+            opts=child,
+        )
 
-        # Created before the nodes' group, which names it; its own rules come after it.
-        self.monitoring_sg: aws.ec2.SecurityGroup | None = None
-        self.services_subnet: aws.ec2.Subnet | None = None
-        if cfg.monitoring:
-            self.services_subnet = self._services_subnet(name, cfg, tags, child)
-            self.monitoring_sg = aws.ec2.SecurityGroup(
-                f"{name}-monitoring",
-                vpc_id=self.vpc.id,
-                description=f"torchfleet {cfg.stack}: monitoring host",
-                # ingress: separate rules below (they name the nodes' group, created after)
-                egress=[
-                    aws.ec2.SecurityGroupEgressArgs(
-                        protocol="-1",
-                        from_port=0,
-                        to_port=0,
-                        cidr_blocks=["0.0.0.0/0"],
-                        description="packages, the EC2 API, the nodes' scrape ports",
-                    )
-                ],
-                tags=with_name(tags, f"{cfg.name}-monitoring"),
-                opts=child,
-            )
+    def _monitoring_group(
+        self, name: str, cfg: StackConfig, tags: dict[str, str], child: pulumi.ResourceOptions
+    ) -> aws.ec2.SecurityGroup:
+        return aws.ec2.SecurityGroup(
+            f"{name}-monitoring",
+            vpc_id=self.vpc.id,
+            description=f"torchfleet {cfg.stack}: monitoring host",
+            # ingress: separate rules (_monitoring_ingress: they name the nodes' group, created
+            # after this one)
+            egress=[open_egress("packages, the EC2 API, the nodes' scrape ports", ipv6=False)],
+            tags=with_name(tags, f"{cfg.name}-monitoring"),
+            opts=child,
+        )
 
+    def _node_group(
+        self, name: str, cfg: StackConfig, tags: dict[str, str], child: pulumi.ResourceOptions
+    ) -> aws.ec2.SecurityGroup:
+        """The GPU nodes' group: SSH from the admins, the service port from the load balancer
+        (group mode) or the VPC, the scrape ports from the monitoring host."""
         admin_v4, admin_v6 = split_cidrs(cfg.admin_cidrs)
+        if self.lb_sg is not None:
+            service = tcp_ingress(
+                cfg.service_port,
+                "service port from the load balancer",
+                security_groups=[self.lb_sg.id],
+            )
+        else:
+            service = tcp_ingress(
+                cfg.service_port, "service port from inside the VPC", cidr_blocks=[cfg.vpc_cidr]
+            )
         scrapes = (
             []
             if self.monitoring_sg is None
             else [
-                aws.ec2.SecurityGroupIngressArgs(
-                    protocol="tcp",
-                    from_port=port,
-                    to_port=port,
-                    security_groups=[self.monitoring_sg.id],
-                    description=f"{job} scrape from monitoring",
+                tcp_ingress(
+                    port, f"{job} scrape from monitoring", security_groups=[self.monitoring_sg.id]
                 )
                 for job, port in monitoring.scrape_ports(cfg).items()
             ]
         )
-        service = (
-            aws.ec2.SecurityGroupIngressArgs(
-                protocol="tcp",
-                from_port=cfg.service_port,
-                to_port=cfg.service_port,
-                security_groups=[self.lb_sg.id],
-                description="service port from the load balancer",
-            )
-            if self.lb_sg is not None
-            else aws.ec2.SecurityGroupIngressArgs(
-                protocol="tcp",
-                from_port=cfg.service_port,
-                to_port=cfg.service_port,
-                cidr_blocks=[cfg.vpc_cidr],
-                description="service port from inside the VPC",
-            )
-        )
-        self.node_sg = aws.ec2.SecurityGroup(
+        return aws.ec2.SecurityGroup(
             f"{name}-nodes",
             vpc_id=self.vpc.id,
             description=f"torchfleet {cfg.stack}: GPU nodes",
             ingress=[
-                aws.ec2.SecurityGroupIngressArgs(
-                    protocol="tcp",
-                    from_port=SSH_PORT,
-                    to_port=SSH_PORT,
+                tcp_ingress(
+                    SSH_PORT,
+                    "SSH from admin networks",
                     cidr_blocks=admin_v4,
                     ipv6_cidr_blocks=admin_v6,
-                    description="SSH from admin networks",
                 ),
                 service,
                 *scrapes,
             ],
-            egress=[
-                aws.ec2.SecurityGroupEgressArgs(
-                    protocol="-1",
-                    from_port=0,
-                    to_port=0,
-                    cidr_blocks=["0.0.0.0/0"],
-                    ipv6_cidr_blocks=["::/0"],
-                    description="packages, wheels, models",
-                )
-            ],
+            egress=[open_egress("packages, wheels, models", ipv6=True)],
             tags=with_name(tags, f"{cfg.name}-nodes"),
             opts=child,
         )
-        if self.monitoring_sg is not None:
-            self._monitoring_ingress(name, cfg, tags, child)
-        self.register_outputs({"vpc_id": self.vpc.id, "subnet_ids": [s.id for s in self.subnets]})
 
     def _services_subnet(
         self, name: str, cfg: StackConfig, tags: dict[str, str], child: pulumi.ResourceOptions

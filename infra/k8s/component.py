@@ -7,12 +7,16 @@ runtime namespace, its service account and model volume, the Deployment (after t
 plugin: without it no node offers nvidia.com/gpu), its Service and PDB, and the HPA (after the
 Prometheus adapter that serves its metric). A Deployment may take minutes to warm, so the
 provider waits for it longer than its default.
+
+`deploy_kubernetes(cfg, cluster)` is the one path of `mode: kubernetes` on either cloud: a
+cloud's cluster component (infra/aws/cluster.py EksCluster, infra/alicloud/cluster.py AckCluster)
+meets the small `Cluster` protocol below, and the runtime goes on it the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -20,9 +24,11 @@ import pulumi_kubernetes as k8s
 from infra import edge
 from infra.config import StackConfig
 from infra.constants import PROJECT
+from infra.interface import Deployment
 from infra.k8s import addons, workload
 from infra.k8s.addons import Release
-from infra.k8s.workload import Placement
+from infra.k8s.cost import cluster_cost
+from infra.k8s.workload import MODEL_CLAIM, Placement
 
 # pulumi_kubernetes class per (apiVersion, kind) of the manifests this mode registers.
 KINDS = {
@@ -178,3 +184,60 @@ def lb_endpoint(status: Any, cfg: StackConfig) -> str:
         return edge.endpoint(cfg, ingress.hostname or ingress.ip)
     except (AttributeError, IndexError, TypeError):
         return "pending (the load balancer gets its address when the Service is created)"
+
+
+class Cluster(Protocol):
+    """What a cloud's cluster component gives the runtime."""
+
+    kubeconfig: pulumi.Output[str]
+
+    def model_volume(self) -> tuple[str | None, list[dict[str, Any]]]:
+        """The model's persistent volume name (None: no model volume) and its manifests."""
+        ...
+
+    def placement(self, model_claim: str | None) -> Placement: ...
+
+    def releases(self) -> list[Release]:
+        """The Helm releases this cloud's cluster needs beside the runtime."""
+        ...
+
+    def node_pools(self) -> list[pulumi.Resource]:
+        """The node groups the runtime waits for."""
+        ...
+
+    def facts(self) -> dict[str, Any]:
+        """This cloud's entries of the stack's `cluster` output (its name, id or endpoint,
+        version)."""
+        ...
+
+
+def deploy_kubernetes(cfg: StackConfig, cluster: Cluster) -> Deployment:
+    """The runtime on `cluster` and the stack's outputs; the caller adds the teardown."""
+    assert cfg.kubernetes
+    volume, volumes = cluster.model_volume()
+    app = KubernetesApp(
+        "app",
+        cfg,
+        cluster.kubeconfig,
+        cluster.placement(MODEL_CLAIM if volume else None),
+        cluster.releases(),
+        volumes,
+        opts=pulumi.ResourceOptions(depends_on=cluster.node_pools()),
+    )
+    return Deployment(
+        nodes=[],
+        endpoint=app.service.status.apply(lambda status: lb_endpoint(status, cfg)),
+        login_user="",
+        extra_outputs={
+            "cluster": {
+                **cluster.facts(),
+                "spot_caps_per_hour": {t.name: cfg.spot_cap(t) for t in cfg.instance_types}
+                if cfg.spot.enabled
+                else {},
+                "currency": cfg.currency,
+            },
+            "kubeconfig": pulumi.Output.secret(cluster.kubeconfig),
+            "cluster_cost": cluster_cost(cfg).as_dict(),
+            "api_token": app.token,
+        },
+    )

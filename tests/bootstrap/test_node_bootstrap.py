@@ -669,7 +669,7 @@ def test_legacy_node_python39_runs_the_roles_on_ansible_core_215(fakes: Fakes, t
     fakes.client("s3").upload_file(str(legacy.path), BUNDLES, legacy.key)
     spec = BootstrapSpec(
         **{
-            **_spec(fakes, "cold").__dict__,
+            **_spec(fakes, "cold"),
             "bundle_key": legacy.key,
             "bundle_sha256": legacy.sha256,
         }

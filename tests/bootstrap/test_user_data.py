@@ -12,7 +12,6 @@ import json
 import string
 import subprocess
 import sys
-from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import pytest
@@ -20,11 +19,15 @@ import yaml
 from nodekit import REPO, podman
 
 from infra.bootstrap import (
+    DEFAULTS,
     MAX_USER_DATA,
     NODE_PATHS,
+    OPTIONAL,
+    REQUIRED,
     STUB,
     BootstrapError,
     BootstrapSpec,
+    node_config,
     render_user_data,
 )
 from infra.bootstrap.torchfleet_agent import boot
@@ -75,7 +78,7 @@ def test_rendered_document_is_deterministic_small_and_complete(cloud: str, mode:
     node = json.loads(written["/etc/torchfleet/node.json"]["content"])
     # the spec as JSON; `model` (a rollout track's override) only when set, so a stack without
     # one renders the bytes it did before the field existed (its group does not roll)
-    want = {k: v for k, v in asdict(s).items() if not (k == "model" and v is None)}
+    want = {k: v for k, v in node_config(s).items() if not (k == "model" and v is None)}
     assert node == json.loads(json.dumps(want, default=list)), node
     assert written["/etc/torchfleet/node.json"]["permissions"] == "0600"
     for unit in (
@@ -99,10 +102,27 @@ def test_rendered_document_is_deterministic_small_and_complete(cloud: str, mode:
     assert ["systemctl", "start", "--no-block", "torchfleet-bootstrap.service"] in runcmd
 
 
-def test_the_node_reads_the_settings_the_spec_writes() -> None:
-    """node.json is a BootstrapSpec as JSON; the agent, which cannot import infra/, types it as
-    NodeConfig: the two name the same fields."""
-    assert set(boot.NodeConfig.__annotations__) == {f.name for f in fields(BootstrapSpec)}
+def test_every_key_the_node_reads_is_required_or_has_a_default() -> None:
+    """node.json's schema is the agent's NodeConfig (BootstrapSpec is that type): the bundle side
+    requires or defaults each of its keys (but `model`, written only when given), so the file
+    names every key; a spec without a required key is refused, naming it."""
+    assert BootstrapSpec is boot.NodeConfig
+    keys = set(boot.NodeConfig.__annotations__)
+    assert set(REQUIRED) | set(DEFAULTS) | set(OPTIONAL) == keys
+    assert not set(REQUIRED) & set(DEFAULTS)
+    assert set(node_config(spec())) == keys - set(OPTIONAL)
+    assert set(node_config(spec(model=None))) == keys - set(OPTIONAL)
+    bare = BootstrapSpec(cloud="aws", bundle_sha256=SHA)
+    with pytest.raises(BootstrapError) as err:
+        render_user_data(bare)
+    assert "region = None is invalid; allowed: a non-empty string" in str(err.value)
+    assert "bundle_key = None" in str(err.value)
+
+
+def test_a_key_the_agent_does_not_know_is_refused() -> None:
+    bad = {**spec(), "group_nmae": "x"}
+    with pytest.raises(BootstrapError, match=r"group_nmae = 'x' is invalid; allowed: a key of"):
+        render_user_data(bad)  # type: ignore[arg-type]
 
 
 def test_a_new_bundle_changes_the_user_data() -> None:
@@ -164,7 +184,7 @@ def test_a_bad_spec_names_every_field_and_what_is_allowed() -> None:
 
 
 def test_instances_mode_has_no_hooks() -> None:
-    s = replace(spec(), group_name=None, launch_hook=None, terminate_hook=None)
+    s = spec(group_name=None, launch_hook=None, terminate_hook=None)
     node = json.loads(files(render_user_data(s))["/etc/torchfleet/node.json"]["content"])
     assert node["group_name"] is None and node["launch_hook"] is None
 

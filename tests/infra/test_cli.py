@@ -240,3 +240,26 @@ def test_plan_of_a_bake(capsys, runs):
         assert needle in text, needle
     assert main(["alicloud-prod", "--boot", "bake"]) == 2
     assert "torchfleet:boot = 'bake'" in capsys.readouterr().err
+
+
+def test_one_table_renderer_lines_up_every_value_under_its_heading():
+    from infra.plan import Column, table
+
+    columns = (
+        Column("stack", 12, "stack", left=True),
+        Column("nodes", 5, "nodes"),
+        Column("/h cap", 8, "cap", ".3f"),
+        Column("od/spot", 7, lambda row: f"{row['od']}/{row['spot']}"),
+        Column("monitoring", 10, lambda row: row.get("host") or "-", left=True),
+    )
+    rows = {
+        "aws-dev": {"nodes": 3, "cap": 0.1254, "od": 1, "spot": 2, "host": "t3.small"},
+        "alicloud-dev": {"nodes": 12, "cap": 1234.5, "od": 0, "spot": 12},
+    }
+    head, rule, *lines = table(columns, rows)
+    assert head == "stack        nodes   /h cap od/spot monitoring"
+    assert rule == "-" * len(head)
+    assert lines == [
+        "aws-dev          3    0.125     1/2 t3.small  ",
+        "alicloud-dev    12 1234.500    0/12 -         ",
+    ]

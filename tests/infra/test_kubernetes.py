@@ -663,3 +663,19 @@ def test_config_errors_name_the_key(with_overrides):
         kubernetes={**block, "charts": {"device_plugin": {"version": "0.20.0"}}},
     )
     assert "charts alicloud installs: prometheus, prometheus_adapter" in msg
+
+
+def test_one_deploy_exports_each_clouds_cluster_the_same_way(k):
+    """infra.k8s.component.deploy_kubernetes over either cloud's cluster (its Cluster protocol):
+    the same outputs, the cluster's own facts (EKS: its endpoint; ACK: its id) beside the
+    shared spot caps and currency, and the app registered after every node pool."""
+    run, cfg = k
+    assert {"cluster", "kubeconfig", "cluster_cost", "api_token"} <= set(run.outputs)
+    cluster = run.outputs["cluster"]
+    own = {"aws": {"name", "version", "endpoint"}, "alicloud": {"name", "version", "id"}}
+    assert set(cluster) == own[cfg["cloud"]] | {"spot_caps_per_hour", "currency"}
+    assert cluster["currency"] == run.outputs["cluster_cost"]["currency"]
+    pools = {r.urn for r in run.of_type(POOL_TYPE[cfg["cloud"]])}
+    assert len(pools) >= 2  # the system pool and at least one GPU pool
+    (app,) = run.of_type("torchfleet:k8s:App")
+    assert pools <= set(app.dependencies)
