@@ -264,7 +264,8 @@ FIELDS: dict[str, Key] = {
     "tls": Key(
         "mapping",
         "HTTPS at the load balancer (required for a stack with client_cidrs, dev included)",
-        "certificate (an ACM ARN on aws, a CLB server certificate id on alicloud), "
+        "certificate (an ACM ARN on aws, a CLB server certificate id on alicloud, or generate: "
+        "a dev group stack's own CA, its PEM the output tls_ca_pem), "
         "min_version 1.2 | 1.3 (1.2 on alicloud), redirect_http (default true: HTTP answers 301)",
         subkeys=edge.SUBKEYS,
     ),
