@@ -8,6 +8,8 @@ in-process, best of N.
   codec (orjson + level-by-level flatten into an array.array) against json.loads + torch.tensor,
   raw bytes and .npy;
 - the answer's encode (10 logits);
+- the same instance through the Open Inference Protocol's codec (/v2 JSON and the binary
+  extension, decode and encode);
 - what the instrumentation adds to one prediction: the four per-request stage histograms, the
   Server-Timing header, the request log line when debug is off, and per batch the summary
   aggregation; and the cost of one JSON log line when it is written.
@@ -23,7 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from torchfleet_runtime import codec
+from torchfleet_runtime import codec, v2
 from torchfleet_runtime.logs import BatchSummary, JsonFormatter
 from torchfleet_runtime.metrics import Metrics
 
@@ -42,6 +44,45 @@ def best_us(fn: Callable[[], object], n: int = 30) -> float:
         fn()
         best = min(best, time.perf_counter() - start)
     return best * 1e6
+
+
+def _open_inference_protocol(x: torch.Tensor, raw: bytearray, out: torch.Tensor) -> None:
+    """The same instance through /v2's codec (v2.V2Infer): JSON (flat `data`, as tritonclient
+    sends it) and the binary extension in, the answer out as JSON and as binary, beside /v1's."""
+    tensor = {"name": "input", "datatype": "FP32", "shape": [1, *SHAPE]}
+    body_json = json.dumps({"inputs": [{**tensor, "data": x.flatten().tolist()}]}).encode()
+    head = json.dumps(
+        {"inputs": [{**tensor, "parameters": {"binary_data_size": len(raw)}}]}
+    ).encode()
+    body_bin = head + raw
+    hdr = {v2.HEADER_LENGTH: str(len(head))}
+
+    def decode(body: bytes | bytearray, headers: dict[str, str]) -> torch.Tensor:
+        return codec.to_tensor(
+            v2.V2Infer("m", None).decode(body, "", headers, SHAPE, "float32"), f32
+        )
+
+    f32 = torch.float32
+    json_us = best_us(lambda: decode(body_json, {}))
+    bin_us = best_us(lambda: decode(body_bin, hdr))
+    print(
+        f"/v2 JSON {len(body_json) / 1024:.0f} KiB: {json_us / 1000:.2f} ms; "
+        f"/v2 binary {len(body_bin) / 1024:.0f} KiB: {bin_us / 1000:.3f} ms"
+    )
+    answer = v2.V2Infer("m", None)
+
+    def encode() -> object:  # from the model's outputs, as /v1's encode is timed
+        structure, parts, non_finite = codec.output_parts(out, for_json=False)
+        return answer.encode(structure, parts, True, non_finite, False, "1")
+
+    enc_json = best_us(encode)
+    answer.binary_output = True
+    enc_bin = best_us(encode)
+    raw_out = best_us(lambda: codec.encode_raw(out, True))
+    print(
+        f"encode the answer (10 logits): /v2 JSON {enc_json:.1f} us, /v2 binary {enc_bin:.1f} "
+        f"us, /v1 binary {raw_out:.1f} us"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"encode a JSON answer (10 logits): {best_us(lambda: codec.encode_json(out, True)):.1f} us"
     )
+    _open_inference_protocol(x, raw, out)
 
     m = Metrics()
     stage = m.device("cpu").stage

@@ -1,7 +1,8 @@
 """The closed loop: C workers each send their next request when the previous one answered, so C
 is the number of requests in flight; one level reports throughput (requests/s and items/s),
 p50/p90/p99 latency of successful requests, errors by status code, and the client's own CPU per
-request.
+request (and, given the server's process id on the same machine, the server's: its process and
+its live descendants, from /proc).
 
 Why threads with one keep-alive connection each (infra.client's `Target.connection`): a request
 costs the client one send and one blocking recv, both of which release the GIL, plus some Python.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import http.client
 import math
+import os
 import threading
 import time
 from collections import Counter
@@ -95,8 +97,9 @@ def _worker(
     warmup: int,
     timeout: float,
     stats: _WorkerStats,
+    route: str,
 ) -> None:
-    path = target.prefix + "/v1/predict"
+    path = target.prefix + route
     conn = target.connection(timeout)
     try:
         conn.connect()  # outside the measured window, like the warm-up requests
@@ -139,6 +142,33 @@ class LevelResult:
     items_per_s: float
     latency_ms: dict[str, float | None]
     client_cpu_us_per_request: float | None
+    # CPU time of the server's processes (--server-pid, the same machine) per request
+    server_cpu_us_per_request: float | None = None
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of `pid` and its live descendants (edge processes), from
+    /proc/<pid>/stat (fields 14 and 15, in clock ticks)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent, cpu seconds)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                text = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        fields = text[text.rfind(")") + 2 :].split()  # after "pid (comm) "
+        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    if pid not in stats:
+        raise ValueError(f"no process {pid} (--server-pid)")
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += stats[p][1]
+        todo.extend(c for c, (parent, _) in stats.items() if parent == p)
+    return total
 
 
 def run_level(
@@ -151,8 +181,11 @@ def run_level(
     duration_s: float | None = None,
     warmup: int = 1,
     timeout: float = 60.0,
+    route: str = "/v1/predict",
+    server_pid: int | None = None,
 ) -> LevelResult:
-    """One closed-loop run at `concurrency`, bounded by a request count or a duration."""
+    """One closed-loop run at `concurrency`, bounded by a request count or a duration;
+    `server_pid`: also the CPU time of that process tree per request."""
     if (requests is None) == (duration_s is None):
         raise ValueError("give exactly one of requests and duration_s")
     budget = _Budget(requests, duration_s)
@@ -161,7 +194,7 @@ def run_level(
     threads = [
         threading.Thread(
             target=_worker,
-            args=(target, body, headers, budget, barrier, warmup, timeout, s),
+            args=(target, body, headers, budget, barrier, warmup, timeout, s, route),
             name=f"bench-{concurrency}-{i}",
             daemon=True,
         )
@@ -171,9 +204,11 @@ def run_level(
         t.start()
     barrier.wait()  # every worker connected and warmed up; budget.start() has run
     t_start, cpu_start = budget.started_at, time.process_time()
+    server_start = process_tree_cpu_s(server_pid) if server_pid is not None else 0.0
     for t in threads:
         t.join()
     cpu = time.process_time() - cpu_start
+    server_cpu = process_tree_cpu_s(server_pid) - server_start if server_pid is not None else None
     t_end = max([s.last_end for s in stats] + [t_start])
     elapsed = max(t_end - t_start, 1e-9)
     codes: Counter = Counter()
@@ -194,6 +229,9 @@ def run_level(
         latency_ms=latency_summary(latencies),
         # process CPU / request: the client's own cost (includes the server when in-process)
         client_cpu_us_per_request=round(cpu / total * 1e6, 1) if total else None,
+        server_cpu_us_per_request=(
+            round(server_cpu / total * 1e6, 1) if total and server_cpu is not None else None
+        ),
     )
 
 

@@ -4,12 +4,17 @@
     torchfleet-bench load http://NODE:8080 --concurrency 1,8,32,64 [--binary] [--json OUT]
     torchfleet-bench load https://LB --token-file TOKEN [--cacert CA.pem]   (a stack's endpoint)
     torchfleet-bench load --offline model.pt        (needs torch; nothing else does)
+    torchfleet-bench load URL --protocol v2 [--binary] [--server-pid PID]
 
 Per concurrency level (`levels.run_level`) it reports throughput (requests/s and items/s),
 p50/p90/p99 latency of successful requests, and errors by status code. Inputs are built from the
 server's GET /v1/model (input_shape, dtype) with a fixed seed, sent as JSON `{"inputs": ...}`
-or, with --binary, as raw little-endian bytes with X-Shape/X-Dtype (infra.client). Standard
-library only, but for torch (--offline) and matplotlib (--plot).
+or, with --binary, as raw little-endian bytes with X-Shape/X-Dtype (infra.client). With
+`--protocol v2` the same tensor goes to the Open Inference Protocol's
+/v2/models/{name}/infer: a JSON request, or with --binary the binary tensor extension (a JSON
+header, then the raw bytes; the answer's outputs binary too). `--server-pid` (a runtime on this
+machine) adds the server's CPU time per request, its edge processes included. Standard library
+only, but for torch (--offline) and matplotlib (--plot).
 """
 
 from __future__ import annotations
@@ -34,7 +39,9 @@ from infra.client import (
     check_dtype,
     get_json,
     input_spec,
-    post_once,
+    nest,
+    pack,
+    sample_values,
 )
 from torchfleet_bench import BenchError
 from torchfleet_bench.levels import render_levels, run_level
@@ -44,6 +51,7 @@ from torchfleet_bench.report import host_info, require_matplotlib, write_plot
 DEFAULT_CONCURRENCY = (1, 8, 32, 64)
 TOKEN_ENV = "TORCHFLEET_API_TOKEN"
 DEFAULT_DURATION_S = 10.0
+PROTOCOLS = ("v1", "v2")
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -139,6 +147,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="send raw little-endian tensor bytes (X-Shape/X-Dtype) instead of JSON",
     )
     parser.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        default="v1",
+        help="v1: POST /v1/predict; v2: the Open Inference Protocol's /v2/models/NAME/infer "
+        "(JSON, or with --binary its binary tensor extension) (default: v1)",
+    )
+    parser.add_argument(
+        "--server-pid",
+        type=_positive(int, "--server-pid"),
+        metavar="PID",
+        help="a runtime on this machine: also report its CPU time per request (the process and "
+        "its edge processes, from /proc)",
+    )
+    parser.add_argument(
         "--decimals",
         type=int,
         metavar="N",
@@ -229,27 +251,73 @@ def _resolve_input(args: argparse.Namespace, info: dict[str, Any]) -> tuple[tupl
     return tuple(shape), dtype
 
 
+def v2_payload(
+    shape: Sequence[int], dtype: str, batch: int, binary: bool, seed: int = 0
+) -> tuple[bytes, dict[str, str]]:
+    """(body, headers) for one Open Inference Protocol infer request of `batch` instances: the
+    same values as build_payload's, as JSON `data` or as the binary tensor extension."""
+    # the protocol's datatype names, from the runtime's torch-free codec (installed beside this
+    # tool; only --protocol v2 needs it)
+    from torchfleet_runtime.v2 import DATATYPES
+
+    full = [batch, *shape]
+    values = sample_values(math.prod(full), check_dtype(dtype), seed)
+    tensor: dict[str, Any] = {"name": "input", "datatype": DATATYPES[dtype], "shape": full}
+    if not binary:
+        tensor["data"] = nest(values, full)
+        body = json.dumps({"inputs": [tensor]}, separators=(",", ":")).encode()
+        return body, {"Content-Type": "application/json"}
+    raw = pack(values, dtype)
+    tensor["parameters"] = {"binary_data_size": len(raw)}
+    doc = {"inputs": [tensor], "parameters": {"binary_data_output": True}}
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(head)),
+    }
+    return head + raw, headers
+
+
+def _answer_rows(data: bytes, headers: dict[str, str], protocol: str) -> int | None:
+    """How many instances an answer holds (None: not a shape this check knows)."""
+    if protocol == "v1":
+        outputs = json.loads(data).get("outputs")
+        return len(outputs) if isinstance(outputs, list) else None
+    n = headers.get("inference-header-content-length")
+    doc = json.loads(data[: int(n)] if n else data)
+    return int(doc["outputs"][0]["shape"][0])
+
+
 def _probe(
-    target: Target, body: bytes, headers: dict[str, str], batch: int, timeout: float
+    target: Target,
+    route: str,
+    body: bytes,
+    headers: dict[str, str],
+    batch: int,
+    timeout: float,
+    protocol: str = "v1",
 ) -> None:
     """One checked request before measuring: a wrong input must not become 10 s of 400s."""
     conn = target.connection(timeout)
     try:
-        status, data, _ = post_once(conn, target.prefix + "/v1/predict", body, headers)
+        conn.request("POST", target.prefix + route, body, headers)
+        resp = conn.getresponse()
+        status, data = resp.status, resp.read()
+        got = {k.lower(): v for k, v in resp.getheaders()}
     except (OSError, http.client.HTTPException) as exc:
-        raise BenchError(f"POST {target.url}/v1/predict: {exc}") from None
+        raise BenchError(f"POST {target.url}{route}: {exc}") from None
     finally:
         conn.close()
     if status != 200:
-        raise BenchError(f"POST {target.url}/v1/predict answered {status}: {data[:300]!r}")
+        raise BenchError(f"POST {target.url}{route} answered {status}: {data[:300]!r}")
     try:
-        outputs = json.loads(data).get("outputs")
-    except (ValueError, AttributeError):
+        rows = _answer_rows(data, got, protocol)
+    except (ValueError, AttributeError, KeyError, IndexError, TypeError):
         raise BenchError(
-            f'POST /v1/predict: the answer is not JSON {{"outputs": ...}}: {data[:200]!r}'
+            f"POST {route}: the answer is not the protocol's: {data[:200]!r}"
         ) from None
-    if isinstance(outputs, list) and len(outputs) != batch:
-        raise BenchError(f"POST /v1/predict: sent {batch} instances, got {len(outputs)} outputs")
+    if rows is not None and rows != batch:
+        raise BenchError(f"POST {route}: sent {batch} instances, got {rows} outputs")
 
 
 def auth_of(args: argparse.Namespace) -> Auth:
@@ -288,6 +356,7 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
             "requests": args.requests,
             "batch": args.batch,
             "body": "binary" if args.binary else "json",
+            "protocol": args.protocol,
             "warmup_per_worker": args.warmup,
         },
         "levels": [],
@@ -307,9 +376,20 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
     report["config"].update(input_shape=list(shape), dtype=dtype)
 
     if target is not None:
-        body, headers = build_payload(shape, dtype, args.batch, args.binary, decimals=args.decimals)
-        report["config"]["body_bytes"] = len(body)
-        _probe(target, body, headers, args.batch, args.timeout)
+        if args.protocol == "v2":
+            if args.decimals is not None:
+                raise BenchError(
+                    "--decimals rounds /v1 JSON bodies; --protocol v2 sends exact values"
+                )
+            route = f"/v2/models/{info.get('name', 'model')}/infer"
+            body, headers = v2_payload(shape, dtype, args.batch, args.binary)
+        else:
+            route = "/v1/predict"
+            body, headers = build_payload(
+                shape, dtype, args.batch, args.binary, decimals=args.decimals
+            )
+        report["config"].update(body_bytes=len(body), route=route)
+        _probe(target, route, body, headers, args.batch, args.timeout, args.protocol)
         bound = f"{args.requests} requests" if args.requests else f"{duration:g} s"
         log(
             f"bench {target.url} · batch {args.batch} · {report['config']['body']} body "
@@ -326,6 +406,8 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
                 duration,
                 args.warmup,
                 args.timeout,
+                route,
+                args.server_pid,
             )
             report["levels"].append(asdict(level))
             log(
@@ -367,6 +449,9 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
         ]
         if cpu:
             log(f"client CPU per request: {min(cpu):.0f}-{max(cpu):.0f} us")
+        server = [lv["server_cpu_us_per_request"] for lv in report["levels"]]
+        if any(s is not None for s in server):
+            log("server CPU per request: " + ", ".join(f"{s:.0f} us" for s in server if s))
     return report
 
 

@@ -2,7 +2,7 @@
 
 Markdown passes `<word>` through as an HTML tag, which the browser then hides; the pages use no
 raw HTML, so outside code spans and fenced blocks every `<word>` is a placeholder to escape. The
-generated configuration table needs this most: its cells come from infra/config.py verbatim."""
+generated configuration table needs this most: its cells come from infra/config/ verbatim."""
 
 from __future__ import annotations
 

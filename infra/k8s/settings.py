@@ -1,10 +1,11 @@
 """The `torchfleet:kubernetes` block of a `mode: kubernetes` stack, typed and validated.
 
-`parse(reader, ...)` is called by infra/config.py's `load()` with its problem-collecting reader
+`parse(reader, ...)` is called by infra/config/'s `load()` with its problem-collecting reader
 (torchfleet_compat's Problems, with the stack's key namespace and number parsing), so a bad value
 here is reported in the same single pass and the same sentence as every other key (key, value,
 what is allowed) and fails before any resource is registered. This module imports nothing from
-infra.config (config.py imports it): the reader is duck-typed (`_Reader` there).
+infra.config (infra/config/kubernetes.py imports it): the reader is duck-typed (`Reader` in
+infra/config/reader.py).
 
 Rules that exist elsewhere are not repeated: spot caps come from `StackConfig.spot_cap`, node
 counts from `nodes`, GPUs per node from the catalog through the instance types.

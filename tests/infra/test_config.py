@@ -340,6 +340,65 @@ def test_the_docs_table_is_generated_from_the_declaration():
     assert SUBKEYS["spot"] == FIELDS["spot"].subkeys
 
 
+def test_each_key_is_declared_once_as_a_field_of_its_section():
+    """The record's fields and the stack file's keys are one list: every field of StackConfig
+    but the three load() does not read from the file is a key's declaration (its type, default,
+    doc and parser in one place), every key but `gpu` (instance_type's other spelling, read by
+    its parser) fills exactly one field, and a block's sub-keys are its record's fields."""
+    from dataclasses import fields
+
+    from infra.config import (
+        FIELDS,
+        SECTIONS,
+        Budget,
+        Nodes,
+        RolloutSplit,
+        Scaling,
+        Spot,
+        StackConfig,
+    )
+
+    record = {f.name for f in fields(StackConfig)} - {"stack", "prices", "fallback_reason"}
+    parsed = [decl for decl in FIELDS.values() if decl.parse is not None]
+    assert sorted(decl.field for decl in parsed) == sorted(record)
+    assert [name for name, decl in FIELDS.items() if decl.parse is None] == ["gpu"]
+    declared_in = {
+        f.name: section.__name__
+        for section in SECTIONS
+        for f in fields(section)
+        if "key" in f.metadata
+    }
+    assert set(declared_in) == record  # each in one section, none in StackConfig itself
+    assert FIELDS["access"].field == "ssm"
+    assert FIELDS["extra_instance_types"].field == "instance_types"
+    for name, rec in (
+        ("nodes", Nodes),
+        ("spot", Spot),
+        ("scaling", Scaling),
+        ("budget", Budget),
+        ("rollout", RolloutSplit),
+    ):
+        assert FIELDS[name].subkeys == tuple(f.name for f in fields(rec)), name
+
+
+def test_load_runs_the_parser_its_declaration_names(settings, monkeypatch):
+    """load() has no list of parsers of its own: swapping a declaration's parser changes what
+    it reads (the field, and the problems the new parser records)."""
+    from dataclasses import replace
+
+    from infra.config import FIELDS
+
+    monkeypatch.setitem(FIELDS, "owner", replace(FIELDS["owner"], parse=lambda r, got: "swapped"))
+    assert load(base(settings, "aws-prod", owner="team-a"), "aws-prod").owner == "swapped"
+
+    def refuse(r, got):
+        r.fail("owner", "team-a", "a test's words")
+
+    monkeypatch.setitem(FIELDS, "owner", replace(FIELDS["owner"], parse=refuse))
+    err = problems(base(settings, "aws-prod", owner="team-a"), "aws-prod")
+    assert "torchfleet:owner = 'team-a' is invalid; allowed: a test's words" in err
+
+
 def test_declared_defaults_are_the_ones_load_applies(settings):
     from infra.config import FIELDS
 

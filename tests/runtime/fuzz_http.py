@@ -10,10 +10,12 @@ Generated cases (seeded, reproducible), each sent on its own connection, then ha
 - hostile bodies: JSON nested up to 100 000 deep, NaN/Infinity, 1e999, huge integers, invalid
   UTF-8, wrong types, ragged and empty lists; hostile .npy headers (bad magic, versions,
   lengths past the body, deep tuples, negative/huge shapes, non-string descr, fortran order);
-  hostile X-Shape / X-Dtype values;
+  hostile X-Shape / X-Dtype values; Open Inference Protocol bodies (/v2 infer): binary header
+  lengths and binary_data_size values that lie, truncated tensors, JSON headers past the cap;
 - slow clients alongside (slowloris heads dripping a byte at a time, stalled uploads).
 Checked for every answer: a status line; no 5xx; every 4xx/5xx a JSON error
-{"error": {"type", "message"}}; every 200 strict JSON (no NaN token); a smuggled request (its
+{"error": {"type", "message"}} ({"error": "<message>"} on /v2, the protocol's form); every 200
+strict JSON (no NaN token); a smuggled request (its
 own canary value) reaches the model only when the server also answered it as a request of its
 own; the server answers a valid request after every `probe_every` cases; every slow client
 ends with a 408.
@@ -63,6 +65,113 @@ def _npy(header: bytes, payload: bytes = b"\0" * 16, version: int = 1) -> bytes:
     return b"\x93NUMPY" + bytes([version, 0]) + struct.pack("<I", len(header)) + header + payload
 
 
+V2_INFER = "/v2/models/model/infer"
+
+
+def _v2_json(data: Any, shape: Any = (1, 4), datatype: str = "FP32", **extra: Any) -> bytes:
+    inp = {"name": "input", "datatype": datatype, "shape": list(shape), "data": data}
+    return orjson.dumps({"inputs": [inp], **extra})
+
+
+def _v2_binary(
+    tensor: bytes,
+    size: Any = None,
+    shape: Any = (1, 4),
+    header_length: Any = None,
+    binary_output: bool = False,
+) -> tuple[bytes, list[str]]:
+    """A binary-extension body (JSON header + tensor bytes) and its headers; `size` and
+    `header_length` default to the truth and may lie."""
+    inp = {
+        "name": "input",
+        "datatype": "FP32",
+        "shape": list(shape) if isinstance(shape, tuple) else shape,
+        "parameters": {"binary_data_size": len(tensor) if size is None else size},
+    }
+    doc: dict[str, Any] = {"inputs": [inp]}
+    if binary_output:
+        doc["parameters"] = {"binary_data_output": True}
+    head = orjson.dumps(doc)
+    hlen = len(head) if header_length is None else header_length
+    return head + tensor, [
+        "Content-Type: application/octet-stream",
+        f"Inference-Header-Content-Length: {hlen}",
+    ]
+
+
+def _v2_req(body: bytes, headers: list[str] | None = None) -> bytes:
+    return _req("POST", V2_INFER, body, headers or ["Content-Type: application/json"])
+
+
+def v2_cases() -> Iterator[tuple[str, bytes]]:
+    """Open Inference Protocol bodies: header lengths and binary_data_size values that lie,
+    truncated tensors, JSON headers past the cap, hostile JSON requests."""
+    t = struct.pack("<4f", 1, 2, 3, 4)
+    for hlen in (0, 1, 5, -1, "x", "1e3", " 12", "99999999999999999999", 10**6, 10**12):
+        yield "v2-binary", _v2_req(*_v2_binary(t, header_length=hlen))
+    body, headers = _v2_binary(t)
+    true_len = len(body) - len(t)
+    for delta in (-1, 1, 4, 16):  # the JSON header ends early or runs into the tensor
+        yield "v2-binary", _v2_req(*_v2_binary(t, header_length=true_len + delta))
+    for size in (0, 1, 15, 17, 64, -16, 16.0, "16", 2**63, [16], True):
+        yield "v2-binary", _v2_req(*_v2_binary(t, size=size))
+    for cut in (1, 4, 15):  # truncated tensors, the header telling the truth about the rest
+        yield "v2-binary", _v2_req(*_v2_binary(t[:-cut], size=16))
+        yield "v2-binary", _v2_req(*_v2_binary(t[:-cut]))
+    yield "v2-binary", _v2_req(*_v2_binary(t + t))  # two rows' bytes for one row's shape
+    yield "v2-binary", _v2_req(*_v2_binary(t + b"\0" * 7, size=16))  # bytes after the input
+    yield "v2-binary", _v2_req(*_v2_binary(struct.pack("<4f", float("nan"), 0, 0, 0)))
+    for shape in ((1, 4, 1), (4,), (0, 4), (-1, 4), (2**41, 4), (1,) * 40, "1,4", None):
+        yield "v2-binary", _v2_req(*_v2_binary(t, shape=shape))
+    # a JSON header past the cap (binary requests carry their tensors after it)
+    pad = b" " * (70 * 1024)
+    big = b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], ' + pad
+    big += b'"parameters": {"binary_data_size": 16}}]}'
+    yield (
+        "v2-binary",
+        _v2_req(
+            big + t,
+            [
+                "Content-Type: application/octet-stream",
+                f"Inference-Header-Content-Length: {len(big)}",
+            ],
+        ),
+    )
+    for doc in (
+        _v2_json([1, 2, 3]),
+        _v2_json([[1, 2], [3, 4]]),
+        _v2_json([[1, 2, 3, 4]], shape=(2, 4)),
+        _v2_json([1, 2, 3, 4], datatype="FP64"),
+        _v2_json([1, 2, 3, 4], datatype="BYTES"),
+        _v2_json([1, 2, 3, 4], datatype=None),
+        _v2_json(["1", 2, 3, 4]),
+        _v2_json([1e999, 2, 3, 4]),
+        _v2_json(None),
+        _v2_json([1, 2, 3, 4], outputs=[{"name": "nope"}]),
+        _v2_json([1, 2, 3, 4], outputs=[{"name": "output", "parameters": {"binary_data": 1}}]),
+        _v2_json([1, 2, 3, 4], outputs=[{"name": "output", "parameters": {"classification": 2}}]),
+        _v2_json([1, 2, 3, 4], outputs="all"),
+        _v2_json([1, 2, 3, 4], id=7),
+        _v2_json([1, 2, 3, 4], parameters=[1]),
+        b'{"inputs": []}',
+        b'{"inputs": [{"name": "input"}, {"name": "input"}]}',
+        b'{"inputs": [1, 2, 3, 4]}',
+        b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        b"[]",
+        b"",
+    ):
+        yield "v2-json", _v2_req(doc)
+    for path in (
+        "/v2/models/other/infer",
+        "/v2/models/model/versions/x/infer",
+        "/v2/models//infer",
+    ):
+        yield (
+            "v2-json",
+            _req("POST", path, _v2_json([1, 2, 3, 4]), ["Content-Type: application/json"]),
+        )
+
+
 def valid_requests() -> list[bytes]:
     import numpy as np
 
@@ -90,6 +199,10 @@ def valid_requests() -> list[bytes]:
             buf.getvalue(),
             ["Content-Type: application/x-npy", "Accept: application/octet-stream"],
         ),
+        _v2_req(_v2_json([1, 2, 3, 4])),
+        _v2_req(*_v2_binary(struct.pack("<4f", 1, 2, 3, 4), binary_output=True)),
+        _req("GET", "/v2/models/model"),
+        _req("GET", "/v2/health/ready"),
         _req("GET", "/v1/model"),
         _req("GET", "/readyz"),
         _req("GET", "/livez"),
@@ -361,7 +474,7 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
 def generate(seed: int, n: int) -> Iterator[tuple[str, bytes]]:
     """n cases: the fixed desync and body lists first, then seeded mutations to fill up."""
     rng = random.Random(seed)
-    fixed = list(desync_cases()) + list(body_cases(rng))
+    fixed = list(desync_cases()) + list(body_cases(rng)) + list(v2_cases())
     # mutations start from valid requests and hostile bodies, not from the desync cases: a mutated
     # smuggling case may well become two honest requests, and its canary would then mislead
     base = valid_requests() + [c[1] for c in fixed[::7] if c[0] != "desync"]
@@ -430,11 +543,18 @@ def violations(kind: str, data: bytes, got: bytes, closed: bool) -> list[str]:
                         f"{kind}: {r.status} with a body that is not strict JSON: {r.body[:120]!r}"
                     )
                 continue
-            if r.status >= 400 and not (
-                isinstance(doc, dict)
-                and isinstance(doc.get("error"), dict)
-                and isinstance(doc["error"].get("type"), str)
-                and isinstance(doc["error"].get("message"), str)
+            v2 = data.split(b"\r\n", 1)[0].split(b" ")[1:2] in ([b"/v2"], [b"/v2/"]) or (
+                b" /v2/" in data.split(b"\r\n", 1)[0]
+            )
+            if (
+                r.status >= 400
+                and not (
+                    isinstance(doc, dict)
+                    and isinstance(doc.get("error"), dict)
+                    and isinstance(doc["error"].get("type"), str)
+                    and isinstance(doc["error"].get("message"), str)
+                )
+                and not (v2 and isinstance(doc, dict) and isinstance(doc.get("error"), str))
             ):
                 out.append(
                     f"{kind}: {r.status} error body without the error shape: {r.body[:120]!r}"

@@ -233,7 +233,9 @@ def test_a_drain_answers_what_every_replica_holds_then_stops_them_all(start_runt
     assert {lbl for lbl in LABELS for n in m.entered if n.endswith(lbl)} == set(LABELS)
     rt.runtime.request_stop("test")
     c = client_for(rt)
-    assert c.call("GET", "/readyz")[0] == 503
+    # edge processes take the new state from the owner's push a moment later (request_stop is
+    # signal-safe: it sends, it does not wait for their acknowledgements)
+    wait_until(lambda: c.call("GET", "/readyz")[0] == 503, "/readyz to answer 503 while draining")
     assert c.predict(x4(1.0))[0] == 503
     assert not rt.runtime.drain(0.2)  # both still running
     m.gate.set()

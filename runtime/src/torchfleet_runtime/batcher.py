@@ -82,7 +82,11 @@ class Stopped(Exception):
 
 class Request:
     """One caller's instances, possibly split into several chunks. Completion is a callback
-    (`add_done_callback`, run in the worker's thread) or a blocking `result()`."""
+    (`add_done_callback`, run in the worker's thread) or a blocking `result()`.
+
+    The worker's side of the contract: `started` when a batch carrying one of its chunks begins,
+    then per chunk `deliver` (its outputs) or `fail` (the batch's error); the first failure or the
+    last delivery settles the request."""
 
     def __init__(self, n_chunks: int) -> None:
         self._parts: list[Outputs] = [None] * n_chunks
@@ -97,7 +101,7 @@ class Request:
         self.device = ""  # the replica that ran (the first of) its batches
         self.model_s = 0.0  # seconds of the model runs that carried its chunks
 
-    def _started(self, at: float, device: str) -> None:
+    def started(self, at: float, device: str) -> None:
         if self.started_at is None or at < self.started_at:
             self.started_at = at
             self.device = device
@@ -107,7 +111,7 @@ class Request:
         for cb in self._callbacks:
             cb()
 
-    def _deliver(self, index: int, outputs: Outputs, model_s: float) -> None:
+    def deliver(self, index: int, outputs: Outputs, model_s: float) -> None:
         with self._lock:
             if self._settled:  # failed already (another chunk's batch, Batcher.abort)
                 return
@@ -118,7 +122,7 @@ class Request:
         if last:
             self._finish()
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
         with self._lock:
             if self._settled:  # the first outcome wins; callbacks run once
                 return
@@ -355,7 +359,7 @@ class Batcher:
             self.cond.notify_all()
         failed = {id(c.request): c.request for c in chunks}
         for request in failed.values():
-            request._fail(exc)
+            request.fail(exc)
         return len(failed)
 
     # --- used by the workers -----------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import orjson
 import torch
 
-from . import compat, wire
+from . import compat, v2, wire
 from .errors import bad_input
 from .tensors import DTYPE_NAMES, DTYPES, Outputs, non_finite
 from .wire import JSON_TYPES, MEDIA_TYPES, Buffer, Decoded, OutputPart, Structure, dumps, media_type
@@ -126,3 +126,13 @@ def output_parts(outputs: Outputs, for_json: bool) -> tuple[Structure, list[Outp
 
     structure = walk(outputs)
     return structure, parts, bool(non_finite(outputs))
+
+
+def output_card(outputs: Outputs) -> list[dict[str, Any]]:
+    """The model card's outputs: each tensor's name (v2.output_names), dtype and shape without
+    the batch dimension, from one batch's outputs (the self-test's)."""
+    structure, parts, _ = output_parts(outputs, for_json=False)
+    return [
+        {"name": name, "dtype": p.dtype, "shape": list(p.shape[1:])}
+        for name, p in zip(v2.output_names(structure), parts)
+    ]

@@ -45,6 +45,7 @@ from .errors import ApiError
 from .handoff import Answer, FrameReader, FrameWriter, Record, Records, Ring, Submit
 from .httpd import HttpServer
 from .server import build_http
+from .v2 import V2Infer
 
 log = logging.getLogger("torchfleet_runtime.edge")
 
@@ -64,6 +65,7 @@ class OwnerState(NamedTuple):
     version: str | None
     input_shape: tuple[int, ...] | None
     dtype: str | None
+    name: str | None  # the model's (the /v2 routes check requests against it)
 
 
 def _rss_bytes() -> int:
@@ -83,6 +85,8 @@ class EdgeCall:
         self.request_id = request_id
         self.arrived = time.perf_counter()
         self.version = edge.state.version
+        self.model_name = edge.state.name
+        self.protocol: V2Infer | None = None  # a /v2 infer request (server.py sets it)
         self.seq = 0
         self.slot = handoff.NO_SLOT
         self.admitted = False
@@ -123,7 +127,8 @@ class EdgeCall:
         st = edge.state
         assert st.input_shape is not None and st.dtype is not None
         t0 = time.perf_counter()
-        d = wire.decode(body, content_type, headers, st.input_shape, st.dtype)
+        decode = wire.decode if self.protocol is None else self.protocol.decode
+        d = decode(body, content_type, headers, st.input_shape, st.dtype)
         self.decode_s = time.perf_counter() - t0
         self.batched = d.batched
         slot = edge.ring.take()
@@ -151,7 +156,8 @@ class EdgeCall:
                     slot,
                     n,
                     d.batched,
-                    wire.wants_raw(headers.get("accept", "")),
+                    # /v2 encodes each output in its own dtype
+                    self.protocol is not None or wire.wants_raw(headers.get("accept", "")),
                     self.before_drain,
                     d.binary,
                     d.dtype,
@@ -201,7 +207,16 @@ class EdgeCall:
             )
             parts = handoff.answer_parts(a, data)
             t0 = time.perf_counter()
-            if wire.wants_raw(accept):
+            if self.protocol is not None:
+                body, ctype, headers = self.protocol.encode(
+                    a.structure,
+                    parts,
+                    self.batched,
+                    a.non_finite,
+                    self.edge.non_finite_as_null,
+                    self.version,
+                )
+            elif wire.wants_raw(accept):
                 if not isinstance(a.structure, int):
                     raise wire.NOT_ACCEPTABLE
                 body, headers = wire.encode_raw(parts[a.structure], self.batched)
@@ -264,7 +279,7 @@ class Edge:
         self.tokens = Tokens(self.config.api_token, self.config.api_token_file)
         self.non_finite_as_null = self.config.non_finite_outputs == "null"
         self.stage_timing = self.config.stage_timing
-        self.state = OwnerState("loading", False, True, "", 1, "", None, None, None)
+        self.state = OwnerState("loading", False, True, "", 1, "", None, None, None, None)
         self.draining = False
         self.admitted = 0
         self.drained_sent = False

@@ -286,6 +286,7 @@ class EdgePool:
             "retry_after": st["retry_after"],
             "not_ready": st.get("not_ready", ""),
             "version": slot.version if slot is not None else None,
+            "name": meta.name if meta is not None else None,
             "input_shape": list(meta.input_shape) if meta is not None else None,
             "dtype": codec.DTYPE_NAMES[meta.torch_dtype] if meta is not None else None,
         }

@@ -42,6 +42,7 @@ from http import HTTPStatus
 from typing import Any, Callable, Protocol
 
 import httptools
+import orjson
 
 from .errors import ApiError, error_body, internal_error
 
@@ -119,13 +120,14 @@ def error_response(
     exc: ApiError,
     headers: dict[str, str] | None = None,
     on_sent: Callable[[str, float], None] | None = None,
+    flat: bool = False,
 ) -> Response:
+    """The answer to `exc`; `flat`: the Open Inference Protocol's `{"error": "<message>"}`."""
     h = dict(headers or {})
     if exc.retry_after is not None:
         h["Retry-After"] = str(exc.retry_after)
-    return Response(
-        exc.status, error_body(exc.type, exc.message), headers=h, close=exc.close, on_sent=on_sent
-    )
+    body = orjson.dumps({"error": exc.message}) if flat else error_body(exc.type, exc.message)
+    return Response(exc.status, body, headers=h, close=exc.close, on_sent=on_sent)
 
 
 def _internal_error(exc: Exception) -> tuple[ApiError, Response]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
-from . import codec
+from . import codec, wire
 from .batcher import OutOfMemory, QueueFull, ReplicaLost, Request, Stopped, TooLarge
 from .errors import ApiError
 from .tensors import Outputs
@@ -29,6 +29,7 @@ from .wire import wants_raw
 if TYPE_CHECKING:
     from .replicas import Slot
     from .service import Runtime
+    from .v2 import V2Infer
 
 log = logging.getLogger(__name__)
 reqlog = logging.getLogger("torchfleet_runtime.request")
@@ -56,6 +57,7 @@ class PredictCall:
         "batched",
         "timings",
         "shadow_input",
+        "protocol",
         "admitted",
         "_expecting",
         "_finished",
@@ -72,6 +74,7 @@ class PredictCall:
         self.batched = False
         self.timings: dict[str, float] = {}
         self.shadow_input: torch.Tensor | None = None  # kept only when sampled for the shadow
+        self.protocol: V2Infer | None = None  # a /v2 infer request (server.py sets it)
         self.admitted = False
         self._expecting = False
         self._finished = False
@@ -84,6 +87,10 @@ class PredictCall:
     @property
     def version(self) -> str | None:
         return self.slot.version if self.slot else None
+
+    @property
+    def model_name(self) -> str | None:
+        return self.slot.loaded.metadata.name if self.slot else None
 
     def check_ready(self) -> None:
         """Refuse at once (before the body is read) when not serving."""
@@ -130,14 +137,10 @@ class PredictCall:
             assert slot is not None
             meta = slot.loaded.metadata
             t0 = time.perf_counter()
-            tensor, batched = codec.decode(
-                body,
-                content_type,
-                headers,
-                meta.input_shape,
-                meta.torch_dtype,
-                not rt.config.allow_non_finite_inputs,
-            )
+            decode = wire.decode if self.protocol is None else self.protocol.decode
+            d = decode(body, content_type, headers, meta.input_shape, meta.dtype)
+            tensor = codec.to_tensor(d, meta.torch_dtype, not rt.config.allow_non_finite_inputs)
+            batched = d.batched
             self.timings["decode"] = time.perf_counter() - t0
         except BaseException:
             self._unexpect()
@@ -221,13 +224,17 @@ class PredictCall:
         """(body, content type, headers) of the 200; raises ApiError when the model failed."""
         outputs = self.outputs()
         t0 = time.perf_counter()
-        if wants_raw(accept):
+        as_null = self.rt.config.non_finite_outputs == "null"
+        if self.protocol is not None:
+            structure, parts, nf = codec.output_parts(outputs, for_json=False)
+            body, ctype, headers = self.protocol.encode(
+                structure, parts, self.batched, nf, as_null, self.version
+            )
+        elif wants_raw(accept):
             body, headers = codec.encode_raw(outputs, self.batched)
             ctype = "application/octet-stream"
         else:
-            body = codec.encode_json(
-                outputs, self.batched, self.rt.config.non_finite_outputs == "null"
-            )
+            body = codec.encode_json(outputs, self.batched, as_null)
             ctype, headers = "application/json", {}
         t = self.timings
         t["encode"] = time.perf_counter() - t0

@@ -58,6 +58,7 @@ class Replica:
     load_s: float = 0.0
     warm_s: float = 0.0
     error: BaseException | None = None
+    outputs: list[dict[str, Any]] = field(default_factory=list)  # the card's (codec.output_card)
     stage: int = 0  # the last step (1-3) it finished
 
     @property
@@ -299,6 +300,7 @@ def _self_test(r: Replica, batcher: Batcher, index: int) -> None:
     )  # the check a JSON answer runs (random inputs may well give NaN: not a failure)
     try:
         codec.encode_json(outputs, batched, non_finite_as_null=True)
+        r.outputs = codec.output_card(outputs)
     except ApiError as exc:
         raise ModelError(f"the self-test answer failed: {exc.message}") from None
     r.warm_s += time.perf_counter() - t0

@@ -2,17 +2,22 @@
 
 Routes: POST /v1/predict, GET /v1/model, /livez, /readyz, /metrics, POST /admin/reload. Every
 error is JSON {"error": {"type", "message"}} (httpd.error_response); client mistakes are 4xx.
+The Open Inference Protocol (v2.py): GET /v2, /v2/health/live|ready, /v2/models/{name}
+[/versions/{v}][/ready] and POST /v2/models/{name}[/versions/{v}]/infer, whose errors are
+{"error": "<message>"} as Triton writes them. An infer request is a prediction like /v1's (the
+same call, batcher, limits, auth, ids, timing and metrics) with v2.V2Infer as its codec.
 This module knows the runtime only through `RuntimeApi` (predict, status, reload, and the
 metrics exposition); it never touches the batcher, the loaded model or the metric objects.
 
 Headers: every /v1/predict answer carries `X-Request-Id` (the client's when it sent a sane one:
 1-128 of A-Z a-z 0-9 . _ : / + = @ -, else a new one) and `X-Model-Version` once a model is
 loaded; a 200 carries `Server-Timing: decode;dur=, queue;dur=, model;dur=, encode;dur=` (ms).
-Auth: with `api_token` or `api_token_file` set, /v1/* needs `Authorization: Bearer <token>`
-with one of the accepted tokens (auth.py; 401 otherwise); /admin/* always needs `admin_token`
-and is 403 while none is configured; POST /admin/reload re-reads the token file too. Health
-and metrics stay open: load balancers and the scraper reach them from inside the network, which
-the security groups bound. With `tls_cert_file` the edge speaks HTTPS (tls.py).
+Auth: with `api_token` or `api_token_file` set, /v1/* and /v2/* (but /v2/health/*) need
+`Authorization: Bearer <token>` with one of the accepted tokens (auth.py; 401 otherwise);
+/admin/* always needs `admin_token` and is 403 while none is configured; POST /admin/reload
+re-reads the token file too. Health and metrics stay open: load balancers and the scraper reach
+them from inside the network, which the security groups bound. With `tls_cert_file` the edge
+speaks HTTPS (tls.py).
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ import re
 import socket
 from typing import Any, Callable, Mapping, Protocol
 
+from . import __version__, v2
 from .auth import Tokens
 from .config import Config
 from .errors import ApiError, internal_error
 from .httpd import HttpServer, Request, Response, error_response
 from .tls import server_context
+from .v2 import V2Infer
 from .wire import JSON_TYPES, MEDIA_TYPES, dumps, media_type
 
 log = logging.getLogger(__name__)
@@ -43,6 +50,10 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/admin/reload": ("POST",),
 }
 _BODY_TYPES = (*JSON_TYPES, "application/octet-stream", "application/x-npy")
+_V2_BODY_TYPES = (*JSON_TYPES, "application/octet-stream")
+# /v2/models/{name}[/versions/{version}][/ready|/infer]
+_V2_MODEL = re.compile(r"/v2/models/([^/]{1,256})(?:/versions/([^/]{1,256}))?(/ready|/infer)?")
+_V2_OPEN = ("/v2/health/live", "/v2/health/ready")
 _SANE_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -56,6 +67,11 @@ class Call(Protocol):
 
     @property
     def version(self) -> str | None: ...
+
+    @property
+    def model_name(self) -> str | None: ...
+
+    protocol: V2Infer | None  # set on a /v2 infer request: its codec instead of /v1's
 
     def check_ready(self) -> None: ...
 
@@ -116,6 +132,8 @@ class Routes:
     # --- App: decisions from the headers -----------------------------------------------------
 
     def on_headers(self, req: Request) -> Response | None:
+        if req.path == "/v2" or req.path.startswith("/v2/"):
+            return self._v2_headers(req)
         methods = ROUTES.get(req.path)
         if methods is None:
             return error_response(
@@ -146,11 +164,13 @@ class Routes:
         realm: str,
         on_sent: Callable[[str, float], None] | None = None,
         headers: dict[str, str] | None = None,
+        flat: bool = False,
     ) -> Response:
         return error_response(
             ApiError(401, "unauthorized", f"send Authorization: Bearer <{key}>"),
             {**(headers or {}), "WWW-Authenticate": f'Bearer realm="{realm}"'},
             on_sent,
+            flat,
         )
 
     def _admin_auth(self, req: Request) -> Response | None:
@@ -162,15 +182,18 @@ class Routes:
             return self._unauthorized("admin_token", "torchfleet-admin")
         return None
 
-    def _predict_headers(self, req: Request) -> Response | None:
+    def _predict_headers(self, req: Request, infer: V2Infer | None = None) -> Response | None:
         call = self.rt.predict(request_id(req.headers))
+        call.protocol = infer
         req.context = call
         if not self.tokens.accepts(req.headers):
             return self._unauthorized(
-                "api_token", "torchfleet", self._sent(call, 401), self._ids(call)
+                "api_token", "torchfleet", self._sent(call, 401), self._ids(call), infer is not None
             )
         try:
             call.check_ready()
+            if infer is not None:
+                v2.check_model(infer.model, infer.version, call.model_name or "", call.version)
             if req.content_length > self.max_body_bytes:
                 raise ApiError(
                     413,
@@ -179,7 +202,7 @@ class Routes:
                     f"{self.max_body_bytes} (config key max_body_mb)",
                 )
             ctype = media_type(req.headers.get("content-type", ""))
-            if ctype not in _BODY_TYPES:
+            if ctype not in (_BODY_TYPES if infer is None else _V2_BODY_TYPES):
                 raise ApiError(
                     415,
                     "unsupported_media_type",
@@ -194,8 +217,13 @@ class Routes:
 
     def handle(self, req: Request) -> Response | asyncio.Future[Response]:
         path = req.path
-        if path == "/v1/predict":
+        if path == "/v1/predict" or req.context is not None:  # /v1 or /v2 infer
             return self._predict(req)
+        if path == "/v2" or path.startswith("/v2/"):
+            try:
+                return self._v2(path)
+            except ApiError as exc:
+                return error_response(exc, flat=True)
         if path == "/readyz":
             st = self.rt.status()
             if st["ready"]:
@@ -248,7 +276,9 @@ class Routes:
         return sent
 
     def _error(self, call: Call, exc: ApiError) -> Response:
-        return error_response(exc, self._ids(call), self._sent(call, exc.status, exc))
+        return error_response(
+            exc, self._ids(call), self._sent(call, exc.status, exc), call.protocol is not None
+        )
 
     def _predict(self, req: Request) -> Response | asyncio.Future[Response]:
         call: Call = req.context
@@ -275,6 +305,51 @@ class Routes:
             return
         headers.update(self._ids(call))
         fut.set_result(Response(200, body, ctype, headers, on_sent=self._sent(call, 200)))
+
+    # --- the Open Inference Protocol (v2.py) ---------------------------------------------------
+
+    def _v2_headers(self, req: Request) -> Response | None:
+        path = req.path
+        m = _V2_MODEL.fullmatch(path)
+        infer = m is not None and m.group(3) == "/infer"
+        if not (infer or m is not None or path == "/v2" or path in _V2_OPEN):
+            return error_response(v2.not_found(f"no route {path[:200]!r}"), flat=True)
+        methods = ("POST",) if infer else ("GET", "HEAD")
+        if req.method not in methods:
+            return error_response(
+                ApiError(
+                    405,
+                    "method_not_allowed",
+                    f"{req.method} is not allowed on {path[:200]}; use {' or '.join(methods)}",
+                ),
+                {"Allow": ", ".join(methods)},
+                flat=True,
+            )
+        if infer:
+            assert m is not None
+            return self._predict_headers(req, v2.V2Infer(m.group(1), m.group(2)))
+        if path not in _V2_OPEN and not self.tokens.accepts(req.headers):
+            return self._unauthorized("api_token", "torchfleet", flat=True)
+        return None
+
+    def _v2(self, path: str) -> Response:
+        """The /v2 GET routes: health, server and model metadata, model readiness."""
+        st = self.rt.status()
+        if path == "/v2/health/live":
+            return Response(200 if st["alive"] else 503, b"")
+        if path == "/v2/health/ready":
+            return Response(200 if st["ready"] else 503, b"")
+        if path == "/v2":
+            return _json(200, v2.server_metadata(__version__))
+        m = _V2_MODEL.fullmatch(path)
+        assert m is not None
+        card = self.rt.status(detail=True)["model"]
+        if card is None:
+            raise ApiError(503, "not_ready", f"the runtime is {st['state']}", st["retry_after"])
+        v2.check_model(m.group(1), m.group(2), card["name"], card["model_version"])
+        if m.group(3) == "/ready":
+            return Response(200 if st["ready"] else 503, b"")
+        return _json(200, v2.model_metadata(card))
 
     # --- admin ---------------------------------------------------------------------------------
 

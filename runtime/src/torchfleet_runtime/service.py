@@ -245,6 +245,7 @@ class Runtime:
             reloads={**self._reloads, "last": self._last_reload},
             shadow=None if self._shadow is None else self._shadow.summary(),
             replicas=[self._describe_replica(r, slot) for r in slot.replicas],
+            outputs=serving[0].outputs if serving else [],
         )
         return info
 

@@ -165,14 +165,19 @@ def decode_json(body: bytes | bytearray, dtype: str) -> tuple[Buffer, tuple[int,
         raise bad_input(f"the body is not valid JSON ({exc})", "malformed_json") from None
     if not isinstance(doc, dict) or "inputs" not in doc:
         raise bad_input('expected a JSON object {"inputs": [...]}', "malformed_json")
-    data = doc["inputs"]
+    return json_values(doc["inputs"], dtype, "'inputs'")
+
+
+def json_values(data: Any, dtype: str, what: str) -> tuple[Buffer, tuple[int, ...], str]:
+    """A (nested) JSON list of numbers as the bytes of `dtype`'s wire dtype and its nested shape;
+    `what` names the field in refusals (the /v1 body's 'inputs', a /v2 input's data)."""
     if not isinstance(data, list):
         raise bad_input(
-            "'inputs' must be a (nested) list of numbers",
+            f"{what} must be a (nested) list of numbers",
             "wrong_dtype" if data is not None else "empty_input",
         )
     if not data:
-        raise bad_input("'inputs' is empty", "empty_input")
+        raise bad_input(f"{what} is empty", "empty_input")
     shape = [len(data)]
     level: list[Any] = data
     # Flatten one nesting level at a time, checking every sub-list has the same length.
@@ -181,14 +186,12 @@ def decode_json(body: bytes | bytearray, dtype: str) -> tuple[Buffer, tuple[int,
         try:
             if any(len(x) != n for x in level):
                 raise bad_input(
-                    "'inputs' is ragged: sub-lists at one depth differ in length", "wrong_shape"
+                    f"{what} is ragged: sub-lists at one depth differ in length", "wrong_shape"
                 )
         except TypeError:  # a number (or a string, an object) where a list was expected
-            raise bad_input(
-                "'inputs' mixes numbers and lists at one depth", "wrong_shape"
-            ) from None
+            raise bad_input(f"{what} mixes numbers and lists at one depth", "wrong_shape") from None
         if n == 0:
-            raise bad_input("'inputs' contains an empty list", "empty_input")
+            raise bad_input(f"{what} contains an empty list", "empty_input")
         shape.append(n)
         level = list(itertools.chain.from_iterable(level))
     name = wire_dtype(dtype)
@@ -196,7 +199,7 @@ def decode_json(body: bytes | bytearray, dtype: str) -> tuple[Buffer, tuple[int,
         arr = array.array(ARRAY_CODES[name], level)
     except (TypeError, OverflowError, ValueError) as exc:
         kind = "numbers" if dtype in FLOATS else f"integers fitting {dtype}"
-        raise bad_input(f"'inputs' must contain only {kind} ({exc})", "wrong_dtype") from None
+        raise bad_input(f"{what} must contain only {kind} ({exc})", "wrong_dtype") from None
     return memoryview(arr).cast("B"), tuple(shape), name
 
 
@@ -317,16 +320,24 @@ def _nested(flat: list[Any], shape: tuple[int, ...]) -> Any:
 
 def part_values(part: OutputPart, batched: bool) -> Any:
     """The part as nested lists (the first row alone when the client sent one instance)."""
-    code = ARRAY_CODES.get(part.dtype)
-    if code is None:  # bool travels as uint8; half types are sent to the edge as float32
-        code = "B"
-    arr = array.array(code)
-    arr.frombytes(part.data)
-    flat: list[Any] = arr.tolist()
-    if part.dtype == "bool":
-        flat = [bool(x) for x in flat]
-    rows = _nested(flat, part.shape)
+    rows = _nested(flat_values(part.data, part.dtype), part.shape)
     return rows if batched else rows[0]
+
+
+def flat_values(data: Buffer, dtype: str) -> list[Any]:
+    """Little-endian elements of `dtype` as Python numbers (bools for bool). float16 through
+    struct's half format; bfloat16 is the top half of a float32, so it widens exactly."""
+    if dtype == "float16":
+        return list(struct.unpack(f"<{len(data) // 2}e", data))
+    if dtype == "bfloat16":
+        halves = array.array("H")
+        halves.frombytes(data)
+        widened = array.array("I", (h << 16 for h in halves))
+        return array.array("f", widened.tobytes()).tolist()
+    arr = array.array(ARRAY_CODES.get(dtype, "B"))  # bool travels as one byte
+    arr.frombytes(data)
+    flat: list[Any] = arr.tolist()
+    return [bool(x) for x in flat] if dtype == "bool" else flat
 
 
 def jsonable(structure: Structure, parts: Sequence[OutputPart], batched: bool) -> Any:

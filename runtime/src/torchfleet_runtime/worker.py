@@ -203,7 +203,7 @@ class Worker:
         batch.start = b.clock()
         self.busy_since = batch.start
         for c in batch.chunks:
-            c.request._started(batch.start, self.label)
+            c.request.started(batch.start, self.label)
         tuner = self.thread_tuner
         if tuner is not None:
             self._set_threads(tuner.threads(batch.start))
@@ -311,14 +311,14 @@ class Worker:
                 hook(info)
         if failure is not None:
             for c in chunks:
-                c.request._fail(failure)
+                c.request.fail(failure)
             return
         offset = 0
         counted: set[int] = set()  # a request with several chunks in this batch ran once
         for c in chunks:
             first = id(c.request) not in counted
             counted.add(id(c.request))
-            c.request._deliver(
+            c.request.deliver(
                 c.index, split_outputs(outputs, offset, offset + c.n), model_s if first else 0.0
             )
             offset += c.n

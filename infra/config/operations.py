@@ -1,0 +1,291 @@
+"""The operations section: who owns the stack and pays for it, when its nodes run and expire,
+where its models come from, and the monitoring host.
+
+Each key is one field of `Operations` (infra/config/keys.py says how a key is declared).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import time
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from infra import catalog
+from infra.config.keys import REQUIRED, key, subkeys_of
+from infra.config.reader import Reader
+from infra.schedule import DAYS, Schedule
+
+MAX_TTL_HOURS = 24 * 30
+RESERVED_TAGS = ("project", "stack", "env", "owner", "ttl-expiry", "torchfleet-role")
+# The monitoring host's disk: 30 days of samples plus the nodes' journals (roles/monitoring:
+# monitoring_logs_max_use 20G); its README sizes 50 GiB.
+MONITORING_DISK_GB = (30, 16384)
+MONITORING_DISK_DEFAULT_GB = 50
+_EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_HHMM_RE = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
+
+
+@dataclass(frozen=True)
+class Budget:
+    monthly_usd: float | None  # None: derived from the cost estimate
+    alert_emails: tuple[str, ...]
+    threshold_percent: int
+
+
+@dataclass(frozen=True)
+class Monitoring:
+    """The stack's monitoring host (roles/monitoring): Prometheus, Alertmanager and the
+    journal receiver, in a private subnet of the stack's VPC."""
+
+    instance_type: catalog.HostType
+    disk_gb: int
+
+
+def _parse_days(r: Reader, value: Any) -> tuple[str, ...]:
+    allowed = "day names MON..SUN as a list, a range (MON-FRI) or a comma list"
+    if value is None:
+        return ("MON", "TUE", "WED", "THU", "FRI")
+    items = value if isinstance(value, list) else str(value).split(",")
+    days: set[str] = set()
+    for item in items:
+        item = str(item).strip().upper()
+        if "-" in item:
+            a, _, b = item.partition("-")
+            if a not in DAYS or b not in DAYS:
+                r.fail("schedule.days", value, allowed)
+                return ()
+            i, j = DAYS.index(a), DAYS.index(b)
+            days.update(DAYS[(i + k) % 7] for k in range((j - i) % 7 + 1))
+        elif item in DAYS:
+            days.add(item)
+        elif item:
+            r.fail("schedule.days", value, allowed)
+            return ()
+    return tuple(d for d in DAYS if d in days)
+
+
+def _schedule(r: Reader, got: Mapping[str, Any]) -> Schedule | None:
+    raw = r.structured("schedule", dict)
+    if raw is None:
+        return None
+    tz = raw.get("timezone", "UTC")
+    try:
+        ZoneInfo(str(tz))
+    except (ZoneInfoNotFoundError, ValueError):
+        r.fail("schedule.timezone", tz, "an IANA time zone such as Europe/Berlin or Asia/Shanghai")
+        tz = None
+    times = {}
+    for sub in ("start", "stop"):
+        value = raw.get(sub)
+        m = _HHMM_RE.match(str(value)) if value is not None else None
+        if not m:
+            r.fail(f"schedule.{sub}", value, "a local time HH:MM (24 h)")
+        else:
+            times[sub] = time(int(m.group(1)), int(m.group(2)))
+    days = _parse_days(r, raw.get("days"))
+    if "days" in raw and not days and raw.get("days") is not None:
+        r.fail("schedule.days", raw.get("days"), "at least one day: this schedule never starts")
+    if len(times) == 2 and times["start"] == times["stop"]:
+        r.fail(
+            "schedule.stop",
+            raw.get("stop"),
+            "a time different from start: this schedule never runs the fleet",
+        )
+    if tz is None or len(times) != 2 or not days:
+        return None
+    return Schedule(timezone=tz, start=times["start"], stop=times["stop"], days=days)
+
+
+def _ttl(r: Reader, got: Mapping[str, Any]) -> float | None:
+    value, env = r.get("ttl_hours"), got["env"]
+    if value is None:
+        if env == "dev":
+            r.fail(
+                "ttl_hours",
+                None,
+                f"hours (1..{MAX_TTL_HOURS}) after which a dev stack's nodes "
+                "are released; dev stacks must expire",
+            )
+        return None
+    if env == "prod":
+        r.fail("ttl_hours", value, "unset in prod (a TTL would take production down)")
+        return None
+    return r.number(
+        "ttl_hours",
+        value,
+        float,
+        1,
+        MAX_TTL_HOURS,
+        f"a number of hours in 1..{MAX_TTL_HOURS} (Alibaba releases no sooner than "
+        "30 minutes ahead)",
+    )
+
+
+def _owner(r: Reader, got: Mapping[str, Any]) -> str | None:
+    owner = r.get("owner")
+    if not isinstance(owner, str) or not re.match(r"^[A-Za-z0-9._@+-]{1,64}$", owner):
+        r.fail("owner", owner)
+        return None
+    return owner
+
+
+def _tags(r: Reader, got: Mapping[str, Any]) -> dict[str, str]:
+    raw = r.structured("tags", dict) or {}
+    out = {}
+    for k, v in raw.items():
+        if k in RESERVED_TAGS or k.startswith(("aws:", "acs:", "aliyun")):
+            r.fail(
+                f"tags.{k}",
+                v,
+                f"a key other than the reserved {', '.join(RESERVED_TAGS)} "
+                "and cloud prefixes (aws:, acs:, aliyun)",
+            )
+        elif not isinstance(v, (str, int, float)) or len(str(k)) > 64 or len(str(v)) > 128:
+            r.fail(f"tags.{k}", v, "a string value (keys <= 64, values <= 128 chars)")
+        else:
+            out[str(k)] = str(v)
+    return out
+
+
+def _budget(r: Reader, got: Mapping[str, Any]) -> Budget | None:
+    raw = r.structured("budget", dict)
+    if raw is None:
+        return None
+    if got["cloud"] != "aws":
+        r.fail(
+            "budget",
+            raw,
+            "unset on alicloud (neither the provider nor the BSS OpenAPI can create a budget: "
+            "create it in the Billing console; `torchfleet cost` reads the stack's spend)",
+        )
+        return None
+    amount = raw.get("monthly_usd", "auto")
+    if amount != "auto":
+        amount = r.number("budget.monthly_usd", amount, float, 1, None, "auto | a USD amount >= 1")
+    emails = raw.get("alert_emails") or []
+    if not emails or not all(isinstance(e, str) and _EMAIL_RE.match(e) for e in emails):
+        r.fail("budget.alert_emails", emails, "a non-empty list of e-mail addresses to alert")
+    pct = r.number(
+        "budget.threshold_percent",
+        raw.get("threshold_percent", 80),
+        int,
+        1,
+        1000,
+        "an integer percentage 1..1000 of the budget",
+    )
+    return Budget(
+        monthly_usd=None if amount == "auto" else amount,
+        alert_emails=tuple(emails),
+        threshold_percent=pct or 80,
+    )
+
+
+def _model_bucket(r: Reader, got: Mapping[str, Any]) -> str | None:
+    bucket = r.get("model_bucket")
+    if bucket is not None and (
+        not isinstance(bucket, str) or not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket)
+    ):
+        r.fail("model_bucket", bucket)
+        return None
+    return bucket
+
+
+def _monitoring(r: Reader, got: Mapping[str, Any]) -> Monitoring | None:
+    """The `monitoring` block; every sub-key is checked even while `enabled` is false."""
+    cloud = got["cloud"]
+    raw = r.structured("monitoring", dict)
+    if raw is None:
+        return None
+    enabled = r.boolean("monitoring.enabled", raw.get("enabled", False))
+    types = catalog.HOST_TYPES[cloud]
+    name = raw.get("instance_type", catalog.DEFAULT_HOST_TYPE[cloud])
+    itype = types.get(name) if isinstance(name, str) else None
+    if itype is None:
+        r.fail(
+            "monitoring.instance_type", name, f"a general-purpose {cloud} type: " + ", ".join(types)
+        )
+    lo, hi = MONITORING_DISK_GB
+    disk = r.number(
+        "monitoring.disk_gb",
+        raw.get("disk_gb", MONITORING_DISK_DEFAULT_GB),
+        int,
+        lo,
+        hi,
+        f"an integer number of GiB in {lo}..{hi} (30 days of samples plus the nodes' journals)",
+    )
+    if not enabled:
+        return None
+    if got["mode"] == "kubernetes":
+        r.fail(
+            "monitoring.enabled",
+            True,
+            "false in mode: kubernetes (the cluster's own Prometheus scrapes the pods)",
+        )
+        return None
+    if r.get("ttl_hours") is not None:
+        # The TTL and the working-hours schedules act on the GPU nodes only.
+        r.fail(
+            "monitoring.enabled",
+            True,
+            "false while ttl_hours is set (the TTL releases the "
+            "GPU nodes only; a monitoring host would outlive it)",
+        )
+        return None
+    if itype is None or disk is None:
+        return None
+    return Monitoring(instance_type=itype, disk_gb=disk)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Operations:
+    schedule: Schedule | None = key(
+        "mapping",
+        "office hours: start and stop the fleet on a clock",
+        "timezone (IANA), start/stop HH:MM, days",
+        subkeys=subkeys_of(Schedule),
+        parse=_schedule,
+    )
+    ttl_hours: float | None = key(
+        "number",
+        "hours until the stack's resources are tagged to expire",
+        f"1..{MAX_TTL_HOURS}",
+        derived="required for dev instances, else unset",
+        parse=_ttl,
+    )
+    owner: str = key(
+        "string",
+        "who pays for and answers for the stack",
+        "letters, digits, . _ @ + - (1..64)",
+        REQUIRED,
+        parse=_owner,
+    )
+    tags: Mapping[str, str] = key(
+        "mapping",
+        "extra tags on every resource",
+        "string keys and values, none of " + ", ".join(RESERVED_TAGS),
+        {},
+        parse=_tags,
+    )
+    budget: Budget | None = key(
+        "mapping",
+        "the monthly budget and who is alerted",
+        "monthly_usd (auto | >= 1), alert_emails, threshold_percent 1..1000",
+        subkeys=subkeys_of(Budget),
+        parse=_budget,
+    )
+    model_bucket: str | None = key(
+        "string",
+        "the bucket nodes fetch models from",
+        "an S3 / OSS bucket name (lowercase, 3..63 chars)",
+        parse=_model_bucket,
+    )
+    monitoring: Monitoring | None = key(  # None: no monitoring host
+        "mapping",
+        "the stack's monitoring host",
+        "enabled, instance_type, disk_gb",
+        subkeys=subkeys_of(Monitoring, "enabled"),
+        parse=_monitoring,
+    )
