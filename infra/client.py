@@ -39,11 +39,13 @@ class ClientError(Exception):
 
 @dataclass(frozen=True)
 class Auth:
-    """The API token to send (None: none) and the CA file an https endpoint is checked against
-    (None: the system's CAs)."""
+    """The API token to send (None: none) and the CA an https endpoint is checked against: a
+    file, or PEM text (a stack's generated CA, its output infra.constants.CA_OUTPUT); neither: the
+    system's CAs."""
 
     token: str | None = None
     cafile: str | None = None
+    cadata: str | None = None
 
     def headers(self, given: dict[str, str] | None) -> dict[str, str]:
         out = dict(given or {})
@@ -53,7 +55,7 @@ class Auth:
 
     def ssl_context(self) -> ssl.SSLContext:
         """Verification on (hostname and chain), TLS 1.2 or newer."""
-        ctx = ssl.create_default_context(cafile=self.cafile)
+        ctx = ssl.create_default_context(cafile=self.cafile, cadata=self.cadata)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         return ctx
 

@@ -14,6 +14,9 @@ one of them under its own name assigns it from here, never restates the literal.
   reads each track's figures in CloudWatch (`ALB_NAMESPACE`, the ALB's and each target group's
   ARN suffix: the metrics' LoadBalancer and TargetGroup dimensions): written by
   infra/aws/edge.py, read by infra/rollout/signals.py's CloudWatchSource.
+- `CA_OUTPUT`: the stack output holding the CA (PEM) of a certificate the stack generated
+  (`tls: {certificate: generate}`): written by infra/aws/edge.py and infra/alicloud/edge.py,
+  trusted by the project's clients (infra/deploy/pipeline.py's `auth_of`).
 """
 
 from __future__ import annotations
@@ -22,4 +25,5 @@ PROJECT = "torchfleet"
 HEALTH_PATH = "/readyz"
 SERVICE_PORT = 8080
 ROLLOUT_METRICS_OUTPUT = "rollout_metrics"
+CA_OUTPUT = "tls_ca_pem"
 ALB_NAMESPACE = "AWS/ApplicationELB"

@@ -2,10 +2,17 @@
 
 Contract.
 - `Tls`: the `tls` stack key: the certificate (an ACM certificate ARN of the stack's region on
-  AWS, a CLB server certificate id on Alibaba), the oldest TLS version (1.2 or 1.3; never 1.0 or
-  1.1) and whether plain HTTP redirects (301) to HTTPS. `parse_tls` reads it with infra.config's
-  problem collector, and refuses a stack (dev and prod alike) whose load balancer clients outside
-  the VPC reach (`client_cidrs`) without it, before any resource is registered.
+  AWS, a CLB server certificate id on Alibaba, or `generate` on a dev stack), the oldest TLS
+  version (1.2 or 1.3; never 1.0 or 1.1) and whether plain HTTP redirects (301) to HTTPS.
+  `parse_tls` reads it with infra.config's problem collector, and refuses a stack (dev and prod
+  alike) whose load balancer clients outside the VPC reach (`client_cidrs`) without it, and a
+  prod stack that asks to generate its certificate, before any resource is registered. (Mode
+  instances has no endpoint outside the VPC: infra.config refuses `client_cidrs` there.)
+- `generate_certificate(...)`: for `certificate: generate`, a stack CA and the endpoint's
+  certificate signed by it for the load balancer's names (pulumi_tls, kept in the state); the
+  clouds import them (aws/edge.py into ACM, alicloud/edge.py as a CLB server certificate) and the
+  CA is the stack output infra.constants.CA_OUTPUT, which the project's clients (infra/deploy/pipeline.py's
+  `auth_of`) trust for that stack alone.
 - `HTTPS_PORT`, `HTTP_PORT`, `lb_ports(cfg)`: the ports clients reach on a load balancer (443,
   and 80 only to redirect; 80 alone where a stack has no certificate), `endpoint(cfg, host)`.
 - `POLICIES`: the load balancers' TLS policy per cloud and oldest version: the only names the
@@ -20,12 +27,15 @@ Contract.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 from torchfleet_compat.runtime_settings import FIELDS as RUNTIME_FIELDS
 from torchfleet_compat.runtime_settings import parse_value
+
+from infra.constants import CA_OUTPUT
 
 HTTPS_PORT = 443
 HTTP_PORT = 80
@@ -49,6 +59,14 @@ _ACM_ARN = re.compile(
 )
 _ALI_CERT = re.compile(r"^[A-Za-z0-9_-]{6,128}$")
 SUBKEYS = ("certificate", "min_version", "redirect_http")
+# `tls: {certificate: generate}`: the stack makes its own CA and certificate (dev stacks only).
+GENERATE = "generate"
+# A generated certificate's life: a dev stack's CA, and the endpoint's certificate, which a
+# `pulumi up` within its renewal window replaces (clients keep trusting the same CA).
+CA_VALIDITY_HOURS = 365 * 24
+CERT_VALIDITY_HOURS = 90 * 24
+CERT_RENEWAL_HOURS = 30 * 24
+KEY_BITS = 2048  # RSA: what both ACM's import and Alibaba's CLB server certificates accept
 
 
 @dataclass(frozen=True)
@@ -59,6 +77,10 @@ class Tls:
 
     def policy(self, cloud: str) -> str:
         return POLICIES[cloud][self.min_version]
+
+    @property
+    def generated(self) -> bool:
+        return self.certificate == GENERATE
 
 
 def parse_tls(
@@ -91,7 +113,25 @@ def parse_tls(
         )
         return None
     cert = raw.get("certificate")
-    if cloud == "aws":
+    if cert == GENERATE:
+        if env == "prod":
+            r.fail(
+                "tls.certificate",
+                cert,
+                "a certificate a public CA issued (an ACM certificate ARN on aws, a CLB server "
+                "certificate id on alicloud): a prod endpoint's clients must trust it without "
+                "the stack's own CA; generate is for dev stacks",
+            )
+            cert = None
+        elif mode == "kubernetes":
+            r.fail(
+                "tls.certificate",
+                cert,
+                "a certificate the cloud holds in mode: kubernetes (the Service's load balancer "
+                "is named only after its certificate is set); generate is for mode: group",
+            )
+            cert = None
+    elif cloud == "aws":
         m = _ACM_ARN.match(cert) if isinstance(cert, str) else None
         if not m or m.group("region") != region:
             r.fail(
@@ -116,6 +156,86 @@ def parse_tls(
     if cert is None or version not in allowed or redirect is None:
         return None
     return Tls(certificate=cert, min_version=version, redirect_http=redirect)
+
+
+@dataclass(frozen=True)
+class Generated:
+    """A generated certificate (PEM outputs): the endpoint's certificate, its key (a Pulumi
+    secret) and the stack CA that signed it (the chain, and what clients trust)."""
+
+    certificate: pulumi.Output[str]
+    private_key: pulumi.Output[str]
+    ca: pulumi.Output[str]
+
+
+def generate_certificate(
+    name: str,
+    cfg: Any,
+    opts: pulumi.ResourceOptions,
+    *,
+    dns_names: pulumi.Input[list[str]] | None = None,
+    ip_addresses: pulumi.Input[list[str]] | None = None,
+) -> Generated:
+    """The stack's CA (a self-signed certificate allowed to sign only) and the endpoint's
+    certificate for `dns_names` / `ip_addresses` (the load balancer's name or address), both
+    kept in the state: the same on every later `up` until the endpoint's renewal window."""
+    import pulumi_tls as tls
+
+    subject = f"torchfleet {cfg.stack}"
+    ca_key = tls.PrivateKey(f"{name}-ca-key", algorithm="RSA", rsa_bits=KEY_BITS, opts=opts)
+    ca = tls.SelfSignedCert(
+        f"{name}-ca",
+        private_key_pem=ca_key.private_key_pem,
+        is_ca_certificate=True,
+        subject=tls.SelfSignedCertSubjectArgs(
+            common_name=f"{subject} CA", organization="torchfleet"
+        ),
+        validity_period_hours=CA_VALIDITY_HOURS,
+        early_renewal_hours=CERT_RENEWAL_HOURS,
+        allowed_uses=["cert_signing", "crl_signing"],
+        opts=opts,
+    )
+    key = tls.PrivateKey(f"{name}-endpoint-key", algorithm="RSA", rsa_bits=KEY_BITS, opts=opts)
+    request = tls.CertRequest(
+        f"{name}-endpoint",
+        private_key_pem=key.private_key_pem,
+        subject=tls.CertRequestSubjectArgs(common_name=subject, organization="torchfleet"),
+        dns_names=dns_names,
+        ip_addresses=ip_addresses,
+        opts=opts,
+    )
+    cert = tls.LocallySignedCert(
+        f"{name}-endpoint",
+        cert_request_pem=request.cert_request_pem,
+        ca_private_key_pem=ca_key.private_key_pem,
+        ca_cert_pem=ca.cert_pem,
+        validity_period_hours=CERT_VALIDITY_HOURS,
+        early_renewal_hours=CERT_RENEWAL_HOURS,
+        allowed_uses=["digital_signature", "key_encipherment", "server_auth"],
+        opts=opts,
+    )
+    return Generated(
+        certificate=cert.cert_pem,
+        private_key=pulumi.Output.secret(key.private_key_pem),
+        ca=ca.cert_pem,
+    )
+
+
+def listener_certificate(
+    name: str,
+    cfg: Any,
+    opts: pulumi.ResourceOptions,
+    upload: Callable[[Generated], pulumi.Output[str]],
+    **names: pulumi.Input[list[str]],
+) -> tuple[pulumi.Input[str], dict[str, pulumi.Output[str]]]:
+    """What an HTTPS listener serves, and the stack outputs that adds: the stack's `tls`
+    certificate as given, or (`generate`) one made for `names` (generate_certificate's
+    dns_names / ip_addresses) and stored by the cloud's `upload` (which returns the id the
+    listener names), with its CA as the output CA_OUTPUT."""
+    if not cfg.tls.generated:
+        return cfg.tls.certificate, {}
+    made = generate_certificate(name, cfg, opts, **names)
+    return upload(made), {CA_OUTPUT: made.ca}
 
 
 def check_token(r: Any, key: str, value: Any) -> str | None:

@@ -91,6 +91,20 @@ def offline_token(name: str) -> str:
     return "offline" + hashlib.sha256(name.encode()).hexdigest()[:40]
 
 
+# What the mock engine's pulumi_tls hands out: a PEM block naming the resource, so a test can
+# follow a generated certificate from its key to the cloud's import.
+OFFLINE_PEM = {
+    "tls:index/privateKey:PrivateKey": ("privateKeyPem", "PRIVATE KEY"),
+    "tls:index/selfSignedCert:SelfSignedCert": ("certPem", "CERTIFICATE"),
+    "tls:index/certRequest:CertRequest": ("certRequestPem", "CERTIFICATE REQUEST"),
+    "tls:index/locallySignedCert:LocallySignedCert": ("certPem", "CERTIFICATE"),
+}
+
+
+def offline_pem(label: str, name: str) -> str:
+    return f"-----BEGIN {label}-----\noffline {name}\n-----END {label}-----\n"
+
+
 def _octet(name: str) -> int:
     return int(hashlib.sha256(name.encode()).hexdigest()[:2], 16) % 200 + 10
 
@@ -146,6 +160,9 @@ class OfflineMocks(pulumi.runtime.Mocks):
             out["latestVersion"] = 1
         elif args.typ == "random:index/randomPassword:RandomPassword":
             out["result"] = offline_token(args.name)
+        elif args.typ in OFFLINE_PEM:
+            attr, label = OFFLINE_PEM[args.typ]
+            out[attr] = offline_pem(label, args.name)
         out.update(_kubernetes_mode_outputs(args.typ, args.name, n))
         if args.typ.startswith("aws:"):
             out.setdefault("arn", f"arn:aws:{args.typ.split(':')[1].split('/')[0]}:::{rid}")

@@ -73,7 +73,7 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
     fleet = AlicloudFleet("fleet", cfg, tags, network, store, image_id, expiry, opts=opts)
     AlicloudTeardown("teardown", cfg, tags, fleet, expiry, opts=opts)
     deployment = fleet.deployment
-    deployment.extra_outputs.update(store.outputs, api_token=fleet.token)
+    deployment.extra_outputs.update(store.outputs, api_token=fleet.token, **fleet.edge_outputs)
     if cfg.monitoring:
         image = resolve_image(
             cfg,

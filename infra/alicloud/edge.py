@@ -1,7 +1,10 @@
 """The Alibaba Cloud edge of a stack: the CLB's listeners (HTTPS with the stack's server
 certificate and a TLS policy refusing 1.0/1.1, forwarding to the VServer group, with the
 rollout's sticky_s as an inserted cookie; HTTP only redirecting) and the API token as a KMS
-secret, which only the node role may read (RAM: kms:GetSecretValue on that secret)."""
+secret, which only the node role may read (RAM: kms:GetSecretValue on that secret).
+With `tls: {certificate: generate}` (dev stacks), the HTTPS listener serves a certificate the
+stack generates for the CLB's address (infra.edge.generate_certificate), uploaded as a CLB server
+certificate; `listeners` returns the stack outputs that adds (the CA)."""
 
 from __future__ import annotations
 
@@ -35,9 +38,11 @@ def listeners(
     backends: alicloud.slb.ServerGroup,
     acl_args: dict[str, Any],
     opts: pulumi.ResourceOptions,
-) -> None:
+) -> dict[str, pulumi.Output[str]]:
     """The listeners; the serving one forwards to `backends`, the VServer group the scaling
-    groups attach their nodes to (each group at its own weight: the rollout's split)."""
+    groups attach their nodes to (each group at its own weight: the rollout's split). Returns
+    the stack outputs they add ({CA_OUTPUT: PEM} where the stack generates its
+    certificate, else none)."""
     forward = {
         "load_balancer_id": clb.id,
         "server_group_id": backends.id,
@@ -57,12 +62,28 @@ def listeners(
         alicloud.slb.Listener(
             f"{name}-http", frontend_port=edge.HTTP_PORT, protocol="http", **forward, opts=opts
         )
-        return
+        return {}
+    certificate, outputs = edge.listener_certificate(
+        name,
+        cfg,
+        opts,
+        # the CLB sends what its server certificate holds: the endpoint's, then the CA
+        lambda made: (
+            alicloud.slb.ServerCertificate(
+                f"{name}-generated",
+                name=f"{cfg.name}-generated",
+                server_certificate=pulumi.Output.concat(made.certificate, made.ca),
+                private_key=made.private_key,
+                opts=opts,
+            ).id
+        ),
+        ip_addresses=clb.address.apply(lambda a: [a]),
+    )
     https = alicloud.slb.Listener(
         f"{name}-https",
         frontend_port=edge.HTTPS_PORT,
         protocol="https",
-        server_certificate_id=cfg.tls.certificate,
+        server_certificate_id=certificate,
         tls_cipher_policy=cfg.tls.policy("alicloud"),
         **forward,
         opts=opts,
@@ -79,6 +100,7 @@ def listeners(
             **acl_args,
             opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[https])),
         )
+    return outputs
 
 
 def token_store(

@@ -187,6 +187,7 @@ class AlicloudFleet(pulumi.ComponentResource):
 
         # The token's secret and the grant to read it: a node reads it while it configures.
         self.token = edge.token(cfg, child)
+        self.edge_outputs: dict[str, pulumi.Output[str]] = {}  # a generated CA (alicloud/edge.py)
         self.grants += [
             ali_edge.token_store(name, cfg, self.token, self.node_tags, child),
             self._grant("api-token", "read the stack's API tokens", ali_edge.read_policy(cfg)),
@@ -368,7 +369,7 @@ class AlicloudFleet(pulumi.ComponentResource):
         stable = self._attach(f"{name}-group", clb, group, STABLE_BACKEND_WEIGHT)
         # The listeners forward to the VServer group once it holds the stable nodes (a running
         # stack's move from the default server group: ESS adds its nodes on the attachment).
-        ali_edge.listeners(
+        self.edge_outputs = ali_edge.listeners(
             name,
             cfg,
             clb,

@@ -87,7 +87,7 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
     )
     AwsTeardown("teardown", cfg, tags, fleet, expiry, arn_partition, account, opts=opts)
     deployment = fleet.deployment
-    deployment.extra_outputs.update(store.outputs, api_token=fleet.token)
+    deployment.extra_outputs.update(store.outputs, api_token=fleet.token, **fleet.edge_outputs)
     if cfg.monitoring:
         deployment.monitoring = AwsMonitoring(
             "monitoring",

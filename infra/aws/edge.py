@@ -7,7 +7,10 @@ stable one (the group's) and the candidate one (nodes the rollout moved there), 
 sticky; without it, to the stable group alone, as before.
 `rollout_metrics` is what a rollout reads its per-track figures by (the stack output
 ROLLOUT_METRICS_OUTPUT): the ALB's CloudWatch dimensions, LoadBalancer (its ARN suffix) and, per
-track, TargetGroup (each target group's ARN suffix)."""
+track, TargetGroup (each target group's ARN suffix).
+With `tls: {certificate: generate}` (dev stacks), the HTTPS listener serves a certificate the
+stack generates for the ALB's DNS name (infra.edge.generate_certificate), imported into ACM with
+its CA as the chain; `listeners` returns the stack outputs that adds (the CA)."""
 
 from __future__ import annotations
 
@@ -31,7 +34,9 @@ def listeners(
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
     candidate: aws.lb.TargetGroup | None = None,
-) -> None:
+) -> dict[str, pulumi.Output[str]]:
+    """The listeners; returns the stack outputs they add ({CA_OUTPUT: PEM} where the
+    stack generates its certificate, else none)."""
     forward = [_forward(cfg, target, candidate)]
     if cfg.tls is None:  # no certificate: a dev or VPC-internal stack (infra.edge.parse_tls)
         aws.lb.Listener(
@@ -43,13 +48,30 @@ def listeners(
             tags=tags,
             opts=opts,
         )
-        return
+        return {}
+    certificate, outputs = edge.listener_certificate(
+        name,
+        cfg,
+        opts,
+        # ACM imports the generated certificate with its CA as the chain
+        lambda made: (
+            aws.acm.Certificate(
+                f"{name}-generated",
+                certificate_body=made.certificate,
+                private_key=made.private_key,
+                certificate_chain=made.ca,
+                tags=tags,
+                opts=opts,
+            ).arn
+        ),
+        dns_names=alb.dns_name.apply(lambda d: [d]),
+    )
     aws.lb.Listener(
         f"{name}-https",
         load_balancer_arn=alb.arn,
         port=edge.HTTPS_PORT,
         protocol="HTTPS",
-        certificate_arn=cfg.tls.certificate,
+        certificate_arn=certificate,
         ssl_policy=cfg.tls.policy("aws"),
         default_actions=forward,
         tags=tags,
@@ -72,6 +94,7 @@ def listeners(
             tags=tags,
             opts=opts,
         )
+    return outputs
 
 
 def _forward(

@@ -150,6 +150,7 @@ class AwsFleet(pulumi.ComponentResource):
         self.grants: list[aws.iam.RolePolicy] = []
         grant("bundle", store.read_arn.apply(bundle_read_policy))
         self.token = edge.token(cfg, child)
+        self.edge_outputs: dict[str, pulumi.Output[str]] = {}  # a generated CA (aws/edge.py)
         secret = aws_edge.token_store(name, cfg, self.token, tags, child)
         grant("api-token", secret.arn.apply(aws_edge.read_policy))
         self.target = (
@@ -493,7 +494,9 @@ class AwsFleet(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        aws_edge.listeners(name, cfg, alb, target, tags, child, self.candidate_target)
+        self.edge_outputs = aws_edge.listeners(
+            name, cfg, alb, target, tags, child, self.candidate_target
+        )
 
         # A pinned version, not "$Latest": only a changed version number in the group's launch
         # template makes the provider start an instance refresh (a new bundle -> new user-data

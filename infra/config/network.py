@@ -148,7 +148,8 @@ class Network:
     tls: edge.Tls | None = key(  # None: plain HTTP at the load balancer (never public)
         "mapping",
         "HTTPS at the load balancer (required for a stack with client_cidrs, dev included)",
-        "certificate (an ACM ARN on aws, a CLB server certificate id on alicloud), "
+        "certificate (an ACM ARN on aws, a CLB server certificate id on alicloud, or generate: "
+        "a dev group stack's own CA, its PEM the output tls_ca_pem), "
         "min_version 1.2 | 1.3 (1.2 on alicloud), redirect_http (default true: HTTP answers 301)",
         subkeys=edge.SUBKEYS,
         parse=_tls,

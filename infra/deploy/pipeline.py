@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from infra import client, spend
 from infra.config import StackConfig
-from infra.constants import SERVICE_PORT
+from infra.constants import CA_OUTPUT, SERVICE_PORT
 from infra.deploy import (
     automation,
     capacity,
@@ -91,9 +91,14 @@ def is_kubernetes(outputs: dict[str, Any], cfg: StackConfig | None) -> bool:
 
 
 def auth_of(outputs: dict[str, Any], cafile: str | None = None) -> client.Auth:
-    """What the stack's clients send and check: its API token output (a Pulumi secret)."""
+    """What the stack's clients send and check: its API token output (a Pulumi secret), and the
+    CA of a certificate the stack generated (its output CA_OUTPUT: that CA alone is then
+    trusted, not the system's) unless a `cafile` is given."""
     token = outputs.get("api_token")
-    return client.Auth(token=str(token) if token else None, cafile=cafile)
+    ca = None if cafile else outputs.get(CA_OUTPUT)
+    return client.Auth(
+        token=str(token) if token else None, cafile=cafile, cadata=str(ca) if ca else None
+    )
 
 
 def _service_port(outputs: dict[str, Any], cfg: StackConfig | None) -> int:

@@ -147,3 +147,29 @@ def test_every_request_carries_the_token_and_checks_the_certificate(tls_echo):
     # without the run's CA the certificate does not verify: an error, never "no answer"
     with pytest.raises(client.ClientError, match="certificate does not verify"):
         client.request("GET", url + "/v1/model", auth=client.Auth(token="t"))
+
+
+def test_a_stack_that_generated_its_certificate_is_trusted_by_its_ca_output(tls_echo):
+    """`torchfleet up|status` build their client from the stack's outputs (pipeline.auth_of):
+    a generated certificate's CA output (PEM text) is what the endpoint is verified against,
+    that CA alone; an explicit CA file wins over it."""
+    from pathlib import Path
+
+    import trustme
+
+    from infra.constants import CA_OUTPUT
+    from infra.deploy.pipeline import auth_of
+
+    url, ca_file = tls_echo
+    outputs = {"api_token": "tok-0123456789abcdef", CA_OUTPUT: Path(ca_file).read_text()}
+    auth = auth_of(outputs)
+    assert auth.cadata == outputs[CA_OUTPUT] and auth.cafile is None
+    status, body, _ = client.request("GET", url + "/v1/model", auth=auth)
+    assert status == 200 and json.loads(body) == {"authorization": "Bearer tok-0123456789abcdef"}
+    # another stack's CA does not verify this endpoint
+    other = {**outputs, CA_OUTPUT: trustme.CA().cert_pem.bytes().decode()}
+    with pytest.raises(client.ClientError, match="certificate does not verify"):
+        client.request("GET", url + "/v1/model", auth=auth_of(other))
+    # a CA file the operator names wins over the output
+    assert auth_of(other, ca_file).cadata is None
+    assert client.request("GET", url + "/v1/model", auth=auth_of(other, ca_file))[0] == 200

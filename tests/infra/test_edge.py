@@ -10,6 +10,7 @@ import base64
 import io
 import json
 import tarfile
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -263,3 +264,120 @@ def test_whoever_converges_a_node_keeps_auth_on(runs, with_overrides, stack):
     )
     node = json.loads(_bundle_files(stack, with_overrides(stack))["node.json"])
     assert node["group_vars"]["inference_runtime_api_token_command"] == command
+
+
+# --- every environment, every mode ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("stack", ALL_STACKS)
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_no_endpoint_leaves_the_vpc_in_the_clear(with_overrides, settings, stack, env):
+    """Each example stack, as dev and as prod, with clients outside the VPC and no `tls`: a load
+    balancer (group) or a Service's (kubernetes) is refused without HTTPS; a node of mode
+    instances admits its service port from the VPC alone, so `client_cidrs` is refused there."""
+    mode = settings(stack)["mode"]
+    err = _problems(with_overrides, stack, env=env, tls=None, client_cidrs=["198.51.100.0/24"])
+    if mode == "instances":
+        assert "torchfleet:client_cidrs = ['198.51.100.0/24'] is invalid" in err, err
+        assert "unset in mode: instances" in err
+    else:
+        assert "torchfleet:tls = None is invalid" in err and "client_cidrs" in err, err
+
+
+# --- a certificate the stack generates (dev) -------------------------------------------------
+
+GENERATE = {"certificate": "generate"}
+
+
+def _public_dev_group(with_overrides, settings, stack: str) -> dict:
+    prod = stack.replace("-dev", "-prod")
+    return with_overrides(
+        stack,
+        mode="group",
+        nodes=settings(prod)["nodes"],
+        client_cidrs=["198.51.100.0/24"],
+        scaling=settings(prod)["scaling"],
+        tls=GENERATE,
+    )
+
+
+def _one(run, type_: str):
+    (found,) = run.of_type(type_)
+    return found
+
+
+@pytest.mark.parametrize("stack", ["aws-dev", "alicloud-dev"])
+def test_a_dev_stack_generates_its_certificate_and_publishes_its_ca(
+    with_overrides, settings, stack
+):
+    from infra.constants import CA_OUTPUT
+    from infra.offline import offline_pem
+
+    run = run_offline(stack, _public_dev_group(with_overrides, settings, stack))
+    keys = {k.name: k for k in run.of_type("tls:index/privateKey:PrivateKey")}
+    ca = _one(run, "tls:index/selfSignedCert:SelfSignedCert")
+    csr = _one(run, "tls:index/certRequest:CertRequest")
+    cert = _one(run, "tls:index/locallySignedCert:LocallySignedCert")
+    ca_pem = offline_pem("CERTIFICATE", ca.name)
+    cert_pem = offline_pem("CERTIFICATE", cert.name)
+    ca_key, cert_key = (keys[n] for n in sorted(keys))  # "<name>-ca-key" < "<name>-endpoint-key"
+    assert ca_key.name.endswith("-ca-key") and cert_key.name.endswith("-endpoint-key")
+    # the CA: self-signed, may sign certificates and nothing else
+    assert ca.inputs["isCaCertificate"] is True
+    assert sorted(ca.inputs["allowedUses"]) == ["cert_signing", "crl_signing"]
+    assert ca.inputs["privateKeyPem"] == offline_pem("PRIVATE KEY", ca_key.name)
+    # the endpoint's certificate: its own key, signed by that CA, for serving only
+    assert csr.inputs["privateKeyPem"] == offline_pem("PRIVATE KEY", cert_key.name)
+    assert cert.inputs["caCertPem"] == ca_pem
+    assert cert.inputs["caPrivateKeyPem"] == offline_pem("PRIVATE KEY", ca_key.name)
+    assert "server_auth" in cert.inputs["allowedUses"]
+    assert "cert_signing" not in cert.inputs["allowedUses"]
+    assert 0 < cert.inputs["earlyRenewalHours"] < cert.inputs["validityPeriodHours"]
+    # the CA is an output (what clients trust); no key is
+    assert run.outputs[CA_OUTPUT] == ca_pem
+    assert not any("PRIVATE KEY" in json.dumps(v) for v in run.outputs.values())
+    host = urlsplit(run.outputs["endpoint"]).hostname
+    assert run.outputs["endpoint"].startswith("https://") and host
+    if stack.startswith("aws"):
+        assert csr.inputs["dnsNames"] == [host]  # the ALB's DNS name
+        imported = _one(run, "aws:acm/certificate:Certificate")
+        assert imported.inputs["certificateBody"] == cert_pem
+        assert imported.inputs["certificateChain"] == ca_pem
+        assert imported.inputs["privateKey"] == offline_pem("PRIVATE KEY", cert_key.name)
+        assert "privateKey" in imported.secrets
+        (https,) = [
+            li for li in run.of_type("aws:lb/listener:Listener") if li.inputs["protocol"] == "HTTPS"
+        ]
+        assert https.inputs["certificateArn"] == f"arn:aws:acm:::{imported.name}-id"
+        assert https.inputs["sslPolicy"] in edge.POLICIES["aws"].values()
+    else:
+        assert csr.inputs["ipAddresses"] == [host]  # the CLB's address
+        uploaded = _one(run, "alicloud:slb/serverCertificate:ServerCertificate")
+        assert uploaded.inputs["serverCertificate"] == cert_pem + ca_pem
+        assert uploaded.inputs["privateKey"] == offline_pem("PRIVATE KEY", cert_key.name)
+        assert "privateKey" in uploaded.secrets
+        (https,) = [
+            li
+            for li in run.of_type("alicloud:slb/listener:Listener")
+            if li.inputs["protocol"] == "https"
+        ]
+        assert https.inputs["serverCertificateId"] == f"{uploaded.name}-id"
+
+
+def test_a_given_certificate_generates_nothing(every):
+    """The six example stacks name their certificates (or have none): no CA, no import."""
+    for stack, run in every.items():
+        assert [r.type for r in run.resources if r.type.startswith("tls:")] == [], stack
+        assert run.of_type("aws:acm/certificate:Certificate") == [], stack
+        assert run.of_type("alicloud:slb/serverCertificate:ServerCertificate") == [], stack
+
+
+def test_generate_is_refused_in_prod_and_in_kubernetes_mode(with_overrides):
+    for stack in ("aws-prod", "alicloud-prod"):
+        err = _problems(with_overrides, stack, tls=GENERATE)
+        assert "torchfleet:tls.certificate = 'generate' is invalid" in err, err
+        assert "a prod endpoint's clients must trust it" in err
+        assert "generate is for dev stacks" in err
+    err = _problems(with_overrides, "aws-k8s", tls=GENERATE)
+    assert "torchfleet:tls.certificate = 'generate' is invalid" in err, err
+    assert "generate is for mode: group" in err

@@ -15,6 +15,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = {"torch": "2.13.0", "torchvision": None, "cuda": None, "wheel_index": None}
+# A token, so that the role's default host (all addresses) is allowed to serve predictions.
+TOKEN = {"inference_runtime_api_token": "role-assert-token-0123456789"}
+# What the role says when a network bind has no token (the runtime's own rule, named in role terms).
+NO_TOKEN = "is invalid (predictions on a non-loopback address with no API token)"
 
 
 def run_assert(
@@ -55,7 +59,23 @@ CASES = [
     ("pytorch", {"pytorch_wheelhouse": "relative/dir"}, "pytorch_wheelhouse=relative/dir"),
     ("pytorch", {"pytorch_index_url": "mirror.example"}, "pytorch_index_url=mirror.example"),
     ("pytorch", {"pytorch_torch_version": "latest"}, "pytorch_torch_version=latest"),
-    ("inference_runtime", {}, None),
+    ("inference_runtime", TOKEN, None),
+    ("inference_runtime", {}, "inference_runtime_host = '0.0.0.0' " + NO_TOKEN),
+    ("inference_runtime", {"inference_runtime_host": "127.0.0.1"}, None),
+    ("inference_runtime", {"inference_runtime_host": "::1"}, None),
+    ("inference_runtime", {"inference_runtime_allow_unauthenticated": True}, None),
+    ("inference_runtime", {"inference_runtime_api_token_command": ["torchfleet-node"]}, None),
+    ("inference_runtime", {"inference_runtime_config": {"api_token_file": "/etc/t"}}, None),
+    (
+        "inference_runtime",
+        {"inference_runtime_host": "127.0.0.1", "inference_runtime_config": {"host": "10.0.0.5"}},
+        "inference_runtime_config.host = '10.0.0.5' " + NO_TOKEN,
+    ),
+    (
+        "inference_runtime",
+        {"inference_runtime_config": {"allow_unauthenticated": "maybe"}},
+        "inference_runtime_config.allow_unauthenticated = 'maybe' is invalid",
+    ),
     ("inference_runtime", {"inference_runtime_config": {"max_batch": 8}}, "max_batch"),
     (
         "inference_runtime",
