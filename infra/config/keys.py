@@ -149,11 +149,6 @@ def declared(section: type) -> dict[str, Key]:
     return out
 
 
-def subkeys_of(record: type) -> tuple[str, ...]:
-    """The sub-keys of a block whose record declares none with `sub(...)` (schedule's)."""
-    return tuple(f.name for f in fields(record))
-
-
 def sub_declared(block: Key) -> dict[str, Key]:
     """A block's sub-keys (its switch first, then its record's fields), by name, each named by
     its path (`spot.max_price_ratio`) and the record field it fills."""

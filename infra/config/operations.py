@@ -15,7 +15,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from infra import catalog
-from infra.config.keys import REQUIRED, integer, key, sub, subkeys_of, switch
+from infra.config.keys import REQUIRED, integer, key, sub, switch
 from infra.config.reader import Reader
 from infra.schedule import DAYS, Schedule
 
@@ -98,59 +98,93 @@ class Monitoring:
     )
 
 
-def _parse_days(r: Reader, value: Any) -> tuple[str, ...]:
-    allowed = "day names MON..SUN as a list, a range (MON-FRI) or a comma list"
-    if value is None:
-        return ("MON", "TUE", "WED", "THU", "FRI")
-    items = value if isinstance(value, list) else str(value).split(",")
+WORKDAYS = "MON-FRI"  # a schedule's days when it names none
+
+
+def _timezone(r: Reader, path: str, value: Any, got: Mapping[str, Any]) -> Any:
+    try:
+        ZoneInfo(str(value))
+    except (ZoneInfoNotFoundError, ValueError):
+        r.fail(path, value)
+        return None
+    return value
+
+
+def _clock(r: Reader, path: str, value: Any, got: Mapping[str, Any]) -> time | None:
+    m = _HHMM_RE.match(str(value)) if value is not None else None
+    if not m:
+        r.fail(path, value)
+        return None
+    return time(int(m.group(1)), int(m.group(2)))
+
+
+def _days(r: Reader, path: str, value: Any, got: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """Day names, ranges (wrapping past SUN) and comma lists; null: WORKDAYS."""
+    items = WORKDAYS if value is None else value
+    items = items if isinstance(items, list) else str(items).split(",")
     days: set[str] = set()
     for item in items:
         item = str(item).strip().upper()
         if "-" in item:
             a, _, b = item.partition("-")
             if a not in DAYS or b not in DAYS:
-                r.fail("schedule.days", value, allowed)
-                return ()
+                r.fail(path, value)
+                days = set()
+                break
             i, j = DAYS.index(a), DAYS.index(b)
             days.update(DAYS[(i + k) % 7] for k in range((j - i) % 7 + 1))
         elif item in DAYS:
             days.add(item)
         elif item:
-            r.fail("schedule.days", value, allowed)
-            return ()
+            r.fail(path, value)
+            days = set()
+            break
+    if not days:
+        r.fail(path, value, "at least one day: this schedule never starts")
+        return None
     return tuple(d for d in DAYS if d in days)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleKeys:
+    """The `schedule` block's sub-keys, read into infra.schedule's Schedule (the record the
+    program and the nodes use: it lives below infra/config, so it declares none; its fields and
+    these are one list, tests/infra/test_config.py checks)."""
+
+    timezone: str = sub(
+        "string",
+        "the clock the times are on",
+        "an IANA time zone such as Europe/Berlin or Asia/Shanghai",
+        "UTC",
+        read=_timezone,
+    )
+    start: time = sub(
+        "string", "when the fleet starts", "a local time HH:MM (24 h)", REQUIRED, read=_clock
+    )
+    stop: time = sub(
+        "string", "when the fleet stops", "a local time HH:MM (24 h)", REQUIRED, read=_clock
+    )
+    days: tuple[str, ...] = sub(
+        "list",
+        "the days the fleet starts",
+        "day names MON..SUN as a list, a range (MON-FRI) or a comma list",
+        WORKDAYS,
+        read=_days,
+    )
 
 
 def _schedule(r: Reader, got: Mapping[str, Any]) -> Schedule | None:
     raw = r.structured("schedule", dict)
     if raw is None:
         return None
-    tz = raw.get("timezone", "UTC")
-    try:
-        ZoneInfo(str(tz))
-    except (ZoneInfoNotFoundError, ValueError):
-        r.fail("schedule.timezone", tz, "an IANA time zone such as Europe/Berlin or Asia/Shanghai")
-        tz = None
-    times = {}
-    for part in ("start", "stop"):
-        value = raw.get(part)
-        m = _HHMM_RE.match(str(value)) if value is not None else None
-        if not m:
-            r.fail(f"schedule.{part}", value, "a local time HH:MM (24 h)")
-        else:
-            times[part] = time(int(m.group(1)), int(m.group(2)))
-    days = _parse_days(r, raw.get("days"))
-    if "days" in raw and not days and raw.get("days") is not None:
-        r.fail("schedule.days", raw.get("days"), "at least one day: this schedule never starts")
-    if len(times) == 2 and times["start"] == times["stop"]:
+    sub, bad = r.block("schedule", raw, got)
+    if sub["start"] is not None and sub["start"] == sub["stop"]:
         r.fail(
             "schedule.stop",
             raw.get("stop"),
             "a time different from start: this schedule never runs the fleet",
         )
-    if tz is None or len(times) != 2 or not days:
-        return None
-    return Schedule(timezone=tz, start=times["start"], stop=times["stop"], days=days)
+    return None if bad else Schedule(**sub)
 
 
 def _ttl(r: Reader, got: Mapping[str, Any]) -> float | None:
@@ -266,8 +300,8 @@ class Operations:
     schedule: Schedule | None = key(
         "mapping",
         "office hours: start and stop the fleet on a clock",
-        "timezone (IANA), start/stop HH:MM, days",
-        subkeys=subkeys_of(Schedule),
+        "the sub-keys below",
+        record=ScheduleKeys,
         parse=_schedule,
     )
     ttl_hours: float | None = key(

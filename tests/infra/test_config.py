@@ -477,7 +477,11 @@ def test_a_sub_key_is_read_by_its_declaration(settings, monkeypatch):
     reader applies them), so changing the declaration changes what load() does."""
     from dataclasses import fields, replace
 
-    from infra.config import SUBFIELDS, Scaling, Spot
+    from infra.config import FIELDS, SUBFIELDS, Scaling, Spot
+    from infra.schedule import Schedule
+
+    # schedule's record lives below infra/config: its declarations are the same list of fields
+    assert FIELDS["schedule"].subkeys == tuple(f.name for f in fields(Schedule))
 
     declared = {f.name: f.metadata["key"] for f in fields(Spot)}
     assert SUBFIELDS["spot.max_price_ratio"].allowed == declared["max_price_ratio"].allowed
