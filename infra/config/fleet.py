@@ -479,7 +479,7 @@ class Fleet:
     warm_pool: WarmPool | None = key(
         "mapping",
         "a pool of stopped, prepared nodes (AWS group mode)",
-        "the sub-keys below",
+        "",
         record=WarmPool,
         switch=switch("false: no warm pool", True),
         parse=_warm_pool,
@@ -495,21 +495,21 @@ class Fleet:
     nodes: Nodes = key(
         "mapping",
         "how many nodes (count: instances mode; min/max/desired: group)",
-        "the sub-keys below",
+        "",
         record=Nodes,
         parse=_nodes,
     )
     spot: Spot = key(
         "mapping",
         "spot capacity and its price cap",
-        "the sub-keys below",
+        "",
         record=Spot,
         parse=_spot,
     )
     scaling: Scaling | None = key(  # group mode only
         "mapping",
         "the group's scaling targets",
-        "the sub-keys below",
+        "",
         record=Scaling,
         parse=_scaling,
     )

@@ -89,8 +89,9 @@ def key(
     the same field (read by this key's parser), listed right after it; `secret`: kept out of the
     record's repr; `fatal`: see Key; `record` (and `switch`): a block whose sub-keys are the
     record's `sub(...)` fields (and the switch's `enabled`)."""
-    if record is not None:
+    if record is not None:  # allowed: the sub-keys (each with its own row), then any words
         subkeys = (*((switch.name,) if switch else ()), *(f.name for f in fields(record)))
+        allowed = "; ".join(filter(None, ("the sub-keys " + ", ".join(subkeys), allowed)))
     decl = Key(
         kind,
         doc,

@@ -300,7 +300,7 @@ class Operations:
     schedule: Schedule | None = key(
         "mapping",
         "office hours: start and stop the fleet on a clock",
-        "the sub-keys below",
+        "",
         record=ScheduleKeys,
         parse=_schedule,
     )
@@ -328,7 +328,7 @@ class Operations:
     budget: Budget | None = key(
         "mapping",
         "the monthly budget and who is alerted",
-        "the sub-keys below",
+        "",
         record=Budget,
         parse=_budget,
     )
@@ -341,7 +341,7 @@ class Operations:
     monitoring: Monitoring | None = key(  # None: no monitoring host
         "mapping",
         "the stack's monitoring host",
-        "the sub-keys below",
+        "",
         record=Monitoring,
         switch=switch("true: a monitoring host", False),
         parse=_monitoring,

@@ -224,7 +224,7 @@ class Rollout:
         "mapping",
         "a candidate model beside the stable one at the load balancer (docs/rollouts.md); "
         "unset: one version, today's plan",
-        "the sub-keys below; mode: group (aws; alicloud: a candidate ESS group in the CLB's "
+        "mode: group (aws; alicloud: a candidate ESS group in the CLB's "
         "VServer group, candidate_weight up to the share its weights reach, sticky_s up to 86400: "
         "the CLB's cookie), or "
         "mode: kubernetes",
