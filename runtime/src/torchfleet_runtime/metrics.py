@@ -3,9 +3,13 @@
 The names are a contract (dashboards and alert rules are written against them). Latencies are
 histograms in seconds. `torchfleet_request_duration_seconds` uses torchfleet_compat's
 LATENCY_BOUNDS (each bound at most 20 % above the one below from 5 ms to 5 s, coarse outside),
-which the rollout's guards and the node agent read it with: unlabelled, it costs one series per
-bound, +Inf, _sum, _count and _created per node (50, where the coarser buckets before it took
-18: tests/rollout/test_policy.py counts them). `torchfleet_capacity_items_per_second`: the
+which the rollout's guards and the node agent read it with: it costs one series per bound, +Inf,
+_sum, _count and _created per route a node has served (50, where the coarser buckets before it
+took 18: tests/rollout/test_policy.py counts them). `torchfleet_requests_total{code, route}` and
+the latency histogram carry the prediction's `route` (v2.ROUTE_LABELS: `/v1/predict` or the
+template `/v2/models/:model/infer`, never a raw path or a model's name), so /v1 and /v2 traffic
+are told apart and a sum over `route` is the node's total; a route's series appear with its
+first request. `torchfleet_capacity_items_per_second`: the
 instances per second the node sustains with batches up to its cap (Batcher.capacity), beside
 `torchfleet_max_batch_size`; both change on a reload or a lowered cap.
 
@@ -86,7 +90,8 @@ class Metrics:
         r = self.registry
         self.request_duration = Histogram(
             "torchfleet_request_duration_seconds",
-            "Time from a prediction request's arrival to its answer.",
+            "Time from a prediction request's arrival to its answer, by route.",
+            ["route"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -141,8 +146,8 @@ class Metrics:
         )
         self.requests = Counter(
             "torchfleet_requests",
-            "Prediction requests answered, by HTTP status code.",
-            ["code"],
+            "Prediction requests answered, by HTTP status code and route.",
+            ["code", "route"],
             registry=r,
         )
         self.inflight = Gauge(
