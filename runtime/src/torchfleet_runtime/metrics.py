@@ -8,8 +8,9 @@ _sum, _count and _created per route a node has served (50, where the coarser buc
 took 18: tests/rollout/test_policy.py counts them). `torchfleet_requests_total{code, route}` and
 the latency histogram carry the prediction's `route` (v2.ROUTE_LABELS: `/v1/predict` or the
 template `/v2/models/:model/infer`, never a raw path or a model's name), so /v1 and /v2 traffic
-are told apart and a sum over `route` is the node's total; a route's series appear with its
-first request. `torchfleet_capacity_items_per_second`: the
+are told apart and a sum over `route` is the node's total. The /v1 route's latency series are
+there from the start (as the unlabelled histogram's were: a node's bucket bounds can be read
+before it answers), /v2's with its first request. `torchfleet_capacity_items_per_second`: the
 instances per second the node sustains with batches up to its cap (Batcher.capacity), beside
 `torchfleet_max_batch_size`; both change on a reload or a lowered cap.
 
@@ -43,6 +44,8 @@ from prometheus_client import (
     generate_latest,
 )
 from torchfleet_compat.histogram import LATENCY_BOUNDS
+
+from .v2 import V1_ROUTE
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +210,7 @@ class Metrics:
             registry=r,
         )
         self._shadow_metrics(r)
+        self.request_duration.labels(route=V1_ROUTE)
         self.last_request.set(0)
         self.ready.set(0)
         self.spot_notice.set(0)
