@@ -173,3 +173,44 @@ def test_a_stalled_v2_upload_gets_tritons_408_and_counts_under_v2(svc):
     assert metric_value(text, "torchfleet_requests_total", f'code="408",{V2}') == 1
     assert metric_value(text, "torchfleet_requests_total", V1) == 0
     assert metric_value(text, "torchfleet_inflight_requests") == 0
+
+
+def test_a_v2_request_dropped_with_its_edge_process_counts_499_under_v2(start_runtime):
+    """The owner counts a request its edge process took down with it (no record will come):
+    the SUBMIT frame told it the route."""
+    import os
+    import signal
+
+    from test_batching import in_thread, wait_until
+
+    m = rt_models.Instrumented()
+    svc = start_runtime(m, max_batch_size=1, edge_workers=1)
+    (victim,) = svc.http.pids()
+    body = INFER.replace(b"[1, 2, 3, 4]", f"[{rt_models.GATE_VALUE}, 0, 0, 0]".encode())
+    stuck, _ = in_thread(lambda: raw_exchange(svc.port, _post(body), half_close=False, timeout=20))
+    try:
+        assert m.entered.wait(20)  # the request is in the model, held by the gate
+        os.kill(victim, signal.SIGKILL)
+        wait_until(
+            lambda: (
+                metric_value(
+                    svc.runtime.metrics_text().decode(),
+                    "torchfleet_requests_total",
+                    f'code="499",{V2}',
+                )
+                == 1
+            ),
+            "the dropped request counted",
+        )
+    finally:
+        m.gate.set()
+        stuck.join(30)
+    text = svc.runtime.metrics_text().decode()
+    assert metric_value(text, "torchfleet_requests_total", V1) == 0
+
+
+def _post(body: bytes, path: str = "/v2/models/model/infer") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
