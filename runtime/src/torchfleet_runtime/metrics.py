@@ -4,7 +4,7 @@ The names are a contract (dashboards and alert rules are written against them). 
 histograms in seconds. `torchfleet_request_duration_seconds` uses torchfleet_compat's
 LATENCY_BOUNDS (each bound at most 20 % above the one below from 5 ms to 5 s, coarse outside),
 which the rollout's guards and the node agent read it with: it costs one series per bound, +Inf,
-_sum, _count and _created per route a node has served (50, where the coarser buckets before it
+_sum, _count and _created per route (50, where the coarser buckets before it
 took 18: tests/rollout/test_policy.py counts them). `torchfleet_requests_total{code, route}` and
 the latency histogram carry the prediction's `route` (v2.ROUTE_LABELS: `/v1/predict` or the
 template `/v2/models/:model/infer`, never a raw path or a model's name), so /v1 and /v2 traffic
