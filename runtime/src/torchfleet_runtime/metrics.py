@@ -210,13 +210,15 @@ class Metrics:
             registry=r,
         )
         self._shadow_metrics(r)
-        self.request_duration.labels(route=V1_ROUTE)
         self.last_request.set(0)
         self.ready.set(0)
         self.spot_notice.set(0)
         self.degraded.set(0)
         self._info_labels: tuple[str, ...] | None = None
         self._devices: dict[str, DeviceMetrics] = {}
+        self._answered: dict[tuple[str, int], Any] = {}
+        self._latency: dict[str, Any] = {}
+        self.latency(V1_ROUTE)  # /v1's series from the start (the module docstring)
         # process_cpu_seconds_total, process_resident_memory_bytes, ...: the runtime's own cost
         ProcessCollector(registry=r)
 
@@ -232,6 +234,21 @@ class Metrics:
                 self.replica_ready.labels(device=label),
                 self.replica_busy.labels(device=label),
             )
+        return found
+
+    def answered(self, route: str, code: int) -> Any:
+        """The request counter's child for `route` and `code` (made on first use: .labels()
+        takes a lock and costs more than the increment on every call)."""
+        found = self._answered.get((route, code))
+        if found is None:
+            found = self._answered[(route, code)] = self.requests.labels(str(code), route)
+        return found
+
+    def latency(self, route: str) -> Any:
+        """The request-latency histogram's child for `route` (made on first use)."""
+        found = self._latency.get(route)
+        if found is None:
+            found = self._latency[route] = self.request_duration.labels(route=route)
         return found
 
     def _shadow_metrics(self, r: CollectorRegistry) -> None:

@@ -276,10 +276,10 @@ class PredictCall:
         self._unexpect()
         m = rt.metrics
         route = self.route if self.route is not None else route_label(self.protocol)
-        m.requests.labels(code=str(status), route=route).inc()
+        m.answered(route, status).inc()
         total = time.perf_counter() - self.arrived if total_s is None else total_s
         if status == 200:
-            m.request_duration.labels(route=route).observe(total)
+            m.latency(route).observe(total)
             m.last_request.set(time.time())
             if rt.stage_timing and self.request is not None:
                 stage = m.device(self.request.device).stage
