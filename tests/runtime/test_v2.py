@@ -132,6 +132,19 @@ def test_v2_and_v1_requests_share_one_batcher(start_runtime, client_for):
     assert max(model.sizes) >= 3  # one batch held the /v1 and the /v2 requests together
 
 
+@pytest.mark.parametrize(
+    ("doc", "binary", "status", "words"),
+    [
+        (_doc(datatype="FP64"), b"", 400, "float64"),
+        (_doc((1, 2, 3, 4, 5), shape=(1, 5)), b"", 400, "shape"),
+        (_doc(shape=(2, 4)), b"", 400, "8"),
+        (_doc(name="x"), b"", 400, "'input'"),
+        (_doc(size=64), b"\0" * 16, 400, "binary_data_size"),
+        (_doc(size=8), b"\0" * 8, 400, "needs 16"),
+        (_doc(size=16), struct.pack("<4f", 1, float("nan"), 0, 0), 400, "NaN"),
+        (_doc(outputs=[{"name": "nope"}]), b"", 400, "nope"),
+    ],
+)
 def test_refusals_are_clean_4xx_and_the_server_keeps_serving(served, doc, binary, status, words):
     _, client = served
     got, _, body = _infer(client, doc, binary)
