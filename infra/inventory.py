@@ -16,7 +16,7 @@ from typing import Any
 import pulumi
 from torchfleet_compat.hostvars import GROUP, node_hostvars
 
-from infra import catalog
+from infra import catalog, edge
 from infra.bootstrap import NODE_PATHS
 from infra.config import StackConfig
 from infra.interface import Deployment, Node
@@ -25,6 +25,10 @@ from infra.monitoring import address as monitoring_address
 __all__ = ["GROUP", "MONITORING_GROUP", "build", "gpu_types", "group_vars"]
 
 MONITORING_GROUP = "monitoring"
+# Where a node keeps the stack's node certificate and key (tls.backend): beside the runtime's
+# configuration, in the role's directory that only root and the service's group can read.
+NODE_TLS_CERT = "{{ inference_runtime_config_dir }}/node-cert.pem"
+NODE_TLS_KEY = "{{ inference_runtime_config_dir }}/node-key.pem"
 
 
 def gpu_types(cloud: str) -> dict[str, dict[str, Any]]:
@@ -58,6 +62,16 @@ def group_vars(cfg: StackConfig, login_user: str) -> dict[str, Any]:
         # node's own play alike, so neither turns it off. The token never passes the controller.
         "inference_runtime_api_token_command": [NODE_PATHS["command"], "api-token"],
     }
+    if edge.backend_tls(cfg):
+        # tls.backend: the runtime serves HTTPS with the stack's node certificate, which each
+        # node reads from the cloud's secret store with its own role, as it reads the tokens.
+        shared["inference_runtime_tls_command"] = [
+            NODE_PATHS["command"],
+            "node-tls",
+            edge.node_tls_secret_name(cfg),
+        ]
+        shared["inference_runtime_tls_cert_file"] = NODE_TLS_CERT
+        shared["inference_runtime_tls_key_file"] = NODE_TLS_KEY
     if cfg.mode == "group":
         # A group replaces a node that powers itself off (a new node, a new bootstrap: cost and
         # churn, no saving): an idle group shrinks by its own scale-in (scaling.scale_in) and
@@ -78,20 +92,23 @@ def _monitoring_group(
     if host is None:
         return None
 
-    def group(ip: str) -> dict[str, Any]:
-        return {
-            "hosts": {
-                host.name: {
-                    "ansible_host": ip,
-                    "private_ip": ip,
-                    "ansible_user": host.login_user,
-                    # The runtime's port as this stack sets it (the role's default is 8080).
-                    "monitoring_runtime_port": cfg.service_port,
-                }
-            }
+    def group(ip: str, node_certificate: str | None) -> dict[str, Any]:
+        hostvars: dict[str, Any] = {
+            "ansible_host": ip,
+            "private_ip": ip,
+            "ansible_user": host.login_user,
+            # The runtime's port as this stack sets it (the role's default is 8080).
+            "monitoring_runtime_port": cfg.service_port,
         }
+        if node_certificate:
+            # tls.backend: scrape the runtime over HTTPS, trusting the nodes' certificate alone
+            hostvars["monitoring_runtime_tls_ca"] = node_certificate
+            hostvars["monitoring_runtime_tls_server_name"] = edge.NODE_NAME
+        return {"hosts": {host.name: hostvars}}
 
-    return host.private_ip.apply(group)
+    return pulumi.Output.all(host.private_ip, deployment.node_certificate).apply(
+        lambda v: group(*v)
+    )
 
 
 def build(cfg: StackConfig, deployment: Deployment) -> pulumi.Output[dict[str, Any]]:
