@@ -18,6 +18,10 @@ from torchfleet_compat.hostvars import GROUP, node_hostvars
 
 from infra import catalog, edge
 from infra.bootstrap import NODE_PATHS
+
+# Where a node keeps the stack's node certificate and key (tls.backend): in the runtime's
+# configuration directory (0750 root:torchfleet); the agent asks its runtime over HTTPS there.
+from infra.bootstrap.torchfleet_agent.local import NODE_TLS_CERT, NODE_TLS_KEY
 from infra.config import StackConfig
 from infra.interface import Deployment, Node
 from infra.monitoring import address as monitoring_address
@@ -25,10 +29,6 @@ from infra.monitoring import address as monitoring_address
 __all__ = ["GROUP", "MONITORING_GROUP", "build", "gpu_types", "group_vars"]
 
 MONITORING_GROUP = "monitoring"
-# Where a node keeps the stack's node certificate and key (tls.backend): beside the runtime's
-# configuration, in the role's directory that only root and the service's group can read.
-NODE_TLS_CERT = "{{ inference_runtime_config_dir }}/node-cert.pem"
-NODE_TLS_KEY = "{{ inference_runtime_config_dir }}/node-key.pem"
 
 
 def gpu_types(cloud: str) -> dict[str, dict[str, Any]]:
@@ -64,7 +64,9 @@ def group_vars(cfg: StackConfig, login_user: str) -> dict[str, Any]:
     }
     if edge.backend_tls(cfg):
         # tls.backend: the runtime serves HTTPS with the stack's node certificate, which each
-        # node reads from the cloud's secret store with its own role, as it reads the tokens.
+        # node reads from the cloud's secret store with its own role, as it reads the tokens,
+        # into the runtime's configuration directory (0750 root:torchfleet), where the agent
+        # finds it to ask its runtime over HTTPS (torchfleet_agent/local.py).
         shared["inference_runtime_tls_command"] = [
             NODE_PATHS["command"],
             "node-tls",

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from infra import config
+from infra.bootstrap.torchfleet_agent.local import NODE_TLS_CERT, NODE_TLS_KEY
 from infra.inventory import group_vars
 from infra.plan import load_stack_config
 
@@ -51,8 +52,8 @@ def test_the_tls_task_runs_the_nodes_command_with_the_runtimes_files(role_play, 
     )
     assert json.loads(out.read_text()) == [
         *shared["inference_runtime_tls_command"],
-        "/etc/torchfleet/node-cert.pem",
-        "/etc/torchfleet/node-key.pem",
+        NODE_TLS_CERT,
+        NODE_TLS_KEY,
         "torchfleet",
     ]
 
@@ -63,8 +64,12 @@ def test_the_runtime_serves_https_with_the_files_the_command_writes(render_templ
     extra["__inference_runtime_model_file"] = "/var/lib/torchfleet/models/model.pt"
     text = render_templates("inference_runtime", {"runtime": "runtime.yml.j2"}, extra)["runtime"]
     runtime = yaml.safe_load(text)
-    assert runtime["tls_cert_file"] == "/etc/torchfleet/node-cert.pem"
-    assert runtime["tls_key_file"] == "/etc/torchfleet/node-key.pem"
+    assert runtime["tls_cert_file"] == NODE_TLS_CERT
+    assert runtime["tls_key_file"] == NODE_TLS_KEY
+    # in the role's configuration directory (0750 root:torchfleet)
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    for path in (NODE_TLS_CERT, NODE_TLS_KEY):
+        assert Path(path).parent == Path(defaults["inference_runtime_config_dir"])
 
 
 def test_a_stack_without_backend_tls_sets_none_of_it():
