@@ -203,6 +203,18 @@ def post_once(
     return _send(conn, "POST", path, body, headers)
 
 
+def post_answer(
+    conn: http.client.HTTPConnection, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, bytes, dict[str, str]]:
+    """One POST with its connection's Auth: (status, body, the answer's headers, lower-case
+    names), for a caller that reads the answer's framing (the binary tensor extension)."""
+    auth: Auth = getattr(conn, "auth", Auth())
+    conn.request("POST", path, body=body, headers=auth.headers(headers))
+    resp = conn.getresponse()
+    data = resp.read()
+    return resp.status, data, {k.lower(): v for k, v in resp.getheaders()}
+
+
 # -- request bodies -------------------------------------------------------------------------------
 
 # struct codes of the dtypes a body may carry (bfloat16: the high half of a float32)

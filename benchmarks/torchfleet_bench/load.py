@@ -41,6 +41,7 @@ from infra.client import (
     input_spec,
     nest,
     pack,
+    post_answer,
     sample_values,
 )
 from torchfleet_bench import BenchError
@@ -300,10 +301,7 @@ def _probe(
     """One checked request before measuring: a wrong input must not become 10 s of 400s."""
     conn = target.connection(timeout)
     try:
-        conn.request("POST", target.prefix + route, body, headers)
-        resp = conn.getresponse()
-        status, data = resp.status, resp.read()
-        got = {k.lower(): v for k, v in resp.getheaders()}
+        status, data, got = post_answer(conn, target.prefix + route, body, headers)
     except (OSError, http.client.HTTPException) as exc:
         raise BenchError(f"POST {target.url}{route}: {exc}") from None
     finally:

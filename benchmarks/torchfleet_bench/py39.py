@@ -48,11 +48,13 @@ def http(
         return exc.code, dict(exc.headers), exc.read()
 
 
-def metric(text: str, name: str) -> float:
+def metric(text: str, name: str, label: str = "") -> float:
+    """The sum of `name`'s series that carry `label` (`code="200"`; none: every series)."""
+    total = 0.0
     for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
+        if line.startswith(name + " ") or (line.startswith(name + "{") and label in line):
+            total += float(line.split()[-1])
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                 env={**os.environ, "B": str(tmp / "body")},
             ).stdout
             m1 = http("GET", base + "/metrics")[2].decode()
-            n = metric(m1, 'torchfleet_requests_total{code="200"}') - metric(
-                m0, 'torchfleet_requests_total{code="200"}'
+            n = metric(m1, "torchfleet_requests_total", 'code="200"') - metric(
+                m0, "torchfleet_requests_total", 'code="200"'
             )
             cpu = metric(m1, "process_cpu_seconds_total") - metric(m0, "process_cpu_seconds_total")
             lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", out, re.M))

@@ -41,6 +41,7 @@ from infra.config import STABLE_BACKEND_WEIGHT, StackConfig
 from infra.constants import ROLLOUT_METRICS_OUTPUT
 from infra.interface import (
     NODE_ROLE_TAG,
+    Deployment,
     discovery_tags,
     group_deployment,
     instances_deployment,
@@ -135,44 +136,40 @@ class AlicloudFleet(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        self.role = alicloud.ram.Role(
-            f"{name}-node-role",
+        self.role = self._node_role(tags)
+        self.grants = self._node_grants()  # every node waits for them
+        if cfg.mode == "instances":
+            self.instances = self._instances(network, image_id, expiry)
+            self.deployment = instances_deployment(cfg, self.instances, image.login_user)
+        else:
+            self.deployment = self._group_deployment(network, image_id, image.login_user)
+        self.register_outputs({})
+
+    def _node_role(self, tags: dict[str, str]) -> alicloud.ram.Role:
+        """The RAM role the nodes run as (ECS assumes it for them)."""
+        cfg = self.cfg
+        return alicloud.ram.Role(
+            f"{self.name}-node-role",
             role_name=f"{cfg.name}-node",
             assume_role_policy_document=role_policy("ecs.aliyuncs.com"),
             description=f"torchfleet {cfg.stack} GPU nodes",
             force=True,
             tags=tags,
-            opts=child,
+            opts=self.child,
         )
+
+    def _node_grants(self) -> list[pulumi.CustomResource]:
+        """The node role's grants a node needs before it configures: its stack's bundle, the API
+        token's secret (stored here: self.token) and, with model_bucket, the bucket's models."""
+        cfg, name, child = self.cfg, self.name, self.child
         if cfg.model_bucket:
-            self._grant(
-                "models",
-                f"read the model bucket's {MODEL_PREFIX}",
-                json.dumps(
-                    {
-                        "Version": "1",
-                        "Statement": [
-                            {
-                                "Effect": "Allow",
-                                "Action": ["oss:ListObjects"],
-                                "Resource": [f"acs:oss:*:*:{cfg.model_bucket}"],
-                                "Condition": {"StringLike": {"oss:Prefix": [MODEL_PREFIX + "*"]}},
-                            },
-                            {
-                                "Effect": "Allow",
-                                "Action": ["oss:GetObject"],
-                                "Resource": [f"acs:oss:*:*:{cfg.model_bucket}/{MODEL_PREFIX}*"],
-                            },
-                        ],
-                    }
-                ),
-            )
+            self._grant("models", f"read the model bucket's {MODEL_PREFIX}", self._models_policy())
         # The bootstrap reads its stack's bundle prefix and nothing else of the bucket.
-        self.grants = [
+        grants = [
             self._grant(
                 "bundle",
                 "read this stack's node bundle",
-                store.read_arn.apply(
+                self.store.read_arn.apply(
                     lambda arn: json.dumps(
                         {
                             "Version": "1",
@@ -184,30 +181,54 @@ class AlicloudFleet(pulumi.ComponentResource):
                 ),
             )
         ]
-
         # The token's secret and the grant to read it: a node reads it while it configures.
         self.token = edge.token(cfg, child)
         self.edge_outputs: dict[str, pulumi.Output[str]] = {}  # a generated CA (alicloud/edge.py)
-        self.grants += [
+        grants += [
             ali_edge.token_store(name, cfg, self.token, self.node_tags, child),
             self._grant("api-token", "read the stack's API tokens", ali_edge.read_policy(cfg)),
         ]
-        if cfg.mode == "instances":
-            self.instances = self._instances(network, image_id, expiry)
-            self.deployment = instances_deployment(cfg, self.instances, image.login_user)
-        else:
-            self.group, clb = self._group(network, image_id)
-            self.clb = clb
-            self.deployment = group_deployment(
-                cfg,
-                clb.address,
-                image.login_user,
-                tags=discovery_tags(cfg),
-                scaling_group_name=group_name(cfg),
-            )
-            if cfg.rollout is not None:
-                self.deployment.extra_outputs[ROLLOUT_METRICS_OUTPUT] = self._rollout_metrics()
-        self.register_outputs({})
+        return grants
+
+    def _models_policy(self) -> str:
+        """Read the model bucket's models/ prefix: list it and get its objects."""
+        bucket = self.cfg.model_bucket
+        return json.dumps(
+            {
+                "Version": "1",
+                "Statement": [
+                    {
+                        "Effect": "Allow",
+                        "Action": ["oss:ListObjects"],
+                        "Resource": [f"acs:oss:*:*:{bucket}"],
+                        "Condition": {"StringLike": {"oss:Prefix": [MODEL_PREFIX + "*"]}},
+                    },
+                    {
+                        "Effect": "Allow",
+                        "Action": ["oss:GetObject"],
+                        "Resource": [f"acs:oss:*:*:{bucket}/{MODEL_PREFIX}*"],
+                    },
+                ],
+            }
+        )
+
+    def _group_deployment(
+        self, network: AlicloudNetwork, image_id: pulumi.Input[str], login_user: str
+    ) -> Deployment:
+        """Group mode: the scaling group(s) behind the CLB, found by their tags, and with a
+        rollout the figures its guards read."""
+        cfg = self.cfg
+        self.group, self.clb = self._group(network, image_id)
+        deployment = group_deployment(
+            cfg,
+            self.clb.address,
+            login_user,
+            tags=discovery_tags(cfg),
+            scaling_group_name=group_name(cfg),
+        )
+        if cfg.rollout is not None:
+            deployment.extra_outputs[ROLLOUT_METRICS_OUTPUT] = self._rollout_metrics()
+        return deployment
 
     def _rollout_metrics(self) -> dict[str, object]:
         """Where a rollout's guards read each track's figures without a Prometheus

@@ -7,9 +7,11 @@ registers a single resource.
 
 Each key is declared once, as a field of its section's record (keys.py says how): its type,
 default, allowed values, doc line and parser in one place, from which the record, the loader's
-pass and docs/configuration.md's table come.
+pass and docs/configuration.md's table come. A block's sub-keys (`spot.max_price_ratio`) are
+declared the same way, as the fields of the block's record (Spot), and read by one generic block
+reader (reader.py `Reader.block`); the block's parser keeps only the rules between them.
 
-  keys.py        Key and `key(...)`: how a key is declared
+  keys.py        Key, `key(...)` and `sub(...)`: how a key and a sub-key are declared
   reader.py      the problem-collecting reader the parsers share; ConfigError
   fleet.py       cloud, env, region, zones, mode, instance types, nodes, spot, scaling, warm pool
   image.py       boot path, image, distro, CUDA profile, root disk
@@ -19,7 +21,7 @@ pass and docs/configuration.md's table come.
   rollout.py     the candidate beside the stable model; RolloutSplit's arithmetic
   checks.py      rules between sections, as plain functions
   stack.py       StackConfig: the sections together, and what is derived from them
-  table.py       FIELDS (every key, in order) and the docs' table
+  table.py       FIELDS (every key, in order), SUBFIELDS (every sub-key) and the docs' table
   loader.py      load()
 
 The rest of infra imports from the package (`from infra.config import X`, every name in
@@ -58,13 +60,12 @@ from infra.config.operations import (
 from infra.config.reader import MIN_CIDR_PREFIX, NAMESPACE, ConfigError
 from infra.config.rollout import (
     CLB_COOKIE_MAX_S,
-    ROLLOUT_SUBKEYS,
     STABLE_BACKEND_WEIGHT,
     RolloutSplit,
     model_digest,
 )
 from infra.config.stack import SECTIONS, StackConfig, distro_warning
-from infra.config.table import FIELDS, KEYS, SUBKEYS, readme_table
+from infra.config.table import FIELDS, KEYS, SUBFIELDS, SUBKEYS, readme_table
 
 __all__ = [
     "BOOT_MODES",
@@ -86,11 +87,11 @@ __all__ = [
     "POOL_MODES",
     "REQUIRED",
     "RESERVED_TAGS",
-    "ROLLOUT_SUBKEYS",
     "SECTIONS",
     "SPOT_FALLBACKS",
     "SSH_KEY_PREFIXES",
     "STABLE_BACKEND_WEIGHT",
+    "SUBFIELDS",
     "SUBKEYS",
     "Budget",
     "ConfigError",

@@ -2,20 +2,21 @@
 
 Each key is one field of `Fleet` (infra/config/keys.py says how a key is declared); the
 parsers above it read the raw values. The nodes' own records (Nodes, Spot, Scaling, WarmPool)
-are here too: their fields are the sub-keys of the blocks that set them.
+are here too: each field is a sub-key of the block that sets it, declared with `sub(...)`; the
+block's parser keeps the rules between them.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from infra import catalog
 from infra.addressing import BLOCKS, MAX_ZONES
 from infra.catalog import InstanceType
-from infra.config.keys import REQUIRED, Key, key, subkeys_of
+from infra.config.keys import REQUIRED, Key, flag, integer, key, one_of, real, sub, switch
 from infra.config.reader import Reader
 from infra.lifecycle import GPU_TARGET_DEFAULT, GPU_TARGET_RANGE, LAUNCH_TIMEOUT_DEFAULT_S
 
@@ -37,41 +38,166 @@ _REGION_RE = {
 }
 
 
-@dataclass(frozen=True)
+def _ratio(r: Reader, path: str, value: Any, got: Mapping[str, Any]) -> float | None:
+    ratio = r.number(path, value, float, None, MAX_PRICE_RATIO)
+    if ratio is not None and ratio <= 0:
+        r.fail(path, ratio)
+        return None
+    return ratio
+
+
+def _interruption(r: Reader, path: str, value: Any, got: Mapping[str, Any]) -> str | None:
+    return r.choice(path, value, INTERRUPTION[got["cloud"]])
+
+
+def _prices(r: Reader, path: str, prices: Any, got: Mapping[str, Any]) -> dict[str, float]:
+    """Instance type -> on-demand price per hour; a bad entry is a problem and left out."""
+    if not isinstance(prices, dict):
+        r.fail(path, prices)
+        return {}
+    out = {}
+    for name, price in prices.items():
+        if catalog.lookup(got["cloud"], name) is None:
+            r.fail(path, name, "instance types of the catalog")
+        value = r.number(f"{path}.{name}", price, float, 0.0001, None, "a price > 0")
+        if value is not None:
+            out[name] = value
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
 class Nodes:
-    count: int  # instances mode
-    min: int  # group mode
-    max: int
-    desired: int
+    count: int = sub(
+        "integer", "nodes in mode: instances", "an integer 1..20", 1, read=integer(1, 20)
+    )
+    min: int = sub(
+        "integer", "the group's fewest nodes", "an integer 0..100", 1, read=integer(0, 100)
+    )
+    max: int = sub(
+        "integer",
+        "the group's most nodes",
+        "an integer 1..100",
+        lambda got, subs: max(subs["min"] or 1, 2),
+        derived="min, at least 2",
+        read=integer(1, 100),
+    )
+    desired: int = sub(
+        "integer",
+        "the group's nodes to start with",
+        "an integer 0..100",
+        lambda got, subs: subs["min"] or 1,
+        derived="min, at least 1",
+        read=integer(0, 100),
+    )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Spot:
-    enabled: bool
-    max_price_ratio: float
-    on_demand_base: int
-    on_demand_percentage: int
-    interruption: str
-    on_demand_prices: Mapping[str, float] = field(default_factory=dict)
-    fallback: str = "on_demand"  # SPOT_FALLBACKS
+    enabled: bool = sub("boolean", "buy spot capacity", "true | false", False, read=flag)
+    max_price_ratio: float = sub(
+        "number",
+        "the spot price cap as a ratio of the on-demand price",
+        f"a number > 0 and <= {MAX_PRICE_RATIO} (the cap is this ratio x on-demand)",
+        1.0,
+        read=_ratio,
+    )
+    on_demand_base: int = sub(
+        "integer",
+        "on-demand nodes before any spot (group mode)",
+        "an integer 0..100 (on-demand nodes before any spot)",
+        0,
+        read=integer(0, 100),
+    )
+    on_demand_percentage: int = sub(
+        "integer",
+        "the on-demand share above the base (group mode)",
+        "an integer percentage 0..100 of on-demand above the base",
+        0,
+        read=integer(0, 100),
+    )
+    interruption: str = sub(
+        "string",
+        "what a spot interruption does to a node",
+        "; ".join(f"{' | '.join(v)} ({c})" for c, v in INTERRUPTION.items()),
+        "terminate",
+        read=_interruption,
+    )
+    on_demand_prices: Mapping[str, float] = sub(
+        "mapping",
+        "the account's on-demand prices, where they differ from the catalog's",
+        "a map of instance type -> price per hour in the account's currency",
+        {},
+        read=_prices,
+    )
+    fallback: str = sub(
+        "string",
+        "when spot cannot be had: on-demand fills in, or the nodes stay short",
+        " | ".join(SPOT_FALLBACKS),
+        "on_demand",
+        read=one_of(SPOT_FALLBACKS),
+    )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Scaling:
     """Scaling on load (group mode): the per-node targets the policies track."""
 
-    requests_per_node: float  # requests per node per minute (ALBRequestCountPerTarget's unit)
-    queue_depth_per_node: float | None  # None: derived from the request target (infra.lifecycle)
-    gpu_utilization_percent: float  # the mean GPU utilisation per node the GPU policy holds
-    scale_in: bool  # False: the load policies only ever add nodes
-    protect_from_scale_in: bool  # new nodes are protected; only schedules/operators remove them
-    launch_timeout_s: int  # the launching hook's heartbeat timeout
+    # ALBRequestCountPerTarget's unit
+    requests_per_node: float = sub(
+        "number",
+        "requests per node per minute the request policy holds",
+        "requests per node per minute the request policy holds the group at (> 0): 0.7 x "
+        "the sustained req/s `torchfleet-bench load URL` measures on one node, x 60",
+        REQUIRED,
+        read=real(0.001, 1e7),
+    )
+    queue_depth_per_node: float | None = sub(  # None: derived (infra.lifecycle)
+        "number",
+        "requests waiting per node the queue policy holds",
+        "a number > 0 of requests waiting per node (Average over the group)",
+        derived="from requests_per_node",
+        read=real(0.01, 1e5),
+    )
+    gpu_utilization_percent: float = sub(
+        "number",
+        "the mean GPU utilisation per node the GPU policy holds",
+        f"a number in {GPU_TARGET_RANGE[0]}..{GPU_TARGET_RANGE[1]}: the mean GPU utilisation "
+        "per node the GPU policy holds",
+        GPU_TARGET_DEFAULT,
+        read=real(*GPU_TARGET_RANGE),
+    )
+    scale_in: bool = sub(
+        "boolean", "false: the load policies only ever add nodes", "true | false", True, read=flag
+    )
+    protect_from_scale_in: bool = sub(
+        "boolean",
+        "new nodes are protected; only schedules and operators remove them",
+        "true | false",
+        False,
+        read=flag,
+    )
+    launch_timeout_s: int = sub(
+        "integer",
+        "the launching lifecycle hook's heartbeat timeout",
+        f"an integer number of seconds in {LAUNCH_TIMEOUT_RANGE[0]}..{LAUNCH_TIMEOUT_RANGE[1]} "
+        "(the launching lifecycle hook's heartbeat timeout; AWS allows at most 7200)",
+        LAUNCH_TIMEOUT_DEFAULT_S,
+        read=integer(*LAUNCH_TIMEOUT_RANGE),
+    )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WarmPool:
-    min_size: int
-    max_prepared: int | None  # None: AWS keeps max_size - desired warm
+    min_size: int = sub(
+        "integer", "stopped nodes the pool keeps", "an integer 0..100", 0, read=integer(0, 100)
+    )
+    max_prepared: int | None = sub(  # None: AWS keeps max_size - desired warm
+        "integer",
+        "nodes in the group and the pool together",
+        "an integer 1..100: nodes in the group and the pool together",
+        derived="AWS's: nodes.max - nodes.desired in the pool",
+        read=integer(1, 100),
+    )
 
 
 def _stack_parts(stack: str) -> tuple[str | None, str | None]:
@@ -193,8 +319,8 @@ def _warm_pool(r: Reader, got: Mapping[str, Any]) -> WarmPool | None:
     raw = r.structured("warm_pool", dict)
     if raw is None:
         return None
-    enabled = r.boolean("warm_pool.enabled", raw.get("enabled", True))
-    if not enabled:
+    sub, bad = r.block("warm_pool", raw, got)
+    if not sub.pop("enabled"):
         return None
     if got["cloud"] != "aws" or got["mode"] != "group":
         r.fail(
@@ -204,20 +330,7 @@ def _warm_pool(r: Reader, got: Mapping[str, Any]) -> WarmPool | None:
             "ESS has no equivalent that keeps configured nodes stopped)",
         )
         return None
-    lo = r.number("warm_pool.min_size", raw.get("min_size", 0), int, 0, 100, "an integer 0..100")
-    hi = raw.get("max_prepared")
-    if hi is not None:
-        hi = r.number(
-            "warm_pool.max_prepared",
-            hi,
-            int,
-            1,
-            100,
-            "an integer 1..100: nodes in the group and the pool together",
-        )
-    if lo is None or (raw.get("max_prepared") is not None and hi is None):
-        return None
-    return WarmPool(min_size=lo, max_prepared=hi)
+    return None if bad else WarmPool(**sub)
 
 
 def _instance_types(r: Reader, got: Mapping[str, Any]) -> tuple[InstanceType, ...]:
@@ -266,95 +379,37 @@ def _instance_types(r: Reader, got: Mapping[str, Any]) -> tuple[InstanceType, ..
 
 def _nodes(r: Reader, got: Mapping[str, Any]) -> Nodes | None:
     raw = r.structured("nodes", dict) or {}
-    count = r.number("nodes.count", raw.get("count", 1), int, 1, 20, "an integer 1..20")
-    lo = r.number("nodes.min", raw.get("min", 1), int, 0, 100, "an integer 0..100")
-    hi = r.number("nodes.max", raw.get("max", max(lo or 1, 2)), int, 1, 100, "an integer 1..100")
-    desired = r.number(
-        "nodes.desired", raw.get("desired", lo or 1), int, 0, 100, "an integer 0..100"
-    )
-    if None in (count, lo, hi, desired):
+    sub, bad = r.block("nodes", raw, got)
+    if bad:
         return None
-    if got["mode"] in POOL_MODES and not lo <= desired <= hi:
-        r.fail("nodes", raw, f"min <= desired <= max (got {lo} <= {desired} <= {hi})")
-    return Nodes(count=count, min=lo, max=hi, desired=desired)
+    nodes = Nodes(**sub)
+    if got["mode"] in POOL_MODES and not nodes.min <= nodes.desired <= nodes.max:
+        r.fail(
+            "nodes",
+            raw,
+            f"min <= desired <= max (got {nodes.min} <= {nodes.desired} <= {nodes.max})",
+        )
+    return nodes
 
 
 def _spot(r: Reader, got: Mapping[str, Any]) -> Spot | None:
-    cloud, mode = got["cloud"], got["mode"]
     raw = r.structured("spot", dict) or {}
-    enabled = r.boolean("spot.enabled", raw.get("enabled", False))
-    ratio = r.number(
-        "spot.max_price_ratio",
-        raw.get("max_price_ratio", 1.0),
-        float,
-        None,
-        MAX_PRICE_RATIO,
-        f"a number > 0 and <= {MAX_PRICE_RATIO} (the cap is this ratio x on-demand)",
-    )
-    if ratio is not None and ratio <= 0:
-        r.fail(
-            "spot.max_price_ratio",
-            ratio,
-            f"a number > 0 and <= {MAX_PRICE_RATIO} (the cap is this ratio x on-demand)",
-        )
-        ratio = None
-    base = r.number(
-        "spot.on_demand_base",
-        raw.get("on_demand_base", 0),
-        int,
-        0,
-        100,
-        "an integer 0..100 (on-demand nodes before any spot)",
-    )
-    pct = r.number(
-        "spot.on_demand_percentage",
-        raw.get("on_demand_percentage", 0),
-        int,
-        0,
-        100,
-        "an integer percentage 0..100 of on-demand above the base",
-    )
-    interruption = r.choice(
-        "spot.interruption", raw.get("interruption", "terminate"), INTERRUPTION[cloud]
-    )
-    prices = raw.get("on_demand_prices", {})
-    if not isinstance(prices, dict):
-        r.fail(
-            "spot.on_demand_prices",
-            prices,
-            "a map of instance type -> price per hour in the account's currency",
-        )
-        prices = {}
-    for name, price in prices.items():
-        if catalog.lookup(cloud, name) is None:
-            r.fail("spot.on_demand_prices", name, "instance types of the catalog")
-        r.number(f"spot.on_demand_prices.{name}", price, float, 0.0001, None, "a price > 0")
-    fallback = r.choice("spot.fallback", raw.get("fallback", "on_demand"), SPOT_FALLBACKS)
-    if (
-        enabled is None
-        or ratio is None
-        or base is None
-        or pct is None
-        or interruption is None
-        or fallback is None
-    ):
+    sub, bad = r.block("spot", raw, got)
+    if bad:
         return None
-    if mode == "instances" and (base or pct) and enabled:
+    spot = Spot(**sub)
+    if (
+        got["mode"] == "instances"
+        and spot.enabled
+        and (spot.on_demand_base or spot.on_demand_percentage)
+    ):
         r.fail(
             "spot.on_demand_base",
-            base,
+            spot.on_demand_base,
             "0 in mode: instances (every node is spot when "
             "spot.enabled; use mode: group for an on-demand base)",
         )
-    return Spot(
-        enabled=enabled,
-        max_price_ratio=ratio,
-        on_demand_base=base,
-        on_demand_percentage=pct,
-        interruption=interruption,
-        on_demand_prices={k: float(v) for k, v in prices.items()},
-        fallback=fallback,
-    )
+    return spot
 
 
 def _scaling(r: Reader, got: Mapping[str, Any]) -> Scaling | None:
@@ -363,57 +418,8 @@ def _scaling(r: Reader, got: Mapping[str, Any]) -> Scaling | None:
         if raw is not None:
             r.fail("scaling", raw, "unset in mode: instances (only a group scales on load)")
         return None
-    raw = raw or {}
-    what = (
-        "requests per node per minute the request policy holds the group at (> 0): 0.7 x "
-        "the sustained req/s `torchfleet-bench load URL` measures on one node, x 60"
-    )
-    requests = raw.get("requests_per_node")
-    if requests is None:
-        r.fail("scaling.requests_per_node", None, what)
-    else:
-        requests = r.number("scaling.requests_per_node", requests, float, 0.001, 1e7, what)
-    queue = raw.get("queue_depth_per_node")
-    if queue is not None:
-        queue = r.number(
-            "scaling.queue_depth_per_node",
-            queue,
-            float,
-            0.01,
-            1e5,
-            "a number > 0 of requests waiting per node (Average over the group)",
-        )
-    lo, hi = GPU_TARGET_RANGE
-    gpu = r.number(
-        "scaling.gpu_utilization_percent",
-        raw.get("gpu_utilization_percent", GPU_TARGET_DEFAULT),
-        float,
-        lo,
-        hi,
-        f"a number in {lo}..{hi}: the mean GPU utilisation per node the GPU policy holds",
-    )
-    scale_in = r.boolean("scaling.scale_in", raw.get("scale_in", True))
-    protect = r.boolean("scaling.protect_from_scale_in", raw.get("protect_from_scale_in", False))
-    lo, hi = LAUNCH_TIMEOUT_RANGE
-    timeout = r.number(
-        "scaling.launch_timeout_s",
-        raw.get("launch_timeout_s", LAUNCH_TIMEOUT_DEFAULT_S),
-        int,
-        lo,
-        hi,
-        f"an integer number of seconds in {lo}..{hi} (the launching "
-        "lifecycle hook's heartbeat timeout; AWS allows at most 7200)",
-    )
-    if requests is None or gpu is None or scale_in is None or protect is None or timeout is None:
-        return None
-    return Scaling(
-        requests_per_node=requests,
-        queue_depth_per_node=queue,
-        gpu_utilization_percent=gpu,
-        scale_in=scale_in,
-        protect_from_scale_in=protect,
-        launch_timeout_s=timeout,
-    )
+    sub, bad = r.block("scaling", raw or {}, got)
+    return None if bad else Scaling(**sub)
 
 
 GPU = Key(
@@ -473,8 +479,9 @@ class Fleet:
     warm_pool: WarmPool | None = key(
         "mapping",
         "a pool of stopped, prepared nodes (AWS group mode)",
-        "enabled, min_size 0..100, max_prepared 1..100",
-        subkeys=subkeys_of(WarmPool, "enabled"),
+        "",
+        record=WarmPool,
+        switch=switch("false: no warm pool", True),
         parse=_warm_pool,
     )
     # the primary first; more only in group mode
@@ -488,26 +495,21 @@ class Fleet:
     nodes: Nodes = key(
         "mapping",
         "how many nodes (count: instances mode; min/max/desired: group)",
-        "integers (count 1..20, min/max/desired 0..100)",
-        subkeys=subkeys_of(Nodes),
+        "",
+        record=Nodes,
         parse=_nodes,
     )
     spot: Spot = key(
         "mapping",
         "spot capacity and its price cap",
-        f"enabled, max_price_ratio <= {MAX_PRICE_RATIO} x on-demand, on-demand base and "
-        "percentage, interruption behaviour, on_demand_prices (per hour, the account's "
-        f"currency), fallback {' | '.join(SPOT_FALLBACKS)}",
-        subkeys=subkeys_of(Spot),
+        "",
+        record=Spot,
         parse=_spot,
     )
     scaling: Scaling | None = key(  # group mode only
         "mapping",
         "the group's scaling targets",
-        "per-node requests and queue depth, gpu_utilization_percent "
-        f"{GPU_TARGET_RANGE[0]}..{GPU_TARGET_RANGE[1]}, "
-        "scale_in, protect_from_scale_in, launch_timeout_s "
-        f"{LAUNCH_TIMEOUT_RANGE[0]}..{LAUNCH_TIMEOUT_RANGE[1]}",
-        subkeys=subkeys_of(Scaling),
+        "",
+        record=Scaling,
         parse=_scaling,
     )

@@ -14,13 +14,13 @@ from typing import Any
 from infra.config.checks import cross_checks
 from infra.config.reader import NAMESPACE, ConfigError, Reader
 from infra.config.stack import StackConfig
-from infra.config.table import FIELDS, KEYS
+from infra.config.table import FIELDS, KEYS, SUBFIELDS
 from infra.matrix import Matrix, load_matrix
 
 
 def load(raw: Mapping[str, Any], stack: str, matrix: Matrix | None = None) -> StackConfig:
     """Validate `raw` (keys without the `torchfleet:` prefix) for `stack`."""
-    r = Reader(raw, FIELDS)
+    r = Reader(raw, {**FIELDS, **SUBFIELDS})
     for name in raw:
         if name not in KEYS:
             r.fail(name, raw[name], f"the keys {', '.join(KEYS)}")

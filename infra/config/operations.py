@@ -1,7 +1,8 @@
 """The operations section: who owns the stack and pays for it, when its nodes run and expire,
 where its models come from, and the monitoring host.
 
-Each key is one field of `Operations` (infra/config/keys.py says how a key is declared).
+Each key is one field of `Operations` (infra/config/keys.py says how a key is declared); the
+sub-keys of `budget` and `monitoring` are the fields of their records, declared with `sub(...)`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from infra import catalog
-from infra.config.keys import REQUIRED, key, subkeys_of
+from infra.config.keys import REQUIRED, integer, key, sub, switch
 from infra.config.reader import Reader
 from infra.schedule import DAYS, Schedule
 
@@ -28,75 +29,162 @@ _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _HHMM_RE = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
 
 
-@dataclass(frozen=True)
+def _monthly_usd(r: Reader, path: str, value: Any, got: Mapping[str, Any]) -> Any:
+    return value if value == "auto" else r.number(path, value, float, 1, None)
+
+
+def _emails(r: Reader, path: str, value: Any, got: Mapping[str, Any]) -> tuple[str, ...] | None:
+    emails = value or []
+    if not emails or not all(isinstance(e, str) and _EMAIL_RE.match(e) for e in emails):
+        r.fail(path, emails)
+        return None
+    return tuple(emails)
+
+
+def _host_type(r: Reader, path: str, value: Any, got: Mapping[str, Any]) -> Any:
+    cloud = got["cloud"]
+    types = catalog.HOST_TYPES[cloud]
+    itype = types.get(value) if isinstance(value, str) else None
+    if itype is None:
+        r.fail(path, value, f"a general-purpose {cloud} type: " + ", ".join(types))
+    return itype
+
+
+@dataclass(frozen=True, kw_only=True)
 class Budget:
-    monthly_usd: float | None  # None: derived from the cost estimate
-    alert_emails: tuple[str, ...]
-    threshold_percent: int
+    monthly_usd: float | None = sub(  # None: derived from the cost estimate
+        "number",
+        "the monthly budget in USD (auto: the plan's cost estimate)",
+        "auto | a USD amount >= 1",
+        "auto",
+        read=_monthly_usd,
+    )
+    alert_emails: tuple[str, ...] = sub(
+        "list",
+        "who is alerted",
+        "a non-empty list of e-mail addresses to alert",
+        (),
+        read=_emails,
+    )
+    threshold_percent: int = sub(
+        "integer",
+        "the share of the budget that alerts",
+        "an integer percentage 1..1000 of the budget",
+        80,
+        read=integer(1, 1000),
+    )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Monitoring:
     """The stack's monitoring host (roles/monitoring): Prometheus, Alertmanager and the
     journal receiver, in a private subnet of the stack's VPC."""
 
-    instance_type: catalog.HostType
-    disk_gb: int
+    instance_type: catalog.HostType = sub(
+        "string",
+        "the monitoring host's type",
+        "a general-purpose type of the cloud (infra/catalog.py)",
+        lambda got, subs: catalog.DEFAULT_HOST_TYPE[got["cloud"]],
+        derived="the cloud's default host type (infra/catalog.py)",
+        read=_host_type,
+    )
+    disk_gb: int = sub(
+        "integer",
+        "the monitoring host's disk",
+        f"an integer number of GiB in {MONITORING_DISK_GB[0]}..{MONITORING_DISK_GB[1]} "
+        "(30 days of samples plus the nodes' journals)",
+        MONITORING_DISK_DEFAULT_GB,
+        read=integer(*MONITORING_DISK_GB),
+    )
 
 
-def _parse_days(r: Reader, value: Any) -> tuple[str, ...]:
-    allowed = "day names MON..SUN as a list, a range (MON-FRI) or a comma list"
-    if value is None:
-        return ("MON", "TUE", "WED", "THU", "FRI")
-    items = value if isinstance(value, list) else str(value).split(",")
+WORKDAYS = "MON-FRI"  # a schedule's days when it names none
+
+
+def _timezone(r: Reader, path: str, value: Any, got: Mapping[str, Any]) -> Any:
+    try:
+        ZoneInfo(str(value))
+    except (ZoneInfoNotFoundError, ValueError):
+        r.fail(path, value)
+        return None
+    return value
+
+
+def _clock(r: Reader, path: str, value: Any, got: Mapping[str, Any]) -> time | None:
+    m = _HHMM_RE.match(str(value)) if value is not None else None
+    if not m:
+        r.fail(path, value)
+        return None
+    return time(int(m.group(1)), int(m.group(2)))
+
+
+def _days(r: Reader, path: str, value: Any, got: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """Day names, ranges (wrapping past SUN) and comma lists; null: WORKDAYS."""
+    items = WORKDAYS if value is None else value
+    items = items if isinstance(items, list) else str(items).split(",")
     days: set[str] = set()
     for item in items:
         item = str(item).strip().upper()
         if "-" in item:
             a, _, b = item.partition("-")
             if a not in DAYS or b not in DAYS:
-                r.fail("schedule.days", value, allowed)
-                return ()
+                r.fail(path, value)
+                days = set()
+                break
             i, j = DAYS.index(a), DAYS.index(b)
             days.update(DAYS[(i + k) % 7] for k in range((j - i) % 7 + 1))
         elif item in DAYS:
             days.add(item)
         elif item:
-            r.fail("schedule.days", value, allowed)
-            return ()
+            r.fail(path, value)
+            days = set()
+            break
+    if not days:
+        r.fail(path, value, "at least one day: this schedule never starts")
+        return None
     return tuple(d for d in DAYS if d in days)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleKeys:
+    """The `schedule` block's sub-keys, read into infra.schedule's Schedule (the record the
+    program and the nodes use: it lives below infra/config, so it declares none; its fields and
+    these are one list, tests/infra/test_config.py checks)."""
+
+    timezone: str = sub(
+        "string",
+        "the clock the times are on",
+        "an IANA time zone such as Europe/Berlin or Asia/Shanghai",
+        "UTC",
+        read=_timezone,
+    )
+    start: time = sub(
+        "string", "when the fleet starts", "a local time HH:MM (24 h)", REQUIRED, read=_clock
+    )
+    stop: time = sub(
+        "string", "when the fleet stops", "a local time HH:MM (24 h)", REQUIRED, read=_clock
+    )
+    days: tuple[str, ...] = sub(
+        "list",
+        "the days the fleet starts",
+        "day names MON..SUN as a list, a range (MON-FRI) or a comma list",
+        WORKDAYS,
+        read=_days,
+    )
 
 
 def _schedule(r: Reader, got: Mapping[str, Any]) -> Schedule | None:
     raw = r.structured("schedule", dict)
     if raw is None:
         return None
-    tz = raw.get("timezone", "UTC")
-    try:
-        ZoneInfo(str(tz))
-    except (ZoneInfoNotFoundError, ValueError):
-        r.fail("schedule.timezone", tz, "an IANA time zone such as Europe/Berlin or Asia/Shanghai")
-        tz = None
-    times = {}
-    for sub in ("start", "stop"):
-        value = raw.get(sub)
-        m = _HHMM_RE.match(str(value)) if value is not None else None
-        if not m:
-            r.fail(f"schedule.{sub}", value, "a local time HH:MM (24 h)")
-        else:
-            times[sub] = time(int(m.group(1)), int(m.group(2)))
-    days = _parse_days(r, raw.get("days"))
-    if "days" in raw and not days and raw.get("days") is not None:
-        r.fail("schedule.days", raw.get("days"), "at least one day: this schedule never starts")
-    if len(times) == 2 and times["start"] == times["stop"]:
+    sub, bad = r.block("schedule", raw, got)
+    if sub["start"] is not None and sub["start"] == sub["stop"]:
         r.fail(
             "schedule.stop",
             raw.get("stop"),
             "a time different from start: this schedule never runs the fleet",
         )
-    if tz is None or len(times) != 2 or not days:
-        return None
-    return Schedule(timezone=tz, start=times["start"], stop=times["stop"], days=days)
+    return None if bad else Schedule(**sub)
 
 
 def _ttl(r: Reader, got: Mapping[str, Any]) -> float | None:
@@ -162,25 +250,12 @@ def _budget(r: Reader, got: Mapping[str, Any]) -> Budget | None:
             "create it in the Billing console; `torchfleet cost` reads the stack's spend)",
         )
         return None
-    amount = raw.get("monthly_usd", "auto")
-    if amount != "auto":
-        amount = r.number("budget.monthly_usd", amount, float, 1, None, "auto | a USD amount >= 1")
-    emails = raw.get("alert_emails") or []
-    if not emails or not all(isinstance(e, str) and _EMAIL_RE.match(e) for e in emails):
-        r.fail("budget.alert_emails", emails, "a non-empty list of e-mail addresses to alert")
-    pct = r.number(
-        "budget.threshold_percent",
-        raw.get("threshold_percent", 80),
-        int,
-        1,
-        1000,
-        "an integer percentage 1..1000 of the budget",
-    )
-    return Budget(
-        monthly_usd=None if amount == "auto" else amount,
-        alert_emails=tuple(emails),
-        threshold_percent=pct or 80,
-    )
+    sub, bad = r.block("budget", raw, got)
+    if bad:
+        return None
+    if sub["monthly_usd"] == "auto":
+        sub["monthly_usd"] = None
+    return Budget(**sub)
 
 
 def _model_bucket(r: Reader, got: Mapping[str, Any]) -> str | None:
@@ -195,28 +270,11 @@ def _model_bucket(r: Reader, got: Mapping[str, Any]) -> str | None:
 
 def _monitoring(r: Reader, got: Mapping[str, Any]) -> Monitoring | None:
     """The `monitoring` block; every sub-key is checked even while `enabled` is false."""
-    cloud = got["cloud"]
     raw = r.structured("monitoring", dict)
     if raw is None:
         return None
-    enabled = r.boolean("monitoring.enabled", raw.get("enabled", False))
-    types = catalog.HOST_TYPES[cloud]
-    name = raw.get("instance_type", catalog.DEFAULT_HOST_TYPE[cloud])
-    itype = types.get(name) if isinstance(name, str) else None
-    if itype is None:
-        r.fail(
-            "monitoring.instance_type", name, f"a general-purpose {cloud} type: " + ", ".join(types)
-        )
-    lo, hi = MONITORING_DISK_GB
-    disk = r.number(
-        "monitoring.disk_gb",
-        raw.get("disk_gb", MONITORING_DISK_DEFAULT_GB),
-        int,
-        lo,
-        hi,
-        f"an integer number of GiB in {lo}..{hi} (30 days of samples plus the nodes' journals)",
-    )
-    if not enabled:
+    sub, bad = r.block("monitoring", raw, got)
+    if not sub.pop("enabled"):
         return None
     if got["mode"] == "kubernetes":
         r.fail(
@@ -234,9 +292,7 @@ def _monitoring(r: Reader, got: Mapping[str, Any]) -> Monitoring | None:
             "GPU nodes only; a monitoring host would outlive it)",
         )
         return None
-    if itype is None or disk is None:
-        return None
-    return Monitoring(instance_type=itype, disk_gb=disk)
+    return None if bad else Monitoring(**sub)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,8 +300,8 @@ class Operations:
     schedule: Schedule | None = key(
         "mapping",
         "office hours: start and stop the fleet on a clock",
-        "timezone (IANA), start/stop HH:MM, days",
-        subkeys=subkeys_of(Schedule),
+        "",
+        record=ScheduleKeys,
         parse=_schedule,
     )
     ttl_hours: float | None = key(
@@ -272,8 +328,8 @@ class Operations:
     budget: Budget | None = key(
         "mapping",
         "the monthly budget and who is alerted",
-        "monthly_usd (auto | >= 1), alert_emails, threshold_percent 1..1000",
-        subkeys=subkeys_of(Budget),
+        "",
+        record=Budget,
         parse=_budget,
     )
     model_bucket: str | None = key(
@@ -285,7 +341,8 @@ class Operations:
     monitoring: Monitoring | None = key(  # None: no monitoring host
         "mapping",
         "the stack's monitoring host",
-        "enabled, instance_type, disk_gb",
-        subkeys=subkeys_of(Monitoring, "enabled"),
+        "",
+        record=Monitoring,
+        switch=switch("true: a monitoring host", False),
         parse=_monitoring,
     )

@@ -16,7 +16,7 @@ from typing import Any
 
 from torchfleet_compat.problems import InvalidInput, Problems
 
-from infra.config.keys import REQUIRED, Key
+from infra.config.keys import REQUIRED, Key, default_of, sub_declared
 from infra.constants import PROJECT
 
 NAMESPACE = PROJECT  # Pulumi namespaces a project's config keys by the project name
@@ -86,6 +86,30 @@ class Reader(Problems):
                     self.fail(f"{key}.{sub}", value[sub], f"the keys {', '.join(decl.subkeys)}")
         return value
 
+    def block(
+        self, key: str, raw: Mapping[str, Any], got: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], set[str]]:
+        """A block's sub-keys (its declaration's switch and record, infra/config/keys.py), each
+        read from `raw` by its declared reader, unset: its default (REQUIRED and unset: a
+        problem). Returns the values by field name (`enabled` for the switch; None where unset
+        without a default, or bad) and the names whose values were bad."""
+        values: dict[str, Any] = {}
+        bad: set[str] = set()
+        for name, decl in sub_declared(self.keys[key]).items():
+            default = default_of(decl, got, values)
+            value = raw.get(name, default)
+            if value is REQUIRED or (value is None and default in (None, REQUIRED)):
+                if default is REQUIRED:
+                    self.fail(decl.name, None)
+                    bad.add(name)
+                values[decl.field or name] = None  # unset, no default: None
+                continue
+            assert decl.read is not None, decl.name
+            values[decl.field or name] = decl.read(self, decl.name, value, got)
+            if values[decl.field or name] is None:
+                bad.add(name)
+        return values, bad
+
     def choice(self, key: str, value: Any, allowed: tuple[str, ...]) -> str | None:
         if value not in allowed:
             self.fail(key, value, " | ".join(allowed))
@@ -119,6 +143,7 @@ class Reader(Problems):
         return number
 
     def boolean(self, key: str, value: Any) -> bool | None:
+        """true | false, or the words "true" | "false" in any case."""
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("true", "false"):

@@ -1,7 +1,8 @@
 """The rollout section: a candidate model beside the stable one at the load balancer
 (docs/rollouts.md), its share of requests and the files each track serves.
 
-`RolloutSplit` is the block's record (its fields are the block's sub-keys) and carries the
+`RolloutSplit` is the block's record (its fields are the block's sub-keys, declared with
+`sub(...)`) and carries the
 arithmetic of a split: replicas in mode: kubernetes, node counts and the VServer group's weights
 in Alibaba's group mode. infra/config/keys.py says how a key is declared.
 """
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from infra.config.keys import key, subkeys_of
+from infra.config.keys import integer, key, sub
 from infra.config.reader import Reader
 
 # Alibaba group mode: each stable node's weight in the CLB's VServer group, ESS's default
@@ -23,18 +24,56 @@ STABLE_BACKEND_WEIGHT = 50
 CLB_COOKIE_MAX_S = 86400
 
 
+def _model_file(r: Reader, path: str, value: Any, got: Mapping[str, Any]) -> str | None:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,128}\.pt", value):
+        r.fail(path, value)
+        return None
+    return value
+
+
 @dataclass(frozen=True)
 class RolloutSplit:
     """The `rollout` block: the candidate's share of requests at the load balancer."""
 
-    candidate_weight: int  # percent; the stable version gets the rest
-    # a client stays on its track this long (0: off): AWS, ALB stickiness across the two target
-    # groups; Alibaba group mode, the CLB's inserted cookie (its node, so its track)
-    sticky_s: int = 0
-    candidate_model: str = "candidate.pt"  # kubernetes: the candidate's file in the model volume
-    stable_model: str = "model.pt"  # kubernetes: the stable Deployment's file there (promotion)
-    # kubernetes: a file there the stable pods run as their shadow (`--strategy shadow`)
-    shadow_model: str | None = None
+    candidate_weight: int = sub(
+        "integer",
+        "the candidate's percent of requests; the stable version gets the rest",
+        "an integer percent 0..100",
+        0,
+        read=integer(0, 100),
+    )
+    sticky_s: int = sub(
+        "integer",
+        "a client stays on its track this long (0: off): AWS, ALB stickiness across the two "
+        "target groups; alicloud group mode, the CLB's inserted cookie (its node, so its track)",
+        "0 (off) or seconds up to 604800 (the ALB's limit)",
+        0,
+        read=integer(0, 604800),
+    )
+    candidate_model: str = sub(
+        "string",
+        "kubernetes: the candidate's file in the model volume; group: <sha256>.pt in "
+        "model_bucket under models/, served by a candidate Auto Scaling / ESS group (required "
+        "while candidate_weight > 0)",
+        "a file name ending .pt, such as candidate.pt",
+        "candidate.pt",
+        read=_model_file,
+    )
+    stable_model: str = sub(
+        "string",
+        "kubernetes: the stable Deployment's file there; group: <sha256>.pt there, served by "
+        "the stable group instead of the bundle's model; a promotion moves it",
+        "a file name ending .pt, such as model.pt",
+        "model.pt",
+        read=_model_file,
+    )
+    shadow_model: str | None = sub(
+        "string",
+        "kubernetes: a file there the stable pods run as their shadow, set and removed by "
+        "`torchfleet rollout --strategy shadow`",
+        "a file name ending .pt, such as shadow.pt",
+        read=_model_file,
+    )
 
     def candidate_replicas(self, stable: int) -> int:
         """Kubernetes splits by replicas: beside `stable` replicas, as many candidate ones as
@@ -105,59 +144,34 @@ def _rollout(r: Reader, got: Mapping[str, Any]) -> RolloutSplit | None:
             "`torchfleet rollout` on the local fleet)",
         )
         return None
-    weight = r.number(
-        "rollout.candidate_weight",
-        raw.get("candidate_weight", 0),
-        int,
-        0,
-        100,
-        "an integer percent 0..100",
-    )
-    sticky = r.number(
-        "rollout.sticky_s",
-        raw.get("sticky_s", 0),
-        int,
-        0,
-        604800,
-        "0 (off) or seconds up to 604800 (the ALB's limit)",
-    )
-    files = {}
-    for sub, example in (("candidate_model", "candidate.pt"), ("stable_model", "model.pt")):
-        files[sub] = raw.get(sub, getattr(RolloutSplit, sub))
-        if not isinstance(files[sub], str) or not re.fullmatch(
-            r"[A-Za-z0-9._-]{1,128}\.pt", files[sub]
-        ):
-            r.fail(f"rollout.{sub}", files[sub], f"a file name ending .pt, such as {example}")
-            return None
-    shadow = raw.get("shadow_model")
-    if shadow is not None:
-        if not isinstance(shadow, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,128}\.pt", shadow):
-            r.fail("rollout.shadow_model", shadow, "a file name ending .pt, such as shadow.pt")
-            return None
-        if mode != "kubernetes":
-            r.fail(
-                "rollout.shadow_model",
-                shadow,
-                "unset outside mode: kubernetes (a group's nodes take a new file by being "
-                "replaced: every node twice for one shadow test)",
-            )
-            return None
+    files, bad = r.block("rollout", raw, got)
+    if bad & {"candidate_model", "stable_model", "shadow_model"}:
+        return None
+    weight, sticky, shadow = files["candidate_weight"], files["sticky_s"], files["shadow_model"]
+    if shadow is not None and mode != "kubernetes":
+        r.fail(
+            "rollout.shadow_model",
+            shadow,
+            "unset outside mode: kubernetes (a group's nodes take a new file by being "
+            "replaced: every node twice for one shadow test)",
+        )
+        return None
     if mode == "group":
         # group mode: the block's files are what nodes download and verify, so their names are
         # the stack's content-addressed copies (the digest is the checksum) in model_bucket
-        for sub in ("candidate_model", "stable_model"):
-            if sub in raw and model_digest(files[sub]) is None:
+        for name in ("candidate_model", "stable_model"):
+            if name in raw and model_digest(files[name]) is None:
                 r.fail(
-                    f"rollout.{sub}",
-                    files[sub],
+                    f"rollout.{name}",
+                    files[name],
                     "in mode: group, <sha256 of the file, 64 lowercase hex>.pt: the copy "
                     "`torchfleet rollout` places in model_bucket under models/",
                 )
                 return None
-            if sub in raw and not r.get("model_bucket"):
+            if name in raw and not r.get("model_bucket"):
                 r.fail(
-                    f"rollout.{sub}",
-                    files[sub],
+                    f"rollout.{name}",
+                    files[name],
                     "unset without model_bucket (the nodes download the file from it)",
                 )
                 return None
@@ -201,16 +215,7 @@ def _rollout(r: Reader, got: Mapping[str, Any]) -> RolloutSplit | None:
             return None
     if weight is None or sticky is None:
         return None
-    return RolloutSplit(
-        candidate_weight=weight,
-        sticky_s=sticky,
-        candidate_model=files["candidate_model"],
-        stable_model=files["stable_model"],
-        shadow_model=shadow,
-    )
-
-
-ROLLOUT_SUBKEYS = subkeys_of(RolloutSplit)
+    return RolloutSplit(**files)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,19 +224,10 @@ class Rollout:
         "mapping",
         "a candidate model beside the stable one at the load balancer (docs/rollouts.md); "
         "unset: one version, today's plan",
-        "candidate_weight 0..100 (percent of requests), sticky_s 0..604800 (AWS: ALB "
-        "stickiness across the two target groups), candidate_model (kubernetes: the candidate's "
-        "file in the model volume, default candidate.pt; group: <sha256>.pt in model_bucket "
-        "under models/, served by a candidate Auto Scaling / ESS group; required while "
-        "candidate_weight > 0), "
-        "stable_model (kubernetes: the stable Deployment's file there, default model.pt; "
-        "group: <sha256>.pt there, served by the stable group instead of the bundle's model; "
-        "a promotion moves it), shadow_model (kubernetes: a file there the stable pods run as "
-        "their shadow, set and removed by `torchfleet rollout --strategy shadow`); "
         "mode: group (aws; alicloud: a candidate ESS group in the CLB's "
         "VServer group, candidate_weight up to the share its weights reach, sticky_s up to 86400: "
         "the CLB's cookie), or "
         "mode: kubernetes",
-        subkeys=ROLLOUT_SUBKEYS,
+        record=RolloutSplit,
         parse=_rollout,
     )

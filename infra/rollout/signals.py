@@ -117,8 +117,9 @@ def parse_metrics(text: str) -> Sample:
                 s.requests += value
                 if labels.get("code", "").startswith("5"):
                     s.errors += value
-            elif name == "torchfleet_request_duration_seconds_bucket":
-                s.buckets[float(labels["le"])] = value
+            elif name == "torchfleet_request_duration_seconds_bucket":  # summed over `route`
+                le = float(labels["le"])
+                s.buckets[le] = s.buckets.get(le, 0.0) + value
             elif name == "torchfleet_capacity_items_per_second":
                 s.capacity = value
             elif name == "torchfleet_max_batch_size":

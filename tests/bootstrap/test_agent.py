@@ -109,16 +109,19 @@ def test_scrape_reads_queue_gpu_and_request_rate() -> None:
 
 def test_interval_figures_from_the_runtimes_own_exposition() -> None:
     """What the node answered between two samples, read from the runtime's real /metrics (its
-    Metrics registry): requests, 5xx and the p99 of those requests alone, for CloudMonitor."""
+    Metrics registry): requests, 5xx and the p99 of those requests alone, for CloudMonitor,
+    summed over the routes (/v1 and /v2 requests alternate here)."""
     from prometheus_client import generate_latest
     from torchfleet_runtime.metrics import Metrics
+    from torchfleet_runtime.v2 import ROUTE_LABELS
 
     m = Metrics()
 
     def answer(n: int, seconds: float, code: str) -> None:
-        for _ in range(n):
-            m.request_duration.observe(seconds)
-            m.requests.labels(code=code).inc()
+        for i in range(n):
+            route = ROUTE_LABELS[i % 2]
+            m.request_duration.labels(route=route).observe(seconds)
+            m.requests.labels(code=code, route=route).inc()
 
     answer(95, 0.02, "200")
     answer(5, 0.02, "503")
@@ -133,7 +136,7 @@ def test_interval_figures_from_the_runtimes_own_exposition() -> None:
     assert values["RequestRate"] == (pytest.approx(50 / 15), "Count/Second")
     # a sample after a restart (counters went down): nothing to compare with
     fresh = Metrics()
-    fresh.requests.labels(code="200").inc()
+    fresh.requests.labels(code="200", route=ROUTE_LABELS[0]).inc()
     restarted, _ = metrics.scrape(generate_latest(fresh.registry).decode(), second, now_s=30.0)
     assert not {"RequestCount", "ErrorCount", "LatencyP99"} & set(restarted)
 
@@ -146,6 +149,7 @@ def test_the_agents_p99_resolves_what_the_rollout_guard_is_told_it_does() -> Non
     from prometheus_client.parser import text_string_to_metric_families
     from torchfleet_compat.histogram import LATENCY_BOUNDS
     from torchfleet_runtime.metrics import Metrics
+    from torchfleet_runtime.v2 import V1_ROUTE
 
     m = Metrics()
     text = generate_latest(m.registry).decode()
@@ -160,8 +164,8 @@ def test_the_agents_p99_resolves_what_the_rollout_guard_is_told_it_does() -> Non
     sample = metrics.scrape(text, None, now_s=0.0)[1]
     for i, seconds in enumerate((0.11, 0.132), 1):
         for k in range(100):
-            m.request_duration.observe(seconds + k * 0.0001)
-            m.requests.labels(code="200").inc()
+            m.request_duration.labels(route=V1_ROUTE).observe(seconds + k * 0.0001)
+            m.requests.labels(code="200", route=V1_ROUTE).inc()
         values, sample = metrics.scrape(generate_latest(m.registry).decode(), sample, i * 15.0)
         p99s.append(values["LatencyP99"][0])
     assert p99s[1] / p99s[0] > 1.15, p99s

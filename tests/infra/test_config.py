@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from infra.config import ConfigError, load
+from infra.config import REQUIRED, ConfigError, load
 from infra.lifecycle import LAUNCH_TIMEOUT_DEFAULT_S
 
 
@@ -326,7 +326,7 @@ def test_new_keys_join_the_one_pass_report(settings):
 def test_the_docs_table_is_generated_from_the_declaration():
     from pathlib import Path
 
-    from infra.config import FIELDS, KEYS, SUBKEYS, readme_table
+    from infra.config import FIELDS, KEYS, SUBFIELDS, SUBKEYS, readme_table
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     start, end = "<!-- config-table:start -->\n", "\n<!-- config-table:end -->"
@@ -335,9 +335,10 @@ def test_the_docs_table_is_generated_from_the_declaration():
     assert current == readme_table(), (
         "docs/configuration.md's table is stale: python -m infra.config --table"
     )
-    # one row per declared key, and the unknown-key checks use the same declaration
-    assert len(current.splitlines()) == len(FIELDS) + 2 and tuple(FIELDS) == KEYS
+    # one row per declared key and sub-key, and the unknown-key checks use the same declaration
+    assert len(current.splitlines()) == len(FIELDS) + len(SUBFIELDS) + 2 and tuple(FIELDS) == KEYS
     assert SUBKEYS["spot"] == FIELDS["spot"].subkeys
+    assert "| `spot.max_price_ratio` | number | 1.0 | a number > 0 and <= 1.3 " in current
 
 
 def test_each_key_is_declared_once_as_a_field_of_its_section():
@@ -468,3 +469,43 @@ def test_checks_without_words_of_their_own_quote_the_declaration(settings):
     ):
         err = problems(base(settings, "aws-prod", **{key: value}), "aws-prod")
         assert f"torchfleet:{key} = {value!r} is invalid; allowed: {FIELDS[key].allowed}" in err
+
+
+def test_a_sub_key_is_read_by_its_declaration(settings, monkeypatch):
+    """A block's sub-keys have no reader, default or allowed words of their own in the block's
+    parser: each comes from the record field's `sub(...)` declaration (the generic block
+    reader applies them), so changing the declaration changes what load() does."""
+    from dataclasses import fields, replace
+
+    from infra.config import FIELDS, SUBFIELDS, Scaling, Spot
+    from infra.schedule import Schedule
+
+    # schedule's record lives below infra/config: its declarations are the same list of fields
+    assert FIELDS["schedule"].subkeys == tuple(f.name for f in fields(Schedule))
+
+    declared = {f.name: f.metadata["key"] for f in fields(Spot)}
+    assert SUBFIELDS["spot.max_price_ratio"].allowed == declared["max_price_ratio"].allowed
+    raw = base(settings, spot={"enabled": True, "interruption": "stop"})
+    assert load(raw, "aws-dev").spot.max_price_ratio == declared["max_price_ratio"].default
+    # every declared default lands in the record when the block leaves the sub-key unset
+    spot = load(raw, "aws-dev").spot
+    assert spot.fallback == declared["fallback"].default and spot.on_demand_base == 0
+    cfg = load(base(settings, "aws-prod", scaling={"requests_per_node": 600}), "aws-prod")
+    for f in fields(Scaling):
+        decl = f.metadata["key"]
+        if not callable(decl.default) and decl.default is not REQUIRED:
+            assert getattr(cfg.scaling, f.name) == decl.default, f.name
+    # swap the declaration's reader and default: load() follows
+    field = next(f for f in fields(Spot) if f.name == "max_price_ratio")
+    swapped = replace(
+        field.metadata["key"], default=0.7, read=lambda r, path, value, got: value / 2
+    )
+    monkeypatch.setattr(field, "metadata", {"key": swapped})
+    assert load(raw, "aws-dev").spot.max_price_ratio == 0.35
+
+    def refuse(r, path, value, got):
+        r.fail(path, value)
+
+    monkeypatch.setattr(field, "metadata", {"key": replace(swapped, read=refuse)})
+    err = problems(raw)
+    assert "torchfleet:spot.max_price_ratio = 0.7 is invalid; allowed: a number > 0" in err

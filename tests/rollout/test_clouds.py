@@ -32,7 +32,16 @@ def test_every_cloud_the_config_allows_has_a_rollout_table():
         ("alicloud-prod", signals.CloudMonitorSource, EssRoll, 80),
     ],
 )
-def test_a_group_stack_gets_its_clouds_figures_refresh_and_limit(stack, figures, refresh, limit):
+def test_a_group_stack_gets_its_clouds_figures_refresh_and_limit(
+    stack, figures, refresh, limit, monkeypatch
+):
+    # the refresh builds its cloud client: fake keys, so botocore never asks this machine's IMDS
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "AKIAIOSFODNN7EXAMPLE"),
+        ("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ):
+        monkeypatch.setenv(name, value)
     cfg = _cfg(stack)
     table = clouds.rollout_of(cfg)
     assert table.figures is figures and table.needs_prometheus(cfg) is None

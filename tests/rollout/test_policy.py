@@ -120,10 +120,14 @@ def test_parse_metrics_reads_version_requests_errors_buckets():
         [
             "# HELP x",
             'torchfleet_model_info{device="cpu",format="eager",model_name="m",model_version="v2",precision="fp32"} 1.0',
-            'torchfleet_requests_total{code="200"} 90.0',
-            'torchfleet_requests_total{code="500"} 10.0',
-            'torchfleet_request_duration_seconds_bucket{le="0.1"} 95.0',
-            'torchfleet_request_duration_seconds_bucket{le="+Inf"} 100.0',
+            # /v1 and /v2 traffic in their own series (the runtime's `route` label): summed
+            'torchfleet_requests_total{code="200",route="/v1/predict"} 60.0',
+            'torchfleet_requests_total{code="200",route="/v2/models/:model/infer"} 30.0',
+            'torchfleet_requests_total{code="500",route="/v1/predict"} 10.0',
+            'torchfleet_request_duration_seconds_bucket{le="0.1",route="/v1/predict"} 65.0',
+            'torchfleet_request_duration_seconds_bucket{le="+Inf",route="/v1/predict"} 70.0',
+            'torchfleet_request_duration_seconds_bucket{le="0.1",route="/v2/models/:model/infer"} 30.0',
+            'torchfleet_request_duration_seconds_bucket{le="+Inf",route="/v2/models/:model/infer"} 30.0',
             'torchfleet_shadow_instances_total{model_version="v3"} 40.0',
             'torchfleet_shadow_argmax_agreements_total{model_version="v3"} 30.0',
         ]
@@ -259,11 +263,19 @@ def test_a_scrape_carries_each_nodes_capacity_and_cap():
 
 def test_the_latency_histogram_costs_what_the_docs_say_per_node():
     """metrics.py's docstring and docs/monitoring.md state the series one node exposes for the
-    request-latency histogram: a series per bound, +Inf, _sum, _count and _created."""
+    request-latency histogram: a series per bound, +Inf, _sum, _count and _created, per route
+    the node has served."""
     from torchfleet_runtime.metrics import Metrics
+    from torchfleet_runtime.v2 import V1_ROUTE, V2_ROUTE
 
     m = Metrics()
-    m.request_duration.observe(0.1)
-    text = m.render().decode()
-    series = [x for x in text.splitlines() if x.startswith("torchfleet_request_duration_seconds")]
-    assert len(series) == 50, series  # the figure the docs state
+
+    def series() -> list[str]:
+        text = m.render().decode()
+        return [x for x in text.splitlines() if x.startswith("torchfleet_request_duration_seconds")]
+
+    assert len(series()) == 50, series()  # the figure the docs state: /v1's, from the start
+    m.request_duration.labels(route=V1_ROUTE).observe(0.1)
+    assert len(series()) == 50
+    m.request_duration.labels(route=V2_ROUTE).observe(0.1)  # /v2's with its first request
+    assert len(series()) == 100

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # rt_models, importable by name (also by subprocesses via PYTHONPATH)
@@ -64,12 +65,19 @@ class Client:
 
 
 def metric_value(text: str, name: str, labels: str = "") -> float:
-    """The value of `name{labels}` in a Prometheus exposition (0 when absent)."""
-    key = f"{name}{{{labels}}}" if labels else name
-    for line in text.splitlines():
-        if line.startswith(key + " "):
-            return float(line.split()[-1])
-    return 0.0
+    """The sum of the series of `name` in a Prometheus exposition that carry every one of
+    `labels` (`code="200"`, or `code="200",route="/v1/predict"`; none: every series of `name`),
+    as PromQL's `sum(name{labels})` reads it; 0 when none does."""
+    want: set[tuple[str, str]] = set()
+    if labels:
+        (probe,) = text_string_to_metric_families(f"probe{{{labels}}} 1\n")
+        want = set(probe.samples[0].labels.items())
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and want <= set(sample.labels.items()):
+                total += sample.value
+    return total
 
 
 @pytest.fixture

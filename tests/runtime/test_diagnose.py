@@ -56,7 +56,13 @@ def test_diagnose_reports_stages_replicas_batches_and_versions(start_runtime, ca
     doc = json.loads(out)
     assert doc["readyz"]["status"] == 200 and doc["model"]["state"] == "ready"
     assert doc["versions"]["torch"] and doc["versions"]["runtime"]
-    assert doc["traffic"]["requests_per_s_by_code"]["200"] > 0
+    traffic = doc["traffic"]
+    assert traffic["requests_per_s_by_code"]["200"] > 0
+    # only /v1 traffic here: the route's rate is every code's
+    assert list(traffic["requests_per_s_by_route"]) == ["/v1/predict"]
+    assert traffic["requests_per_s_by_route"]["/v1/predict"] == pytest.approx(
+        sum(traffic["requests_per_s_by_code"].values()), abs=0.05
+    )
     assert doc["traffic"]["latency"]["p99_s"] > 0
     for stage in ("decode", "queue", "model", "encode", "write"):
         assert doc["stages"][stage]["count"] > 0, stage
@@ -68,6 +74,7 @@ def test_diagnose_reports_stages_replicas_batches_and_versions(start_runtime, ca
 
     code, text = _run(capsys, "--url", f"http://127.0.0.1:{rt.port}", "--window", "0")
     assert code == 0
+    assert "by route: " in text
     assert "stage" in text and LABELS[0] in text and LABELS[1] in text and "findings:" in text
     assert f"edge processes {EDGE_WORKERS} (restarts 0" in text
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import threading
 import time
 
 import pytest
@@ -111,39 +110,28 @@ def test_json_and_binary_answers_equal_v1(served):
 
 
 def test_v2_and_v1_requests_share_one_batcher(start_runtime, client_for):
+    from test_batching import GATED, in_thread, wait_until
+
     model = rt_models.Instrumented()
-    svc = start_runtime(model, max_delay_ms=200.0, edge_workers=0)
+    svc = start_runtime(model, max_batch_size=8, max_delay_ms=2, edge_workers=0)
+    first, first_out = in_thread(lambda: client_for(svc).predict(GATED))
+    assert model.entered.wait(20)  # the worker is inside the model: what comes next queues
+    calls = [
+        in_thread(lambda: client_for(svc).predict([1.0, 2.0, 3.0, 4.0])),
+        in_thread(lambda: _infer(client_for(svc), _doc())),
+        in_thread(lambda: _infer(client_for(svc), _doc((4, 3, 2, 1)))),
+    ]
+    wait_until(lambda: svc.runtime.batcher.queued == 3, "a /v1 and two /v2 requests queued")
     model.sizes.clear()
-    results: list[int] = []
-
-    def v1() -> None:
-        results.append(client_for(svc).predict([1.0, 2.0, 3.0, 4.0])[0])
-
-    def v2() -> None:
-        results.append(_infer(client_for(svc), _doc())[0])
-
-    threads = [threading.Thread(target=f) for f in (v1, v2, v1, v2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert results == [200] * 4
-    assert max(model.sizes) >= 2  # at least one batch held /v1 and /v2 requests together
+    model.gate.set()
+    first.join(20)
+    assert first_out[0][0] == 200
+    for t, out in calls:
+        t.join(20)
+        assert out[0][0] == 200
+    assert max(model.sizes) >= 3  # one batch held the /v1 and the /v2 requests together
 
 
-@pytest.mark.parametrize(
-    ("doc", "binary", "status", "words"),
-    [
-        (_doc(datatype="FP64"), b"", 400, "float64"),
-        (_doc((1, 2, 3, 4, 5), shape=(1, 5)), b"", 400, "shape"),
-        (_doc(shape=(2, 4)), b"", 400, "8"),
-        (_doc(name="x"), b"", 400, "'input'"),
-        (_doc(size=64), b"\0" * 16, 400, "binary_data_size"),
-        (_doc(size=8), b"\0" * 8, 400, "needs 16"),
-        (_doc(size=16), struct.pack("<4f", 1, float("nan"), 0, 0), 400, "NaN"),
-        (_doc(outputs=[{"name": "nope"}]), b"", 400, "nope"),
-    ],
-)
 def test_refusals_are_clean_4xx_and_the_server_keeps_serving(served, doc, binary, status, words):
     _, client = served
     got, _, body = _infer(client, doc, binary)

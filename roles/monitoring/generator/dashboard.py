@@ -175,6 +175,36 @@ ROWS: tuple[RowSpec, ...] = (
         ),
     ),
     RowSpec(
+        "Routes",
+        (
+            PanelSpec(
+                "Throughput by route",
+                "timeseries",
+                (Target(f"stack_route:torchfleet_requests:rate1m{{{S}}}", "{{route}}"),),
+                unit="reqps",
+                stacking="normal",
+                width=12,
+                description="Prediction requests per second by route: /v1/predict, and the Open "
+                "Inference Protocol's /v2/models/:model/infer (Triton and KServe clients).",
+            ),
+            PanelSpec(
+                "p99 latency by route",
+                "timeseries",
+                (
+                    Target(
+                        f"stack_route:torchfleet_request_duration_seconds:p99_rate1m{{{S}}}",
+                        "{{route}}",
+                    ),
+                ),
+                unit="s",
+                threshold=0.2,
+                width=12,
+                description="Arrival to answer, per route. The red line is the 200 ms p99 "
+                "objective.",
+            ),
+        ),
+    ),
+    RowSpec(
         "Where request time goes",
         (
             PanelSpec(

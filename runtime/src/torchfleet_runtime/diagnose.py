@@ -7,7 +7,7 @@ address; on a converged node run it as the runtime's group, which owns the confi
 - the node: state (with the replicas that fail, if degraded), who may call /v1/* (the
   runtime's own statement), versions (runtime, torch, CUDA,
   driver, Python), the model (version, format, precision, batch cap);
-- traffic over the window: requests/s by status code, latency p50/p99, queue depth;
+- traffic over the window: requests/s by status code and by route, latency p50/p99, queue depth;
 - where the time goes: each stage's mean and p99 over the window (decode, queue, model,
   encode, write), per replica for the model stage;
 - each replica: device, CPU set, threads, busy share of the window, its recent batch sizes;
@@ -183,11 +183,15 @@ def collect(where: Target, window: float) -> dict[str, Any]:
     devices = sorted(
         {dict(k).get("device", "") for k in _select(after, "torchfleet_replica_ready")}
     )
-    codes = {}
+    codes: dict[str, float] = {}
+    routes: dict[str, float] = {}
     for labels, v in _select(after, "torchfleet_requests_total").items():
         grew = v - before.get(("torchfleet_requests_total", labels), 0.0)
-        if grew > 0:
-            codes[dict(labels)["code"]] = round(grew / seconds, 2)
+        if grew > 0:  # summed over the other label (a code over the routes, a route over codes)
+            d = dict(labels)
+            code, route = d["code"], d.get("route", "")
+            codes[code] = codes.get(code, 0.0) + grew / seconds
+            routes[route] = routes.get(route, 0.0) + grew / seconds
     doc: dict[str, Any] = {
         "node": socket.gethostname(),
         "url": base,
@@ -206,7 +210,8 @@ def collect(where: Target, window: float) -> dict[str, Any]:
             for k in ("model_version", "name", "format", "precision", "state", "max_batch_size")
         },
         "traffic": {
-            "requests_per_s_by_code": codes,
+            "requests_per_s_by_code": {k: round(v, 2) for k, v in codes.items()},
+            "requests_per_s_by_route": {k: round(v, 2) for k, v in routes.items()},
             "latency": _histogram(after, before, "torchfleet_request_duration_seconds"),
             "queue_depth": _sum(after, "torchfleet_queue_depth"),
             "inflight": _sum(after, "torchfleet_inflight_requests"),
@@ -342,6 +347,11 @@ def render(doc: dict[str, Any]) -> str:
         )
         + f"; p50 {_ms(t['latency']['p50_s'])}, p99 {_ms(t['latency']['p99_s'])}; "
         f"queue {t['queue_depth']:.0f}, in flight {t['inflight']:.0f}",
+        "by route: "
+        + (
+            ", ".join(f"{k}: {r}/s" for k, r in sorted(t["requests_per_s_by_route"].items()))
+            or "none"
+        ),
         f"edge processes {doc['edges']['workers']} (restarts {doc['edges']['restarts']}, "
         f"{_mib(doc['edges']['resident_bytes'])} resident)",
         "",

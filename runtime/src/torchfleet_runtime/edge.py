@@ -18,9 +18,9 @@ What crosses to the owner (handoff.py's frames): SUBMIT per prediction and its A
 owner's STATE (readiness, liveness, the model's input shape and dtype, which decoding checks)
 whenever it changes, so /livez and /readyz answer here; /v1/model, /metrics and POST
 /admin/reload are CALLs the owner answers (it is the node's only metrics exposition: this
-process sends each finished request's RECORD, status and stage times, and its connection count).
-DRAIN: new predictions get 503 with Connection: close, admitted ones finish, then DRAINED. TOKENS:
-read the token file again. When the owner's socket ends (it stopped or died) this process closes
+process sends each finished request's RECORD, status, route and stage times, and its connection
+count). DRAIN: new predictions get 503 with Connection: close, admitted ones finish, then DRAINED.
+TOKENS: read the token file again. When the owner's socket ends (it stopped or died) this process closes
 its connections (idle ones after a short grace) and exits.
 """
 
@@ -45,7 +45,7 @@ from .errors import ApiError
 from .handoff import Answer, FrameReader, FrameWriter, Record, Records, Ring, Submit
 from .httpd import HttpServer
 from .server import build_http
-from .v2 import V2Infer
+from .v2 import V2Infer, route_label
 
 log = logging.getLogger("torchfleet_runtime.edge")
 
@@ -160,6 +160,7 @@ class EdgeCall:
                     self.protocol is not None or wire.wants_raw(headers.get("accept", "")),
                     self.before_drain,
                     d.binary,
+                    self.protocol is not None,
                     d.dtype,
                     d.shape,
                     self.request_id,
@@ -369,6 +370,7 @@ class Edge:
             call.decode_s,
             call.encode_s,
             write_s,
+            route_label(call.protocol),
         )
         now = time.monotonic()
         rss = 0

@@ -46,6 +46,7 @@ from .errors import ApiError, error_body, internal_error
 from .handoff import Answer, Failure, FrameReader, FrameWriter, Ring, Submit
 from .predict import PredictCall
 from .tls import server_context
+from .v2 import V1_ROUTE, V2_ROUTE
 from .wire import Decoded
 
 if TYPE_CHECKING:
@@ -365,6 +366,7 @@ class EdgePool:
     def _submit(self, link: EdgeLink, s: Submit) -> None:
         rt = self.rt
         call = PredictCall(rt, s.request_id, count_inflight=False)
+        call.route = V2_ROUTE if s.v2 else V1_ROUTE  # a 499 after the edge's loss counts here
         link.pending[s.seq] = call
         try:
             if s.before_drain:
@@ -455,6 +457,7 @@ class EdgePool:
             call = link.pending.pop(r.seq, None) if r.seq else None
             if call is None:  # refused by the edge before the owner saw it
                 call = PredictCall(rt, r.request_id, count_inflight=False)
+            call.route = r.route
             call.timings["decode"] = r.decode_s
             call.timings["encode"] = r.encode_s
             err = ApiError(r.status, r.error_type, r.error_message) if r.error_type else None

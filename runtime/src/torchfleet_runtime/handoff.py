@@ -40,7 +40,7 @@ _HEAD = struct.Struct("<IB")
 _SUBMIT = struct.Struct("<QiQBH")  # seq, slot (-1: inline), nbytes, flags, meta length
 _ANSWER = struct.Struct("<QiQI")  # seq, slot (-1: inline), data bytes, head length
 _RESULT = struct.Struct("<IHH")  # call id, status, retry-after (0: none)
-F_BATCHED, F_RAW_ANSWER, F_BEFORE_DRAIN, F_BINARY = 1, 2, 4, 8
+F_BATCHED, F_RAW_ANSWER, F_BEFORE_DRAIN, F_BINARY, F_V2 = 1, 2, 4, 8, 16
 NO_SLOT = -1
 
 
@@ -54,6 +54,7 @@ class Submit(NamedTuple):
     raw_answer: bool  # the client asked for application/octet-stream
     before_drain: bool  # its headers were accepted before the edge heard of a drain
     binary: bool  # a raw or .npy body (checked for NaN/Inf by the owner)
+    v2: bool  # a /v2 infer request (its metrics' route; a dropped one is counted under it)
     dtype: str
     shape: tuple[int, ...]
     request_id: str
@@ -97,6 +98,7 @@ class Record(NamedTuple):
     decode_s: float
     encode_s: float
     write_s: float
+    route: str  # the metrics' route label (v2.ROUTE_LABELS)
 
 
 class Records(NamedTuple):
@@ -122,6 +124,7 @@ def pack_submit(s: Submit) -> bytes:
         | (F_RAW_ANSWER if s.raw_answer else 0)
         | (F_BEFORE_DRAIN if s.before_drain else 0)
         | (F_BINARY if s.binary else 0)
+        | (F_V2 if s.v2 else 0)
     )
     meta = f"{s.dtype};{','.join(map(str, s.shape))};{s.request_id}".encode()
     return frame(SUBMIT, _SUBMIT.pack(s.seq, s.slot, s.nbytes, flags, len(meta)) + meta + s.inline)
@@ -139,6 +142,7 @@ def unpack_submit(p: bytes) -> Submit:
         bool(flags & F_RAW_ANSWER),
         bool(flags & F_BEFORE_DRAIN),
         bool(flags & F_BINARY),
+        bool(flags & F_V2),
         dtype,
         tuple(int(d) for d in shape.split(",")),
         rid,

@@ -21,7 +21,9 @@ Properties (tests/runtime/test_http_edge.py and the fuzz suite hold them):
   `Connection: close` and a lingering close: the server keeps reading and dropping for up to
   `LINGER_S` so the client can finish sending and read its answer instead of a reset.
 - `Expect: 100-continue` gets its interim answer only when the request is acceptable.
-- answers go out in request order (pipelining); every error is JSON with a status line.
+- answers go out in request order (pipelining); every error is JSON with a status line, in the
+  flat form `{"error": "<message>"}` when the request's target (as far as it was read) is one
+  the server's `flat_errors` names (server.py: the /v2 routes), else errors.error_body's.
 - at stop an idle keep-alive connection is closed only after `CLOSE_GRACE_S` without a request:
   one already on its way is answered (the app refuses it: 503, Connection: close), not reset.
 The application (`App`) sees whole requests and returns a `Response` or a future of one.
@@ -615,10 +617,11 @@ class Connection(asyncio.Protocol):
         req = self._req
         if req is not None and req.context is not None and not self._skipping:
             self._app.aborted(req, exc)
+        flat = req is not None and self._server.flat_errors(req.path or req._url.decode("latin-1"))
         self._req = None
         self._closing = True
         self._parser = None  # type: ignore[assignment] # nothing more is parsed on this connection
-        self._queue.append([None, error_response(exc, headers), True])
+        self._queue.append([None, error_response(exc, headers, flat=flat), True])
         if linger:
             self._start_lingering()
         else:
@@ -735,8 +738,12 @@ class HttpServer:
         on_count: Callable[[int], None] = lambda n: None,
         ssl_context: ssl.SSLContext | None = None,
         sock: socket.socket | None = None,
+        flat_errors: Callable[[str], bool] = lambda target: False,
     ) -> None:
         self.app = app
+        # whether a framing, limit or timeout error on this request target (what of it has been
+        # read) is answered in the flat form `{"error": "<message>"}` (server.py: the /v2 routes)
+        self.flat_errors = flat_errors
         self._sock = sock  # a listening socket made elsewhere (an edge process inherits one)
         self.ssl_context = ssl_context  # HTTPS when set (tls.server_context)
         self.limits = _Limits(

@@ -3,9 +3,14 @@
 The names are a contract (dashboards and alert rules are written against them). Latencies are
 histograms in seconds. `torchfleet_request_duration_seconds` uses torchfleet_compat's
 LATENCY_BOUNDS (each bound at most 20 % above the one below from 5 ms to 5 s, coarse outside),
-which the rollout's guards and the node agent read it with: unlabelled, it costs one series per
-bound, +Inf, _sum, _count and _created per node (50, where the coarser buckets before it took
-18: tests/rollout/test_policy.py counts them). `torchfleet_capacity_items_per_second`: the
+which the rollout's guards and the node agent read it with: it costs one series per bound, +Inf,
+_sum, _count and _created per route (50, where the coarser buckets before it
+took 18: tests/rollout/test_policy.py counts them). `torchfleet_requests_total{code, route}` and
+the latency histogram carry the prediction's `route` (v2.ROUTE_LABELS: `/v1/predict` or the
+template `/v2/models/:model/infer`, never a raw path or a model's name), so /v1 and /v2 traffic
+are told apart and a sum over `route` is the node's total. The /v1 route's latency series are
+there from the start (as the unlabelled histogram's were: a node's bucket bounds can be read
+before it answers), /v2's with its first request. `torchfleet_capacity_items_per_second`: the
 instances per second the node sustains with batches up to its cap (Batcher.capacity), beside
 `torchfleet_max_batch_size`; both change on a reload or a lowered cap.
 
@@ -39,6 +44,8 @@ from prometheus_client import (
     generate_latest,
 )
 from torchfleet_compat.histogram import LATENCY_BOUNDS
+
+from .v2 import V1_ROUTE
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +93,8 @@ class Metrics:
         r = self.registry
         self.request_duration = Histogram(
             "torchfleet_request_duration_seconds",
-            "Time from a prediction request's arrival to its answer.",
+            "Time from a prediction request's arrival to its answer, by route.",
+            ["route"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -141,8 +149,8 @@ class Metrics:
         )
         self.requests = Counter(
             "torchfleet_requests",
-            "Prediction requests answered, by HTTP status code.",
-            ["code"],
+            "Prediction requests answered, by HTTP status code and route.",
+            ["code", "route"],
             registry=r,
         )
         self.inflight = Gauge(
@@ -208,6 +216,9 @@ class Metrics:
         self.degraded.set(0)
         self._info_labels: tuple[str, ...] | None = None
         self._devices: dict[str, DeviceMetrics] = {}
+        self._answered: dict[tuple[str, int], Any] = {}
+        self._latency: dict[str, Any] = {}
+        self.latency(V1_ROUTE)  # /v1's series from the start (the module docstring)
         # process_cpu_seconds_total, process_resident_memory_bytes, ...: the runtime's own cost
         ProcessCollector(registry=r)
 
@@ -223,6 +234,21 @@ class Metrics:
                 self.replica_ready.labels(device=label),
                 self.replica_busy.labels(device=label),
             )
+        return found
+
+    def answered(self, route: str, code: int) -> Any:
+        """The request counter's child for `route` and `code` (made on first use: .labels()
+        takes a lock and costs more than the increment on every call)."""
+        found = self._answered.get((route, code))
+        if found is None:
+            found = self._answered[(route, code)] = self.requests.labels(str(code), route)
+        return found
+
+    def latency(self, route: str) -> Any:
+        """The request-latency histogram's child for `route` (made on first use)."""
+        found = self._latency.get(route)
+        if found is None:
+            found = self._latency[route] = self.request_duration.labels(route=route)
         return found
 
     def _shadow_metrics(self, r: CollectorRegistry) -> None:

@@ -24,6 +24,7 @@ from . import codec, wire
 from .batcher import OutOfMemory, QueueFull, ReplicaLost, Request, Stopped, TooLarge
 from .errors import ApiError
 from .tensors import Outputs
+from .v2 import route_label
 from .wire import wants_raw
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class PredictCall:
         "timings",
         "shadow_input",
         "protocol",
+        "route",
         "admitted",
         "_expecting",
         "_finished",
@@ -75,6 +77,7 @@ class PredictCall:
         self.timings: dict[str, float] = {}
         self.shadow_input: torch.Tensor | None = None  # kept only when sampled for the shadow
         self.protocol: V2Infer | None = None  # a /v2 infer request (server.py sets it)
+        self.route: str | None = None  # the metrics' route when an edge decoded (else protocol's)
         self.admitted = False
         self._expecting = False
         self._finished = False
@@ -272,10 +275,11 @@ class PredictCall:
         rt = self.rt
         self._unexpect()
         m = rt.metrics
-        m.requests.labels(code=str(status)).inc()
+        route = self.route if self.route is not None else route_label(self.protocol)
+        m.answered(route, status).inc()
         total = time.perf_counter() - self.arrived if total_s is None else total_s
         if status == 200:
-            m.request_duration.observe(total)
+            m.latency(route).observe(total)
             m.last_request.set(time.time())
             if rt.stage_timing and self.request is not None:
                 stage = m.device(self.request.device).stage
@@ -296,12 +300,13 @@ class PredictCall:
                 error.message,
                 extra={
                     "request_id": self.request_id,
-                    "fields": {"status": status, "type": error.type},
+                    "fields": {"status": status, "type": error.type, "route": route},
                 },
             )
         elif reqlog.isEnabledFor(logging.DEBUG):
             fields = {
                 "status": status,
+                "route": route,
                 "ms": round(total * 1000, 3),
                 "model_version": self.version,
                 **{k + "_ms": round(v * 1000, 3) for k, v in self.timings.items()},

@@ -4,8 +4,11 @@ Routes: POST /v1/predict, GET /v1/model, /livez, /readyz, /metrics, POST /admin/
 error is JSON {"error": {"type", "message"}} (httpd.error_response); client mistakes are 4xx.
 The Open Inference Protocol (v2.py): GET /v2, /v2/health/live|ready, /v2/models/{name}
 [/versions/{v}][/ready] and POST /v2/models/{name}[/versions/{v}]/infer, whose errors are
-{"error": "<message>"} as Triton writes them. An infer request is a prediction like /v1's (the
-same call, batcher, limits, auth, ids, timing and metrics) with v2.V2Infer as its codec.
+{"error": "<message>"} as Triton writes them, those the connection layer answers before a route
+is chosen (malformed HTTP, 408, 431, 413) included whenever the target read so far is a /v2 path
+(httpd's `flat_errors`). An infer request is a prediction like /v1's (the same call, batcher,
+limits, auth, ids, timing and metrics, the latter under its own `route` label: v2.V2_ROUTE) with
+v2.V2Infer as its codec.
 This module knows the runtime only through `RuntimeApi` (predict, status, reload, and the
 metrics exposition); it never touches the batcher, the loaded model or the metric objects.
 
@@ -132,7 +135,7 @@ class Routes:
     # --- App: decisions from the headers -----------------------------------------------------
 
     def on_headers(self, req: Request) -> Response | None:
-        if req.path == "/v2" or req.path.startswith("/v2/"):
+        if v2.is_v2_path(req.path):
             return self._v2_headers(req)
         methods = ROUTES.get(req.path)
         if methods is None:
@@ -219,7 +222,7 @@ class Routes:
         path = req.path
         if path == "/v1/predict" or req.context is not None:  # /v1 or /v2 infer
             return self._predict(req)
-        if path == "/v2" or path.startswith("/v2/"):
+        if v2.is_v2_path(path):
             try:
                 return self._v2(path)
             except ApiError as exc:
@@ -394,6 +397,7 @@ def build_http(
         on_count,
         server_context(config),
         sock,
+        v2.is_v2_path,
     )
     routes.loop = http.loop
     return http

@@ -52,6 +52,24 @@ JSON_HEADER_MAX = 64 * 1024
 EXTENSIONS = ["binary_tensor_data"]
 SERVER_NAME = "torchfleet"
 MAX_DIMS = 32
+# The `route` label of the request metrics (metrics.py): a route template, never a raw path or a
+# model's name, so the series stay two however clients name models; a versioned infer
+# (/versions/{v}/infer) is the same route.
+V1_ROUTE = "/v1/predict"
+V2_ROUTE = "/v2/models/:model/infer"
+ROUTE_LABELS = (V1_ROUTE, V2_ROUTE)
+
+
+def route_label(infer: V2Infer | None) -> str:
+    """The route a prediction came by: /v1's, or the /v2 infer template."""
+    return V1_ROUTE if infer is None else V2_ROUTE
+
+
+def is_v2_path(target: str) -> bool:
+    """A request target (or the start of one) on the /v2 routes, whose errors are Triton's
+    `{"error": "<message>"}`: `/v2` itself or below it, with or without a query."""
+    path = target.split("?", 1)[0].split("#", 1)[0]
+    return path == "/v2" or path.startswith("/v2/")
 
 
 def not_found(message: str) -> ApiError:
