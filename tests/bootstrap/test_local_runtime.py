@@ -5,49 +5,48 @@ a self-signed certificate made as infra/edge.py's node_certificate makes it (not
 
 from __future__ import annotations
 
-import datetime
 import http.server
 import ssl
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import NameOID
 
 from infra import edge
 from infra.bootstrap.torchfleet_agent import lifecycle, local
 
 
 def _self_signed(folder: Path, name: str) -> tuple[Path, Path]:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "torchfleet test nodes")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
+    """A self-signed server certificate for `name`, not a CA (as node_certificate makes it)."""
+    cert, key = folder / f"{name}.pem", folder / f"{name}-key.pem"
+    done = subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=torchfleet test nodes",
+            "-addext",
+            f"subjectAltName=DNS:{name}",
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        capture_output=True,
+        timeout=60,
     )
-    cert_path, key_path = folder / f"{name}.pem", folder / f"{name}-key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
+    assert done.returncode == 0, done.stderr
+    return cert, key
 
 
 class _Ready(http.server.BaseHTTPRequestHandler):

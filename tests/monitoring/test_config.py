@@ -84,27 +84,7 @@ def test_the_runtime_is_scraped_over_https_trusting_the_nodes_certificate_alone(
     (monitoring_runtime_tls_ca, written to the CA file) and the one name it carries; the node
     exporter's job stays as it was."""
     ca = tmp_path / "runtime-ca.pem"
-    done = subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=node.torchfleet.internal",
-            "-keyout",
-            str(tmp_path / "k.pem"),
-            "-out",
-            str(ca),
-        ],
-        capture_output=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+    ca.write_text("PEM of the nodes' certificate\n")  # promtool checks the config, not the file
     config = filters.torchfleet_prometheus_config(
         {
             **SETTINGS,
