@@ -13,6 +13,10 @@ Contract.
   clouds import them (aws/edge.py into ACM, alicloud/edge.py as a CLB server certificate) and the
   CA is the stack output infra.constants.CA_OUTPUT, which the project's clients (infra/deploy/pipeline.py's
   `auth_of`) trust for that stack alone.
+- `tls.backend` (on by default in prod where the cloud can: AWS, mode group): HTTPS from the
+  load balancer to the nodes. `node_certificate` makes the nodes' self-signed certificate for
+  NODE_NAME (an ALB verifies no target's certificate), which travels to the nodes as the API
+  token does, in the cloud secret `node_tls_secret_name(cfg)` (`node_tls_document`).
 - `HTTPS_PORT`, `HTTP_PORT`, `lb_ports(cfg)`: the ports clients reach on a load balancer (443,
   and 80 only to redirect; 80 alone where a stack has no certificate), `endpoint(cfg, host)`.
 - `POLICIES`: the load balancers' TLS policy per cloud and oldest version: the only names the
@@ -26,6 +30,7 @@ Contract.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,7 +63,16 @@ _ACM_ARN = re.compile(
     r"^arn:aws(-cn|-us-gov)?:acm:(?P<region>[a-z0-9-]+):\d{12}:certificate/[0-9a-f-]{36}$"
 )
 _ALI_CERT = re.compile(r"^[A-Za-z0-9_-]{6,128}$")
-SUBKEYS = ("certificate", "min_version", "redirect_http")
+SUBKEYS = ("certificate", "min_version", "redirect_http", "backend")
+# `tls.backend`: HTTPS from the load balancer to the nodes too. Only an AWS ALB of mode group
+# can: an Alibaba CLB's HTTPS listener talks HTTP to its backends, and in mode kubernetes the
+# cluster's Service owns that hop.
+BACKEND_CLOUDS = ("aws",)
+# The name in the nodes' certificate (fixed: the ALB does not verify it, Prometheus's scrape
+# checks it with `server_name`), and the nodes' certificate's life: the ALB accepts any
+# certificate, expired ones too, so it is made once and kept.
+NODE_NAME = "node.torchfleet.internal"
+NODE_CERT_VALIDITY_HOURS = 10 * 365 * 24
 # `tls: {certificate: generate}`: the stack makes its own CA and certificate (dev stacks only).
 GENERATE = "generate"
 # A generated certificate's life: a dev stack's CA, and the endpoint's certificate, which a
@@ -66,6 +80,7 @@ GENERATE = "generate"
 CA_VALIDITY_HOURS = 365 * 24
 CERT_VALIDITY_HOURS = 90 * 24
 CERT_RENEWAL_HOURS = 30 * 24
+SERVER_USES = ["digital_signature", "key_encipherment", "server_auth"]  # a TLS server's cert
 KEY_BITS = 2048  # RSA: what both ACM's import and Alibaba's CLB server certificates accept
 
 
@@ -74,6 +89,7 @@ class Tls:
     certificate: str
     min_version: str = "1.2"
     redirect_http: bool = True
+    backend: bool = False  # HTTPS from the load balancer to the nodes (aws, mode group)
 
     def policy(self, cloud: str) -> str:
         return POLICIES[cloud][self.min_version]
@@ -153,9 +169,39 @@ def parse_tls(
             " | ".join(allowed) + f" on {cloud} (TLS 1.0 and 1.1 are never served)",
         )
     redirect = r.boolean("tls.redirect_http", raw.get("redirect_http", True))
-    if cert is None or version not in allowed or redirect is None:
+    backend = _backend(r, raw, cloud=cloud, env=env, mode=mode)
+    if cert is None or version not in allowed or redirect is None or backend is None:
         return None
-    return Tls(certificate=cert, min_version=version, redirect_http=redirect)
+    return Tls(certificate=cert, min_version=version, redirect_http=redirect, backend=backend)
+
+
+def backend_tls(cfg: Any) -> bool:
+    """Whether the stack's load balancer speaks HTTPS to its nodes (`tls.backend`)."""
+    return cfg.tls is not None and cfg.tls.backend
+
+
+def backend_possible(cloud: str, mode: str | None) -> bool:
+    return cloud in BACKEND_CLOUDS and mode == "group"
+
+
+def _backend(
+    r: Any, raw: dict[str, Any], *, cloud: str, env: str | None, mode: str | None
+) -> bool | None:
+    """`tls.backend`: default true in prod where the cloud can, false elsewhere; true where
+    it cannot is refused with the reason."""
+    possible = backend_possible(cloud, mode)
+    if "backend" not in raw:
+        return env == "prod" and possible
+    value = r.boolean("tls.backend", raw["backend"])
+    if value and not possible:
+        reason = (
+            "an Alibaba CLB's HTTPS listener talks HTTP to its backends"
+            if cloud == "alicloud"
+            else "in mode kubernetes the cluster's Service carries that hop"
+        )
+        r.fail("tls.backend", value, f"false on {cloud} in mode {mode} ({reason})")
+        return None
+    return value
 
 
 @dataclass(frozen=True)
@@ -211,13 +257,45 @@ def generate_certificate(
         ca_cert_pem=ca.cert_pem,
         validity_period_hours=CERT_VALIDITY_HOURS,
         early_renewal_hours=CERT_RENEWAL_HOURS,
-        allowed_uses=["digital_signature", "key_encipherment", "server_auth"],
+        allowed_uses=SERVER_USES,
         opts=opts,
     )
     return Generated(
         certificate=cert.cert_pem,
         private_key=pulumi.Output.secret(key.private_key_pem),
         ca=ca.cert_pem,
+    )
+
+
+def node_certificate(name: str, cfg: Any, opts: pulumi.ResourceOptions) -> Generated:
+    """`tls.backend`: the nodes' certificate, self-signed for NODE_NAME and kept in the state
+    (one for every node of the stack: the ALB verifies no target's certificate, so a long-lived
+    self-signed one serves; its certificate is also the CA Prometheus's scrape trusts)."""
+    import pulumi_tls as tls
+
+    key = tls.PrivateKey(f"{name}-node-tls-key", algorithm="RSA", rsa_bits=KEY_BITS, opts=opts)
+    cert = tls.SelfSignedCert(
+        f"{name}-node-tls",
+        private_key_pem=key.private_key_pem,
+        subject=tls.SelfSignedCertSubjectArgs(
+            common_name=f"torchfleet {cfg.stack} nodes", organization="torchfleet"
+        ),
+        dns_names=[NODE_NAME],
+        validity_period_hours=NODE_CERT_VALIDITY_HOURS,
+        allowed_uses=SERVER_USES,
+        opts=opts,
+    )
+    # self-signed: the certificate is its own CA
+    return Generated(cert.cert_pem, pulumi.Output.secret(key.private_key_pem), cert.cert_pem)
+
+
+def node_tls_document(made: Generated) -> pulumi.Output[str]:
+    """The nodes' certificate and key as their secret holds them (JSON: certificate,
+    private_key; torchfleet_agent's `node-tls` reads it)."""
+    return pulumi.Output.secret(
+        pulumi.Output.all(made.certificate, made.private_key).apply(
+            lambda v: json.dumps({"certificate": v[0], "private_key": v[1]})
+        )
     )
 
 
@@ -256,6 +334,12 @@ def offline_placeholder(key: str) -> str:
 def secret_name(cfg: Any) -> str:
     """The cloud secret of the stack's tokens (AWS Secrets Manager allows /, Alibaba KMS not)."""
     return f"torchfleet/{cfg.stack}/api-token" if cfg.cloud == "aws" else f"{cfg.name}-api-token"
+
+
+def node_tls_secret_name(cfg: Any) -> str:
+    """The cloud secret of the nodes' certificate and key (`tls.backend`), fixed like
+    secret_name so the inventory can name it."""
+    return f"torchfleet/{cfg.stack}/node-tls"
 
 
 def token(cfg: Any, opts: pulumi.ResourceOptions | None = None) -> pulumi.Output[str]:

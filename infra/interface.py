@@ -44,6 +44,8 @@ class Deployment:
     discovery: dict[str, Any] | None = None
     extra_outputs: dict[str, Any] = field(default_factory=dict)
     monitoring: MonitoringHost | None = None
+    # tls.backend: the certificate the nodes serve HTTPS with (Prometheus's scrape trusts it)
+    node_certificate: pulumi.Output[str] | None = None
 
 
 NODE_ROLE_TAG = ("torchfleet-role", "gpu-node")

@@ -16,8 +16,12 @@ from typing import Any
 import pulumi
 from torchfleet_compat.hostvars import GROUP, node_hostvars
 
-from infra import catalog
+from infra import catalog, edge
 from infra.bootstrap import NODE_PATHS
+
+# Where a node keeps the stack's node certificate and key (tls.backend): in the runtime's
+# configuration directory (0750 root:torchfleet); the agent asks its runtime over HTTPS there.
+from infra.bootstrap.torchfleet_agent.local import NODE_TLS_CERT, NODE_TLS_KEY
 from infra.config import StackConfig
 from infra.interface import Deployment, Node
 from infra.monitoring import address as monitoring_address
@@ -58,6 +62,18 @@ def group_vars(cfg: StackConfig, login_user: str) -> dict[str, Any]:
         # node's own play alike, so neither turns it off. The token never passes the controller.
         "inference_runtime_api_token_command": [NODE_PATHS["command"], "api-token"],
     }
+    if edge.backend_tls(cfg):
+        # tls.backend: the runtime serves HTTPS with the stack's node certificate, which each
+        # node reads from the cloud's secret store with its own role, as it reads the tokens,
+        # into the runtime's configuration directory (0750 root:torchfleet), where the agent
+        # finds it to ask its runtime over HTTPS (torchfleet_agent/local.py).
+        shared["inference_runtime_tls_command"] = [
+            NODE_PATHS["command"],
+            "node-tls",
+            edge.node_tls_secret_name(cfg),
+        ]
+        shared["inference_runtime_tls_cert_file"] = NODE_TLS_CERT
+        shared["inference_runtime_tls_key_file"] = NODE_TLS_KEY
     if cfg.mode == "group":
         # A group replaces a node that powers itself off (a new node, a new bootstrap: cost and
         # churn, no saving): an idle group shrinks by its own scale-in (scaling.scale_in) and
@@ -78,20 +94,23 @@ def _monitoring_group(
     if host is None:
         return None
 
-    def group(ip: str) -> dict[str, Any]:
-        return {
-            "hosts": {
-                host.name: {
-                    "ansible_host": ip,
-                    "private_ip": ip,
-                    "ansible_user": host.login_user,
-                    # The runtime's port as this stack sets it (the role's default is 8080).
-                    "monitoring_runtime_port": cfg.service_port,
-                }
-            }
+    def group(ip: str, node_certificate: str | None) -> dict[str, Any]:
+        hostvars: dict[str, Any] = {
+            "ansible_host": ip,
+            "private_ip": ip,
+            "ansible_user": host.login_user,
+            # The runtime's port as this stack sets it (the role's default is 8080).
+            "monitoring_runtime_port": cfg.service_port,
         }
+        if node_certificate:
+            # tls.backend: scrape the runtime over HTTPS, trusting the nodes' certificate alone
+            hostvars["monitoring_runtime_tls_ca"] = node_certificate
+            hostvars["monitoring_runtime_tls_server_name"] = edge.NODE_NAME
+        return {"hosts": {host.name: hostvars}}
 
-    return host.private_ip.apply(group)
+    return pulumi.Output.all(host.private_ip, deployment.node_certificate).apply(
+        lambda v: group(*v)
+    )
 
 
 def build(cfg: StackConfig, deployment: Deployment) -> pulumi.Output[dict[str, Any]]:

@@ -135,6 +135,30 @@ def rollout_metrics(
     return {"namespace": ALB_NAMESPACE, "load_balancer": alb.arn_suffix, "target_groups": groups}
 
 
+def _secret(
+    name: str,
+    cfg: StackConfig,
+    what: str,
+    secret_name: str,
+    description: str,
+    value: pulumi.Output[str],
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> aws.secretsmanager.Secret:
+    secret = aws.secretsmanager.Secret(
+        f"{name}-{what}",
+        name=secret_name,
+        description=f"torchfleet {cfg.stack}: {description}",
+        recovery_window_in_days=RECOVERY_DAYS,
+        tags=tags,
+        opts=opts,
+    )
+    aws.secretsmanager.SecretVersion(
+        f"{name}-{what}", secret_id=secret.id, secret_string=value, opts=opts
+    )
+    return secret
+
+
 def token_store(
     name: str,
     cfg: StackConfig,
@@ -143,25 +167,45 @@ def token_store(
     opts: pulumi.ResourceOptions,
 ) -> aws.secretsmanager.Secret:
     """The secret the nodes read their accepted tokens from (infra.edge.accepted)."""
-    secret = aws.secretsmanager.Secret(
-        f"{name}-api-token",
-        name=edge.secret_name(cfg),
-        description=f"torchfleet {cfg.stack}: the API tokens the nodes accept, one a line",
-        recovery_window_in_days=RECOVERY_DAYS,
-        tags=tags,
-        opts=opts,
+    return _secret(
+        name,
+        cfg,
+        "api-token",
+        edge.secret_name(cfg),
+        "the API tokens the nodes accept, one a line",
+        edge.accepted(cfg, token),
+        tags,
+        opts,
     )
-    aws.secretsmanager.SecretVersion(
-        f"{name}-api-token",
-        secret_id=secret.id,
-        secret_string=edge.accepted(cfg, token),
-        opts=opts,
+
+
+def node_tls_store(
+    name: str,
+    cfg: StackConfig,
+    made: edge.Generated,
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> aws.secretsmanager.Secret:
+    """`tls.backend`: the nodes' certificate and key (infra.edge.node_certificate), in the
+    secret the nodes read them from as they read the tokens."""
+    return _secret(
+        name,
+        cfg,
+        "node-tls",
+        edge.node_tls_secret_name(cfg),
+        "the certificate and key the nodes serve HTTPS with",
+        edge.node_tls_document(made),
+        tags,
+        opts,
     )
-    return secret
 
 
 def read_policy(secret_arn: str) -> str:
     return allow("ReadTheStackApiTokens", ["secretsmanager:GetSecretValue"], [secret_arn])
+
+
+def node_tls_read_policy(secret_arn: str) -> str:
+    return allow("ReadTheNodesCertificate", ["secretsmanager:GetSecretValue"], [secret_arn])
 
 
 def leave_policy(target_group_arn: str) -> str:

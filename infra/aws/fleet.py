@@ -153,6 +153,13 @@ class AwsFleet(pulumi.ComponentResource):
         self.edge_outputs: dict[str, pulumi.Output[str]] = {}  # a generated CA (aws/edge.py)
         secret = aws_edge.token_store(name, cfg, self.token, tags, child)
         grant("api-token", secret.arn.apply(aws_edge.read_policy))
+        # tls.backend: the nodes' certificate, which Prometheus's scrape trusts (the inventory)
+        self.node_certificate: pulumi.Output[str] | None = None
+        if edge.backend_tls(cfg):
+            made = edge.node_certificate(name, cfg, child)
+            self.node_certificate = made.certificate
+            node_tls = aws_edge.node_tls_store(name, cfg, made, tags, child)
+            grant("node-tls", node_tls.arn.apply(aws_edge.node_tls_read_policy))
         self.target = (
             self._target_group(name, tags, network, child) if cfg.mode == "group" else None
         )
@@ -280,6 +287,7 @@ class AwsFleet(pulumi.ComponentResource):
             group_name=group_name(cfg),
             **({"fallback_group_name": fallback_group_name(cfg)} if fallback.enabled(cfg) else {}),
         )
+        deployment.node_certificate = self.node_certificate
         deployment.extra_outputs[ROLLOUT_METRICS_OUTPUT] = aws_edge.rollout_metrics(
             alb, target, self.candidate_target
         )
@@ -448,10 +456,13 @@ class AwsFleet(pulumi.ComponentResource):
         """Before the launch template: the nodes' user-data names it (they leave it first).
         `suffix` "tg-candidate": the rollout's candidate group, the same checks."""
         cfg = self.cfg
+        # tls.backend: the ALB speaks HTTPS to the nodes, health checks included (it verifies
+        # no certificate: infra.edge.node_certificate)
+        protocol = "HTTPS" if edge.backend_tls(cfg) else "HTTP"
         return aws.lb.TargetGroup(
             f"{name}-{suffix}",
             port=cfg.service_port,
-            protocol="HTTP",
+            protocol=protocol,
             vpc_id=network.vpc.id,
             target_type="instance",
             deregistration_delay=DEREGISTRATION_DELAY_S,
@@ -459,7 +470,7 @@ class AwsFleet(pulumi.ComponentResource):
                 enabled=True,
                 path=HEALTH_PATH,
                 matcher="200",
-                protocol="HTTP",
+                protocol=protocol,
                 port="traffic-port",
                 interval=LB_HEALTH_INTERVAL_S,
                 timeout=LB_HEALTH_TIMEOUT_S,

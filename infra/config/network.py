@@ -150,7 +150,9 @@ class Network:
         "HTTPS at the load balancer (required for a stack with client_cidrs, dev included)",
         "certificate (an ACM ARN on aws, a CLB server certificate id on alicloud, or generate: "
         "a dev group stack's own CA, its PEM the output tls_ca_pem), "
-        "min_version 1.2 | 1.3 (1.2 on alicloud), redirect_http (default true: HTTP answers 301)",
+        "min_version 1.2 | 1.3 (1.2 on alicloud), redirect_http (default true: HTTP answers 301), "
+        "backend true | false (HTTPS from the load balancer to the nodes: default true in prod "
+        "on aws in mode group, false elsewhere; refused on alicloud and in mode kubernetes)",
         subkeys=edge.SUBKEYS,
         parse=_tls,
     )

@@ -4,7 +4,9 @@ Alibaba through the OpenAPI SDK against the signature-checking fake (SLB, KMS)."
 
 from __future__ import annotations
 
+import grp
 import json
+import os
 from typing import Any
 
 import boto3
@@ -69,7 +71,7 @@ def test_an_aws_node_reads_the_stacks_api_tokens_with_its_own_credentials(aws):
     sm = boto3.client("secretsmanager", region_name=REGION)
     sm.create_secret(Name="torchfleet/aws-prod/api-token", SecretString="tok-a\ntok-b")
     cloud = cloud_of({"cloud": "aws", "region": REGION})
-    assert cloud.api_tokens("torchfleet/aws-prod/api-token") == "tok-a\ntok-b"
+    assert cloud.secret_string("torchfleet/aws-prod/api-token") == "tok-a\ntok-b"
 
 
 def test_the_api_token_command_replaces_the_file_only_when_the_secret_changed(
@@ -100,6 +102,39 @@ def test_the_api_token_command_replaces_the_file_only_when_the_secret_changed(
     assert cli.write_tokens(str(dest), "tok-current\ntok-next") is True
     assert dest.stat().st_mode & 0o777 == 0o640
     assert cli.write_tokens(str(dest), "tok-current\ntok-next\n") is False
+
+
+def test_the_node_tls_command_writes_the_certificate_and_key_for_the_service_group(
+    aws, tmp_path, monkeypatch, capsys
+):
+    """`torchfleet-node node-tls` (a stack with tls.backend; the inference_runtime role's
+    inference_runtime_tls_command): the nodes' certificate and key from their secret, each
+    0640 and of the service's group (root's, as root), replaced only when they changed."""
+    name = "torchfleet/aws-prod/node-tls"
+    doc = {"certificate": "-----BEGIN CERTIFICATE-----\nA\n", "private_key": "KEY-1"}
+    sm = boto3.client("secretsmanager", region_name=REGION)
+    sm.create_secret(Name=name, SecretString=json.dumps(doc))
+    monkeypatch.setattr(boot, "load_config", lambda: {"cloud": "aws", "region": REGION})
+    cert, key = tmp_path / "node-cert.pem", tmp_path / "node-key.pem"
+    group = grp.getgrgid(os.getgid()).gr_name
+    argv = [name, str(cert), str(key), group]
+
+    assert cli.node_tls(argv) == 0
+    assert " written to " in capsys.readouterr().out  # the role restarts the runtime on it
+    assert cert.read_text() == doc["certificate"] and key.read_text() == "KEY-1\n"
+    for path in (cert, key):
+        st = path.stat()
+        assert st.st_mode & 0o7777 == 0o640 and st.st_gid == os.getgid()
+        assert os.geteuid() != 0 or st.st_uid == 0
+    first = key.stat().st_ino
+    assert cli.node_tls(argv) == 0
+    assert capsys.readouterr().out == ""  # unchanged: nothing written, no restart
+    assert key.stat().st_ino == first
+
+    sm.put_secret_value(SecretId=name, SecretString=json.dumps({**doc, "private_key": "KEY-2"}))
+    assert cli.node_tls(argv) == 0
+    assert " written to " in capsys.readouterr().out and key.read_text() == "KEY-2\n"
+    assert cli.node_tls([name]) == 2  # usage
 
 
 def test_a_failed_leave_still_drains_and_says_so(capsys):
@@ -163,7 +198,7 @@ def test_an_alibaba_node_sets_its_vserver_group_weight_to_zero_then_drains():
         balancer = cloud.balancer("i-node1")
         assert balancer is not None and "rsp-backends" in balancer.describe()
         leave.leave_then_drain(balancer, lambda: order.append(fake.actions()[-1]), 0, "spot")
-        assert cloud.api_tokens("torchfleet-alicloud-prod-api-token") == "tok-a\ntok-b"
+        assert cloud.secret_string("torchfleet-alicloud-prod-api-token") == "tok-a\ntok-b"
     (call,) = [c for c in fake.calls if c["action"] == "SetVServerGroupAttribute"]
     assert call["version"] == "2014-05-15" and call["params"]["VServerGroupId"] == "rsp-backends"
     assert json.loads(call["params"]["BackendServers"]) == [

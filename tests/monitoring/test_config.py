@@ -33,6 +33,17 @@ def _write(path: Path, doc: dict) -> Path:
     return path
 
 
+def _promtool_check(path: Path) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [need("promtool"), "check", "config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
 @pytest.mark.parametrize("discovery", ["ec2", "ecs", "file"])
 def test_prometheus_config_passes_promtool(
     discovery: str, filters: ModuleType, tmp_path: Path
@@ -50,13 +61,7 @@ def test_prometheus_config_passes_promtool(
             "file_sd_dir": str(tmp_path),
         }
     )
-    done = subprocess.run(
-        [need("promtool"), "check", "config", str(_write(tmp_path / "p.yml", config))],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = _promtool_check(_write(tmp_path / "p.yml", config))
     assert f"SUCCESS: {len(RULE_FILES)} rule files found" in done.stdout, done.stdout
     jobs = {j["job_name"]: j for j in config["scrape_configs"]}
     assert set(jobs) == {"prometheus", "alertmanager", "torchfleet-runtime", "torchfleet-node"}
@@ -70,6 +75,35 @@ def test_prometheus_config_passes_promtool(
         }
         targets = {r["target_label"] for r in jobs["torchfleet-node"]["relabel_configs"]}
         assert {"stack", "node", "instance_type", "lifecycle", "zone"} <= targets
+
+
+def test_the_runtime_is_scraped_over_https_trusting_the_nodes_certificate_alone(
+    filters: ModuleType, tmp_path: Path
+) -> None:
+    """A stack with tls.backend: the monitoring host gets the nodes' certificate
+    (monitoring_runtime_tls_ca, written to the CA file) and the one name it carries; the node
+    exporter's job stays as it was."""
+    ca = tmp_path / "runtime-ca.pem"
+    ca.write_text("PEM of the nodes' certificate\n")  # promtool checks the config, not the file
+    config = filters.torchfleet_prometheus_config(
+        {
+            **SETTINGS,
+            "discovery": "ec2",
+            "ec2_region": "us-east-1",
+            "rule_dir": str(tmp_path),
+            "file_sd_dir": str(tmp_path),
+            "runtime_tls_ca_file": str(ca),
+            "runtime_tls_server_name": "node.torchfleet.internal",
+        }
+    )
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    assert jobs["torchfleet-runtime"]["scheme"] == "https"
+    assert jobs["torchfleet-runtime"]["tls_config"] == {
+        "ca_file": str(ca),
+        "server_name": "node.torchfleet.internal",
+    }
+    assert "scheme" not in jobs["torchfleet-node"] and "tls_config" not in jobs["torchfleet-node"]
+    _promtool_check(_write(tmp_path / "p.yml", config))
 
 
 def test_ec2_discovery_tags_match_the_ones_infra_sets(filters: ModuleType) -> None:

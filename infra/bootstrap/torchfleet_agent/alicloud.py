@@ -96,7 +96,7 @@ class Alicloud:
         lb, group = self.cfg.get("load_balancer_id"), self.cfg.get("vserver_group_id")
         return ClbBackend(self, lb, group, instance_id) if lb and group else None
 
-    def api_tokens(self, name: str) -> str:
+    def secret_string(self, name: str) -> str:
         found = self.rpc("kms", "GetSecretValue", {"SecretName": name})
         return str(found["SecretData"])
 

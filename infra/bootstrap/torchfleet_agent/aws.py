@@ -61,7 +61,7 @@ class Aws:
         arn = self.cfg.get("target_group_arn")
         return TargetGroup(self.client("elbv2"), arn, instance_id) if arn else None
 
-    def api_tokens(self, name: str) -> str:
+    def secret_string(self, name: str) -> str:
         value: str = self.client("secretsmanager").get_secret_value(SecretId=name)["SecretString"]
         return value
 

@@ -45,7 +45,7 @@ def api_token(argv: Sequence[str]) -> int:
     if not cfg or not name:
         boot.log(f"no api_token_secret in {boot.CONFIG}: no token to read")
         return 1
-    text = cloud_of(cfg).api_tokens(name)
+    text = cloud_of(cfg).secret_string(name)
     gid = grp.getgrnam(argv[1]).gr_gid if len(argv) == 2 else -1
     if write_tokens(argv[0], text, gid):
         count = sum(1 for line in text.splitlines() if line.strip() and not line.startswith("#"))
@@ -54,7 +54,8 @@ def api_token(argv: Sequence[str]) -> int:
 
 
 def write_tokens(dest: str, text: str, gid: int = -1) -> bool:
-    """DEST holds `text` (0640, root:gid) afterwards; False when it already did (not touched)."""
+    """DEST holds `text` (0640, root:gid) afterwards; False when it already did (not touched).
+    The tokens' file and the node's certificate and key (node-tls) alike."""
     data = (text.rstrip("\n") + "\n").encode()
     try:
         with open(dest, "rb") as f:
@@ -78,6 +79,30 @@ def write_tokens(dest: str, text: str, gid: int = -1) -> bool:
     return True
 
 
+def node_tls(argv: Sequence[str]) -> int:
+    """node-tls SECRET CERT KEY [GROUP]: the nodes' certificate and key (a stack with
+    `tls.backend`; the secret's JSON: certificate, private_key) from the cloud's secret store,
+    read with the instance's credentials, into CERT and KEY (0640, root:GROUP: the runtime's
+    tls_cert_file and tls_key_file). Logs "written to" when it replaced either file (the role
+    then restarts the runtime), nothing when both already held them. Never shows the key."""
+    if len(argv) not in (3, 4):
+        print("usage: torchfleet-node node-tls SECRET CERT KEY [GROUP]", file=sys.stderr)
+        return 2
+    cfg = boot.load_config()
+    if not cfg:
+        boot.log(f"no {boot.CONFIG}: no cloud to read {argv[0]} from")
+        return 1
+    doc = json.loads(cloud_of(cfg).secret_string(argv[0]))
+    gid = grp.getgrnam(argv[3]).gr_gid if len(argv) == 4 else -1
+    written = [
+        write_tokens(dest, doc[field], gid)
+        for dest, field in ((argv[1], "certificate"), (argv[2], "private_key"))
+    ]
+    if any(written):
+        boot.log(f"the nodes' certificate of secret {argv[0]} written to {argv[1]}, {argv[2]}")
+    return 0
+
+
 def status(_argv: Sequence[str]) -> int:
     print(json.dumps(State().doc, indent=2, sort_keys=True))
     return 0
@@ -89,6 +114,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "publish-metrics": metrics.publish_metrics,
     "fetch": fetch,
     "api-token": api_token,
+    "node-tls": node_tls,
     "status": status,
     "prepare-image": lambda _argv: image.prepare_image(),
 }

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 from typing import Literal, Sequence, cast
 
 from . import boot
 from .boot import NodeConfig
 from .cloud import Cloud, Identity, cloud_of
 from .leave import SETTLE_S, leave_then_drain
+from .local import open_runtime, runtime_url
 from .state import State
 
 RUNTIME = "torchfleet-runtime.service"
@@ -27,11 +27,11 @@ READY_TIMEOUT_S = 900
 
 
 def wait_ready(cfg: NodeConfig, timeout: float = READY_TIMEOUT_S) -> None:
-    url = f"http://127.0.0.1:{cfg.get('service_port', 8080)}/readyz"
+    url = runtime_url(cfg, "/readyz")
     deadline = time.time() + timeout
     while True:
         try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
+            with open_runtime(cfg, "/readyz") as resp:
                 if resp.status == 200:
                     return
         except OSError:

@@ -11,13 +11,13 @@ need a previous sample of the same runtime: none after a restart (the counters w
 from __future__ import annotations
 
 import time
-import urllib.request
 from typing import Any, Sequence
 
 from torchfleet_compat.histogram import growth, quantile
 
 from . import boot
 from .cloud import Metrics, cloud_of
+from .local import open_runtime
 from .state import State
 
 SAMPLE = "/run/torchfleet/metrics-sample.json"  # the last request count, for RequestRate
@@ -87,9 +87,8 @@ def publish_metrics(_argv: Sequence[str]) -> int:
     cfg = boot.load_config()
     if not cfg or not cfg.get("group_name") or State()["state"] != "ready":
         return 0
-    url = f"http://127.0.0.1:{cfg.get('service_port', 8080)}/metrics"
     try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
+        with open_runtime(cfg, "/metrics") as resp:
             text = resp.read().decode()
     except OSError as err:
         boot.log(f"no metrics from the runtime: {err}")

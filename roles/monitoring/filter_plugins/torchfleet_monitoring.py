@@ -6,7 +6,8 @@ Contract (every discovery mode gives every node's series the same target labels)
   stack, node, instance_type, lifecycle (spot | on-demand), plus zone with EC2 discovery. ecs
   discovery reads file_sd lists like file discovery; a timer writes them
   (files/torchfleet_ecs_sd.py, with `torchfleet_file_sd` from this file).
-  Jobs: torchfleet-runtime (the runtime's /metrics), torchfleet-node (node exporter),
+  Jobs: torchfleet-runtime (the runtime's /metrics; over HTTPS with `runtime_tls_ca_file` and
+  `runtime_tls_server_name`: a stack with tls.backend), torchfleet-node (node exporter),
   prometheus and alertmanager (the monitoring host itself).
 
 - `torchfleet_inventory_nodes(hosts, hostvars, stack)`: the inventory's gpu_nodes as plain
@@ -160,6 +161,15 @@ def torchfleet_prometheus_config(settings: Mapping[str, Any]) -> dict[str, Any]:
             if discovery == "ec2"
             else _file_job(job, settings)
         )
+    if settings.get("runtime_tls_ca_file"):
+        # tls.backend: the runtime serves HTTPS with the stack's node certificate; trust it
+        # alone, for the one name it carries (the targets are addresses)
+        runtime = next(j for j in jobs if j["job_name"] == RUNTIME_JOB)
+        runtime["scheme"] = "https"
+        runtime["tls_config"] = {
+            "ca_file": settings["runtime_tls_ca_file"],
+            "server_name": settings["runtime_tls_server_name"],
+        }
     jobs.extend(settings.get("extra_scrape_configs") or [])
     config: dict[str, Any] = {
         "global": {
