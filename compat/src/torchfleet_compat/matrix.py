@@ -1,7 +1,7 @@
 """The version matrix (compat/matrix.yml): its schema and every compatibility rule, once.
 
 Contract. Standard library only, Python 3.8+, used unchanged by every layer that judges a node:
-- infra on the controller (`infra/matrix.py` locates the file; `infra/config.py` validates a
+- infra on the controller (`infra/matrix.py` locates the file; `infra/config/` validates a
   stack with the rules below before any resource exists);
 - the preflight role's module on the node, before anything is installed, and
   `torchfleet-runtime check` on a converged node or in the runtime image: both through judge.py
