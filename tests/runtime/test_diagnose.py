@@ -43,6 +43,9 @@ def test_diagnose_reports_stages_replicas_batches_and_versions(start_runtime, ca
             c.predict(x4(float(i % 7)))
         c.close()
 
+    # one batch served before diagnose reads the replicas (under load its first read could
+    # come before the load threads' first answer)
+    assert Client(rt.port).predict(x4(1.0))[0] == 200
     threads = [threading.Thread(target=load, daemon=True) for _ in range(3)]
     for t in threads:
         t.start()
