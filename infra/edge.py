@@ -16,7 +16,7 @@ Contract.
 - `tls.backend` (on by default in prod where the cloud can: AWS, mode group): HTTPS from the
   load balancer to the nodes. `node_certificate` makes the nodes' self-signed certificate for
   NODE_NAME (an ALB verifies no target's certificate), which travels to the nodes as the API
-  token does, in the cloud secret `node_tls_secret_name(cfg)` (`node_tls_document`).
+  token does, in the cloud secret `node_tls_secret_name(cfg)` (`pem_document`).
 - `HTTPS_PORT`, `HTTP_PORT`, `lb_ports(cfg)`: the ports clients reach on a load balancer (443,
   and 80 only to redirect; 80 alone where a stack has no certificate), `endpoint(cfg, host)`.
 - `POLICIES`: the load balancers' TLS policy per cloud and oldest version: the only names the
@@ -214,6 +214,68 @@ class Generated:
     ca: pulumi.Output[str]
 
 
+def make_ca(
+    name: str, common_name: str, opts: pulumi.ResourceOptions, *, validity_hours: int
+) -> tuple[Any, Any]:
+    """A CA kept in the state (its key, and a self-signed certificate allowed to sign only)."""
+    import pulumi_tls as tls
+
+    key = tls.PrivateKey(f"{name}-ca-key", algorithm="RSA", rsa_bits=KEY_BITS, opts=opts)
+    ca = tls.SelfSignedCert(
+        f"{name}-ca",
+        private_key_pem=key.private_key_pem,
+        is_ca_certificate=True,
+        subject=tls.SelfSignedCertSubjectArgs(common_name=common_name, organization="torchfleet"),
+        validity_period_hours=validity_hours,
+        early_renewal_hours=CERT_RENEWAL_HOURS,
+        allowed_uses=["cert_signing", "crl_signing"],
+        opts=opts,
+    )
+    return key, ca
+
+
+def sign(
+    name: str,
+    ca: tuple[Any, Any],
+    common_name: str,
+    uses: list[str],
+    opts: pulumi.ResourceOptions,
+    *,
+    validity_hours: int = CERT_VALIDITY_HOURS,
+    dns_names: pulumi.Input[list[str]] | None = None,
+    ip_addresses: pulumi.Input[list[str]] | None = None,
+) -> Generated:
+    """A key and a certificate for `dns_names` / `ip_addresses` signed by `ca` (make_ca's),
+    kept in the state until its renewal window (a `pulumi up` then makes a new one)."""
+    import pulumi_tls as tls
+
+    ca_key, ca_cert = ca
+    key = tls.PrivateKey(f"{name}-key", algorithm="RSA", rsa_bits=KEY_BITS, opts=opts)
+    request = tls.CertRequest(
+        name,
+        private_key_pem=key.private_key_pem,
+        subject=tls.CertRequestSubjectArgs(common_name=common_name, organization="torchfleet"),
+        dns_names=dns_names,
+        ip_addresses=ip_addresses,
+        opts=opts,
+    )
+    cert = tls.LocallySignedCert(
+        name,
+        cert_request_pem=request.cert_request_pem,
+        ca_private_key_pem=ca_key.private_key_pem,
+        ca_cert_pem=ca_cert.cert_pem,
+        validity_period_hours=validity_hours,
+        early_renewal_hours=CERT_RENEWAL_HOURS,
+        allowed_uses=uses,
+        opts=opts,
+    )
+    return Generated(
+        certificate=cert.cert_pem,
+        private_key=pulumi.Output.secret(key.private_key_pem),
+        ca=ca_cert.cert_pem,
+    )
+
+
 def generate_certificate(
     name: str,
     cfg: Any,
@@ -225,45 +287,16 @@ def generate_certificate(
     """The stack's CA (a self-signed certificate allowed to sign only) and the endpoint's
     certificate for `dns_names` / `ip_addresses` (the load balancer's name or address), both
     kept in the state: the same on every later `up` until the endpoint's renewal window."""
-    import pulumi_tls as tls
-
     subject = f"torchfleet {cfg.stack}"
-    ca_key = tls.PrivateKey(f"{name}-ca-key", algorithm="RSA", rsa_bits=KEY_BITS, opts=opts)
-    ca = tls.SelfSignedCert(
-        f"{name}-ca",
-        private_key_pem=ca_key.private_key_pem,
-        is_ca_certificate=True,
-        subject=tls.SelfSignedCertSubjectArgs(
-            common_name=f"{subject} CA", organization="torchfleet"
-        ),
-        validity_period_hours=CA_VALIDITY_HOURS,
-        early_renewal_hours=CERT_RENEWAL_HOURS,
-        allowed_uses=["cert_signing", "crl_signing"],
-        opts=opts,
-    )
-    key = tls.PrivateKey(f"{name}-endpoint-key", algorithm="RSA", rsa_bits=KEY_BITS, opts=opts)
-    request = tls.CertRequest(
+    ca = make_ca(name, f"{subject} CA", opts, validity_hours=CA_VALIDITY_HOURS)
+    return sign(
         f"{name}-endpoint",
-        private_key_pem=key.private_key_pem,
-        subject=tls.CertRequestSubjectArgs(common_name=subject, organization="torchfleet"),
+        ca,
+        subject,
+        SERVER_USES,
+        opts,
         dns_names=dns_names,
         ip_addresses=ip_addresses,
-        opts=opts,
-    )
-    cert = tls.LocallySignedCert(
-        f"{name}-endpoint",
-        cert_request_pem=request.cert_request_pem,
-        ca_private_key_pem=ca_key.private_key_pem,
-        ca_cert_pem=ca.cert_pem,
-        validity_period_hours=CERT_VALIDITY_HOURS,
-        early_renewal_hours=CERT_RENEWAL_HOURS,
-        allowed_uses=SERVER_USES,
-        opts=opts,
-    )
-    return Generated(
-        certificate=cert.cert_pem,
-        private_key=pulumi.Output.secret(key.private_key_pem),
-        ca=ca.cert_pem,
     )
 
 
@@ -289,14 +322,13 @@ def node_certificate(name: str, cfg: Any, opts: pulumi.ResourceOptions) -> Gener
     return Generated(cert.cert_pem, pulumi.Output.secret(key.private_key_pem), cert.cert_pem)
 
 
-def node_tls_document(made: Generated) -> pulumi.Output[str]:
-    """The nodes' certificate and key as their secret holds them (JSON: certificate,
-    private_key; torchfleet_agent's `node-tls` reads it)."""
-    return pulumi.Output.secret(
-        pulumi.Output.all(made.certificate, made.private_key).apply(
-            lambda v: json.dumps({"certificate": v[0], "private_key": v[1]})
-        )
-    )
+def pem_document(made: Generated, *, with_ca: bool = False) -> pulumi.Output[str]:
+    """A certificate and its key as a secret holds them (JSON: certificate, private_key and,
+    `with_ca`, ca; torchfleet_agent's `node-tls` and `journal-tls` read it), a Pulumi secret."""
+    parts = {"certificate": made.certificate, "private_key": made.private_key}
+    if with_ca:
+        parts["ca"] = made.ca
+    return pulumi.Output.secret(pulumi.Output.all(**parts).apply(json.dumps))
 
 
 def listener_certificate(

@@ -21,10 +21,25 @@ from infra.bootstrap import NODE_PATHS
 
 # Where a node keeps the stack's node certificate and key (tls.backend): in the runtime's
 # configuration directory (0750 root:torchfleet); the agent asks its runtime over HTTPS there.
-from infra.bootstrap.torchfleet_agent.local import NODE_TLS_CERT, NODE_TLS_KEY
+from infra.bootstrap.torchfleet_agent.local import (
+    JOURNAL_TLS_CA,
+    JOURNAL_TLS_CERT,
+    JOURNAL_TLS_KEY,
+    NODE_TLS_CERT,
+    NODE_TLS_KEY,
+)
 from infra.config import StackConfig
 from infra.interface import Deployment, Node
 from infra.monitoring import address as monitoring_address
+from infra.monitoring import journal_secret_name
+
+# Both ends of the journal's HTTPS keep their certificate, key and the journal CA here
+# (roles/monitoring's monitoring_logs_tls_*_file), each end's from its own secret.
+JOURNAL_TLS_FILES = {
+    "monitoring_logs_tls_cert_file": JOURNAL_TLS_CERT,
+    "monitoring_logs_tls_key_file": JOURNAL_TLS_KEY,
+    "monitoring_logs_tls_ca_file": JOURNAL_TLS_CA,
+}
 
 __all__ = ["GROUP", "MONITORING_GROUP", "build", "gpu_types", "group_vars"]
 
@@ -84,6 +99,14 @@ def group_vars(cfg: StackConfig, login_user: str) -> dict[str, Any]:
         # default finds it in the inventory's monitoring group, which a node configuring
         # itself (cloud-init) does not have; the address is fixed by the address plan.
         shared["monitoring_logs_server"] = monitoring_address(cfg)
+        # ... over HTTPS: each node reads the nodes' journal certificate, key and the journal
+        # CA from the cloud's secret store with its own role (as it reads the tokens).
+        shared["monitoring_logs_tls_command"] = [
+            NODE_PATHS["command"],
+            "journal-tls",
+            journal_secret_name(cfg, "node"),
+        ]
+        shared.update(JOURNAL_TLS_FILES)
     return shared
 
 
@@ -101,6 +124,10 @@ def _monitoring_group(
             "ansible_user": host.login_user,
             # The runtime's port as this stack sets it (the role's default is 8080).
             "monitoring_runtime_port": cfg.service_port,
+            # The journal receiver's certificate, key and CA: the role reads them on the host
+            # with the host's own role (never through the controller).
+            "monitoring_logs_tls_secret": journal_secret_name(cfg, "receiver"),
+            **JOURNAL_TLS_FILES,
         }
         if node_certificate:
             # tls.backend: scrape the runtime over HTTPS, trusting the nodes' certificate alone

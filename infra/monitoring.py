@@ -14,11 +14,21 @@ Contract (roles/monitoring/README.md, "What infra must provide"):
   ECS discovery timer lists the scaling group's nodes: infra/ecs_listing.py).
 - Ports are the roles' own settings as the stack's nodes get them (infra.lifecycle
   .node_setting), never restated here.
+- The journal travels over HTTPS (roles/monitoring's monitoring_logs_tls_*): `journal_tls` makes
+  the stack's journal CA, the receiver's certificate for the host's fixed address and name and
+  one client certificate for the stack's nodes; each end's certificate, key and the CA travel in
+  its own cloud secret (`journal_secret_name(cfg, end)`, `pem_document(..., with_ca=True)`),
+  which only that end's role may read: the nodes with the agent's `journal-tls`, the monitoring
+  host with the role's reader, never through the operator's controller.
 """
 
 from __future__ import annotations
 
-from infra import images
+from dataclasses import dataclass
+
+import pulumi
+
+from infra import edge, images
 from infra.addressing import monitoring_address
 from infra.config import StackConfig
 from infra.lifecycle import node_setting
@@ -64,3 +74,60 @@ def scrape_ports(cfg: StackConfig) -> dict[str, int]:
 def journal_port(cfg: StackConfig) -> int:
     """systemd-journal-remote on the monitoring host; every node uploads to it."""
     return int(node_setting(cfg.stack, "monitoring_logs_port"))
+
+
+# The journal's TLS: a CA that signs only these two certificates, both kept in the state. The
+# receiver's certificate is what every upload verifies; a `pulumi up` in its last
+# edge.CERT_RENEWAL_HOURS makes a new one under the same CA, which the monitoring host takes on
+# its next playbooks/monitoring.yml run (the nodes keep trusting the CA).
+JOURNAL_CA_VALIDITY_HOURS = 10 * 365 * 24
+JOURNAL_CERT_VALIDITY_HOURS = 2 * 365 * 24
+CLIENT_USES = ["digital_signature", "key_encipherment", "client_auth"]
+JOURNAL_ENDS = ("receiver", "node")
+
+
+@dataclass(frozen=True)
+class JournalTls:
+    """The journal's two ends: the receiver's server certificate and the nodes' client
+    certificate, each with its key and the journal CA."""
+
+    receiver: edge.Generated
+    node: edge.Generated
+
+
+def journal_tls(name: str, cfg: StackConfig, opts: pulumi.ResourceOptions) -> JournalTls:
+    """The stack's journal CA and both ends' certificates (pulumi_tls, in the state)."""
+    subject = f"torchfleet {cfg.stack} journal"
+    ca = edge.make_ca(
+        f"{name}-journal", f"{subject} CA", opts, validity_hours=JOURNAL_CA_VALIDITY_HOURS
+    )
+    receiver = edge.sign(
+        f"{name}-journal-receiver",
+        ca,
+        f"{subject} receiver",
+        edge.SERVER_USES,
+        opts,
+        validity_hours=JOURNAL_CERT_VALIDITY_HOURS,
+        dns_names=[host_name(cfg)],
+        ip_addresses=[address(cfg)],
+    )
+    node = edge.sign(
+        f"{name}-journal-node",
+        ca,
+        f"{subject} nodes",
+        CLIENT_USES,
+        opts,
+        validity_hours=JOURNAL_CERT_VALIDITY_HOURS,
+    )
+    return JournalTls(receiver=receiver, node=node)
+
+
+def journal_secret_name(cfg: StackConfig, end: str) -> str:
+    """The cloud secret of one end's journal certificate, key and CA (fixed like
+    edge.secret_name, so the inventory and the bundle can name it before it exists)."""
+    assert end in JOURNAL_ENDS, end
+    return (
+        f"torchfleet/{cfg.stack}/journal-{end}"
+        if cfg.cloud == "aws"
+        else f"{cfg.name}-journal-{end}"
+    )

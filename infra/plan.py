@@ -477,7 +477,28 @@ def monitoring_lines(run: OfflineRun) -> list[str]:
                 f"{target} admits {i['ipProtocol']} {i['portRange'].split('/')[0]} "
                 f"from {source or i.get('cidrIp') or i.get('ipv6CidrIp')}"
             )
-    return [lines[0], *sorted(lines[1:])]
+    return [lines[0], *sorted(lines[1:]), *journal_lines(run)]
+
+
+def journal_lines(run: OfflineRun) -> list[str]:
+    """The journal's HTTPS: the receiver's certificate and each end's secret, as registered."""
+    requests = {r.name: r.inputs for r in run.of_type("tls:index/certRequest:CertRequest")}
+    receiver = requests.get("fleet-journal-receiver")
+    if receiver is None:
+        return []
+    secrets = {
+        r.name.rsplit("-", 1)[1]: r.inputs.get("name") or r.inputs.get("secretName")
+        for r in run.of_type("aws:secretsmanager/secret:Secret")
+        + run.of_type("alicloud:kms/secret:Secret")
+        if "-journal-" in r.name
+    }
+    return [
+        "journal over HTTPS: the receiver's certificate for "
+        + ", ".join([*receiver.get("ipAddresses", []), *receiver.get("dnsNames", [])])
+        + f" (secret {secrets['receiver']}, read by the monitoring host alone) and the nodes' "
+        + f"client certificate (secret {secrets['node']}, read by the nodes alone), both signed "
+        + "by the stack's journal CA"
+    ]
 
 
 def healing_lines(run: OfflineRun, cfg: stack_config.StackConfig) -> list[str]:

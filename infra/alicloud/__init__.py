@@ -81,7 +81,8 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
             distro=MONITORING_DISTRO,
             instance_type=cfg.monitoring.instance_type.name,
         )
+        assert fleet.journal is not None  # made with the nodes' grants (alicloud/fleet.py)
         deployment.monitoring = AlicloudMonitoring(
-            "monitoring", cfg, tags, network, fleet.key, image, opts=opts
+            "monitoring", cfg, tags, network, fleet.key, image, fleet.journal, opts=opts
         ).host
     return deployment

@@ -1,7 +1,8 @@
 """The Alibaba Cloud edge of a stack: the CLB's listeners (HTTPS with the stack's server
 certificate and a TLS policy refusing 1.0/1.1, forwarding to the VServer group, with the
 rollout's sticky_s as an inserted cookie; HTTP only redirecting) and the API token as a KMS
-secret, which only the node role may read (RAM: kms:GetSecretValue on that secret).
+secret, which only the node role may read (RAM: kms:GetSecretValue on that secret); each end's
+journal certificate (infra.monitoring.journal_tls) alike, in its own secret (journal_store).
 With `tls: {certificate: generate}` (dev stacks), the HTTPS listener serves a certificate the
 stack generates for the CLB's address (infra.edge.generate_certificate), uploaded as a CLB server
 certificate; `listeners` returns the stack outputs that adds (the CA)."""
@@ -15,7 +16,7 @@ from typing import Any
 import pulumi
 import pulumi_alicloud as alicloud
 
-from infra import edge
+from infra import edge, monitoring
 from infra.config import StackConfig
 from infra.constants import HEALTH_PATH
 
@@ -103,26 +104,65 @@ def listeners(
     return outputs
 
 
-def token_store(
-    name: str, cfg: StackConfig, token: pulumi.Output[str], tags: dict[str, str], opts: Any
+def _kms_secret(
+    name: str,
+    secret_name: str,
+    description: str,
+    value: pulumi.Output[str],
+    tags: dict[str, str],
+    opts: Any,
 ) -> alicloud.kms.Secret:
-    """The KMS secret the nodes read their accepted tokens from (infra.edge.accepted). KMS
-    wants a version id per value: 12 hex digits of the value's SHA-256 (a new value, a new
-    version; they say nothing a 48-character random token would give away)."""
-    tokens = edge.accepted(cfg, token)
+    """A KMS secret holding `value`. KMS wants a version id per value: 12 hex digits of the
+    value's SHA-256 (a new value, a new version; they say nothing a 48-character random token or
+    a PEM document would give away)."""
     return alicloud.kms.Secret(
-        f"{name}-api-token",
-        secret_name=edge.secret_name(cfg),
-        description=f"torchfleet {cfg.stack}: the API tokens the nodes accept, one a line",
-        secret_data=tokens,
-        version_id=tokens.apply(lambda t: "v" + hashlib.sha256(t.encode()).hexdigest()[:12]),
+        name,
+        secret_name=secret_name,
+        description=description,
+        secret_data=value,
+        version_id=value.apply(lambda t: "v" + hashlib.sha256(t.encode()).hexdigest()[:12]),
         force_delete_without_recovery=True,
         tags=tags,
         opts=opts,
     )
 
 
-def read_policy(cfg: StackConfig) -> str:
+def token_store(
+    name: str, cfg: StackConfig, token: pulumi.Output[str], tags: dict[str, str], opts: Any
+) -> alicloud.kms.Secret:
+    """The KMS secret the nodes read their accepted tokens from (infra.edge.accepted)."""
+    return _kms_secret(
+        f"{name}-api-token",
+        edge.secret_name(cfg),
+        f"torchfleet {cfg.stack}: the API tokens the nodes accept, one a line",
+        edge.accepted(cfg, token),
+        tags,
+        opts,
+    )
+
+
+def journal_store(
+    name: str,
+    cfg: StackConfig,
+    end: str,
+    made: edge.Generated,
+    tags: dict[str, str],
+    opts: Any,
+) -> alicloud.kms.Secret:
+    """One end of the journal's TLS (infra.monitoring.journal_tls): its certificate, key and the
+    journal CA, in the KMS secret only that end's RAM role reads (secret_read_policy)."""
+    return _kms_secret(
+        f"{name}-journal-{end}",
+        monitoring.journal_secret_name(cfg, end),
+        f"torchfleet {cfg.stack}: the journal {end}'s certificate, key and CA",
+        edge.pem_document(made, with_ca=True),
+        tags,
+        opts,
+    )
+
+
+def secret_read_policy(cfg: StackConfig, secret_name: str) -> str:
+    """kms:GetSecretValue on one secret of the stack's region and nothing else."""
     return json.dumps(
         {
             "Version": "1",
@@ -130,11 +170,15 @@ def read_policy(cfg: StackConfig) -> str:
                 {
                     "Effect": "Allow",
                     "Action": ["kms:GetSecretValue"],
-                    "Resource": [f"acs:kms:{cfg.region}:*:secret/{edge.secret_name(cfg)}"],
+                    "Resource": [f"acs:kms:{cfg.region}:*:secret/{secret_name}"],
                 }
             ],
         }
     )
+
+
+def read_policy(cfg: StackConfig) -> str:
+    return secret_read_policy(cfg, edge.secret_name(cfg))
 
 
 # What a node calls to leave before it drains: its own weight to 0 in the VServer group the

@@ -32,7 +32,7 @@ from typing import Any
 import pulumi
 import pulumi_alicloud as alicloud
 
-from infra import edge, healing, images
+from infra import edge, healing, images, monitoring
 from infra.alicloud import edge as ali_edge
 from infra.alicloud import scaling
 from infra.alicloud.bundle_store import AlicloudBundleStore
@@ -188,6 +188,20 @@ class AlicloudFleet(pulumi.ComponentResource):
             ali_edge.token_store(name, cfg, self.token, self.node_tags, child),
             self._grant("api-token", "read the stack's API tokens", ali_edge.read_policy(cfg)),
         ]
+        # The journal's TLS (monitoring): the nodes' client certificate in their own secret;
+        # the monitoring host stores and reads the receiver's (alicloud/monitoring.py).
+        self.journal: monitoring.JournalTls | None = None
+        if cfg.monitoring:
+            self.journal = monitoring.journal_tls(name, cfg, child)
+            secret = monitoring.journal_secret_name(cfg, "node")
+            grants += [
+                ali_edge.journal_store(name, cfg, "node", self.journal.node, self.node_tags, child),
+                self._grant(
+                    "journal",
+                    "read the nodes' journal certificate",
+                    ali_edge.secret_read_policy(cfg, secret),
+                ),
+            ]
         return grants
 
     def _models_policy(self) -> str:

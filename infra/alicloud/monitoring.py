@@ -5,8 +5,9 @@ ESSD. Prometheus has no Alibaba discovery, so the role lists the nodes as file_s
 inventory, or on a group stack (whose nodes come and go) by a timer listing the stack's running
 ECS instances by tag. The cloud APIs the host calls are BSS's DescribeInstanceBill (the spend
 exporter) and, on a group stack, ECS DescribeInstances, through a RAM role that may call exactly
-those. The role (playbooks/monitoring.yml) configures it
-from an operator's controller that reaches the VPC (a VPN or bastion inside `admin_cidrs`)."""
+those, and read the journal receiver's certificate secret (alicloud/edge.py's journal_store).
+The role (playbooks/monitoring.yml) configures it from an operator's controller that reaches the
+VPC (a VPN or bastion inside `admin_cidrs`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pulumi
 import pulumi_alicloud as alicloud
 
 from infra import healing, monitoring
+from infra.alicloud import edge as ali_edge
 from infra.alicloud.fleet import role_policy
 from infra.alicloud.network import AlicloudNetwork
 from infra.config import StackConfig
@@ -31,6 +33,7 @@ class AlicloudMonitoring(pulumi.ComponentResource):
         network: AlicloudNetwork,
         key: alicloud.ecs.EcsKeyPair,
         image_id: pulumi.Input[str],
+        journal: monitoring.JournalTls,
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("torchfleet:alicloud:Monitoring", name, None, opts)
@@ -53,27 +56,43 @@ class AlicloudMonitoring(pulumi.ComponentResource):
         actions = list(monitoring.SPEND_ACTIONS["alicloud"])
         if cfg.mode == "group":
             actions += monitoring.ECS_DISCOVERY_ACTIONS
-        policy = alicloud.ram.Policy(
-            f"{name}-spend",
-            policy_name=f"{cfg.name}-monitoring-spend",
-            description="read the instance bill (the spend exporter)"
+
+        def grant(suffix: str, description: str, document: str) -> None:
+            """One custom policy of the host's role, attached to it."""
+            policy = alicloud.ram.Policy(
+                f"{name}-{suffix}",
+                policy_name=f"{cfg.name}-monitoring-{suffix}",
+                description=description,
+                policy_document=document,
+                force=True,
+                tags=tags,
+                opts=child,
+            )
+            alicloud.ram.RolePolicyAttachment(
+                f"{name}-{suffix}",
+                policy_name=policy.policy_name,
+                policy_type="Custom",
+                role_name=role.role_name,
+                opts=child,
+            )
+
+        grant(
+            "spend",
+            "read the instance bill (the spend exporter)"
             + ("; list the group's nodes (ECS discovery)" if cfg.mode == "group" else ""),
-            policy_document=json.dumps(
+            json.dumps(
                 {
                     "Version": "1",
                     "Statement": [{"Effect": "Allow", "Action": actions, "Resource": ["*"]}],
                 }
             ),
-            force=True,
-            tags=tags,
-            opts=child,
         )
-        alicloud.ram.RolePolicyAttachment(
-            f"{name}-spend",
-            policy_name=policy.policy_name,
-            policy_type="Custom",
-            role_name=role.role_name,
-            opts=child,
+        # the journal receiver's certificate, key and CA (roles/monitoring reads them on the host)
+        ali_edge.journal_store(name, cfg, "receiver", journal.receiver, tags, child)
+        grant(
+            "journal",
+            "read the journal receiver's certificate",
+            ali_edge.secret_read_policy(cfg, monitoring.journal_secret_name(cfg, "receiver")),
         )
         instance = alicloud.ecs.Instance(
             f"{name}-host",

@@ -89,6 +89,7 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
     deployment = fleet.deployment
     deployment.extra_outputs.update(store.outputs, api_token=fleet.token, **fleet.edge_outputs)
     if cfg.monitoring:
+        assert fleet.journal is not None  # made with the nodes' grants (aws/fleet.py)
         deployment.monitoring = AwsMonitoring(
             "monitoring",
             cfg,
@@ -97,6 +98,7 @@ def deploy(cfg: StackConfig, tags: dict[str, str], expiry: datetime | None) -> D
             fleet.key,
             resolve_image(cfg, invoke, distro=MONITORING_DISTRO),
             arn_partition,
+            fleet.journal,
             opts=opts,
         ).host
     return deployment

@@ -10,14 +10,16 @@ ROLLOUT_METRICS_OUTPUT): the ALB's CloudWatch dimensions, LoadBalancer (its ARN 
 track, TargetGroup (each target group's ARN suffix).
 With `tls: {certificate: generate}` (dev stacks), the HTTPS listener serves a certificate the
 stack generates for the ALB's DNS name (infra.edge.generate_certificate), imported into ACM with
-its CA as the chain; `listeners` returns the stack outputs that adds (the CA)."""
+its CA as the chain; `listeners` returns the stack outputs that adds (the CA).
+`journal_store`: one end's journal certificate, key and CA (infra.monitoring.journal_tls) in its
+own secret, which `journal_read_policy` lets that end's role read and nothing else."""
 
 from __future__ import annotations
 
 import pulumi
 import pulumi_aws as aws
 
-from infra import edge
+from infra import edge, monitoring
 from infra.aws.iam import allow
 from infra.config import StackConfig
 from infra.constants import ALB_NAMESPACE
@@ -194,10 +196,36 @@ def node_tls_store(
         "node-tls",
         edge.node_tls_secret_name(cfg),
         "the certificate and key the nodes serve HTTPS with",
-        edge.node_tls_document(made),
+        edge.pem_document(made),
         tags,
         opts,
     )
+
+
+def journal_store(
+    name: str,
+    cfg: StackConfig,
+    end: str,
+    made: edge.Generated,
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> aws.secretsmanager.Secret:
+    """One end of the journal's TLS (receiver: the monitoring host; node: every node): its
+    certificate, key and the journal CA, in the secret only that end reads."""
+    return _secret(
+        name,
+        cfg,
+        f"journal-{end}",
+        monitoring.journal_secret_name(cfg, end),
+        f"the journal {end}'s certificate, key and CA",
+        edge.pem_document(made, with_ca=True),
+        tags,
+        opts,
+    )
+
+
+def journal_read_policy(secret_arn: str) -> str:
+    return allow("ReadTheJournalCertificate", ["secretsmanager:GetSecretValue"], [secret_arn])
 
 
 def read_policy(secret_arn: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from infra import edge, images
+from infra import edge, images, monitoring
 from infra.aws import edge as aws_edge
 from infra.aws import fallback, healing, imds, scaling
 from infra.aws.bundle_store import AwsBundleStore
@@ -160,6 +160,13 @@ class AwsFleet(pulumi.ComponentResource):
             self.node_certificate = made.certificate
             node_tls = aws_edge.node_tls_store(name, cfg, made, tags, child)
             grant("node-tls", node_tls.arn.apply(aws_edge.node_tls_read_policy))
+        # The journal's TLS (monitoring): the nodes' client certificate in their own secret;
+        # the monitoring host stores and reads the receiver's (aws/monitoring.py).
+        self.journal: monitoring.JournalTls | None = None
+        if cfg.monitoring:
+            self.journal = monitoring.journal_tls(name, cfg, child)
+            journal = aws_edge.journal_store(name, cfg, "node", self.journal.node, tags, child)
+            grant("journal", journal.arn.apply(aws_edge.journal_read_policy))
         self.target = (
             self._target_group(name, tags, network, child) if cfg.mode == "group" else None
         )

@@ -1,7 +1,8 @@
 """The monitoring host on AWS (infra.monitoring): a Debian 12 instance in the private services
 subnet at the plan's fixed address, IMDSv2 only, an encrypted gp3 root, and an instance profile
 that may call exactly the two EC2 Describe actions Prometheus' EC2 discovery needs and Cost
-Explorer's GetCostAndUsage (the spend exporter). The role
+Explorer's GetCostAndUsage (the spend exporter), and read the journal receiver's certificate
+secret (aws/edge.py's journal_store) and nothing else of Secrets Manager. The role
 (playbooks/monitoring.yml) configures it from an operator's controller that reaches the VPC
 (a VPN or bastion inside `admin_cidrs`); it runs no bootstrap of its own."""
 
@@ -13,6 +14,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra import monitoring
+from infra.aws import edge as aws_edge
 from infra.aws import healing, imds
 from infra.aws.iam import assume_role
 from infra.aws.network import AwsNetwork
@@ -67,6 +69,7 @@ class AwsMonitoring(pulumi.ComponentResource):
         key: aws.ec2.KeyPair,
         image_id: pulumi.Input[str],
         arn_partition: str,
+        journal: monitoring.JournalTls,
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("torchfleet:aws:Monitoring", name, None, opts)
@@ -83,6 +86,14 @@ class AwsMonitoring(pulumi.ComponentResource):
         )
         aws.iam.RolePolicy(f"{name}-discovery", role=role.id, policy=discovery_policy(), opts=child)
         aws.iam.RolePolicy(f"{name}-spend", role=role.id, policy=spend_policy(), opts=child)
+        # the journal receiver's certificate, key and CA (roles/monitoring reads them on the host)
+        secret = aws_edge.journal_store(name, cfg, "receiver", journal.receiver, tags, child)
+        aws.iam.RolePolicy(
+            f"{name}-journal",
+            role=role.id,
+            policy=secret.arn.apply(aws_edge.journal_read_policy),
+            opts=child,
+        )
         profile = aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags, opts=child)
         instance = aws.ec2.Instance(
             f"{name}-host",

@@ -76,7 +76,11 @@ def test_aws_prod_speaks_https_to_its_nodes_with_a_certificate_only_they_read(ru
     (version,) = [v for v in run.of_type(VERSION) if v.name.endswith("-node-tls")]
     assert "secretString" in version.secrets  # the key is a Pulumi secret
     doc = json.loads(version.inputs["secretString"])
-    (cert,) = [c for c in run.of_type("tls:index/selfSignedCert:SelfSignedCert")]
+    (cert,) = [
+        c
+        for c in run.of_type("tls:index/selfSignedCert:SelfSignedCert")
+        if c.name.endswith("-node-tls")  # the journal's CA is the other one (test_journal_tls)
+    ]
     assert cert.inputs["dnsNames"] == [edge.NODE_NAME]
     assert "server_auth" in cert.inputs["allowedUses"]
     assert "cert_signing" not in cert.inputs["allowedUses"]  # it signs nothing else
@@ -104,7 +108,11 @@ def test_aws_prod_nodes_and_monitoring_host_get_the_tls_variables(runs):
     assert node_vars["inference_runtime_tls_cert_file"] == inventory.NODE_TLS_CERT
     assert node_vars["inference_runtime_tls_key_file"] == inventory.NODE_TLS_KEY
     (host,) = inv["all"]["children"][inventory.MONITORING_GROUP]["hosts"].values()
-    (cert,) = run.of_type("tls:index/selfSignedCert:SelfSignedCert")
+    (cert,) = [
+        c
+        for c in run.of_type("tls:index/selfSignedCert:SelfSignedCert")
+        if c.name.endswith("-node-tls")
+    ]
     assert host["monitoring_runtime_tls_ca"] == offline_pem("CERTIFICATE", cert.name)
     assert host["monitoring_runtime_tls_server_name"] == edge.NODE_NAME
 

@@ -131,13 +131,16 @@ def _node_reader(run, stack: str) -> int:
             (statement,) = json.loads(grant.inputs["policy"])["Statement"]
             assert statement["Resource"] == [arn] and grant.inputs["role"].endswith("node-role-id")
         return len(grants)
-    (secret,) = run.of_type("alicloud:kms/secret:Secret")
+    name = edge.secret_name(_cfg(stack))
+    (secret,) = [
+        s for s in run.of_type("alicloud:kms/secret:Secret") if s.inputs["secretName"] == name
+    ]
     assert secret.inputs["secretData"].splitlines()[0] == TOKEN and "secretData" in secret.secrets
-    name = secret.inputs["secretName"]
     policies = [
         p
         for p in run.of_type("alicloud:ram/policy:Policy")
         if "kms:GetSecretValue" in p.inputs["policyDocument"]
+        and f"secret/{name}" in p.inputs["policyDocument"]
     ]
     attached = {
         a.inputs["policyName"]: a.inputs["roleName"]
@@ -181,6 +184,7 @@ def test_a_given_token_stays_out_of_user_data_and_the_bundle(with_overrides, sta
         for r in run.custom()
         if r.type
         in ("aws:secretsmanager/secretVersion:SecretVersion", "alicloud:kms/secret:Secret")
+        and "journal" not in r.name  # the journal's certificates (test_journal_tls.py)
     ]
     assert stored == [f"{given}\n{following}\n"]  # the nodes accept both during the rotation
     texts = _user_data(run)
@@ -375,12 +379,15 @@ def test_a_dev_stack_generates_its_certificate_and_publishes_its_ca(
 
 def test_a_given_certificate_generates_nothing(every):
     """The six example stacks name their certificates (or have none): no CA, no import. (The
-    nodes' certificate of tls.backend is another thing: test_backend_tls.py.)"""
+    nodes' certificate of tls.backend is another thing: test_backend_tls.py; so is the journal's
+    CA of a stack with monitoring: test_journal_tls.py.)"""
     for stack, run in every.items():
         made = [r for r in run.resources if r.type.startswith("tls:")]
-        assert [r.name for r in made if not r.name.endswith("-node-tls-key")] == (
-            ["fleet-node-tls"] if stack == "aws-prod" else []
-        ), stack
+        assert [
+            r.name
+            for r in made
+            if not r.name.endswith("-node-tls-key") and not r.name.startswith("fleet-journal")
+        ] == (["fleet-node-tls"] if stack == "aws-prod" else []), stack
         assert run.of_type("aws:acm/certificate:Certificate") == [], stack
         assert run.of_type("alicloud:slb/serverCertificate:ServerCertificate") == [], stack
 

@@ -171,21 +171,34 @@ def test_monitoring_host_is_private_encrypted_and_imdsv2(runs, stack):
         assert i["httpTokens"] == "required" and i["systemDiskEncrypted"] is True
         # the role's ECS discovery lists a group stack's nodes; beside it, BSS's instance bill
         assert i["roleName"] == f"torchfleet-{stack}-monitoring"  # the role's default
-        (attachment,) = [
-            a
+        attached = {
+            a.inputs["policyName"]
             for a in run.of_type("alicloud:ram/rolePolicyAttachment:RolePolicyAttachment")
             if a.inputs["roleName"] == i["roleName"]
-        ]
-        (policy,) = [
-            p
+        }
+        statements = {
+            p.inputs["policyName"]: json.loads(p.inputs["policyDocument"])["Statement"]
             for p in run.of_type("alicloud:ram/policy:Policy")
-            if attachment.inputs["policyName"] == p.inputs["policyName"]
-        ]
-        (statement,) = json.loads(policy.inputs["policyDocument"])["Statement"]
-        assert statement == {
-            "Effect": "Allow",
-            "Action": ["bssapi:DescribeInstanceBill", "ecs:DescribeInstances"],
-            "Resource": ["*"],
+            if p.inputs["policyName"] in attached
+        }
+        assert statements == {
+            f"torchfleet-{stack}-monitoring-spend": [
+                {
+                    "Effect": "Allow",
+                    "Action": ["bssapi:DescribeInstanceBill", "ecs:DescribeInstances"],
+                    "Resource": ["*"],
+                }
+            ],
+            # the journal receiver's certificate secret, that one alone
+            f"torchfleet-{stack}-monitoring-journal": [
+                {
+                    "Effect": "Allow",
+                    "Action": ["kms:GetSecretValue"],
+                    "Resource": [
+                        f"acs:kms:cn-shanghai:*:secret/torchfleet-{stack}-journal-receiver"
+                    ],
+                }
+            ],
         }
         (ram_role,) = [
             r
@@ -197,7 +210,7 @@ def test_monitoring_host_is_private_encrypted_and_imdsv2(runs, stack):
         assert snat.inputs["sourceVswitchId"] == i["vswitchId"]  # SNAT for its vSwitch only
 
 
-def test_monitoring_role_may_only_describe_and_read_the_bill(runs):
+def test_monitoring_role_may_only_describe_read_the_bill_and_its_journal_certificate(runs):
     run = runs["aws-prod"]
     (host,) = run.tagged(HOST["aws"], "monitoring")
     (profile,) = [
@@ -210,6 +223,20 @@ def test_monitoring_role_may_only_describe_and_read_the_bill(runs):
         p for p in run.of_type("aws:iam/rolePolicy:RolePolicy") if p.inputs["role"] == f"{role}-id"
     ]
     statements = [s for p in policies for s in json.loads(p.inputs["policy"])["Statement"]]
+    # the journal receiver's certificate: its one secret, nothing else of Secrets Manager
+    (journal,) = [s for s in statements if s["Resource"] != "*"]
+    (secret,) = [
+        s
+        for s in run.of_type("aws:secretsmanager/secret:Secret")
+        if s.inputs["name"] == "torchfleet/aws-prod/journal-receiver"
+    ]
+    assert journal == {
+        "Sid": "ReadTheJournalCertificate",
+        "Effect": "Allow",
+        "Action": ["secretsmanager:GetSecretValue"],
+        "Resource": [f"arn:aws:secretsmanager:::{secret.name}-id"],
+    }
+    statements.remove(journal)
     assert all(s["Effect"] == "Allow" and s["Resource"] == "*" for s in statements)
     assert "Condition" not in str(statements)
     # Prometheus' EC2 discovery, and the spend exporter's read of Cost Explorer
@@ -322,6 +349,13 @@ def test_instances_mode_nodes_reach_the_monitoring_host(settings, with_overrides
 # What the host adds to a stack, per cloud: the services subnet and its NAT egress, the
 # monitoring group and its rules (on Alibaba also the nodes' scrape rules and an explicit egress
 # rule; on AWS the scrape rules are inline in the nodes' group), the host, and on AWS its role.
+# The journal's CA (a key, a self-signed certificate) and both ends' keys and certificates.
+JOURNAL_TLS = {
+    "tls:index/privateKey:PrivateKey": 3,
+    "tls:index/selfSignedCert:SelfSignedCert": 1,
+    "tls:index/certRequest:CertRequest": 2,
+    "tls:index/locallySignedCert:LocallySignedCert": 2,
+}
 ADDED = {
     "aws": {
         "aws:ec2/subnet:Subnet": 1,
@@ -332,11 +366,16 @@ ADDED = {
         SG["aws"]: 1,
         AWS_RULE: 2,
         "aws:iam/role:Role": 1,
-        "aws:iam/rolePolicy:RolePolicy": 2,  # EC2 discovery; the spend exporter's bill
+        # EC2 discovery; the spend exporter's bill; each end's read of its journal secret
+        "aws:iam/rolePolicy:RolePolicy": 4,
         "aws:iam/instanceProfile:InstanceProfile": 1,
         HOST["aws"]: 1,
         # its self-healing (infra/healing.py): recover and reboot alarms
         "aws:cloudwatch/metricAlarm:MetricAlarm": 2,
+        # the journal's TLS: each end's certificate, key and CA in its own secret
+        "aws:secretsmanager/secret:Secret": 2,
+        "aws:secretsmanager/secretVersion:SecretVersion": 2,
+        **JOURNAL_TLS,
     },
     "alicloud": {
         "alicloud:vpc/switch:Switch": 1,
@@ -347,10 +386,13 @@ ADDED = {
         SG["alicloud"]: 1,
         ALI_RULE: 5,
         HOST["alicloud"]: 1,
-        # the RAM role the spend exporter reads the bill with
+        # the RAM role the spend exporter reads the bill with; each end's read of its journal
+        # secret (the host's role and the nodes')
         "alicloud:ram/role:Role": 1,
-        "alicloud:ram/policy:Policy": 1,
-        "alicloud:ram/rolePolicyAttachment:RolePolicyAttachment": 1,
+        "alicloud:ram/policy:Policy": 3,
+        "alicloud:ram/rolePolicyAttachment:RolePolicyAttachment": 3,
+        "alicloud:kms/secret:Secret": 2,
+        **JOURNAL_TLS,
     },
 }
 # reference prices (compat/catalog.yml, spelled out): instance + NAT gateway per hour, disk per GB
@@ -370,8 +412,12 @@ def _without_monitoring(run) -> None:
     children = run.outputs["inventory"]["all"]["children"]
     assert "monitoring" not in children
     assert not [
-        g for g in children.values() if "monitoring_logs_server" in (g.get("vars") or {})
+        g
+        for g in children.values()
+        for key in (g.get("vars") or {})
+        if key.startswith(("monitoring_logs_server", "monitoring_logs_tls"))
     ], run.stack
+    assert not [r for r in run.resources if "journal" in r.name and r.custom], run.stack
     assert run.outputs["cost"]["monitoring_per_month"] == 0
     assert run.outputs["cost"]["monitoring_instance_type"] == ""
 
