@@ -14,6 +14,14 @@ from .boot import NodeConfig
 
 NODE_TLS_CERT = "/etc/torchfleet/node-cert.pem"
 NODE_TLS_KEY = "/etc/torchfleet/node-key.pem"
+# The journal upload's client certificate, key and the journal CA (`torchfleet-node journal-tls`,
+# a stack with monitoring: the monitoring role's monitoring_logs_tls_*_file on the nodes, and the
+# receiver's certificate and key on the monitoring host), in a directory of their own that the
+# role creates 0750 root:root: systemd hands each file to its service as a credential.
+JOURNAL_TLS_DIR = "/etc/torchfleet-journal"
+JOURNAL_TLS_CERT = f"{JOURNAL_TLS_DIR}/cert.pem"
+JOURNAL_TLS_KEY = f"{JOURNAL_TLS_DIR}/key.pem"
+JOURNAL_TLS_CA = f"{JOURNAL_TLS_DIR}/ca.pem"
 
 
 def runtime_url(cfg: NodeConfig, path: str, cert: str | None = None) -> str:
