@@ -294,3 +294,12 @@ def test_the_readers_sdks_are_in_the_virtualenv_the_role_runs_it_with() -> None:
         if isinstance(n, ast.Import | ast.ImportFrom)
     }
     assert top <= set(sys.stdlib_module_names) | {"__future__"}, top  # stdlib at import
+
+
+def test_an_alibaba_read_without_a_region_is_refused_by_name(tmp_path: Path, capsys) -> None:
+    files = [str(tmp_path / n) for n in ("c", "k", "a")]
+    with pytest.raises(SystemExit) as stop:
+        secret_files.main(["--cloud", "alicloud", "s", *files])
+    assert stop.value.code == 2
+    assert "--region= is invalid; allowed: the KMS region" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
