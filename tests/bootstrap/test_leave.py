@@ -14,7 +14,7 @@ import pytest
 from fake_alibaba import FakeAlibaba, role_credentials
 from moto import mock_aws
 
-from infra.bootstrap.torchfleet_agent import boot, cli, leave
+from infra.bootstrap.torchfleet_agent import boot, cli, leave, local, secret_files
 from infra.bootstrap.torchfleet_agent.cloud import cloud_of
 
 REGION = "us-east-1"
@@ -99,9 +99,9 @@ def test_the_api_token_command_replaces_the_file_only_when_the_secret_changed(
     assert not (tmp_path / "api-tokens.tmp").exists()
 
     dest.chmod(0o644)  # a wrong mode alone is repaired
-    assert cli.write_tokens(str(dest), "tok-current\ntok-next") is True
+    assert secret_files.write_file(str(dest), "tok-current\ntok-next") is True
     assert dest.stat().st_mode & 0o777 == 0o640
-    assert cli.write_tokens(str(dest), "tok-current\ntok-next\n") is False
+    assert secret_files.write_file(str(dest), "tok-current\ntok-next\n") is False
 
 
 def test_the_node_tls_command_writes_the_certificate_and_key_for_the_service_group(
@@ -135,6 +135,52 @@ def test_the_node_tls_command_writes_the_certificate_and_key_for_the_service_gro
     assert cli.node_tls(argv) == 0
     assert " written to " in capsys.readouterr().out and key.read_text() == "KEY-2\n"
     assert cli.node_tls([name]) == 2  # usage
+
+
+def test_the_journal_tls_command_writes_the_three_files_root_only_and_only_on_change(
+    aws, tmp_path, monkeypatch, capsys
+):
+    """`torchfleet-node journal-tls SECRET CERT KEY CA` (the monitoring role's
+    monitoring_logs_tls_command on a node): the client certificate, key and the journal CA from
+    the nodes' secret, 0640 root-owned, replaced only when they changed (an unchanged secret
+    prints nothing: no journal-upload restart), a malformed secret refused before any file is
+    touched, the key never printed."""
+    name = "torchfleet/aws-prod/journal-node"
+    doc = {"certificate": "CERT-1", "private_key": "KEY-1", "ca": "CA-1"}
+    sm = boto3.client("secretsmanager", region_name=REGION)
+    sm.create_secret(Name=name, SecretString=json.dumps(doc))
+    monkeypatch.setattr(boot, "load_config", lambda: {"cloud": "aws", "region": REGION})
+    files = [tmp_path / n for n in ("cert.pem", "key.pem", "ca.pem")]
+    argv = [name, *map(str, files)]
+
+    assert cli.main(["journal-tls", *argv]) == 0
+    out = capsys.readouterr().out
+    assert f" written to {files[0]}, {files[1]}, {files[2]}" in out and "KEY-1" not in out
+    assert [f.read_text() for f in files] == ["CERT-1\n", "KEY-1\n", "CA-1\n"]
+    for path in files:
+        st = path.stat()
+        assert st.st_mode & 0o7777 == 0o640 and st.st_gid == os.getegid()
+        assert os.geteuid() != 0 or st.st_uid == 0
+    inodes = [f.stat().st_ino for f in files]
+    assert cli.journal_tls(argv) == 0
+    assert capsys.readouterr().out == ""  # unchanged: nothing written, no restart
+    assert [f.stat().st_ino for f in files] == inodes
+
+    sm.put_secret_value(SecretId=name, SecretString=json.dumps({**doc, "ca": "CA-2"}))
+    assert cli.journal_tls(argv) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith(f" written to {files[2]}"), out  # the CA alone was replaced
+    assert files[2].read_text() == "CA-2\n" and files[0].stat().st_ino == inodes[0]
+
+    sm.put_secret_value(SecretId=name, SecretString=json.dumps({"certificate": "CERT-3"}))
+    with pytest.raises(ValueError, match="private_key, ca is invalid .*allowed: a JSON document"):
+        cli.journal_tls(argv)
+    assert files[0].read_text() == "CERT-1\n"  # checked before any file was touched
+
+    assert cli.journal_tls(argv[:3]) == 2  # usage, naming the default paths
+    assert local.JOURNAL_TLS_CERT in capsys.readouterr().err
+    for path in (local.JOURNAL_TLS_CERT, local.JOURNAL_TLS_KEY, local.JOURNAL_TLS_CA):
+        assert os.path.dirname(path) == local.JOURNAL_TLS_DIR
 
 
 def test_a_failed_leave_still_drains_and_says_so(capsys):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import configparser
 import json
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -90,6 +91,16 @@ def test_https_with_client_certificates_on_both_ends(render_templates, tmp_path)
 
 
 def run_checks(tmp_path: Path, tool_env: dict[str, str], extra: dict, end: str = "node"):
+    # the node's end needs all three files (tasks/node.yml), the receiver's the first two
+    files = ["monitoring_logs_tls_cert_file", "monitoring_logs_tls_key_file"]
+    files += ["monitoring_logs_tls_ca_file"] if end == "node" else []
+    return run_role_tasks(
+        tmp_path, tool_env, "logs-tls.yml", {**extra, "__monitoring_logs_tls_files": files}
+    )
+
+
+def run_role_tasks(tmp_path: Path, tool_env: dict[str, str], tasks_from: str, extra: dict):
+    """The monitoring role's task file `tasks_from` on localhost, BASE and `extra` as extra vars."""
     play = [
         {
             "hosts": "localhost",
@@ -99,18 +110,14 @@ def run_checks(tmp_path: Path, tool_env: dict[str, str], extra: dict, end: str =
                 {
                     "ansible.builtin.include_role": {
                         "name": "monitoring",
-                        "tasks_from": "logs-tls.yml",
+                        "tasks_from": tasks_from,
                     }
                 }
             ],
         }
     ]
     (tmp_path / "play.yml").write_text(json.dumps(play))
-    # the node's end needs all three files (tasks/node.yml), the receiver's the first two
-    files = ["monitoring_logs_tls_cert_file", "monitoring_logs_tls_key_file"]
-    files += ["monitoring_logs_tls_ca_file"] if end == "node" else []
-    extra = {**BASE, **extra, "__monitoring_logs_tls_files": files}
-    (tmp_path / "extra.json").write_text(json.dumps(extra))
+    (tmp_path / "extra.json").write_text(json.dumps({**BASE, **extra}))
     return subprocess.run(
         ["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", "@extra.json", "play.yml"],
         cwd=tmp_path,
@@ -151,3 +158,116 @@ def test_the_https_files_are_checked(tmp_path, tool_env, given):
     else:
         # the two absent files, not the present certificate
         assert f"monitoring: {key}, {ca} not found" in output, output[-3000:]
+
+
+def stack(cloud: str) -> dict:
+    """What an aws-prod-like or alicloud-prod-like inventory gives the journal's two ends (the
+    infra side's monitoring_logs_tls_* variables; the paths are the agent's constants)."""
+    from infra.bootstrap import NODE_PATHS
+    from infra.bootstrap.torchfleet_agent import local
+
+    names = {
+        "aws": ("torchfleet/aws-prod/journal-receiver", "torchfleet/aws-prod/journal-node"),
+        "alicloud": (
+            "torchfleet-alicloud-prod-journal-receiver",
+            "torchfleet-alicloud-prod-journal-node",
+        ),
+    }[cloud]
+    return {
+        "torchfleet_cloud": cloud,
+        "torchfleet_env": "prod",
+        "torchfleet_discovery": {"region": {"aws": "eu-west-1", "alicloud": "cn-shanghai"}[cloud]},
+        "monitoring_logs_tls_secret": names[0],
+        "monitoring_logs_tls_command": [NODE_PATHS["command"], "journal-tls", names[1]],
+        "monitoring_logs_tls_cert_file": local.JOURNAL_TLS_CERT,
+        "monitoring_logs_tls_key_file": local.JOURNAL_TLS_KEY,
+        "monitoring_logs_tls_ca_file": local.JOURNAL_TLS_CA,
+    }
+
+
+def fetch_argv(role_play, tmp_path: Path, extra: dict) -> dict:
+    """The argv each end's fetch task runs (tasks/node.yml, tasks/logs-server.yml) and the
+    receiver's environment, as the role's defaults and vars render them."""
+    outputs = {
+        "node": "__monitoring_logs_tls_node_argv",
+        "receiver": "__monitoring_logs_tls_receiver_argv",
+        "env": "__monitoring_logs_tls_reader_env",
+    }
+    tasks = [
+        {
+            "ansible.builtin.copy": {
+                "content": "{{ " + var + " | to_json }}",
+                "dest": str(tmp_path / name),
+                "mode": "0644",
+            }
+        }
+        for name, var in outputs.items()
+    ]
+    role_play("monitoring", tasks, extra)
+    return {name: json.loads((tmp_path / name).read_text()) for name in outputs}
+
+
+@pytest.mark.parametrize("cloud", ["aws", "alicloud"])
+def test_each_end_fetches_its_certificate_with_its_own_credentials(role_play, tmp_path, cloud):
+    """A node runs the agent (its instance's credentials), the monitoring host the role's reader
+    in the cloud SDKs' virtualenv with its own role; both get CERT KEY CA appended."""
+    given = stack(cloud)
+    paths = [given[f"monitoring_logs_tls_{k}_file"] for k in ("cert", "key", "ca")]
+    assert [os.path.dirname(p) for p in paths] == ["/etc/torchfleet-journal"] * 3
+    got = fetch_argv(role_play, tmp_path, given)
+    assert got["node"] == [
+        "/usr/local/sbin/torchfleet-node",
+        "journal-tls",
+        given["monitoring_logs_tls_command"][2],
+        *paths,
+    ]
+    region = given["torchfleet_discovery"]["region"]
+    assert got["receiver"] == [
+        "/opt/torchfleet-spend/venv/bin/python",
+        "/opt/torchfleet-journal/torchfleet_journal_tls.py",
+        "--cloud",
+        cloud,
+        "--region",
+        region,
+        given["monitoring_logs_tls_secret"],
+        *paths,
+    ]
+    want_env = (
+        {"ALIBABA_CLOUD_ECS_METADATA": "torchfleet-alicloud-prod-monitoring"}
+        if cloud == "alicloud"
+        else {}
+    )
+    assert got["env"] == want_env
+    # the generic form on the receiver: its own command, no reader
+    generic = {**given, "monitoring_logs_tls_secret": "", "monitoring_logs_tls_command": ["/x"]}
+    got = fetch_argv(role_play, tmp_path, generic)
+    assert got["receiver"] == got["node"] == ["/x", *paths] and got["env"] == {}
+    assert fetch_argv(role_play, tmp_path, {})["receiver"] == []  # nothing to fetch
+
+
+def run_fetch_step(tmp_path: Path, tool_env: dict[str, str], extra: dict):
+    fetch = {"__monitoring_logs_tls_fetch": ["/bin/true"]}
+    return run_role_tasks(tmp_path, tool_env, "logs-tls-fetch.yml", {**extra, **fetch})
+
+
+def test_the_fetch_step_creates_a_missing_directory_root_only_and_wants_three_paths(
+    tmp_path, tool_env
+):
+    made, kept = tmp_path / "journal-tls", tmp_path / "kept"
+    kept.mkdir(mode=0o755)
+    kept.chmod(0o755)
+    extra = {
+        "monitoring_logs_tls_cert_file": str(made / "cert.pem"),
+        "monitoring_logs_tls_key_file": str(made / "key.pem"),
+        "monitoring_logs_tls_ca_file": str(kept / "ca.pem"),
+    }
+    done = run_fetch_step(tmp_path, tool_env, extra)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert made.stat().st_mode & 0o7777 == 0o750
+    assert kept.stat().st_mode & 0o7777 == 0o755  # a directory the host had is left alone
+    done = run_fetch_step(tmp_path, tool_env, {**extra, "monitoring_logs_tls_ca_file": ""})
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "monitoring_logs_tls_ca_file= is invalid with monitoring_logs_tls_command" in output, (
+        output[-3000:]
+    )

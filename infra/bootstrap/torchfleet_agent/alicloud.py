@@ -25,17 +25,16 @@ from alibabacloud_cms20190101 import models as cms_models
 from alibabacloud_cms20190101.client import Client as CmsClient
 from alibabacloud_ess20220222 import models as ess_models
 from alibabacloud_ess20220222.client import Client as EssClient
-from alibabacloud_tea_openapi.client import Client as OpenApiClient
-from alibabacloud_tea_openapi.models import Config, OpenApiRequest, Params
-from darabonba.runtime import RuntimeOptions
+from alibabacloud_tea_openapi.models import Config
 
 from . import boot
 from .boot import NodeConfig
 from .cloud import Identity, Metrics
 from .imds import Imds
+from .secret_files import KMS_VERSION, openapi_rpc
 
 HEARTBEAT_TIMEOUT_S = 600  # what each heartbeat extends the launch action to
-RPC_VERSIONS = {"kms": "2016-01-20", "slb": "2014-05-15"}
+RPC_VERSIONS = {"kms": KMS_VERSION, "slb": "2014-05-15"}
 
 
 def _target(
@@ -72,21 +71,7 @@ class Alicloud:
 
     def rpc(self, service: str, action: str, query: dict[str, str]) -> dict[str, Any]:
         """One signed RPC call of `service` (kms, slb) through the OpenAPI client."""
-        params = Params(
-            action=action,
-            version=RPC_VERSIONS[service],
-            protocol="HTTPS",
-            pathname="/",
-            method="POST",
-            auth_type="AK",
-            style="RPC",
-            req_body_type="formData",
-            body_type="json",
-        )
-        client = OpenApiClient(self._config(service))
-        reply = client.call_api(params, OpenApiRequest(query=query), RuntimeOptions())
-        body: dict[str, Any] = reply.get("body") or {}
-        return body
+        return openapi_rpc(self._config(service), action, RPC_VERSIONS[service], query)
 
     def spot_notice(self) -> str | None:
         """The release time once ECS has posted a spot notice (404 before)."""

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import grp
 import json
-import os
 import sys
 import urllib.parse
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from . import boot, image, lifecycle, metrics
 from .bootstrap import bootstrap
 from .cloud import cloud_of
+from .local import JOURNAL_TLS_CA, JOURNAL_TLS_CERT, JOURNAL_TLS_KEY
+from .secret_files import TLS_FIELDS, write_fields, write_file
 from .state import State
 
 
@@ -47,36 +48,10 @@ def api_token(argv: Sequence[str]) -> int:
         return 1
     text = cloud_of(cfg).secret_string(name)
     gid = grp.getgrnam(argv[1]).gr_gid if len(argv) == 2 else -1
-    if write_tokens(argv[0], text, gid):
+    if write_file(argv[0], text, gid):
         count = sum(1 for line in text.splitlines() if line.strip() and not line.startswith("#"))
         boot.log(f"{count} API token(s) of secret {name} written to {argv[0]}")
     return 0
-
-
-def write_tokens(dest: str, text: str, gid: int = -1) -> bool:
-    """DEST holds `text` (0640, root:gid) afterwards; False when it already did (not touched).
-    The tokens' file and the node's certificate and key (node-tls) alike."""
-    data = (text.rstrip("\n") + "\n").encode()
-    try:
-        with open(dest, "rb") as f:
-            st = os.fstat(f.fileno())
-            same = (
-                f.read() == data
-                and st.st_mode & 0o7777 == 0o640
-                and (gid == -1 or st.st_gid == gid)
-                and (os.geteuid() != 0 or st.st_uid == 0)
-            )
-    except FileNotFoundError:
-        same = False
-    if same:
-        return False
-    fd = os.open(dest + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chown(dest + ".tmp", 0 if os.geteuid() == 0 else -1, gid)
-    os.chmod(dest + ".tmp", 0o640)
-    os.replace(dest + ".tmp", dest)
-    return True
 
 
 def node_tls(argv: Sequence[str]) -> int:
@@ -88,18 +63,37 @@ def node_tls(argv: Sequence[str]) -> int:
     if len(argv) not in (3, 4):
         print("usage: torchfleet-node node-tls SECRET CERT KEY [GROUP]", file=sys.stderr)
         return 2
+    gid = grp.getgrnam(argv[3]).gr_gid if len(argv) == 4 else -1
+    return _secret_files("the nodes' certificate", argv[0], zip(argv[1:3], TLS_FIELDS), gid)
+
+
+def journal_tls(argv: Sequence[str]) -> int:
+    """journal-tls SECRET CERT KEY CA: the node's journal upload certificate, key and the
+    journal CA (the secret's JSON: certificate, private_key, ca; a stack with monitoring) from
+    the cloud's secret store, read with the instance's credentials, into CERT, KEY and CA (0640
+    root:root; the monitoring role's monitoring_logs_tls_command appends the three paths, by
+    default JOURNAL_TLS_CERT, JOURNAL_TLS_KEY and JOURNAL_TLS_CA of local.py). Logs "written to"
+    when it replaced a file (the role then restarts journal-upload), nothing otherwise."""
+    if len(argv) != 4:
+        print(
+            "usage: torchfleet-node journal-tls SECRET CERT KEY CA "
+            f"(e.g. {JOURNAL_TLS_CERT} {JOURNAL_TLS_KEY} {JOURNAL_TLS_CA})",
+            file=sys.stderr,
+        )
+        return 2
+    return _secret_files("the journal's certificate", argv[0], zip(argv[1:], TLS_FIELDS))
+
+
+def _secret_files(what: str, name: str, targets: Iterable[tuple[str, str]], gid: int = -1) -> int:
+    """The secret `name`'s JSON fields into files (secret_files.write_fields) with the node's
+    credentials; "<what> of secret NAME written to FILES" when any was replaced."""
     cfg = boot.load_config()
     if not cfg:
-        boot.log(f"no {boot.CONFIG}: no cloud to read {argv[0]} from")
+        boot.log(f"no {boot.CONFIG}: no cloud to read {name} from")
         return 1
-    doc = json.loads(cloud_of(cfg).secret_string(argv[0]))
-    gid = grp.getgrnam(argv[3]).gr_gid if len(argv) == 4 else -1
-    written = [
-        write_tokens(dest, doc[field], gid)
-        for dest, field in ((argv[1], "certificate"), (argv[2], "private_key"))
-    ]
-    if any(written):
-        boot.log(f"the nodes' certificate of secret {argv[0]} written to {argv[1]}, {argv[2]}")
+    written = write_fields(name, cloud_of(cfg).secret_string(name), list(targets), gid)
+    if written:
+        boot.log(f"{what} of secret {name} written to {', '.join(written)}")
     return 0
 
 
@@ -115,6 +109,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "fetch": fetch,
     "api-token": api_token,
     "node-tls": node_tls,
+    "journal-tls": journal_tls,
     "status": status,
     "prepare-image": lambda _argv: image.prepare_image(),
 }

@@ -1,0 +1,1 @@
+../../../infra/bootstrap/torchfleet_agent/secret_files.py
