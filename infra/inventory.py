@@ -127,6 +127,7 @@ def _monitoring_group(
             # The journal receiver's certificate, key and CA: the role reads them on the host
             # with the host's own role (never through the controller).
             "monitoring_logs_tls_secret": journal_secret_name(cfg, "receiver"),
+            "monitoring_logs_tls_region": cfg.region,  # the secret's (mode instances too)
             **JOURNAL_TLS_FILES,
         }
         if node_certificate:

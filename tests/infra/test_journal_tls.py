@@ -142,6 +142,7 @@ def test_the_inventory_and_the_bundle_tell_each_end_where_to_read(runs, stack):
     ]
     (host,) = children[inventory.MONITORING_GROUP]["hosts"].values()
     assert host["monitoring_logs_tls_secret"] == monitoring.journal_secret_name(cfg, "receiver")
+    assert host["monitoring_logs_tls_region"] == cfg.region
     assert "monitoring_logs_tls_command" not in host  # the role reads it with its own reader
     for end in (node_vars, host):
         assert {k: end[k] for k in inventory.JOURNAL_TLS_FILES} == inventory.JOURNAL_TLS_FILES
