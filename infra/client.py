@@ -5,13 +5,14 @@ and `status`, the demo's predictions) and every connection the load generator op
 (benchmarks/torchfleet_bench) is made here, so what all of them must send or check (an
 Authorization header, TLS verification) is written once. It holds:
 - `Auth`: what every request carries and checks: the stack's API token (`Authorization: Bearer`,
-  added in `_send`, the one place a request leaves) and, for https, the CA file its certificate
+  added in `_exchange`, the one place a request leaves) and, for https, the CA file its certificate
   is verified against (None: the system's CAs; verification is never turned off);
 - `Target`: a runtime's base URL ('http://h:8080', 'h:8080', a '/v1/predict' URL), its `Auth`
   and its keep-alive connections (TCP_NODELAY), which carry that `Auth`;
 - `request`: one request on a fresh connection, (status, body, seconds), status None when
   nothing answered (refused, reset, timed out): the stages treat that as a state, not an error;
-- `get_json`, `post_once`: the model card (GET /v1/model) and one POST on a kept connection;
+- `get_json`, `post_once`, `post_answer`: the model card (GET /v1/model) and one POST on a kept
+  connection (`post_answer` also returns the answer's headers);
 - `build_payload`, `card_payload`: a deterministic request body of the shape and dtype the
   model card names, as JSON `{"inputs": ...}` or raw little-endian bytes with X-Shape/X-Dtype.
 Standard library only. Bad input raises `ClientError`: one line naming what was wrong.
@@ -63,7 +64,7 @@ class Auth:
 class _NoDelayHTTPConnection(http.client.HTTPConnection):
     """TCP_NODELAY, as wrk and other load generators set: with Nagle on, the tail segment of a
     large body can wait for the peer's delayed ACK (40 ms on Linux) and a latency would measure
-    TCP timers instead of the server. `auth`: what `_send` adds to each request on it."""
+    TCP timers instead of the server. `auth`: what `_exchange` adds to each request on it."""
 
     auth = Auth()
 
@@ -122,19 +123,19 @@ class Target:
 # -- requests -------------------------------------------------------------------------------------
 
 
-def _send(
+def _exchange(
     conn: http.client.HTTPConnection,
     method: str,
     path: str,
     body: bytes | None,
     headers: dict[str, str] | None,
-) -> tuple[int, bytes, bool]:
-    """Every request leaves through here, with its connection's Auth: (status, body, keep-alive)."""
+) -> tuple[http.client.HTTPResponse, bytes]:
+    """Every request leaves through here, with its connection's Auth: (the response, its body
+    read fully, so the connection can be reused)."""
     auth: Auth = getattr(conn, "auth", Auth())
     conn.request(method, path, body=body, headers=auth.headers(headers))
     resp = conn.getresponse()
-    data = resp.read()  # read fully: the connection can only be reused after
-    return resp.status, data, not resp.will_close
+    return resp, resp.read()
 
 
 def _once(
@@ -147,8 +148,8 @@ def _once(
 ) -> tuple[int, bytes]:
     conn = target.connection(timeout)
     try:
-        status, data, _ = _send(conn, method, target.prefix + path, body, headers)
-        return status, data
+        resp, data = _exchange(conn, method, target.prefix + path, body, headers)
+        return resp.status, data
     finally:
         conn.close()
 
@@ -200,7 +201,8 @@ def post_once(
 ) -> tuple[int, bytes, bool]:
     """One POST on a kept connection: (status, body, keep), keep False when the server asked
     to close it."""
-    return _send(conn, "POST", path, body, headers)
+    resp, data = _exchange(conn, "POST", path, body, headers)
+    return resp.status, data, not resp.will_close
 
 
 def post_answer(
@@ -208,10 +210,7 @@ def post_answer(
 ) -> tuple[int, bytes, dict[str, str]]:
     """One POST with its connection's Auth: (status, body, the answer's headers, lower-case
     names), for a caller that reads the answer's framing (the binary tensor extension)."""
-    auth: Auth = getattr(conn, "auth", Auth())
-    conn.request("POST", path, body=body, headers=auth.headers(headers))
-    resp = conn.getresponse()
-    data = resp.read()
+    resp, data = _exchange(conn, "POST", path, body, headers)
     return resp.status, data, {k.lower(): v for k, v in resp.getheaders()}
 
 

@@ -135,10 +135,18 @@ def test_every_request_carries_the_token_and_checks_the_certificate(tls_echo):
     assert client.get_json(target, "/v1/model", 5)["authorization"] == "Bearer tok-0123456789abcdef"
     conn = target.connection(5)  # the load generator's kept connection: the same header
     try:
-        status, body, _ = client.post_once(conn, "/v1/predict", b"{}", {})
+        status, body, keep = client.post_once(conn, "/v1/predict", b"{}", {})
+        assert keep is False  # Echo answers HTTP/1.0: the server closes the connection
     finally:
         conn.close()
     assert json.loads(body) == {"authorization": "Bearer tok-0123456789abcdef"}
+    conn = target.connection(5)  # the load generator's probe reads the answer's headers too
+    try:
+        status, body, got = client.post_answer(conn, "/v1/predict", b"{}", {})
+    finally:
+        conn.close()
+    assert json.loads(body) == {"authorization": "Bearer tok-0123456789abcdef"}
+    assert got["content-length"] == str(len(body))
     # a header the caller set wins (a test of a wrong token must send the wrong one)
     status, body, _ = client.request(
         "GET", url + "/x", headers={"Authorization": "Bearer other"}, auth=auth

@@ -46,7 +46,7 @@ sys.path.insert(0, str(HERE))
 
 import orjson  # noqa: E402
 import rt_models  # noqa: E402
-from conftest import RawResponse, parse_responses  # noqa: E402
+from rt_helpers import RawResponse, parse_responses  # noqa: E402
 
 CANARY = rt_models.CANARY
 SHAPE = (4,)

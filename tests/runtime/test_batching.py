@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 import rt_models
 import torch
-from conftest import metric_value
+from rt_helpers import metric_value
 from torchfleet_runtime import compat, warmup
 from torchfleet_runtime.batcher import Batcher, BatchInfo
 from torchfleet_runtime.model import Predictor

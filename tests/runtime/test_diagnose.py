@@ -8,7 +8,7 @@ import threading
 
 import pytest
 import rt_models
-from conftest import EDGE_WORKERS, Client
+from rt_helpers import EDGE_WORKERS, Client
 from test_replicas import LABELS, TWO, needs_two_cpus, x4
 from torchfleet_runtime.cli import main
 from torchfleet_runtime.diagnose import findings, quantile

@@ -16,7 +16,7 @@ import time
 import pytest
 import rt_models
 import torch
-from conftest import Client, metric_value
+from rt_helpers import Client, metric_value
 from test_batching import wait_until
 from test_lifecycle import ServeProcess
 from torchfleet_runtime import edges

@@ -13,7 +13,7 @@ import threading
 import pytest
 import rt_models
 import torch
-from conftest import Client, metric_value
+from rt_helpers import Client, metric_value
 from torchfleet_runtime.cli import main
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0

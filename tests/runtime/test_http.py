@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import rt_models
 import torch
-from conftest import metric_value
+from rt_helpers import metric_value
 
 # A hang (a batch that never closes, a drain that never ends) fails fast instead of at 10 min.
 pytestmark = pytest.mark.timeout(120)

@@ -9,11 +9,10 @@ import socket
 import threading
 import time
 
-import conftest
 import pytest
 import rt_models
 import torch
-from conftest import Client, metric_value, raw_exchange
+from rt_helpers import EDGE_WORKERS, Client, metric_value, raw_exchange
 from test_batching import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -200,9 +199,7 @@ def test_bytes_not_arrived_are_not_allocated(edge):
 def test_connection_cap_answers_503_and_closes(start_runtime):
     # max_connections holds per edge process and the kernel picks which edge accepts a
     # connection: with one edge the 41st is the one refused
-    svc = start_runtime(
-        rt_models.Recorder(), max_connections=40, edge_workers=min(1, conftest.EDGE_WORKERS)
-    )
+    svc = start_runtime(rt_models.Recorder(), max_connections=40, edge_workers=min(1, EDGE_WORKERS))
     held = [socket.create_connection(("127.0.0.1", svc.port)) for _ in range(40)]
     wait_until(
         lambda: (

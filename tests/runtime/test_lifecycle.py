@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import rt_models
 import torch
-from conftest import EDGE_WORKERS, Client, metric_value
+from rt_helpers import EDGE_WORKERS, Client, metric_value
 from test_batching import in_thread, wait_until
 from torchfleet_runtime import demo, model
 

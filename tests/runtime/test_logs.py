@@ -9,7 +9,7 @@ import logging
 
 import pytest
 import rt_models
-from conftest import Client
+from rt_helpers import Client
 from torchfleet_runtime.logs import BatchSummary, JsonFormatter, TextFormatter, choose_format
 
 pytestmark = pytest.mark.timeout(120)

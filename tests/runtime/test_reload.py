@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import rt_models
 import torch
-from conftest import Client, metric_value
+from rt_helpers import Client, metric_value
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,7 +14,7 @@ import time
 import pytest
 import rt_models
 import torch
-from conftest import Client, metric_value
+from rt_helpers import Client, metric_value
 from test_batching import GATED, in_thread, wait_until
 from test_reload import ADMIN, AUTH
 from test_spot import metadata_server, notice_for  # noqa: F401 (a fixture)

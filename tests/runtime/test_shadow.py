@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import rt_models
 import torch
-from conftest import Client, metric_value
+from rt_helpers import Client, metric_value
 from torchfleet_runtime.config import ConfigError, load_config
 from torchfleet_runtime.shadow import compare
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import rt_models
 import torch
-from conftest import metric_value
+from rt_helpers import metric_value
 from torchfleet_runtime.v2 import HEADER_LENGTH
 
 TOKEN = "v2-token-0123456789abcdef"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import rt_models
-from conftest import Client, metric_value, raw_exchange
 from prometheus_client.parser import text_string_to_metric_families
+from rt_helpers import Client, metric_value, raw_exchange
 from torchfleet_runtime.v2 import ROUTE_LABELS, V1_ROUTE, V2_ROUTE
 
 pytestmark = pytest.mark.timeout(120)
