@@ -75,4 +75,6 @@ def test_the_runtime_serves_https_with_the_files_the_command_writes(render_templ
 def test_a_stack_without_backend_tls_sets_none_of_it():
     for stack in ("aws-dev", "alicloud-prod"):
         shared = _stack_vars(stack)
-        assert not [k for k in shared if "_tls_" in k], stack
+        # (the journal's HTTPS is another thing: tests/infra/test_journal_tls.py)
+        assert not [k for k in shared if "_tls_" in k and not k.startswith("monitoring_")], stack
+        assert "inference_runtime_tls_command" not in shared, stack
