@@ -146,7 +146,10 @@ def _secret(
     value: pulumi.Output[str],
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
-) -> aws.secretsmanager.Secret:
+) -> pulumi.Output[str]:
+    """A secret holding `value`; returns its ARN once the value is stored, so a grant made from
+    it, and every node that waits for the grants, waits for the value too: no node boots to an
+    empty secret."""
     secret = aws.secretsmanager.Secret(
         f"{name}-{what}",
         name=secret_name,
@@ -155,10 +158,10 @@ def _secret(
         tags=tags,
         opts=opts,
     )
-    aws.secretsmanager.SecretVersion(
+    version = aws.secretsmanager.SecretVersion(
         f"{name}-{what}", secret_id=secret.id, secret_string=value, opts=opts
     )
-    return secret
+    return pulumi.Output.all(secret.arn, version.id).apply(lambda v: str(v[0]))
 
 
 def token_store(
@@ -167,8 +170,8 @@ def token_store(
     token: pulumi.Output[str],
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
-) -> aws.secretsmanager.Secret:
-    """The secret the nodes read their accepted tokens from (infra.edge.accepted)."""
+) -> pulumi.Output[str]:
+    """The secret the nodes read their accepted tokens from (infra.edge.accepted): its ARN."""
     return _secret(
         name,
         cfg,
@@ -187,7 +190,7 @@ def node_tls_store(
     made: edge.Generated,
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
-) -> aws.secretsmanager.Secret:
+) -> pulumi.Output[str]:
     """`tls.backend`: the nodes' certificate and key (infra.edge.node_certificate), in the
     secret the nodes read them from as they read the tokens."""
     return _secret(
@@ -209,7 +212,7 @@ def journal_store(
     made: edge.Generated,
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
-) -> aws.secretsmanager.Secret:
+) -> pulumi.Output[str]:
     """One end of the journal's TLS (receiver: the monitoring host; node: every node): its
     certificate, key and the journal CA, in the secret only that end reads."""
     return _secret(

@@ -152,21 +152,21 @@ class AwsFleet(pulumi.ComponentResource):
         self.token = edge.token(cfg, child)
         self.edge_outputs: dict[str, pulumi.Output[str]] = {}  # a generated CA (aws/edge.py)
         secret = aws_edge.token_store(name, cfg, self.token, tags, child)
-        grant("api-token", secret.arn.apply(aws_edge.read_policy))
+        grant("api-token", secret.apply(aws_edge.read_policy))
         # tls.backend: the nodes' certificate, which Prometheus's scrape trusts (the inventory)
         self.node_certificate: pulumi.Output[str] | None = None
         if edge.backend_tls(cfg):
             made = edge.node_certificate(name, cfg, child)
             self.node_certificate = made.certificate
             node_tls = aws_edge.node_tls_store(name, cfg, made, tags, child)
-            grant("node-tls", node_tls.arn.apply(aws_edge.node_tls_read_policy))
+            grant("node-tls", node_tls.apply(aws_edge.node_tls_read_policy))
         # The journal's TLS (monitoring): the nodes' client certificate in their own secret;
         # the monitoring host stores and reads the receiver's (aws/monitoring.py).
         self.journal: monitoring.JournalTls | None = None
         if cfg.monitoring:
             self.journal = monitoring.journal_tls(name, cfg, child)
             journal = aws_edge.journal_store(name, cfg, "node", self.journal.node, tags, child)
-            grant("journal", journal.arn.apply(aws_edge.journal_read_policy))
+            grant("journal", journal.apply(aws_edge.journal_read_policy))
         self.target = (
             self._target_group(name, tags, network, child) if cfg.mode == "group" else None
         )

@@ -91,7 +91,7 @@ class AwsMonitoring(pulumi.ComponentResource):
         aws.iam.RolePolicy(
             f"{name}-journal",
             role=role.id,
-            policy=secret.arn.apply(aws_edge.journal_read_policy),
+            policy=secret.apply(aws_edge.journal_read_policy),
             opts=child,
         )
         profile = aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags, opts=child)

@@ -401,3 +401,25 @@ def test_generate_is_refused_in_prod_and_in_kubernetes_mode(with_overrides):
     err = _problems(with_overrides, "aws-k8s", tls=GENERATE)
     assert "torchfleet:tls.certificate = 'generate' is invalid" in err, err
     assert "generate is for mode: group" in err
+
+
+def test_every_grant_to_read_a_secret_waits_for_its_value(runs):
+    """A node boots once its grants exist (aws/fleet.py): each grant to read a secret depends on
+    the secret's stored value (its SecretVersion), not only on the secret, so no node reads an
+    empty one. Over aws-prod: the tokens, the nodes' certificate and both journal ends."""
+    run = runs["aws-prod"]
+    # a version's URN -> its secret's id
+    versions = {
+        v.urn: v.inputs["secretId"]
+        for v in run.of_type("aws:secretsmanager/secretVersion:SecretVersion")
+    }
+    checked = 0
+    for policy in run.of_type("aws:iam/rolePolicy:RolePolicy"):
+        if "secretsmanager:GetSecretValue" not in policy.inputs["policy"]:
+            continue
+        (statement,) = json.loads(policy.inputs["policy"])["Statement"]
+        (arn,) = statement["Resource"]
+        waited = [versions[d] for d in policy.dependencies if d in versions]
+        assert [arn.replace("arn:aws:secretsmanager:::", "")] == waited, policy.name
+        checked += 1
+    assert checked == 4, checked
