@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import date
 from pathlib import Path
 
 import boto3
 import pytest
-import requests
 from botocore.stub import Stubber
 from moto import mock_aws
 from moto.ce.models import ce_backends
@@ -26,32 +24,9 @@ from infra.deploy.stage import StageError
 from infra.plan import load_stack_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bootstrap"))  # the Alibaba fake
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bill_answers
+from bill_answers import DAYS, TODAY, bss_bill, queue_ce_answer
 from fake_alibaba import ACCESS_KEY, SECRET, TOKEN, FakeAlibaba
-
-TODAY = date(2026, 12, 2)
-DAYS = [("2026-11-29", "10.00"), ("2026-11-30", "12.50"), ("2026-12-01", "0.25")]
-
-
-def _queue(days) -> None:
-    """What Cost Explorer answers next (moto's API for canned Cost Explorer results)."""
-    result = {
-        "ResultsByTime": [
-            {
-                "TimePeriod": {"Start": day, "End": day},
-                "Total": {"UnblendedCost": {"Amount": amount, "Unit": "USD"}},
-                "Groups": [],
-                "Estimated": day == "2026-12-01",
-            }
-            for day, amount in days
-        ],
-        "DimensionValueAttributes": [],
-    }
-    answer = requests.post(
-        "http://motoapi.amazonaws.com/moto-api/static/ce/cost-and-usage-results",
-        json={"results": [result]},
-        timeout=5,
-    )
-    assert answer.status_code == 201, answer.text
 
 
 @pytest.fixture
@@ -62,7 +37,7 @@ def moto_ce(monkeypatch, aws_keys):
 
 
 def test_cost_reports_measured_beside_the_estimate_for_the_same_days(moto_ce, console, text):
-    _queue(DAYS)
+    queue_ce_answer(DAYS)
     out = pipeline.cost("aws-dev", console, 3, today=TODAY)
     # the request: the last three whole days, daily, by the stack tag
     (body,) = [json.loads(b) for b in moto_ce.cost_usage_results]
@@ -88,14 +63,14 @@ def test_cost_reports_measured_beside_the_estimate_for_the_same_days(moto_ce, co
 
 
 def test_no_spend_by_the_tag_says_why_it_may_be_missing(moto_ce, console):
-    _queue([(d, "0") for d, _ in DAYS])
+    queue_ce_answer([(d, "0") for d, _ in DAYS])
     report = "\n".join(pipeline.cost("aws-dev", console, 3, today=TODAY))
     assert "measured         0.00 USD" in report
     assert "the tag must be an active cost-allocation tag" in report
 
 
 def test_the_cli_reads_since_and_refuses_a_bad_one(moto_ce, trap_dirs, capsys):
-    _queue(DAYS)
+    queue_ce_answer(DAYS)
     assert cli.main(["cost", "aws-dev", "--since", "1w"]) == 0
     out = capsys.readouterr().out
     assert "aws-dev: 7 day(s)" in out and "measured" in out
@@ -117,39 +92,6 @@ def test_since_refused(text):
     with pytest.raises(StageError) as err, pipeline.spend_errors():
         spend.parse_since(text)
     assert err.value.stage == "preflight"
-
-
-def bss_bill(calls: list):
-    """BSS DescribeInstanceBill, daily: two of the stack's lines and one of another stack each
-    day, in CNY, over two pages (the SDK must follow NextToken)."""
-
-    def answer(action: str, params: dict[str, str]) -> dict:
-        assert action == "DescribeInstanceBill", action
-        calls.append(params)
-        day = params["BillingDate"]
-        mine = "key:stack value:alicloud-dev; key:env value:dev"
-        if not params.get("NextToken"):
-            items = [
-                {"InstanceID": "i-1", "Tag": mine, "PretaxAmount": 30.5, "Currency": "CNY"},
-                {
-                    "InstanceID": "i-x",
-                    "Tag": "key:stack value:other",
-                    "PretaxAmount": 99.0,
-                    "Currency": "CNY",
-                },
-            ]
-            token = f"{day}-2"
-        else:
-            assert params["NextToken"] == f"{day}-2"
-            items = [{"InstanceID": "d-1", "Tag": mine, "PretaxAmount": 1.25, "Currency": "CNY"}]
-            token = ""
-        return {
-            "Code": "Success",
-            "Success": True,
-            "Data": {"Items": items, "NextToken": token, "BillingCycle": params["BillingCycle"]},
-        }
-
-    return answer
 
 
 def test_alibaba_reads_the_bill_through_bss_by_the_stack_tag(monkeypatch, tmp_path, console):

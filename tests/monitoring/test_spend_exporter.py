@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "bootstrap"))  # the Alibaba fake
 from fake_alibaba import ACCESS_KEY, SECRET, TOKEN, FakeAlibaba  # noqa: E402
 
-from tests.deploy.test_cost import DAYS, TODAY, _queue, bss_bill  # noqa: E402
+from tests.deploy.bill_answers import DAYS, TODAY, bss_bill, queue_ce_answer  # noqa: E402
 
 
 def scrape(exporter: billing.Exporter) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -66,7 +66,7 @@ def test_aws_spend_from_cost_explorer_on_metrics(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAIOSFODNN7EXAMPLE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
     with mock_aws():
-        _queue(DAYS)
+        queue_ce_answer(DAYS)
         client = boto3.client("ce", region_name="us-east-1")
         exporter = billing.Exporter(
             "aws-dev",

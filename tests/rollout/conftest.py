@@ -1,17 +1,19 @@
 """What the rollout tests share: the engine a canary runs with over a cloud stack's program, on
 a clock the test owns (windows of 5 s, bakes of 10 s, no real time passes); the operator's
-Alibaba keys as the loopback fake (tests/bootstrap/fake_alibaba.py) expects them; and this
-folder's helpers (live_fleet, ess_sim, cms_sim, fixed_windows) and the fake, importable by name
-(tests/e2e too)."""
+Alibaba keys as the loopback fake (tests/bootstrap/fake_alibaba.py) expects them; moto's S3 with
+aws-prod's model bucket; and this folder's helpers (live_fleet, ess_sim, cms_sim, fixed_windows,
+aws_prod_stack) and the fake, importable by name (tests/e2e too)."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
+from moto import mock_aws
 
 from infra.rollout.engine import Options, Rollout
 from infra.rollout.policy import GuardSettings
@@ -22,6 +24,7 @@ HERE = Path(__file__).resolve().parent
 for folder in (HERE, HERE.parent / "bootstrap"):
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
+from aws_prod_stack import BUCKET, REGION  # noqa: E402
 from fake_alibaba import ACCESS_KEY, SECRET, TOKEN  # noqa: E402
 
 
@@ -58,3 +61,12 @@ def canary_engine(tmp_path: Path) -> Callable[[Any, Any], Rollout]:
         )
 
     return make
+
+
+@pytest.fixture
+def s3() -> Iterator[object]:
+    """moto's S3 client with aws-prod's model bucket (aws_prod_stack.BUCKET) created."""
+    with mock_aws():
+        client = boto3.client("s3", region_name=REGION)
+        client.create_bucket(Bucket=BUCKET)
+        yield client

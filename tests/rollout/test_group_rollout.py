@@ -10,11 +10,8 @@ without it the figures from CloudWatch: moto's, the dimensions the program's out
 from __future__ import annotations
 
 import argparse
-import base64
 import dataclasses
-import hashlib
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -22,132 +19,29 @@ from typing import Any
 
 import boto3
 import pytest
-import yaml
-from fixed_windows import FixedWindows
-from moto import mock_aws
-from pulumi import automation as auto
+from aws_prod_stack import (
+    BUCKET,
+    CAND_BYTES,
+    CAND_SHA,
+    REGION,
+    ROLLED_BACK,
+    STABLE_BYTES,
+    STABLE_SHA,
+    STACK,
+    FakeStack,
+    Windows,
+    candidate_ref,
+    cloud_split,
+    stack_config,
+)
 
-from infra import bundle, config
-from infra.bootstrap.torchfleet_agent import boot
-from infra.matrix import REPO_ROOT
-from infra.offline import run_offline
+from infra import bundle
 from infra.rollout import clouds, command, signals
-from infra.rollout.cloud import KEY, CloudSplit
+from infra.rollout.cloud import KEY
 from infra.rollout.engine import Rollout
-from infra.rollout.ref import ModelRef
 from infra.rollout.refresh import RefreshError
 from infra.rollout.state import RolloutState
-from infra.rollout.tracks import ModelTracks, VolumeError, bundle_model, volume_of
-
-STACK = "aws-prod"
-BUCKET, REGION = "example-torchfleet-models", "us-east-1"  # Pulumi.aws-prod.yaml's
-STABLE_BYTES, CAND_BYTES = b"stable model", b"candidate model"
-STABLE_SHA = hashlib.sha256(STABLE_BYTES).hexdigest()
-CAND_SHA = hashlib.sha256(CAND_BYTES).hexdigest()
-CANDIDATE_GROUP = "torchfleet-aws-prod-candidate-asg"
-# A canary rolled back at 10 % on a stack whose stable groups serve STABLE_SHA, one state per
-# `up`: the candidate named (no group at weight 0), the canary's node, out at once (weight 0:
-# its group removed), then the candidate track named on the stable's file; the stable groups
-# never moved
-ROLLED_BACK = [
-    (0, None, STABLE_SHA, 0),
-    (1, CAND_SHA, STABLE_SHA, 10),
-    (0, None, STABLE_SHA, 0),
-    (0, None, STABLE_SHA, 0),
-]
-
-
-def _node_model(run, group: dict) -> str | None:
-    """The digest of the model a group's node config names (None: the bundle's)."""
-    templates = {
-        f"{t.name}-id": t.inputs for t in run.of_type("aws:ec2/launchTemplate:LaunchTemplate")
-    }
-    spec = group["mixedInstancesPolicy"]["launchTemplate"]["launchTemplateSpecification"]
-    doc = yaml.safe_load(base64.b64decode(templates[spec["launchTemplateId"]]["userData"]))
-    (entry,) = [f for f in doc["write_files"] if f["path"] == boot.CONFIG]
-    model = json.loads(entry["content"]).get("model")
-    if model is None:
-        return None
-    digest = model["checksum"].removeprefix("sha256:")
-    assert model["source"] == f"s3://{BUCKET}/models/{digest}.pt"
-    return digest
-
-
-class FakeStack:
-    """The Automation API's Stack as the split uses it; `up` runs aws-prod offline and records
-    (candidate nodes, candidate model, stable model, the listener's candidate weight)."""
-
-    def __init__(self, block: dict | None = None) -> None:
-        doc = yaml.safe_load((REPO_ROOT / f"Pulumi.{STACK}.yaml").read_text())
-        self.values: dict[str, object] = doc["config"]
-        if block is not None:
-            self.values[KEY] = block
-        self.ups: list[tuple[int, str | None, str | None, int]] = []
-        self.outputs_of_up: dict[str, object] = {}
-
-    def get_all_config(self) -> dict[str, auto.ConfigValue]:
-        return {
-            k: auto.ConfigValue(v if isinstance(v, str) else json.dumps(v))
-            for k, v in self.values.items()
-        }
-
-    def outputs(self) -> dict[str, auto.OutputValue]:
-        return {k: auto.OutputValue(v, False) for k, v in self.outputs_of_up.items()}
-
-    def set_config(self, key: str, value: auto.ConfigValue, *, path: bool = False) -> None:
-        assert not path
-        self.values[key] = json.loads(value.value)
-
-    def up(self) -> None:
-        run = run_offline(STACK, dict(self.values))
-        self.outputs_of_up = dict(run.outputs)
-        groups = {g.inputs["name"]: g.inputs for g in run.of_type("aws:autoscaling/group:Group")}
-        cand = groups.get(CANDIDATE_GROUP)
-        stable_models = {_node_model(run, g) for n, g in groups.items() if n != CANDIDATE_GROUP}
-        assert len(stable_models) == 1  # the spot group and its on-demand fallback agree
-        (forward,) = [
-            a
-            for li in run.of_type("aws:lb/listener:Listener")
-            for a in li.inputs["defaultActions"]
-            if a["type"] == "forward"
-        ]
-        weights = {
-            tg["arn"].endswith("candidate-id"): int(tg["weight"])
-            for tg in forward["forward"]["targetGroups"]
-        }
-        if cand is not None:  # a candidate group is registered in the candidate target group
-            assert [a.endswith("tg-candidate-id") for a in cand["targetGroupArns"]] == [True]
-        self.ups.append(
-            (
-                int(cand["desiredCapacity"]) if cand else 0,
-                _node_model(run, cand) if cand else None,
-                stable_models.pop(),
-                weights[True],
-            )
-        )
-
-
-# no sidecars: each file's model_version is its digest
-Windows = partial(FixedWindows, "sha256:" + STABLE_SHA[:12], "sha256:" + CAND_SHA[:12])
-
-
-@pytest.fixture
-def s3() -> Iterator[object]:
-    with mock_aws():
-        client = boto3.client("s3", region_name=REGION)
-        client.create_bucket(Bucket=BUCKET)
-        yield client
-
-
-def _cfg(stack: FakeStack) -> config.StackConfig:
-    raw = {k.split(":", 1)[1]: v for k, v in stack.values.items()}
-    return config.load(raw, STACK)
-
-
-def _candidate(tmp_path: Path) -> ModelRef:
-    cand = tmp_path / "cand.pt"
-    cand.write_bytes(CAND_BYTES)
-    return ModelRef(str(cand), CAND_SHA)
+from infra.rollout.tracks import VolumeError
 
 
 class Refreshes:
@@ -162,21 +56,6 @@ class Refreshes:
         self.at.append(len(self.stack.ups))
         if len(self.at) <= self.fail:
             raise RefreshError("the instance refresh ir-1 of torchfleet-aws-prod-asg ended Failed")
-
-
-def _split(
-    tmp_path: Path, stack: FakeStack, s3: object, stable_default=None, refresh=None
-) -> CloudSplit:
-    volume = volume_of(_cfg(stack), tmp_path / "volume")
-    tracks = ModelTracks(
-        stack,
-        stack.up,
-        volume,
-        say=lambda _: None,
-        stable_default=stable_default or bundle_model(STACK, tmp_path / "bundle", REGION),
-        refresh=refresh,
-    )
-    return CloudSplit(stack, stack.up, tracks, cloud_limit=100, say=lambda _: None)
 
 
 def test_a_canary_on_aws_prod_grows_a_candidate_group_then_rolls_the_stable_group(
@@ -194,8 +73,8 @@ def test_a_canary_on_aws_prod_grows_a_candidate_group_then_rolls_the_stable_grou
     )
     stack = FakeStack()  # no rollout block yet: the first `up` adds it at weight 0
     refreshes = Refreshes(stack)
-    split = _split(tmp_path, stack, s3, refresh=refreshes)
-    assert canary_engine(split, Windows()).start(_candidate(tmp_path)) == "promoted"
+    split = cloud_split(tmp_path, stack, s3, refresh=refreshes)
+    assert canary_engine(split, Windows()).start(candidate_ref(tmp_path)) == "promoted"
     # the stable groups' refresh awaited once, right after the `up` that moved their model and
     # before the candidate group leaves
     assert refreshes.at == [5]
@@ -232,8 +111,8 @@ def test_a_failing_candidate_on_aws_prod_is_rolled_back_and_its_group_removed(
     """A stack whose stable group already serves a placed file (stable_model)."""
     s3.put_object(Bucket=BUCKET, Key=f"models/{STABLE_SHA}.pt", Body=STABLE_BYTES)
     stack = FakeStack({"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
-    split = _split(tmp_path, stack, s3)
-    result = canary_engine(split, Windows(cand_errors=30)).start(_candidate(tmp_path))
+    split = cloud_split(tmp_path, stack, s3)
+    result = canary_engine(split, Windows(cand_errors=30)).start(candidate_ref(tmp_path))
     assert result == "rolled_back"
     assert stack.ups == ROLLED_BACK
     assert stack.values[KEY]["candidate_weight"] == 0
@@ -247,8 +126,8 @@ def test_a_promotion_whose_refresh_fails_puts_the_stable_groups_back_and_rolls_b
     s3.put_object(Bucket=BUCKET, Key=f"models/{STABLE_SHA}.pt", Body=STABLE_BYTES)
     stack = FakeStack({"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
     refreshes = Refreshes(stack, fail=1)
-    split = _split(tmp_path, stack, s3, refresh=refreshes)
-    assert canary_engine(split, Windows()).start(_candidate(tmp_path)) == "rolled_back"
+    split = cloud_split(tmp_path, stack, s3, refresh=refreshes)
+    assert canary_engine(split, Windows()).start(candidate_ref(tmp_path)) == "rolled_back"
     # at 100 % the stable groups moved to the candidate's model, their refresh failed: the
     # stable model named again and its nodes rolled back onto it (the second wait), then the
     # engine's rollback (the candidate group out, then gone)
@@ -270,19 +149,19 @@ def test_the_stable_file_must_be_readable_or_named(tmp_path, s3, canary_engine):
     """aws-prod's example group vars name a placeholder bucket: the stable track cannot be read,
     and the message says which key to set; nothing was switched."""
     stack = FakeStack()
-    split = _split(tmp_path, stack, s3)
+    split = cloud_split(tmp_path, stack, s3)
     with pytest.raises(
         VolumeError, match="rollout.stable_model is unset .* 's3://REPLACE-with-your-bucket"
     ):
-        canary_engine(split, Windows()).start(_candidate(tmp_path))
+        canary_engine(split, Windows()).start(candidate_ref(tmp_path))
     assert stack.ups == []
 
 
 def test_a_model_with_a_sidecar_is_refused_on_a_group_stack(tmp_path, s3, canary_engine):
     s3.put_object(Bucket=BUCKET, Key=f"models/{STABLE_SHA}.pt", Body=STABLE_BYTES)
     stack = FakeStack({"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
-    split = _split(tmp_path, stack, s3)
-    ref = _candidate(tmp_path)
+    split = cloud_split(tmp_path, stack, s3)
+    ref = candidate_ref(tmp_path)
     Path(ref.location).with_suffix(".json").write_text(json.dumps({"version": "v2"}))
     assert canary_engine(split, Windows()).start(ref) == "rolled_back"  # guard "load"
     assert all(up[0] == 0 for up in stack.ups)  # no candidate node ever started
@@ -297,7 +176,7 @@ def test_the_command_drives_aws_prod(tmp_path, s3, monkeypatch, capsys):
     stack = FakeStack({"candidate_weight": 0, "stable_model": f"{STABLE_SHA}.pt"})
     monkeypatch.setattr(command, "FLEETS", tmp_path / "fleets")
     monkeypatch.setattr(command.automation, "open_stack", lambda name: stack)
-    monkeypatch.setattr(command.preflight, "check_config", lambda name: (None, _cfg(stack)))
+    monkeypatch.setattr(command.preflight, "check_config", lambda name: (None, stack_config(stack)))
     monkeypatch.setattr(command, "PrometheusSource", lambda url, selector: Windows())
     waited: list[tuple[list[str], str]] = []
     monkeypatch.setattr(
@@ -307,7 +186,7 @@ def test_the_command_drives_aws_prod(tmp_path, s3, monkeypatch, capsys):
             "Wait", (), {"roll": lambda self, since: waited.append((groups, region))}
         )(),
     )
-    ref = _candidate(tmp_path)
+    ref = candidate_ref(tmp_path)
     args = argparse.Namespace(
         words=[STACK],
         model=str(ref),
@@ -397,7 +276,7 @@ def test_without_prometheus_the_command_judges_aws_prod_by_cloudwatch(
 
     monkeypatch.setattr(command, "FLEETS", tmp_path / "fleets")
     monkeypatch.setattr(command.automation, "open_stack", lambda name: stack)
-    monkeypatch.setattr(command.preflight, "check_config", lambda name: (None, _cfg(stack)))
+    monkeypatch.setattr(command.preflight, "check_config", lambda name: (None, stack_config(stack)))
     monkeypatch.setattr(command, "Rollout", partial(Rollout, clock=lambda: clock[0], sleep=sleep))
 
     class AtNow(signals.CloudWatchSource):
@@ -409,7 +288,7 @@ def test_without_prometheus_the_command_judges_aws_prod_by_cloudwatch(
     )
     args = argparse.Namespace(
         words=[STACK],
-        model=str(_candidate(tmp_path)),
+        model=str(candidate_ref(tmp_path)),
         strategy="canary",
         steps=None,
         bake="60s",

@@ -17,18 +17,17 @@ from typing import Any
 
 import pytest
 import yaml
-from pulumi import automation as auto
-from test_group_rollout import (  # noqa: F401 (s3: the fixture)
+from aws_prod_stack import (
     BUCKET,
     CAND_SHA,
     ROLLED_BACK,
     STABLE_SHA,
     FakeStack,
     Windows,
-    _candidate,
-    _split,
-    s3,
+    candidate_ref,
+    cloud_split,
 )
+from pulumi import automation as auto
 from torchfleet_bench.rollout_step import MockEngineStack
 
 from infra import config
@@ -221,7 +220,7 @@ class TargetedFake(FakeStack):
 
 def test_a_failing_candidate_rolls_back_as_before_with_targeted_weight_steps(
     tmp_path,
-    s3,  # noqa: F811 (test_group_rollout's fixture)
+    s3,
     monkeypatch,
     canary_engine,
     guarded,
@@ -231,7 +230,7 @@ def test_a_failing_candidate_rolls_back_as_before_with_targeted_weight_steps(
     `up` (the weight steps targeted, the model placements whole), the same end."""
     s3.put_object(Bucket=BUCKET, Key=f"models/{STABLE}", Body=b"stable model")
     stack = TargetedFake({"candidate_weight": 0, "stable_model": STABLE})
-    cloud = _split(tmp_path, stack, s3)
+    cloud = cloud_split(tmp_path, stack, s3)
     raw = {k.split(":", 1)[1]: v for k, v in stack.values.items()}
     cloud.step = split.TargetedStep(STACK, stack, config.load(raw, STACK), Console(io.StringIO()))
     monkeypatch.setattr(
@@ -239,7 +238,7 @@ def test_a_failing_candidate_rolls_back_as_before_with_targeted_weight_steps(
         "outputs",
         lambda name, opener: Outputs({**stack.outputs_of_up, "endpoint": endpoint}),
     )
-    result = canary_engine(cloud, Windows(cand_errors=30)).start(_candidate(tmp_path))
+    result = canary_engine(cloud, Windows(cand_errors=30)).start(candidate_ref(tmp_path))
     assert result == "rolled_back"
     assert stack.ups == ROLLED_BACK
     # the candidate's file placed (whole `up`), 10 % (targeted), out at once (targeted), the

@@ -1,10 +1,13 @@
-"""Fixtures for the runtime tests: an in-process runtime on a free loopback port, an HTTP client."""
+"""Fixtures for the runtime tests: an in-process runtime on a free loopback port, an HTTP client,
+a fake cloud metadata service on loopback."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,7 @@ HERE = Path(__file__).resolve().parent
 # rt_models and rt_helpers, importable by name (rt_models also by subprocesses via PYTHONPATH)
 sys.path.insert(0, str(HERE))
 
-from rt_helpers import EDGE_WORKERS, Client  # noqa: E402
+from rt_helpers import EDGE_WORKERS, Client, FakeMetadata  # noqa: E402
 from torchfleet_runtime.app import Service  # noqa: E402
 from torchfleet_runtime.config import Config  # noqa: E402
 
@@ -68,3 +71,25 @@ def client_for() -> Iterator[Callable[[Any], Client]]:
     yield make
     for c in clients:
         c.close()
+
+
+@pytest.fixture
+def metadata_server() -> Iterator[tuple[ThreadingHTTPServer, str]]:
+    """(srv, its URL): rt_helpers.FakeMetadata on loopback, both clouds'. A test narrows
+    `srv.clouds`, posts a notice in `srv.notice[cloud]`, revokes tokens in `srv.valid`, and reads
+    `srv.log`, `srv.issued`, `srv.polls`."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), FakeMetadata)
+    srv.daemon_threads = True
+    srv.clouds = {"aws", "alicloud"}
+    srv.serial = itertools.count(1)
+    srv.valid = {"aws": set(), "alicloud": set()}
+    srv.issued = {"aws": 0, "alicloud": 0}
+    srv.polls = {"aws": 0, "alicloud": 0}
+    srv.notice = {"aws": "", "alicloud": ""}
+    srv.log = []
+    threading.Thread(
+        target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+    ).start()  # quick shutdown
+    yield srv, f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()

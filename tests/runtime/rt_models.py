@@ -19,6 +19,14 @@ OUT = 3
 GATE_VALUE = 7.0  # an instance whose first element is this waits for the gate
 
 
+def x4(v: float) -> list[float]:
+    """An instance whose first element is `v`, the rest zeros."""
+    return [v, 0.0, 0.0, 0.0]
+
+
+GATED = x4(GATE_VALUE)  # an instance the gated models hold until their gate opens
+
+
 class Tiny(nn.Module):
     """y = W x + b with fixed weights, so answers can be checked exactly."""
 
@@ -35,6 +43,14 @@ class Tiny(nn.Module):
 
 def tiny() -> Tiny:
     return Tiny()
+
+
+def tiny_version(bias_shift: float) -> Tiny:
+    """Tiny with every bias moved by `bias_shift`: a second version of the model to reload."""
+    m = Tiny()
+    with torch.no_grad():
+        m.fc.bias += bias_shift
+    return m
 
 
 def expected(x: torch.Tensor) -> torch.Tensor:

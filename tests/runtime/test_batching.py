@@ -4,13 +4,12 @@ through the model's own record of batch sizes, batcher hooks and metrics (never 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 import rt_models
 import torch
-from rt_helpers import metric_value
+from rt_helpers import in_thread, metric_value, wait_until
+from rt_models import GATED
 from torchfleet_runtime import compat, warmup
 from torchfleet_runtime.batcher import Batcher, BatchInfo
 from torchfleet_runtime.model import Predictor
@@ -18,24 +17,6 @@ from torchfleet_runtime.warmup import buckets_up_to, choose_cpu_cap
 
 # A hang (a batch that never closes, a drain that never ends) fails fast instead of at 10 min.
 pytestmark = pytest.mark.timeout(120)
-
-GATED = [rt_models.GATE_VALUE, 0.0, 0.0, 0.0]
-
-
-def wait_until(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    """Poll a state the test cannot be notified of (another thread's queue, a server's state)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
-def in_thread(fn: Callable[[], object]) -> tuple[threading.Thread, list]:
-    out: list = []
-    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
-    t.start()
-    return t, out
 
 
 def test_waiting_requests_form_one_padded_batch(start_runtime, client_for):

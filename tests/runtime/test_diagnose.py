@@ -8,8 +8,8 @@ import threading
 
 import pytest
 import rt_models
-from rt_helpers import EDGE_WORKERS, Client
-from test_replicas import LABELS, TWO, needs_two_cpus, x4
+from rt_helpers import EDGE_WORKERS, LABELS, TWO, Client, needs_two_cpus
+from rt_models import x4
 from torchfleet_runtime.cli import main
 from torchfleet_runtime.diagnose import findings, quantile
 

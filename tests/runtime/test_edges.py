@@ -16,9 +16,7 @@ import time
 import pytest
 import rt_models
 import torch
-from rt_helpers import Client, metric_value
-from test_batching import wait_until
-from test_lifecycle import ServeProcess
+from rt_helpers import Client, ServeProcess, metric_value, wait_until
 from torchfleet_runtime import edges
 
 pytestmark = pytest.mark.timeout(120)

@@ -12,8 +12,7 @@ import time
 import pytest
 import rt_models
 import torch
-from rt_helpers import EDGE_WORKERS, Client, metric_value, raw_exchange
-from test_batching import wait_until
+from rt_helpers import EDGE_WORKERS, Client, metric_value, raw_exchange, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,49 +16,11 @@ from pathlib import Path
 import pytest
 import rt_models
 import torch
-from rt_helpers import EDGE_WORKERS, Client, metric_value
-from test_batching import in_thread, wait_until
+from rt_helpers import CLI, Client, ServeProcess, in_thread, metric_value, wait_until
 from torchfleet_runtime import demo, model
 
 # A hang (a batch that never closes, a drain that never ends) fails fast instead of at 10 min.
 pytestmark = pytest.mark.timeout(120)
-
-CLI = str(Path(sys.executable).with_name("torchfleet-runtime"))
-
-
-class ServeProcess:
-    """`torchfleet-runtime serve` on a free port; the port is read from its 'listening on' log line."""
-
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            [CLI, "serve", "--port", "0", "--spot-watch", "off", *args],
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "TORCHFLEET_EDGE_WORKERS": str(EDGE_WORKERS), **env},
-        )
-        self.log: list[str] = []
-        for line in self.proc.stderr:
-            self.log.append(line)
-            m = re.search(r"listening on http://[\d.]+:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                break
-        else:
-            raise AssertionError("serve exited before listening:\n" + "".join(self.log))
-        self._reader = threading.Thread(
-            target=lambda: self.log.extend(self.proc.stderr), daemon=True
-        )
-        self._reader.start()
-
-    def wait(self, timeout: float) -> int:
-        rc = self.proc.wait(timeout)
-        self._reader.join(5)
-        return rc
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture

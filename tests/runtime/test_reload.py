@@ -13,19 +13,10 @@ from pathlib import Path
 import pytest
 import rt_models
 import torch
-from rt_helpers import Client, metric_value
+from rt_helpers import ADMIN, AUTH, Client, metric_value
+from rt_models import tiny_version
 
 pytestmark = pytest.mark.timeout(120)
-
-ADMIN = "admin-token-abcdefghijkl"
-AUTH = {"Authorization": f"Bearer {ADMIN}"}
-
-
-def tiny_version(bias_shift: float) -> torch.nn.Module:
-    m = rt_models.Tiny()
-    with torch.no_grad():
-        m.fc.bias += bias_shift
-    return m
 
 
 def write_model(path: Path, bias_shift: float, version: str | None) -> None:

@@ -14,29 +14,32 @@ import time
 import pytest
 import rt_models
 import torch
-from rt_helpers import Client, metric_value
-from test_batching import GATED, in_thread, wait_until
-from test_reload import ADMIN, AUTH
-from test_spot import metadata_server, notice_for  # noqa: F401 (a fixture)
+from rt_helpers import (
+    ADMIN,
+    AUTH,
+    LABELS,
+    MASK,
+    TWO,
+    A,
+    B,
+    Client,
+    in_thread,
+    metric_value,
+    needs_two_cpus,
+    notice_for,
+    wait_until,
+)
+from rt_models import GATED, tiny_version, x4
 from torchfleet_compat.problems import sentence
 from torchfleet_runtime.config import ConfigError, load_config
 from torchfleet_runtime.placement import replica_places
 
 pytestmark = pytest.mark.timeout(120)
 
-MASK = sorted(__import__("os").sched_getaffinity(0))
-needs_two_cpus = pytest.mark.skipif(len(MASK) < 2, reason="needs 2 CPUs")
-A, B = (MASK + MASK)[:2]  # the first two CPUs this process may use
-TWO = ((A,), (B,))  # devices: [A, B], as the settings contract parses it
-LABELS = (f"cpu:{A}", f"cpu:{B}")
 # How long an idle replica may take to pick up a queued request while the other is busy: a
 # thread's wake-up on a loaded 2-CPU machine, with margin. The batcher's own bound is the
 # wake-up itself (batch_wait: arrivals) plus max_delay_ms with batch_wait: always.
 IDLE_PICKUP_BOUND_S = 2.0
-
-
-def x4(v: float) -> list[float]:
-    return [v, 0.0, 0.0, 0.0]
 
 
 # --- the setting ------------------------------------------------------------------------------
@@ -249,7 +252,7 @@ def test_a_drain_answers_what_every_replica_holds_then_stops_them_all(start_runt
 
 
 @needs_two_cpus
-def test_a_spot_notice_drains_every_replica(metadata_server, start_runtime, client_for):  # noqa: F811
+def test_a_spot_notice_drains_every_replica(metadata_server, start_runtime, client_for):
     srv, url = metadata_server
     m = rt_models.PerReplica()
     rt = start_runtime(
@@ -276,8 +279,6 @@ def test_a_spot_notice_drains_every_replica(metadata_server, start_runtime, clie
 def test_a_reload_brings_the_new_model_to_every_replica(
     tmp_path, start_runtime, client_for, monkeypatch
 ):
-    from test_reload import tiny_version
-
     gate = tmp_path / "gate"
     monkeypatch.setenv("RT_GATE_FILE", str(gate))
     path = tmp_path / "weights.pt"

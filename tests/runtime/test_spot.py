@@ -1,110 +1,20 @@
-"""Spot interruption notices: a fake metadata service on loopback that, like the fleets' real
-ones, refuses tokenless requests (AWS IMDSv2 `http_tokens=required`, Alibaba's security
-hardening mode), posts notices, and revokes tokens; the node agent's session against the same
-fake keeps the two implementations' header names and TTL equal."""
+"""Spot interruption notices: a fake metadata service on loopback (rt_helpers.FakeMetadata, served
+by conftest.py's metadata_server) that, like the fleets' real ones, refuses tokenless requests
+(AWS IMDSv2 `http_tokens=required`, Alibaba's security hardening mode), posts notices, and revokes
+tokens; the node agent's session against the same fake keeps the two implementations' header
+names and TTL equal."""
 
 from __future__ import annotations
 
-import itertools
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 import rt_models
-from test_batching import wait_until
+from rt_helpers import TOKEN, TTL, FakeMetadata, notice_for, wait_until
 from torchfleet_runtime import interruption
 from torchfleet_runtime.interruption import SpotWatcher
 
 from infra.bootstrap.torchfleet_agent.imds import Imds
-
-TTL = {
-    "aws": "X-aws-ec2-metadata-token-ttl-seconds",
-    "alicloud": "X-aliyun-ecs-metadata-token-ttl-seconds",
-}
-TOKEN = {"aws": "X-aws-ec2-metadata-token", "alicloud": "X-aliyun-ecs-metadata-token"}
-NOTICE = {
-    "aws": "/latest/meta-data/spot/instance-action",
-    "alicloud": "/latest/meta-data/instance/spot/termination-time",
-}
-REFUSED = {"aws": 401, "alicloud": 403}  # what each answers a request without a valid token
-
-
-class FakeMetadata(BaseHTTPRequestHandler):
-    """Both clouds' metadata services at one address: PUT /latest/api/token with a cloud's TTL
-    header hands out that cloud's token; a GET is that cloud's when it carries its token header
-    (else the one cloud switched on). Tokenless or stale-token GETs are refused. The log keeps
-    header names lower-cased: they are case-insensitive, and urllib title-cases them."""
-
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def _reply(self, status: int, body: str = "") -> None:
-        data = body.encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_PUT(self) -> None:
-        s = self.server
-        s.log.append(("PUT", self.path, {k.lower(): v for k, v in self.headers.items()}))
-        clouds = [c for c in s.clouds if self.headers.get(TTL[c])]
-        if self.path != "/latest/api/token" or not s.clouds:
-            return self._reply(404)
-        if not clouds:
-            return self._reply(400)  # both answer 400 to a PUT without their TTL header
-        cloud = clouds[0]
-        token = f"{cloud}-token-{next(s.serial)}"
-        s.valid[cloud].add(token)
-        s.issued[cloud] += 1
-        self._reply(200, token)
-
-    def do_GET(self) -> None:
-        s = self.server
-        s.log.append(("GET", self.path, {k.lower(): v for k, v in self.headers.items()}))
-        cloud = next((c for c in s.clouds if self.headers.get(TOKEN[c])), None)
-        if cloud is None and len(s.clouds) == 1:
-            cloud = next(iter(s.clouds))
-        if cloud is None:
-            return self._reply(404)
-        if self.headers.get(TOKEN[cloud]) not in s.valid[cloud]:
-            return self._reply(REFUSED[cloud], "token required")
-        if self.path == NOTICE[cloud]:
-            s.polls[cloud] += 1
-            return self._reply(200, s.notice[cloud]) if s.notice[cloud] else self._reply(404)
-        if self.path == "/latest/meta-data/instance-id":
-            return self._reply(200, f"i-{cloud}")
-        self._reply(404)
-
-
-@pytest.fixture
-def metadata_server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), FakeMetadata)
-    srv.daemon_threads = True
-    srv.clouds = {"aws", "alicloud"}
-    srv.serial = itertools.count(1)
-    srv.valid = {"aws": set(), "alicloud": set()}
-    srv.issued = {"aws": 0, "alicloud": 0}
-    srv.polls = {"aws": 0, "alicloud": 0}
-    srv.notice = {"aws": "", "alicloud": ""}
-    srv.log = []
-    threading.Thread(
-        target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-    ).start()  # quick shutdown
-    yield srv, f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
-
-
-def notice_for(cloud: str) -> str:
-    return (
-        json.dumps({"action": "terminate", "time": "2026-11-30T20:00:00Z"})
-        if cloud == "aws"
-        else "2026-11-30T20:00:00Z"
-    )
 
 
 @pytest.mark.parametrize("cloud", ["aws", "alicloud"])

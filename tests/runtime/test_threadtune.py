@@ -8,7 +8,7 @@ import threading
 import pytest
 import rt_models
 import torch
-from test_batching import wait_until
+from rt_helpers import wait_until
 from torchfleet_runtime.batcher import Batcher
 from torchfleet_runtime.model import Predictor
 from torchfleet_runtime.threadtune import ThreadTuner

@@ -12,7 +12,8 @@ import time
 import pytest
 import rt_models
 import torch
-from rt_helpers import metric_value
+from rt_helpers import in_thread, metric_value, wait_until
+from rt_models import GATED
 from torchfleet_runtime.v2 import HEADER_LENGTH
 
 TOKEN = "v2-token-0123456789abcdef"
@@ -110,8 +111,6 @@ def test_json_and_binary_answers_equal_v1(served):
 
 
 def test_v2_and_v1_requests_share_one_batcher(start_runtime, client_for):
-    from test_batching import GATED, in_thread, wait_until
-
     model = rt_models.Instrumented()
     svc = start_runtime(model, max_batch_size=8, max_delay_ms=2, edge_workers=0)
     first, first_out = in_thread(lambda: client_for(svc).predict(GATED))
@@ -229,8 +228,6 @@ def test_bench_load_drives_v2_and_reads_the_server_cpu(start_runtime, tmp_path, 
 
 
 def test_a_drain_serves_an_admitted_v2_request_and_refuses_new_ones(start_runtime, client_for):
-    from test_batching import in_thread, wait_until
-
     m = rt_models.Instrumented()
     svc = start_runtime(m, max_batch_size=1, drain_timeout_s=30, edge_workers=0)
     rt = svc.runtime

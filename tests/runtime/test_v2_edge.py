@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import rt_models
 from prometheus_client.parser import text_string_to_metric_families
-from rt_helpers import Client, metric_value, raw_exchange
+from rt_helpers import Client, in_thread, metric_value, raw_exchange, wait_until
 from torchfleet_runtime.v2 import ROUTE_LABELS, V1_ROUTE, V2_ROUTE
 
 pytestmark = pytest.mark.timeout(120)
@@ -180,8 +180,6 @@ def test_a_v2_request_dropped_with_its_edge_process_counts_499_under_v2(start_ru
     the SUBMIT frame told it the route."""
     import os
     import signal
-
-    from test_batching import in_thread, wait_until
 
     m = rt_models.Instrumented()
     svc = start_runtime(m, max_batch_size=1, edge_workers=1)
