@@ -78,8 +78,8 @@ def journal_port(cfg: StackConfig) -> int:
 
 # The journal's TLS: a CA that signs only these two certificates, both kept in the state. The
 # receiver's certificate is what every upload verifies; a `pulumi up` in its last
-# edge.CERT_RENEWAL_HOURS makes a new one under the same CA, which the monitoring host takes on
-# its next playbooks/monitoring.yml run (the nodes keep trusting the CA).
+# edge.CERT_RENEWAL_HOURS makes a new one under the same CA, which the monitoring host takes
+# within a day (roles/monitoring's daily re-read; the nodes keep trusting the CA).
 JOURNAL_CA_VALIDITY_HOURS = 10 * 365 * 24
 JOURNAL_CERT_VALIDITY_HOURS = 2 * 365 * 24
 CLIENT_USES = ["digital_signature", "key_encipherment", "client_auth"]

@@ -25,8 +25,7 @@ UNITS = {
 BASE = {"monitoring_logs_server": "10.42.0.9", "monitoring_stack": "aws-prod"}
 
 
-def render(render_templates, extra: dict) -> dict[str, configparser.ConfigParser]:
-    texts = render_templates("monitoring", UNITS, {**BASE, **extra})
+def parse_units(texts: dict[str, str]) -> dict[str, configparser.ConfigParser]:
     out = {}
     for kind, text in texts.items():
         parser = configparser.ConfigParser(interpolation=None, strict=False)
@@ -34,6 +33,10 @@ def render(render_templates, extra: dict) -> dict[str, configparser.ConfigParser
         parser.read_string(text)
         out[kind] = parser
     return out
+
+
+def render(render_templates, extra: dict) -> dict[str, configparser.ConfigParser]:
+    return parse_units(render_templates("monitoring", UNITS, {**BASE, **extra}))
 
 
 def exec_start(parser: configparser.ConfigParser) -> list[str]:
@@ -271,3 +274,70 @@ def test_the_fetch_step_creates_a_missing_directory_root_only_and_wants_three_pa
     assert "monitoring_logs_tls_ca_file= is invalid with monitoring_logs_tls_command" in output, (
         output[-3000:]
     )
+
+
+REFRESH_UNITS = {
+    "service": "torchfleet-journal-tls.service.j2",
+    "timer": "torchfleet-journal-tls.timer.j2",
+}
+
+
+@pytest.mark.parametrize("cloud", ["aws", "alicloud"])
+def test_the_receiver_re_reads_its_certificate_daily_with_the_same_command(
+    render_templates, role_play, tmp_path, cloud
+):
+    """A `pulumi up` renews the receiver's certificate in its last 30 days: a daily timer runs
+    the receiver's own fetch (the same argv and credentials as the role's task) through the
+    refresh script, which restarts journal-remote only when a file changed."""
+    given = {**BASE, **stack(cloud), "monitoring_stack": f"{cloud}-prod"}
+    argv = fetch_argv(role_play, tmp_path, given)
+    texts = render_templates("monitoring", REFRESH_UNITS, given)
+    units = parse_units(texts)
+    service = units["service"]["Service"]
+    assert service["Type"] == "oneshot"
+    assert shlex.split(service["ExecStart"]) == [
+        "/usr/local/sbin/torchfleet-journal-tls-refresh",
+        "systemd-journal-remote.service",
+        *argv["receiver"],
+    ]
+    env = [line for line in texts["service"].splitlines() if line.startswith("Environment=")]
+    assert env == [f"Environment={k}={v}" for k, v in argv["env"].items()]
+    timer = units["timer"]["Timer"]
+    assert timer["OnCalendar"] == "daily" and timer["Persistent"] == "true"
+
+
+def _refresh(tmp_path: Path, command: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run files/torchfleet-journal-tls-refresh with `command` as the fetch and a stand-in
+    systemctl on PATH that records its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / "systemctl.calls"
+    calls.unlink(missing_ok=True)
+    (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "systemctl").chmod(0o755)
+    (bin_dir / "fetch").write_text(f"#!/bin/sh\n{command}\n")
+    (bin_dir / "fetch").chmod(0o755)
+    done = subprocess.run(
+        [
+            str(REPO / "roles/monitoring/files/torchfleet-journal-tls-refresh"),
+            "systemd-journal-remote.service",
+            str(bin_dir / "fetch"),
+            "/etc/x/cert.pem",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        timeout=30,
+    )
+    return done, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_the_refresh_restarts_the_receiver_only_when_the_fetch_replaced_a_file(tmp_path):
+    done, calls = _refresh(tmp_path, "exit 0")  # unchanged: the fetch prints nothing
+    assert done.returncode == 0 and done.stdout == "" and calls == []
+    done, calls = _refresh(tmp_path, 'echo "the journal certificate of S written to $1"')
+    assert done.returncode == 0, done.stderr
+    assert "written to /etc/x/cert.pem" in done.stdout  # the fetch's own line, for the journal
+    assert calls == ["stop systemd-journal-remote.service"]  # its socket starts it again
+    done, calls = _refresh(tmp_path, 'echo "refused" >&2; exit 3')  # a failed read
+    assert done.returncode == 3 and "refused" in done.stderr and calls == []
