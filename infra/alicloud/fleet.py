@@ -81,6 +81,34 @@ def role_policy(service: str) -> str:
     )
 
 
+def attach_policy(
+    resource: str,
+    policy_name: str,
+    description: str,
+    document: pulumi.Input[str],
+    role_name: pulumi.Input[str],
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> alicloud.ram.RolePolicyAttachment:
+    """One custom RAM policy, attached to a role (the nodes' grants, the monitoring host's)."""
+    policy = alicloud.ram.Policy(
+        resource,
+        policy_name=policy_name,
+        description=description,
+        policy_document=document,
+        force=True,
+        tags=tags,
+        opts=opts,
+    )
+    return alicloud.ram.RolePolicyAttachment(
+        resource,
+        policy_name=policy.policy_name,
+        policy_type="Custom",
+        role_name=role_name,
+        opts=opts,
+    )
+
+
 def _lifecycle_policy(cfg: StackConfig) -> Callable[[list[str]], str]:
     """The nodes' lifecycle grant over the stack's groups (the stable group and, during a
     rollout, the candidate group): each node completes its own group's actions."""
@@ -263,22 +291,14 @@ class AlicloudFleet(pulumi.ComponentResource):
         }
 
     def _grant(self, suffix: str, why: str, document: pulumi.Input[str]) -> pulumi.CustomResource:
-        cfg, name, child = self.cfg, self.name, self.child
-        policy = alicloud.ram.Policy(
-            f"{name}-node-{suffix}",
-            policy_name=f"{cfg.name}-{suffix}",
-            description=why,
-            policy_document=document,
-            force=True,
-            tags=self.node_tags,
-            opts=child,
-        )
-        return alicloud.ram.RolePolicyAttachment(
-            f"{name}-node-{suffix}",
-            policy_name=policy.policy_name,
-            policy_type="Custom",
-            role_name=self.role.role_name,
-            opts=child,
+        return attach_policy(
+            f"{self.name}-node-{suffix}",
+            f"{self.cfg.name}-{suffix}",
+            why,
+            document,
+            self.role.role_name,
+            self.node_tags,
+            self.child,
         )
 
     def _spot_strategy(self) -> str:

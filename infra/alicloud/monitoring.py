@@ -18,7 +18,7 @@ import pulumi_alicloud as alicloud
 
 from infra import healing, monitoring
 from infra.alicloud import edge as ali_edge
-from infra.alicloud.fleet import role_policy
+from infra.alicloud.fleet import attach_policy, role_policy
 from infra.alicloud.network import AlicloudNetwork
 from infra.config import StackConfig
 from infra.interface import MONITORING_ROLE_TAG, MonitoringHost
@@ -58,22 +58,15 @@ class AlicloudMonitoring(pulumi.ComponentResource):
             actions += monitoring.ECS_DISCOVERY_ACTIONS
 
         def grant(suffix: str, description: str, document: str) -> None:
-            """One custom policy of the host's role, attached to it."""
-            policy = alicloud.ram.Policy(
+            """One custom policy of the host's role (fleet.attach_policy)."""
+            attach_policy(
                 f"{name}-{suffix}",
-                policy_name=f"{cfg.name}-monitoring-{suffix}",
-                description=description,
-                policy_document=document,
-                force=True,
-                tags=tags,
-                opts=child,
-            )
-            alicloud.ram.RolePolicyAttachment(
-                f"{name}-{suffix}",
-                policy_name=policy.policy_name,
-                policy_type="Custom",
-                role_name=role.role_name,
-                opts=child,
+                f"{cfg.name}-monitoring-{suffix}",
+                description,
+                document,
+                role.role_name,
+                tags,
+                child,
             )
 
         grant(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pulumi
 import pulumi_alicloud as alicloud
 
-from infra.alicloud.fleet import AlicloudFleet
+from infra.alicloud.fleet import AlicloudFleet, attach_policy
 from infra.config import StackConfig
 from infra.interface import NODE_ROLE_TAG
 from infra.schedule import deploy_time, ess_recurrence, iso_utc, quartz_cron
@@ -95,41 +95,35 @@ class AlicloudTeardown(pulumi.ComponentResource):
             tags=self.tags,
             opts=child,
         )
-        policy = alicloud.ram.Policy(
-            f"{name}-oos",
-            policy_name=f"{cfg.name}-oos",
-            description="start/stop GPU nodes",
-            # The stack's own instances by id: a replaced node is a new id, and the next `up`
-            # updates this document with it.
-            policy_document=pulumi.Output.all(*[i.id for i in fleet.instances]).apply(
-                lambda ids: json.dumps(
-                    {
-                        "Version": "1",
-                        "Statement": [
-                            {
-                                "Effect": "Allow",
-                                "Action": ["ecs:StartInstance", "ecs:StopInstance"],
-                                "Resource": [f"acs:ecs:{cfg.region}:*:instance/{i}" for i in ids],
-                            },
-                            {
-                                "Effect": "Allow",
-                                "Action": ["ecs:DescribeInstances"],
-                                "Resource": ["*"],
-                            },
-                        ],
-                    }
-                )
-            ),
-            force=True,
-            tags=self.tags,
-            opts=child,
+        # The stack's own instances by id: a replaced node is a new id, and the next `up`
+        # updates this document with it.
+        document = pulumi.Output.all(*[i.id for i in fleet.instances]).apply(
+            lambda ids: json.dumps(
+                {
+                    "Version": "1",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Action": ["ecs:StartInstance", "ecs:StopInstance"],
+                            "Resource": [f"acs:ecs:{cfg.region}:*:instance/{i}" for i in ids],
+                        },
+                        {
+                            "Effect": "Allow",
+                            "Action": ["ecs:DescribeInstances"],
+                            "Resource": ["*"],
+                        },
+                    ],
+                }
+            )
         )
-        attach = alicloud.ram.RolePolicyAttachment(
+        attach = attach_policy(
             f"{name}-oos",
-            policy_name=policy.policy_name,
-            policy_type="Custom",
-            role_name=role.role_name,
-            opts=child,
+            f"{cfg.name}-oos",
+            "start/stop GPU nodes",
+            document,
+            role.role_name,
+            self.tags,
+            child,
         )
         targets = {
             "Type": "Tags",
